@@ -1,0 +1,66 @@
+"""The public entry point ``longca_triton.attention``."""
+
+from __future__ import annotations
+
+import torch
+
+from .masks import BlockSparseMask, Mask
+
+DEFAULT_BACKEND = "reference"
+
+
+def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> None:
+    """Check shapes, dtypes, devices, head divisibility and mask size; raise ``ValueError`` naming the problem."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    B, Sq, Hq, D = q.shape
+    if k.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q has {B}, k/v have {k.shape[0]}")
+    if k.shape[3] != D:
+        raise ValueError(f"head dims differ: q has {D}, k/v have {k.shape[3]}")
+    Hkv = k.shape[2]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) for GQA")
+    if not isinstance(mask, Mask):
+        raise ValueError(f"mask must be a RangeMask or BlockSparseMask (see longca_triton.make_mask), got {type(mask).__name__}")
+    if mask.seqlen_q != Sq or mask.seqlen_k != k.shape[1]:
+        raise ValueError(
+            f"mask is {mask.seqlen_q}x{mask.seqlen_k} (Sq x Sk) but q has {Sq} positions and k/v have {k.shape[1]}"
+        )
+    if isinstance(mask, BlockSparseMask) and Hq % mask.num_patterns:
+        raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {Hq} query heads")
+
+
+def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backend: str | None = None, return_lse: bool = False):
+    """Masked attention. ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]`` (``Hq % Hkv == 0`` is GQA).
+
+    Returns ``out [B, Sq, Hq, D]`` and, with ``return_lse``, ``lse [B, Hq, Sq]`` (float32, natural
+    log, ``-inf`` for rows that attend nothing). Differentiable. ``backend`` names an entry of the
+    registry (``longca-triton doctor`` lists them).
+    """
+    from .backends import Problem, get_backend
+
+    validate_inputs(q, k, v, mask)
+    impl = get_backend(backend or DEFAULT_BACKEND)
+    problem = Problem(
+        mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
+        dtype=q.dtype, mode="fwd_bwd" if q.requires_grad or k.requires_grad or v.requires_grad else "fwd",
+        device=q.device.type, softmax_scale=softmax_scale,
+    )
+    ok, why = impl.check(problem)
+    if not ok:
+        raise ValueError(f"backend {impl.name!r} cannot run this case: {why}")
+    if return_lse and not impl.returns_lse:
+        raise ValueError(f"backend {impl.name!r} does not return the log-sum-exp")
+    return impl.attention(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse)

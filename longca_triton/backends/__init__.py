@@ -1,0 +1,24 @@
+"""Backend registry (see ``base.py``). Adapters register themselves when their module is imported;
+importing an adapter never imports its vendor package (that happens in ``available()``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import BACKENDS, Backend, Problem, Unsupported, get_backend, list_backends, register
+
+__all__ = ["BACKENDS", "Backend", "Problem", "Unsupported", "get_backend", "list_backends", "register"]
+
+#: adapter modules, imported on first use of the registry
+ADAPTER_MODULES = ["reference"]
+
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in ADAPTER_MODULES:
+        importlib.import_module(f"{__name__}.{mod}")

@@ -1,0 +1,37 @@
+"""The mask IR shared by our kernels and every vendor adapter (MASKS.md is the normative spec)."""
+
+from .generators import MASK_NAMES, MASK_SPECS, STATIC_MASK_NAMES, histogram_for, load_histogram, make_mask, sample_doc_lengths
+from .ir import FLOP_MODES, BlockSparseMask, BlockTables, Mask, RangeMask, SliceKind, merge_intervals
+from .lowerings import (
+    FlashMaskColumns,
+    NotExpressible,
+    VarlenForm,
+    flashmask_columns,
+    flex_block_mask,
+    flex_mask_mod,
+    varlen_form,
+)
+
+__all__ = [
+    "MASK_NAMES",
+    "MASK_SPECS",
+    "STATIC_MASK_NAMES",
+    "FLOP_MODES",
+    "BlockSparseMask",
+    "BlockTables",
+    "FlashMaskColumns",
+    "Mask",
+    "NotExpressible",
+    "RangeMask",
+    "SliceKind",
+    "VarlenForm",
+    "flashmask_columns",
+    "flex_block_mask",
+    "flex_mask_mod",
+    "histogram_for",
+    "load_histogram",
+    "make_mask",
+    "merge_intervals",
+    "sample_doc_lengths",
+    "varlen_form",
+]

@@ -1,0 +1,496 @@
+"""The mask IR (MASKS.md §1–2) and its lowerings.
+
+Two representations, both immutable:
+
+* ``RangeMask(seqlen_q, seqlen_k, slices)``: a union of slices
+  ``(q_start, q_end, k_start, k_end, kind)``, kind one of FULL, CAUSAL, INVCAUSAL, BICAUSAL with
+  FlashAttention's alignment (CAUSAL bottom-right, INVCAUSAL top-left).  Static masks.
+* ``BlockSparseMask(q_block_bounds, k_block_bounds, block_map)``: per pattern ``p`` a boolean map
+  over (query block, key block).  Dynamic masks.
+
+Every lowering is a pure function of the mask, computed once and cached on the instance:
+
+* ``to_dense()``              bool ``[Sq, Sk]`` (``[P, Sq, Sk]`` for block-sparse), for tests and small S;
+* ``row_intervals()``         per query row its allowed keys as merged ``[lo, hi)`` intervals, ``O(S)``;
+* ``col_intervals()``         the same per key column (the transpose);
+* ``block_tables(bm, bn)``    per query tile the full and partial key tiles, and the transpose;
+* ``area``                    allowed pairs, from the intervals, never from a dense tensor.
+
+FlashMask columns, the varlen form and Flex ``BlockMask`` live in ``lowerings.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "SliceKind",
+    "Mask",
+    "RangeMask",
+    "BlockSparseMask",
+    "BlockTables",
+    "FLOP_MODES",
+]
+
+FLOP_MODES = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+class SliceKind(enum.IntEnum):
+    FULL = 0
+    CAUSAL = 1
+    INVCAUSAL = 2
+    BICAUSAL = 3
+
+    @classmethod
+    def parse(cls, kind: Any) -> "SliceKind":
+        if isinstance(kind, SliceKind):
+            return kind
+        if isinstance(kind, str) and kind.upper() in cls.__members__:
+            return cls[kind.upper()]
+        if isinstance(kind, (int, np.integer)) and not isinstance(kind, bool) and int(kind) in {k.value for k in cls}:
+            return cls(int(kind))
+        valid = ", ".join(k.name.lower() for k in cls)
+        raise ValueError(f"unknown slice kind {kind!r}; valid kinds: {valid}")
+
+
+def _cached(fn):
+    """Cache a lowering on the (immutable) mask instance, keyed by its arguments."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+        cache = self.__dict__.setdefault("_lowering_cache", {})
+        if key not in cache:
+            cache[key] = fn(self, *args, **kwargs)
+        return cache[key]
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class BlockTables:
+    """Tile-level structure of a mask at tile size ``(block_m, block_n)``.
+
+    CSR lists (int32 numpy arrays). Query-major: for query tile ``m`` the key tiles
+    ``q_full_idx[q_full_ptr[m]:q_full_ptr[m+1]]`` are fully allowed (no element masking needed) and
+    ``q_part_idx[q_part_ptr[m]:q_part_ptr[m+1]]`` are partially allowed; both ascending. Key-major
+    (``k_*``) is the transpose: for key tile ``n`` its full / partial query tiles. Empty tiles are in
+    neither list. "Full" means every in-range pair (``i < Sq``, ``j < Sk``) is allowed, so a ragged
+    edge tile can be full and still need bounds masking.
+
+    For a ``BlockSparseMask`` with ``P`` patterns the ``*_ptr`` arrays are ``[P, num + 1]`` with
+    offsets into the shared ``*_idx`` arrays; for a ``RangeMask`` they are ``[num + 1]``.
+    """
+
+    block_m: int
+    block_n: int
+    num_m: int
+    num_n: int
+    q_full_ptr: np.ndarray
+    q_full_idx: np.ndarray
+    q_part_ptr: np.ndarray
+    q_part_idx: np.ndarray
+    k_full_ptr: np.ndarray
+    k_full_idx: np.ndarray
+    k_part_ptr: np.ndarray
+    k_part_idx: np.ndarray
+
+    @property
+    def num_full(self) -> int:
+        return int(self.q_full_idx.size)
+
+    @property
+    def num_partial(self) -> int:
+        return int(self.q_part_idx.size)
+
+    @staticmethod
+    def from_classification(block_m: int, block_n: int, full: np.ndarray, touched: np.ndarray) -> "BlockTables":
+        """Build the CSR lists from boolean tile maps ``[P, num_m, num_n]`` (or ``[num_m, num_n]``)."""
+        squeeze = full.ndim == 2
+        if squeeze:
+            full, touched = full[None], touched[None]
+        part = touched & ~full
+        P, num_m, num_n = full.shape
+
+        def csr(tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            # tiles [P, rows, cols] -> ptr [P, rows + 1] (global offsets), idx (ascending col per row)
+            counts = tiles.sum(axis=2).astype(np.int64)  # [P, rows]
+            ptr = np.zeros((P, tiles.shape[1] + 1), dtype=np.int64)
+            ptr[:, 1:] = np.cumsum(counts, axis=1)
+            base = np.concatenate([[0], np.cumsum(ptr[:, -1])[:-1]])
+            ptr += base[:, None]
+            idx = np.nonzero(tiles)[2]  # row-major order: by pattern, row, then ascending col
+            ptr, idx = ptr.astype(np.int32), idx.astype(np.int32)
+            return (ptr[0] if squeeze else ptr), idx
+
+        qf_ptr, qf_idx = csr(full)
+        qp_ptr, qp_idx = csr(part)
+        kf_ptr, kf_idx = csr(np.ascontiguousarray(full.transpose(0, 2, 1)))
+        kp_ptr, kp_idx = csr(np.ascontiguousarray(part.transpose(0, 2, 1)))
+        return BlockTables(block_m, block_n, num_m, num_n, qf_ptr, qf_idx, qp_ptr, qp_idx, kf_ptr, kf_idx, kp_ptr, kp_idx)
+
+    def to_dense_tiles(self) -> tuple[np.ndarray, np.ndarray]:
+        """(full, partial) boolean tile maps ``[num_m, num_n]`` (``[P, ...]`` for block-sparse)."""
+        ptr_f, ptr_p = np.atleast_2d(self.q_full_ptr), np.atleast_2d(self.q_part_ptr)
+        P = ptr_f.shape[0]
+        out = []
+        for ptr, idx in ((ptr_f, self.q_full_idx), (ptr_p, self.q_part_idx)):
+            tiles = np.zeros((P, self.num_m, self.num_n), dtype=bool)
+            for p in range(P):
+                counts = np.diff(ptr[p])
+                rows = np.repeat(np.arange(self.num_m), counts)
+                tiles[p, rows, idx[ptr[p, 0] : ptr[p, -1]]] = True
+            out.append(tiles[0] if self.q_full_ptr.ndim == 1 else tiles)
+        return out[0], out[1]
+
+
+def _check_block_size(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def merge_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarray, extent: int):
+    """Merge per-position half-open intervals into disjoint ascending ones.
+
+    ``pos, lo, hi`` are flat arrays (one entry per (position, interval)); positions run in
+    ``[0, num_pos)``, intervals in ``[0, extent]``. Touching intervals merge. Returns flat
+    ``(pos, lo, hi)`` sorted by position then ``lo``; empty intervals are dropped.
+    """
+    keep = hi > lo
+    pos, lo, hi = pos[keep].astype(np.int64), lo[keep].astype(np.int64), hi[keep].astype(np.int64)
+    if pos.size == 0:
+        return pos, lo, hi
+    order = np.lexsort((lo, pos))
+    pos, lo, hi = pos[order], lo[order], hi[order]
+    # Offsetting every position by (extent + 1) makes one running maximum valid across all rows:
+    # a row's first interval always starts past the previous row's largest end.
+    big = extent + 1
+    lo_o, hi_o = lo + pos * big, hi + pos * big
+    run_max = np.maximum.accumulate(hi_o)
+    starts = np.ones(pos.size, dtype=bool)
+    starts[1:] = lo_o[1:] > run_max[:-1]
+    start_idx = np.nonzero(starts)[0]
+    m_hi = np.maximum.reduceat(hi_o, start_idx)
+    m_pos = pos[start_idx]
+    return m_pos, lo_o[start_idx] - m_pos * big, m_hi - m_pos * big
+
+
+def _pad_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat merged intervals -> ``[num_pos, K]`` int32 arrays (unused slots ``lo == hi == 0``)."""
+    counts = np.bincount(pos, minlength=num_pos)
+    K = max(1, int(counts.max()) if counts.size else 1)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.arange(pos.size) - first[pos]
+    out_lo = np.zeros((num_pos, K), dtype=np.int32)
+    out_hi = np.zeros((num_pos, K), dtype=np.int32)
+    out_lo[pos, slot] = lo
+    out_hi[pos, slot] = hi
+    return out_lo, out_hi
+
+
+class Mask:
+    """Common interface of both IRs. Subclasses set ``seqlen_q``, ``seqlen_k``, ``name``, ``params``."""
+
+    seqlen_q: int
+    seqlen_k: int
+    name: str
+    params: dict
+
+    @property
+    def num_patterns(self) -> int:
+        return 1
+
+    def head_areas(self, num_heads_q: int) -> list[int]:
+        raise NotImplementedError
+
+    def flops(self, num_heads_q: int, head_dim: int, mode: str = "fwd") -> float:
+        """MASKS.md §5: ``4 · D · Σ_heads area_h``; bwd is 2.5×, fwd_bwd 3.5× the forward count."""
+        if mode not in FLOP_MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(FLOP_MODES)}")
+        return 4.0 * head_dim * float(sum(self.head_areas(num_heads_q))) * FLOP_MODES[mode]
+
+    @property
+    def density(self) -> float:
+        area = self.area
+        total = sum(area) if isinstance(area, list) else area
+        return total / (self.seqlen_q * self.seqlen_k * self.num_patterns)
+
+    def describe(self) -> str:
+        shown = {k: v for k, v in self.params.items() if k not in ("doc_bounds", "q_block_bounds", "k_block_bounds")}
+        return f"{self.name}(Sq={self.seqlen_q}, Sk={self.seqlen_k}, {shown})"
+
+
+class RangeMask(Mask):
+    """Union of ``(q_start, q_end, k_start, k_end, kind)`` slices (MASKS.md §1)."""
+
+    def __init__(self, seqlen_q: int, seqlen_k: int, slices: Iterable[Sequence[Any]], *, name: str = "range", params: dict | None = None):
+        self.seqlen_q = _check_block_size("seqlen_q", seqlen_q)
+        self.seqlen_k = _check_block_size("seqlen_k", seqlen_k)
+        parsed = []
+        for n, s in enumerate(slices):
+            parsed.append(self._check_slice(n, s))
+        self.slices: tuple[tuple[int, int, int, int, SliceKind], ...] = tuple(parsed)
+        self.name = name
+        self.params = dict(params or {})
+
+    def _check_slice(self, n: int, s: Sequence[Any]) -> tuple[int, int, int, int, SliceKind]:
+        if isinstance(s, (str, bytes)) or not hasattr(s, "__len__") or len(s) != 5:
+            raise ValueError(f"slice {n} {s!r}: expected (q_start, q_end, k_start, k_end, kind)")
+        try:
+            kind = SliceKind.parse(s[4])
+        except ValueError as e:
+            raise ValueError(f"slice {n} {tuple(s)!r}: {e}") from None
+        vals = []
+        for label, v in zip(("q_start", "q_end", "k_start", "k_end"), s[:4]):
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = int(v.item())
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"slice {n} {tuple(s)!r}: {label} must be an integer, got {v!r}")
+            vals.append(int(v))
+        qs, qe, ks, ke = vals
+        for label, start, end, limit in (("q", qs, qe, self.seqlen_q), ("k", ks, ke, self.seqlen_k)):
+            if start >= end:
+                raise ValueError(f"slice {n} {tuple(s)!r}: empty or reversed {label} range [{start}, {end})")
+            if start < 0 or end > limit:
+                raise ValueError(f"slice {n} {tuple(s)!r}: {label} range [{start}, {end}) lies outside [0, {limit})")
+        return qs, qe, ks, ke, kind
+
+    def __repr__(self) -> str:
+        return f"RangeMask({self.describe()}, {len(self.slices)} slices)"
+
+    # ------------------------------------------------------------------ semantics
+    @staticmethod
+    def slice_allows(kind: SliceKind, r, c, sq: int, sk: int):
+        """The predicate of MASKS.md §1 on in-slice coordinates (works on ints, numpy and torch)."""
+        if kind == SliceKind.FULL:
+            return (r >= 0) & (c >= 0)
+        if kind == SliceKind.CAUSAL:
+            return c <= r + (sk - sq)
+        if kind == SliceKind.INVCAUSAL:
+            return c >= r
+        return (c >= r) & (c <= r + (sk - sq))
+
+    @_cached
+    def to_dense(self) -> torch.Tensor:
+        """bool ``[Sq, Sk]``, evaluated slice by slice from the definition (True = attend)."""
+        dense = torch.zeros(self.seqlen_q, self.seqlen_k, dtype=torch.bool)
+        for qs, qe, ks, ke, kind in self.slices:
+            r = torch.arange(qe - qs)[:, None]
+            c = torch.arange(ke - ks)[None, :]
+            dense[qs:qe, ks:ke] |= self.slice_allows(kind, r, c, qe - qs, ke - ks)
+        return dense
+
+    def _slice_row_intervals(self):
+        """Flat (row, lo, hi) triples, one per (slice, row): each slice allows one key interval per row."""
+        pos, lo, hi = [], [], []
+        for qs, qe, ks, ke, kind in self.slices:
+            sq, sk = qe - qs, ke - ks
+            r = np.arange(sq, dtype=np.int64)
+            if kind == SliceKind.FULL:
+                a, b = np.zeros(sq, np.int64), np.full(sq, sk, np.int64)
+            elif kind == SliceKind.CAUSAL:
+                a, b = np.zeros(sq, np.int64), np.clip(r + (sk - sq) + 1, 0, sk)
+            elif kind == SliceKind.INVCAUSAL:
+                a, b = np.minimum(r, sk), np.full(sq, sk, np.int64)
+            else:
+                a, b = np.minimum(r, sk), np.clip(r + (sk - sq) + 1, 0, sk)
+            pos.append(r + qs)
+            lo.append(a + ks)
+            hi.append(b + ks)
+        return self._concat(pos, lo, hi)
+
+    def _slice_col_intervals(self):
+        """Flat (col, lo, hi) triples: for each slice and key column, its allowed query interval."""
+        pos, lo, hi = [], [], []
+        for qs, qe, ks, ke, kind in self.slices:
+            sq, sk = qe - qs, ke - ks
+            c = np.arange(sk, dtype=np.int64)
+            first_causal = np.clip(c - (sk - sq), 0, sq)  # CAUSAL: r >= c - (sk - sq)
+            last_inv = np.clip(c + 1, 0, sq)  # INVCAUSAL: r <= c
+            if kind == SliceKind.FULL:
+                a, b = np.zeros(sk, np.int64), np.full(sk, sq, np.int64)
+            elif kind == SliceKind.CAUSAL:
+                a, b = first_causal, np.full(sk, sq, np.int64)
+            elif kind == SliceKind.INVCAUSAL:
+                a, b = np.zeros(sk, np.int64), last_inv
+            else:
+                a, b = first_causal, last_inv
+            pos.append(c + ks)
+            lo.append(a + qs)
+            hi.append(b + qs)
+        return self._concat(pos, lo, hi)
+
+    @staticmethod
+    def _concat(pos, lo, hi):
+        if not pos:
+            z = np.zeros(0, np.int64)
+            return z, z, z
+        return np.concatenate(pos), np.concatenate(lo), np.concatenate(hi)
+
+    @_cached
+    def merged_row_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat ``(row, lo, hi)``: each row's allowed keys as disjoint ascending intervals."""
+        return merge_intervals(self.seqlen_q, *self._slice_row_intervals(), extent=self.seqlen_k)
+
+    @_cached
+    def merged_col_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat ``(col, lo, hi)``: each key column's allowed query rows as disjoint intervals."""
+        return merge_intervals(self.seqlen_k, *self._slice_col_intervals(), extent=self.seqlen_q)
+
+    @_cached
+    def row_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` int32 ``[Sq, K]``: row ``i`` attends ``∪_t [lo[i,t], hi[i,t])``; unused slots 0."""
+        return _pad_intervals(self.seqlen_q, *self.merged_row_intervals())
+
+    @_cached
+    def col_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` int32 ``[Sk, K]``: column ``j`` is attended by rows ``∪_t [lo[j,t], hi[j,t])``."""
+        return _pad_intervals(self.seqlen_k, *self.merged_col_intervals())
+
+    @property
+    def area(self) -> int:
+        _, lo, hi = self.merged_row_intervals()
+        return int((hi - lo).sum())
+
+    def head_areas(self, num_heads_q: int) -> list[int]:
+        return [self.area] * num_heads_q
+
+    @_cached
+    def block_tables(self, block_m: int, block_n: int) -> BlockTables:
+        """Classify every (query tile, key tile) as empty, partial or full, from the row intervals.
+
+        Per row and interval ``[lo, hi)`` the key tiles it fully covers are
+        ``[ceil(lo/bn), floor(hi/bn))`` (the ragged last tile counts when ``hi == Sk``) and the ones it
+        touches ``[floor(lo/bn), ceil(hi/bn))``. A tile is full when all of its rows cover it, touched
+        when any row does; both counts come from difference arrays, so the cost is ``O(S + tiles)``.
+        """
+        bm = _check_block_size("block_m", block_m)
+        bn = _check_block_size("block_n", block_n)
+        Sq, Sk = self.seqlen_q, self.seqlen_k
+        num_m, num_n = -(-Sq // bm), -(-Sk // bn)
+        rows, lo, hi = self.merged_row_intervals()
+        full_a = -(-lo // bn)
+        full_b = np.where(hi == Sk, num_n, hi // bn)
+        touch_a, touch_b = lo // bn, -(-hi // bn)
+        tile = rows // bm
+        full_cnt = np.zeros((num_m, num_n + 1), dtype=np.int32)
+        touch_cnt = np.zeros((num_m, num_n + 1), dtype=np.int32)
+        ok = full_b > full_a
+        np.add.at(full_cnt, (tile[ok], full_a[ok]), 1)
+        np.add.at(full_cnt, (tile[ok], full_b[ok]), -1)
+        np.add.at(touch_cnt, (tile, touch_a), 1)
+        np.add.at(touch_cnt, (tile, touch_b), -1)
+        rows_in_tile = np.minimum(bm, Sq - np.arange(num_m) * bm)
+        full = np.cumsum(full_cnt, axis=1)[:, :num_n] == rows_in_tile[:, None]
+        touched = np.cumsum(touch_cnt, axis=1)[:, :num_n] > 0
+        return BlockTables.from_classification(bm, bn, full, touched)
+
+
+class BlockSparseMask(Mask):
+    """Per-pattern block map over query/key blocks with explicit bounds (MASKS.md §2)."""
+
+    def __init__(self, q_block_bounds, k_block_bounds, block_map, *, name: str = "block_sparse", params: dict | None = None):
+        self.q_block_bounds = self._check_bounds("q_block_bounds", q_block_bounds)
+        self.k_block_bounds = self._check_bounds("k_block_bounds", k_block_bounds)
+        bm = torch.as_tensor(block_map)
+        if bm.dtype != torch.bool:
+            raise ValueError(f"block_map must be a bool tensor, got dtype {bm.dtype}")
+        if bm.dim() == 2:
+            bm = bm[None]
+        nq, nk = len(self.q_block_bounds) - 1, len(self.k_block_bounds) - 1
+        if bm.dim() != 3 or bm.shape[1:] != (nq, nk):
+            raise ValueError(f"block_map must have shape [P, {nq}, {nk}] to match the block bounds, got {tuple(bm.shape)}")
+        if bm.shape[0] < 1:
+            raise ValueError("block_map needs at least one pattern (P >= 1)")
+        self.block_map = bm.cpu().contiguous()
+        self.seqlen_q = int(self.q_block_bounds[-1])
+        self.seqlen_k = int(self.k_block_bounds[-1])
+        self.name = name
+        self.params = dict(params or {})
+
+    @staticmethod
+    def _check_bounds(label: str, bounds) -> np.ndarray:
+        b = np.asarray(torch.as_tensor(bounds).cpu().numpy() if isinstance(bounds, torch.Tensor) else bounds)
+        if b.ndim != 1 or b.size < 2 or not np.issubdtype(b.dtype, np.integer):
+            raise ValueError(f"{label} must be a 1-D integer list [0 = b0 < b1 < ... < bN = S] with N >= 1, got {bounds!r}")
+        if b[0] != 0:
+            raise ValueError(f"{label} must start at 0, got {int(b[0])}")
+        bad = np.nonzero(np.diff(b) <= 0)[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{label} must be strictly increasing: bound {i} = {int(b[i])} >= bound {i + 1} = {int(b[i + 1])}")
+        return b.astype(np.int64)
+
+    def __repr__(self) -> str:
+        return f"BlockSparseMask({self.describe()}, P={self.num_patterns}, blocks={tuple(self.block_map.shape[1:])})"
+
+    @property
+    def num_patterns(self) -> int:
+        return int(self.block_map.shape[0])
+
+    def pattern_of_head(self, num_heads_q: int) -> list[int]:
+        """Pattern used by each query head: shared (P = 1) or one per group of ``Hq / P`` heads."""
+        P = self.num_patterns
+        if num_heads_q % P:
+            raise ValueError(f"{P} mask patterns do not divide {num_heads_q} query heads")
+        return [h // (num_heads_q // P) for h in range(num_heads_q)]
+
+    @property
+    def uniform_block(self) -> int | None:
+        """The block size when every block but possibly the last has one size on both axes."""
+        sizes = np.concatenate([np.diff(self.q_block_bounds)[:-1], np.diff(self.k_block_bounds)[:-1]])
+        first = int(np.diff(self.q_block_bounds)[0])
+        if sizes.size and not np.all(sizes == first):
+            return None
+        if np.diff(self.q_block_bounds)[-1] > first or np.diff(self.k_block_bounds)[-1] > first:
+            return None
+        return first
+
+    @_cached
+    def to_dense(self) -> torch.Tensor:
+        """bool ``[P, Sq, Sk]``."""
+        qs = torch.as_tensor(np.diff(self.q_block_bounds))
+        ks = torch.as_tensor(np.diff(self.k_block_bounds))
+        return self.block_map.repeat_interleave(qs, dim=1).repeat_interleave(ks, dim=2)
+
+    @property
+    def area(self) -> list[int]:
+        qs = np.diff(self.q_block_bounds)
+        ks = np.diff(self.k_block_bounds)
+        m = self.block_map.numpy().astype(np.int64)
+        return [int(qs @ m[p] @ ks) for p in range(self.num_patterns)]
+
+    def head_areas(self, num_heads_q: int) -> list[int]:
+        area = self.area
+        return [area[p] for p in self.pattern_of_head(num_heads_q)]
+
+    @_cached
+    def block_tables(self, block_m: int, block_n: int) -> BlockTables:
+        """Tile classification per pattern: a tile is full when every block it overlaps is kept,
+        touched when any is (2-D prefix sums over the block map, ``O(P · (blocks + tiles))``)."""
+        bm = _check_block_size("block_m", block_m)
+        bn = _check_block_size("block_n", block_n)
+        num_m, num_n = -(-self.seqlen_q // bm), -(-self.seqlen_k // bn)
+
+        def block_span(bounds: np.ndarray, tile: int, num: int):
+            starts = np.arange(num) * tile
+            ends = np.minimum(starts + tile, bounds[-1])
+            first = np.searchsorted(bounds, starts, side="right") - 1
+            last = np.searchsorted(bounds, ends, side="left")  # exclusive block index
+            return first, last
+
+        qa, qb = block_span(self.q_block_bounds, bm, num_m)
+        ka, kb = block_span(self.k_block_bounds, bn, num_n)
+        m = self.block_map.numpy().astype(np.int64)
+        pref = np.zeros((m.shape[0], m.shape[1] + 1, m.shape[2] + 1), dtype=np.int64)
+        pref[:, 1:, 1:] = m.cumsum(1).cumsum(2)
+        rect = pref[:, qb][:, :, kb] - pref[:, qa][:, :, kb] - pref[:, qb][:, :, ka] + pref[:, qa][:, :, ka]
+        size = (qb - qa)[:, None] * (kb - ka)[None, :]
+        return BlockTables.from_classification(bm, bn, rect == size[None], rect > 0)
