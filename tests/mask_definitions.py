@@ -1,0 +1,57 @@
+"""MASKS.md §3 written out directly, element by element, from a mask's ``.params``.
+
+This is the test oracle: it never looks at slices or lowerings, only at the definition table.
+"""
+
+import numpy as np
+import torch
+
+
+def doc_index(S, bounds):
+    return np.searchsorted(np.asarray(bounds), np.arange(S), side="right") - 1
+
+
+def definition(name: str, S: int, p: dict) -> torch.Tensor:
+    i = np.arange(S)[:, None]
+    j = np.arange(S)[None, :]
+    if "doc_bounds" in p:
+        b = np.asarray(p["doc_bounds"])
+        d = doc_index(S, b)
+        di, dj = d[:, None], d[None, :]
+        start = b[d]
+        n_docs = len(b) - 1
+    if name == "full":
+        ok = np.ones((S, S), bool)
+    elif name == "causal":
+        ok = j <= i
+    elif name == "full_document":
+        ok = di == dj
+    elif name == "causal_document":
+        ok = (di == dj) & (j <= i)
+    elif name == "share_question":
+        ok = (j <= i) & ((dj == di) | (dj == 0))
+    elif name == "causal_blockwise":
+        ok = (j <= i) & ((dj == di) | (di == n_docs - 1))
+    elif name == "prefix_lm_causal":
+        ok = (j < p["prefix"]) | (j <= i)
+    elif name == "prefix_lm_document":
+        lens = np.diff(b)[d]
+        pre = np.minimum(p["prefix"], lens)
+        ok = (di == dj) & (((j - start[None, :]) < pre[None, :]) | (j <= i))
+    elif name == "sliding_window":
+        ok = np.abs(i - j) <= p["window"]
+    elif name == "sliding_window_causal":
+        ok = (i - p["window"] <= j) & (j <= i)
+    elif name == "global_sliding_window":
+        g = p["global_tokens"]
+        ok = (np.abs(i - j) <= p["window"]) | (i < g) | (j < g)
+    elif name == "block_causal_document":
+        B = p["block"]
+        ok = (di == dj) & (j // B <= i // B)
+    elif name in ("block_sparse", "varblock_sparse"):
+        qb = np.asarray(p["q_block_bounds"])
+        kb = np.asarray(p["k_block_bounds"])
+        raise AssertionError("block-sparse masks are checked against their block map, see test_masks")
+    else:
+        raise AssertionError(name)
+    return torch.from_numpy(np.ascontiguousarray(ok))
