@@ -6,7 +6,15 @@ import torch
 
 from .masks import BlockSparseMask, Mask
 
-DEFAULT_BACKEND = "reference"
+#: the default backend per mask IR: our Triton kernels
+DEFAULT_BACKEND = "triton"
+
+
+def default_backend(mask: Mask) -> str:
+    """``triton`` for range masks; ``triton-sparse`` (uniform blocks) or ``triton-varblock`` otherwise."""
+    if isinstance(mask, BlockSparseMask):
+        return "triton-sparse" if mask.uniform_block else "triton-varblock"
+    return DEFAULT_BACKEND
 
 
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> None:
@@ -52,7 +60,7 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     from .backends import Problem, get_backend
 
     validate_inputs(q, k, v, mask)
-    impl = get_backend(backend or DEFAULT_BACKEND)
+    impl = get_backend(backend or default_backend(mask))
     problem = Problem(
         mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
         dtype=q.dtype, mode="fwd_bwd" if q.requires_grad or k.requires_grad or v.requires_grad else "fwd",

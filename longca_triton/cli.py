@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+import torch
 
 from .masks import MASK_NAMES, MASK_SPECS
 
@@ -91,6 +92,171 @@ def masks_show(name, seqlen, seed, params, tile, out):
     if out:
         plot_mask(mask, out)
         console.print(f"wrote {out}")
+
+
+def _csv(kind):
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        try:
+            return [kind(x) for x in items]
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list of {kind.__name__}, got {value!r}") from None
+
+    return parse
+
+
+def _heads(ctx, param, value):
+    try:
+        hq, hkv = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected Hq:Hkv such as 64:8, got {value!r}") from None
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise click.BadParameter(f"query heads must be a positive multiple of KV heads, got {value!r}")
+    return hq, hkv
+
+
+@main.command()
+@click.option("--block", type=click.Choice(["16", "32", "64", "128", "256"]), default="64", show_default=True,
+              help="inner-loop tile / sparse block size to tune for")
+@click.option("--kernel", "kernels", default="triton", show_default=True, callback=_csv(str),
+              help="comma-separated tunable kernels")
+@click.option("--masks", default=None, callback=_csv(str), help="comma-separated masks (default: a mix of full, causal, documents, window)")
+@click.option("--seqlens", default="4096,16384", show_default=True, callback=_csv(int))
+@click.option("--head-dims", default="128", show_default=True, callback=_csv(int))
+@click.option("--dtypes", default="bfloat16", show_default=True, callback=_csv(str))
+@click.option("--heads", default="64:8", show_default=True, callback=_heads, help="Hq:Hkv")
+@click.option("--vendors", default=None, callback=_csv(str), help="backends to compare against (default: sdpa-cudnn, fa4, flex-fa4, flex)")
+@click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
+@click.option("--no-write", is_flag=True, help="do not update the config cache")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="also write the summary as JSON")
+def autotune(block, kernels, masks, seqlens, head_dims, dtypes, heads, vendors, dry_run, no_write, out):
+    """Tune our kernels' launch configs for one tile/block size and cache the winners.
+
+    Prints, per problem class, the default config, the tuned config and the best vendor kernel
+    side by side. The kernels read the cache (see `autotune.cache_path`) at run time.
+
+    \b
+    Examples:
+      longca-triton autotune --block 64
+      longca-triton autotune --block 128 --masks causal,causal_document --seqlens 16384
+      longca-triton autotune --block 64 --dry-run
+    """
+    from .runtime import INTERPRETER_BANNER, select_device
+
+    device, interpreted = select_device()
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import autotune as at
+    from .masks import MASK_NAMES
+
+    console = Console()
+    block = int(block)
+    for name in kernels:
+        if name not in at.TUNABLES:
+            raise click.BadParameter(f"unknown kernel {name!r}; tunable: {', '.join(at.TUNABLES)}", param_hint="--kernel")
+    masks = masks or list(at.DEFAULT_MASKS)
+    for m in masks:
+        if m not in MASK_NAMES:
+            raise click.BadParameter(f"unknown mask {m!r}; valid masks: {', '.join(MASK_NAMES)}", param_hint="--masks")
+    dts = []
+    for d in dtypes:
+        if d not in ("bfloat16", "float16"):
+            raise click.BadParameter(f"dtype must be bfloat16 or float16, got {d!r}", param_hint="--dtypes")
+        dts.append(getattr(torch, d))
+    if any(s < 1 for s in seqlens):
+        raise click.BadParameter("sequence lengths must be positive", param_hint="--seqlens")
+    if interpreted and not dry_run:
+        console.print(f"[bold yellow]{INTERPRETER_BANNER}[/bold yellow]")
+        seqlens, head_dims, dts, heads, block = [160], [32], [torch.float16], (4, 2), min(block, 32)
+    cases = at.build_cases(masks, seqlens, head_dims, dts, heads)
+    for name in kernels:
+        tunable = at.TUNABLES[name]
+        mine = [c for c in cases if tunable.accepts(c.mask)]
+        if dry_run:
+            _print_dry_run(console, tunable, mine, block)
+            continue
+        if interpreted:
+            _interpreter_check(console, tunable, mine, block)
+            continue
+        console.print(f"tuning {name} at block {block} on {torch.cuda.get_device_name()} -> {at.cache_path()}")
+        summaries = at.tune(tunable, mine, block, device, write=not no_write, progress=lambda s: console.log(s))
+        _print_summary(console, summaries, mine, vendors or list(at.DEFAULT_VENDORS), device)
+        if out:
+            import json as _json
+
+            with open(out, "a") as f:
+                for s in summaries:
+                    f.write(_json.dumps(s, default=str) + "\n")
+
+
+def _fmt_cfg(cfg: dict) -> str:
+    return " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in cfg.items())
+
+
+def _print_dry_run(console, tunable, cases, block):
+    from . import autotune as at
+
+    classes = {}
+    for c in cases:
+        cls = at.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
+        classes.setdefault(cls, []).append(c.label)
+    for cls, labels in classes.items():
+        console.print(f"[bold]{cls}[/bold]  cases: {', '.join(labels)}")
+    for group, mode in tunable.groups.items():
+        cands = tunable.candidates(group, block, cases[0].head_dim if cases else 128)
+        console.print(f"  group {group} (timed on {mode}): {len(cands)} candidates")
+        for cand in cands:
+            console.print(f"    {_fmt_cfg(cand)}")
+
+
+def _interpreter_check(console, tunable, cases, block):
+    """CPU fallback: every candidate's first few configs must compute the reference's answer."""
+    from rich.table import Table
+
+    from .reference import naive_attention
+
+    table = Table(title=f"{tunable.name} @ block {block} [INTERPRETER: correctness only, no speed]")
+    for col in ("case", "group", "config", "max |err| vs fp64 reference", "status"):
+        table.add_column(col)
+    for case in cases:
+        q, k, v, do = case.inputs("cpu")
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = naive_attention(q64, k64, v64, case.mask)
+        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+        for group, mode in tunable.groups.items():
+            cand = tunable.candidates(group, block, case.head_dim)[0]
+            cfg = {**tunable.default(case.head_dim, case.dtype), **cand}
+            out = tunable.run(q, k, v, case.mask, cfg)
+            if mode == "fwd":
+                err = (out.double() - ref).abs().max().item()
+            else:  # the backward groups are checked on the gradients they compute
+                grads = torch.autograd.grad(out, (q, k, v), do)
+                err = max((g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads))
+            table.add_row(case.label, group, _fmt_cfg(cand), f"{err:.2e}", "ok" if err < 2e-2 else "WRONG")
+    console.print(table)
+
+
+def _print_summary(console, summaries, cases, vendors, device):
+    from rich.table import Table
+
+    from . import autotune as at
+
+    by_label = {c.label: c for c in cases}
+    table = Table(title="autotune: default vs tuned vs best vendor (TFLOP/s, MASKS.md §5)")
+    for col in ("problem class", "mode", "default", "tuned", "× default", "best vendor", "tuned config"):
+        table.add_column(col)
+    for s in summaries:
+        first = by_label[s["cases"][0]]
+        for mode, tuned in sorted(s["tuned_tflops"].items()):
+            default = s["default_tflops"][mode]
+            vendor, vt = at.best_vendor(first, mode, vendors, device)
+            table.add_row(s["problem_class"], mode, f"{default:.0f}", f"{tuned:.0f}", f"{tuned / default:.2f}",
+                          f"{vendor} {vt:.0f}" + (" (first case)" if len(s["cases"]) > 1 else ""),
+                          _fmt_cfg({k: v for k, v in s["tuned"].items() if s["default"].get(k) != v}) or "(= default)")
+    console.print(table)
 
 
 def _make(name, seqlen, seed, params):

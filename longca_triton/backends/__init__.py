@@ -10,7 +10,7 @@ from .base import BACKENDS, Backend, Problem, Unsupported, get_backend, list_bac
 __all__ = ["BACKENDS", "Backend", "Problem", "Unsupported", "get_backend", "list_backends", "register"]
 
 #: adapter modules, imported on first use of the registry
-ADAPTER_MODULES = ["reference"]
+ADAPTER_MODULES = ["reference", "triton_dense"]
 
 _loaded = False
 

@@ -1,0 +1,360 @@
+"""Autotuning our kernels' launch configs, and the cache the kernels read at run time.
+
+``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
+size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
+block-sparse kernels the block itself) and searches the rest: outer tile, warps, pipeline stages
+and the kernels' switches (warp specialisation). Each group of keys (forward, dK/dV, dQ) is tuned
+with the others at their defaults, because the passes are separate kernels.
+
+The cache is JSON, keyed by ``GPU name | Triton version`` and then by *problem class*
+(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block). Entries keep the
+measured TFLOP/s of the default and tuned configs, so the kernels pick the best block for a class
+and ``autotune`` can print what it found. No cache means defaults: nothing here probes hardware at
+import time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .masks import BlockSparseMask, Mask
+
+__all__ = [
+    "Tunable", "TUNABLES", "register_tunable", "cache_path", "device_key", "problem_class", "lookup",
+    "TuneCase", "tune", "load_cache",
+]
+
+CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
+
+
+# ---------------------------------------------------------------------------- what can be tuned
+@dataclass
+class Tunable:
+    """A kernel family with a launch config: how to enumerate candidates and how to run one."""
+
+    name: str  # the backend name it runs under ("triton", "triton-sparse", ...)
+    #: key groups tuned one at a time, e.g. {"fwd": [...], "dkdv": [...], "dq": [...]}
+    groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
+    candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
+    run: Callable  # (q, k, v, mask, config) -> out, differentiable
+    default: Callable[[int, torch.dtype], dict]  # (head_dim, dtype) -> full default config
+    accepts: Callable[[Mask], bool] = lambda mask: True
+
+
+TUNABLES: dict[str, Tunable] = {}
+
+
+def register_tunable(t: Tunable) -> Tunable:
+    TUNABLES[t.name] = t
+    return t
+
+
+def _pow2_choices(block: int, options=(64, 128)) -> list[int]:
+    return sorted({o for o in options} | {block})
+
+
+def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
+    big = head_dim > 128
+    outer = [64] if big else [64, 128]
+    warps = [4, 8]
+    if group == "fwd":
+        stages = [2, 3] if big else [2, 3, 4]
+        return [
+            dict(BLOCK_M=m, BLOCK_N=block, num_warps=w, num_stages=s, warp_specialize=ws)
+            for m, w, s, ws in itertools.product(outer, warps, stages, [False, True])
+        ]
+    if group == "dkdv":
+        return [
+            dict(DKDV_BLOCK_M=block, DKDV_BLOCK_N=n, dkdv_num_warps=w, dkdv_num_stages=s)
+            for n, w, s in itertools.product(outer, warps, [2, 3])
+        ]
+    if group == "dq":
+        return [
+            dict(DQ_BLOCK_M=m, DQ_BLOCK_N=block, dq_num_warps=w, dq_num_stages=s)
+            for m, w, s in itertools.product(outer, warps, [2, 3])
+        ]
+    raise ValueError(f"unknown key group {group!r}")
+
+
+def _dense_tunable() -> Tunable:
+    def run(q, k, v, mask, config):
+        from .kernels.dense import dense_attention
+
+        return dense_attention(q, k, v, mask, config=config)
+
+    def default(head_dim, dtype):
+        from .kernels.dense import default_config
+
+        return default_config(head_dim, dtype)
+
+    return Tunable(
+        name="triton",
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        candidates=_dense_candidates,
+        run=run,
+        default=default,
+        accepts=lambda mask: not isinstance(mask, BlockSparseMask),
+    )
+
+
+register_tunable(_dense_tunable())
+
+
+# ---------------------------------------------------------------------------- the cache
+def cache_path() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "longca-triton" / "autotune.json"
+
+
+def device_key(device: torch.device | str) -> str:
+    import triton
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-interpreter"
+    return f"{name}|triton-{triton.__version__}"
+
+
+def mask_class(mask: Mask) -> str:
+    if isinstance(mask, BlockSparseMask):
+        return "uniform-sparse" if mask.uniform_block else "varblock-sparse"
+    return "full" if mask.area == mask.seqlen_q * mask.seqlen_k else "masked"
+
+
+def seq_bucket(seqlen: int) -> str:
+    for limit in (4096, 16384, 65536):
+        if seqlen <= limit:
+            return f"S<={limit // 1024}K"
+    return "S>64K"
+
+
+def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int) -> str:
+    dt = str(dtype).replace("torch.", "")
+    return f"{kernel}|D={head_dim}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
+
+
+_MEMO: dict[str, dict] = {}
+
+
+def load_cache(path: Path | None = None) -> dict:
+    path = path or cache_path()
+    key = str(path)
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return {}
+    hit = _MEMO.get(key)
+    if hit and hit["mtime"] == mtime:
+        return hit["data"]
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {}
+    _MEMO[key] = {"mtime": mtime, "data": data}
+    return data
+
+
+def _save_cache(data: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | None:
+    """The tuned config for this call's problem class (best over tuned blocks), or None."""
+    if q.device.type != "cuda":
+        return None
+    data = load_cache()
+    if not data:
+        return None
+    entries = data.get(device_key(q.device), {})
+    prefix = problem_class(kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, 0).rsplit("|block=", 1)[0]
+    best = None
+    for cls, entry in entries.items():
+        if cls.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
+            best = entry
+    return dict(best["config"]) if best else None
+
+
+# ---------------------------------------------------------------------------- tuning
+@dataclass
+class TuneCase:
+    mask: Mask
+    heads_q: int = 64
+    heads_kv: int = 8
+    head_dim: int = 128
+    dtype: torch.dtype = torch.bfloat16
+    batch: int = 1
+    label: str = ""
+    _inputs: tuple | None = field(default=None, repr=False)
+
+    def inputs(self, device):
+        if self._inputs is None:
+            g = torch.Generator(device=device).manual_seed(0)
+            S = self.mask.seqlen_q
+            shape_q = (self.batch, S, self.heads_q, self.head_dim)
+            shape_k = (self.batch, self.mask.seqlen_k, self.heads_kv, self.head_dim)
+            q = torch.randn(shape_q, device=device, dtype=self.dtype, generator=g).requires_grad_()
+            k = torch.randn(shape_k, device=device, dtype=self.dtype, generator=g).requires_grad_()
+            v = torch.randn(shape_k, device=device, dtype=self.dtype, generator=g).requires_grad_()
+            self._inputs = (q, k, v, torch.randn(shape_q, device=device, dtype=self.dtype, generator=g))
+        return self._inputs
+
+    def flops(self, mode: str) -> float:
+        return self.batch * self.mask.flops(self.heads_q, self.head_dim, mode)
+
+
+def _time(fn, device) -> float:
+    """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter)."""
+    if torch.device(device).type == "cuda":
+        from .bench.timing import time_fn
+
+        return time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device) -> float:
+    """TFLOP/s of one config on one case (``mode`` fwd: forward; bwd: backward alone)."""
+    q, k, v, do = case.inputs(device)
+    if mode == "fwd":
+        with torch.no_grad():
+            ms = _time(lambda: tunable.run(q, k, v, case.mask, config), device)
+    else:
+        out = tunable.run(q, k, v, case.mask, config)
+        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device)
+    return case.flops(mode) / (ms * 1e-3) / 1e12
+
+
+def _geomean(xs):
+    return math.exp(sum(math.log(max(x, 1e-9)) for x in xs) / len(xs)) if xs else 0.0
+
+
+def tune(
+    tunable: Tunable,
+    cases: list[TuneCase],
+    block: int,
+    device="cuda",
+    groups: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    write: bool = True,
+) -> list[dict]:
+    """Tune every problem class the cases fall in; return one summary row per class and mode.
+
+    Candidates are scored by the geometric mean of TFLOP/s over the class's cases; a candidate that
+    fails to compile or run (too much shared memory, say) is recorded and skipped.
+    """
+    groups = groups or list(tunable.groups)
+    by_class: dict[str, list[TuneCase]] = {}
+    for c in cases:
+        cls = problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
+        by_class.setdefault(cls, []).append(c)
+    summaries = []
+    path = cache_path()
+    for cls, members in by_class.items():
+        head_dim, dtype = members[0].head_dim, members[0].dtype
+        default = tunable.default(head_dim, dtype)
+        tuned = dict(default)
+        default_scores, tuned_scores, failures = {}, {}, []
+        for group in groups:
+            mode = tunable.groups[group]
+            if mode not in default_scores:
+                default_scores[mode] = _geomean([measure(tunable, c, default, mode, device) for c in members])
+            best_cfg, best = None, -1.0
+            for cand in tunable.candidates(group, block, head_dim):
+                cfg = {**tuned, **cand}
+                try:
+                    score = _geomean([measure(tunable, c, cfg, mode, device) for c in members])
+                except Exception as e:  # a config that cannot compile or launch is skipped, not fatal
+                    failures.append(f"{cand}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                    continue
+                if progress:
+                    progress(f"{cls} {group} {cand} -> {score:.1f} TFLOP/s")
+                if score > best:
+                    best, best_cfg = score, cand
+            if best_cfg is not None:
+                tuned.update(best_cfg)
+                tuned_scores[mode] = best
+        for mode in sorted(set(tunable.groups.values())):
+            if mode not in tuned_scores:
+                continue
+            # re-measure the final combination; where it does not beat the default, keep the default
+            tuned_scores[mode] = _geomean([measure(tunable, c, tuned, mode, device) for c in members])
+            if tuned_scores[mode] <= default_scores[mode]:
+                for group, m in tunable.groups.items():
+                    if m == mode:
+                        for key in tunable.candidates(group, block, head_dim)[0]:
+                            tuned[key] = default[key]
+                tuned_scores[mode] = default_scores[mode]
+        summaries.append(
+            dict(problem_class=cls, cases=[c.label for c in members], default=default, tuned=tuned,
+                 default_tflops=default_scores, tuned_tflops=tuned_scores, failures=failures)
+        )
+        if write and torch.device(device).type == "cuda":
+            data = json.loads(json.dumps(load_cache(path)))  # a private copy
+            score = _geomean([tuned_scores.get(m, 0.0) for m in tuned_scores]) if tuned_scores else 0.0
+            data.setdefault(device_key(device), {})[cls] = dict(
+                config=tuned, score=score, default_tflops=default_scores, tuned_tflops=tuned_scores,
+                cases=[c.label for c in members], when=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            )
+            _save_cache(data, path)
+    return summaries
+
+
+# ---------------------------------------------------------------------------- the command's work
+DEFAULT_MASKS = ("full", "causal", "causal_document", "share_question", "sliding_window_causal")
+DEFAULT_VENDORS = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
+
+
+def build_cases(masks, seqlens, head_dims, dtypes, heads, seed=0) -> list[TuneCase]:
+    from .masks import make_mask
+
+    hq, hkv = heads
+    return [
+        TuneCase(make_mask(m, S, seed=seed), hq, hkv, D, dt, label=f"{m} S={S} D={D} {str(dt).replace('torch.', '')}")
+        for m, S, D, dt in itertools.product(masks, seqlens, head_dims, dtypes)
+    ]
+
+
+def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:
+    """The fastest available vendor backend on this case (name, TFLOP/s), or ("none", 0)."""
+    from .backends import Problem, get_backend
+
+    best = ("none", 0.0)
+    q, k, v, do = case.inputs(device)
+    problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
+                      head_dim=case.head_dim, dtype=case.dtype, mode=mode, device=torch.device(device).type)
+    for name in vendors:
+        try:
+            backend = get_backend(name)
+        except ValueError:
+            continue
+        ok, _ = backend.check(problem)
+        if not ok:
+            continue
+        try:
+            fn = backend.prepare(problem, q, k, v)
+            if mode == "fwd":
+                with torch.no_grad():
+                    ms = _time(fn, device)
+            else:
+                out = fn()[0]
+                ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device)
+        except Exception:  # a vendor failing here is not the tuner's business
+            continue
+        tflops = case.flops(mode) / (ms * 1e-3) / 1e12
+        if tflops > best[1]:
+            best = (name, tflops)
+    return best
