@@ -380,16 +380,24 @@ class RangeMask(Mask):
         full_b = np.where(hi == Sk, num_n, hi // bn)
         touch_a, touch_b = lo // bn, -(-hi // bn)
         tile = rows // bm
-        full_cnt = np.zeros((num_m, num_n + 1), dtype=np.int32)
-        touch_cnt = np.zeros((num_m, num_n + 1), dtype=np.int32)
-        ok = full_b > full_a
-        np.add.at(full_cnt, (tile[ok], full_a[ok]), 1)
-        np.add.at(full_cnt, (tile[ok], full_b[ok]), -1)
-        np.add.at(touch_cnt, (tile, touch_a), 1)
-        np.add.at(touch_cnt, (tile, touch_b), -1)
         rows_in_tile = np.minimum(bm, Sq - np.arange(num_m) * bm)
-        full = np.cumsum(full_cnt, axis=1)[:, :num_n] == rows_in_tile[:, None]
-        touched = np.cumsum(touch_cnt, axis=1)[:, :num_n] > 0
+        full = np.zeros((num_m, num_n), dtype=bool)
+        touched = np.zeros((num_m, num_n), dtype=bool)
+        # chunks of query tiles keep the int32 difference arrays small for million-token masks
+        chunk = max(1, (1 << 24) // (num_n + 1))
+        for m0 in range(0, num_m, chunk):
+            m1 = min(num_m, m0 + chunk)
+            a, b = np.searchsorted(tile, [m0, m1])  # the triples are sorted by row
+            t = tile[a:b] - m0
+            full_cnt = np.zeros((m1 - m0, num_n + 1), dtype=np.int32)
+            touch_cnt = np.zeros((m1 - m0, num_n + 1), dtype=np.int32)
+            ok = full_b[a:b] > full_a[a:b]
+            np.add.at(full_cnt, (t[ok], full_a[a:b][ok]), 1)
+            np.add.at(full_cnt, (t[ok], full_b[a:b][ok]), -1)
+            np.add.at(touch_cnt, (t, touch_a[a:b]), 1)
+            np.add.at(touch_cnt, (t, touch_b[a:b]), -1)
+            full[m0:m1] = np.cumsum(full_cnt, axis=1, dtype=np.int32)[:, :num_n] == rows_in_tile[m0:m1, None]
+            touched[m0:m1] = np.cumsum(touch_cnt, axis=1, dtype=np.int32)[:, :num_n] > 0
         return BlockTables.from_classification(bm, bn, full, touched)
 
 
