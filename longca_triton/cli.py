@@ -265,5 +265,14 @@ def _make(name, seqlen, seed, params):
     return make_mask(name, seqlen, seed=seed, **params)
 
 
+# the other commands live beside the library code they drive
+from .bench.cli import bench, doctor, plot, report  # noqa: E402
+from .cp.cli import comm_command  # noqa: E402  (importing it also adds `cp` to the bench group)
+from .ladder import ladder_command  # noqa: E402
+
+for _command in (bench, plot, report, doctor, comm_command, ladder_command):
+    main.add_command(_command)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,706 @@
+r"""Block-sparse attention in Triton (uniform and variable blocks): forward, backward, GQA, lse.
+
+Math
+----
+A ``BlockSparseMask`` cuts queries at ``q_bounds`` and keys at ``k_bounds`` and keeps, per pattern
+``p``, the block pairs where ``block_map[p, I, J]`` is set. Query head ``h`` uses pattern
+``p(h) = h // (Hq / P)`` and KV head ``h // (Hq / Hkv)``. For query row ``i`` (in block ``I``)::
+
+    s_ij  = softmax_scale * q_i . k_j          for j in a kept block J of row I
+    lse_i = log sum_j exp(s_ij)                (-inf when row I keeps no block)
+    o_i   = sum_j exp(s_ij - lse_i) v_j        (0 when row I keeps no block)
+
+Backward, with ``dO`` (and ``dlse`` when the caller differentiates through lse)::
+
+    delta_i = rowsum(dO_i * o_i) - dlse_i
+    dv_j   += sum_i p_ij dO_i
+    ds_ij   = p_ij (dO_i . v_j - delta_i)
+    dq_i    = softmax_scale * sum_j ds_ij k_j
+    dk_j   += softmax_scale * sum_i ds_ij q_i  (summed over the query heads of a KV head)
+
+Everything runs in the log2 domain (``exp2``, scores times ``softmax_scale * log2 e``), fp32
+accumulators, natural-log lse stored as float32 ``[B, Hq, Sq]``.
+
+Tiling
+------
+One tile grid serves uniform and variable blocks (``block_sparse_tables.py`` builds it on the
+GPU): every block is processed in sub-tiles of a fixed size, each carrying its valid length.
+
+* A *row tile* is ``BLOCK_M`` consecutive query rows inside one query block (the block's last
+  sub-tile may be short: its missing rows load as zeros and are never stored). With GQA and a
+  pattern shared by several query heads, ``HEADS`` heads are stacked into one tile of
+  ``HEADS * BLOCK_M`` rows (their rows share both the key list and the K/V head), which turns
+  64-row blocks into 128-row matrix products. (An option, ``HEADS``: on an H100 it measured
+  slower than one head per 64-row tile with 4 warps, so the defaults leave it at 1.)
+* Its key list is the runs of kept key blocks cut into ``BLOCK_N`` tiles ``[start, end)``. Only a
+  tile shorter than ``BLOCK_N`` (a run's ragged tail, or the last block of a ragged ``Sk``) needs
+  masking; when every block is a multiple of ``BLOCK_N`` (uniform blocks) the mask is compiled
+  out (``EVEN_N``) and the loop is a plain flash-attention loop over an index list.
+
+Kernels
+-------
+* ``block_sparse_fwd_kernel``: one program per (row tile, head pack): online softmax over the list.
+* ``block_sparse_bwd_preprocess_kernel``: ``delta``.
+* ``block_sparse_bwd_dkdv_kernel``: key-major. One program per (key tile, KV head) walks, for
+  every query head of its group, the transposed list (kept query-block runs cut into ``BLOCK_M``
+  sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
+* ``block_sparse_bwd_dq_kernel``: query-major, like the forward.
+
+K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
+``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer
+loads with row masks. Launch order: row tiles heaviest first, head packs fastest-varying.
+
+Entry points: ``block_sparse_attention(q, k, v, mask, softmax_scale=None, return_lse=False,
+config=None)`` (alias ``varblock_attention``), the launchers ``block_sparse_fwd`` /
+``block_sparse_bwd`` and ``tables_for`` / ``table_build_time`` for the GPU-built tables.
+Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
+
+__all__ = [
+    "block_sparse_attention", "varblock_attention", "default_config", "resolve_config",
+    "candidate_configs", "tables_for", "table_build_time", "tile_sizes", "block_sparse_fwd",
+    "block_sparse_bwd", "BlockSparseAttentionFunction", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS",
+]
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+# ----------------------------------------------------------------------------------------------
+# Launch configs
+# ----------------------------------------------------------------------------------------------
+
+#: keys of a config dict. ``BLOCK_M`` rows per head and ``HEADS`` stacked heads make a row tile of
+#: ``HEADS * BLOCK_M`` rows; ``BLOCK_N`` keys per key tile. ``DQ_*`` for the dQ pass (query-major),
+#: ``DKDV_*`` for dK/dV (a program owns ``DKDV_BLOCK_N`` keys and steps over ``DKDV_HEADS *
+#: DKDV_BLOCK_M`` query rows). ``HEADS`` values are upper bounds: the launcher lowers them to what
+#: the head layout allows (heads stacked in a tile must share the pattern and the KV head).
+CONFIG_KEYS = (
+    "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
+    "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
+    "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
+)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _patch_interpreter_scalars() -> None:
+    """Let Triton 3.6's CPU interpreter take loaded scalars as loop bounds under NumPy >= 2.4.
+
+    The interpreter holds scalars as 1-element arrays and calls ``int(array)`` on loop bounds,
+    which NumPy 2.4 rejects. Same patch (same flag) as ``dense.py``, applied once by whichever
+    module loads first.
+    """
+    import builtins
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_longca_int_patch", False):
+        return
+
+    class _IntMeta(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, builtins.int)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, builtins.int)
+
+    class _Int(builtins.int, metaclass=_IntMeta):
+        def __new__(cls, x=0, *args):
+            if isinstance(x, np.ndarray) and x.size == 1 and not args:
+                x = x.reshape(())
+            return builtins.int(x, *args)
+
+    interpreter.int = _Int
+    interpreter._longca_int_patch = True
+
+
+if _interpreting():
+    _patch_interpreter_scalars()
+
+
+def _pow2_le(x: int) -> int:
+    return 1 << (max(1, int(x)).bit_length() - 1)
+
+
+def _mask_block(mask) -> Optional[int]:
+    """The uniform block size when it is a power of two >= 16, else None (variable blocks)."""
+    ub = mask.uniform_block
+    return ub if ub is not None and ub >= 16 and ub & (ub - 1) == 0 else None
+
+
+def default_config(mask, head_dim: int) -> dict:
+    """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter)."""
+    if _interpreting():
+        return dict(BLOCK_M=32, BLOCK_N=32, HEADS=2, num_warps=4, num_stages=1, warp_specialize=False,
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, DQ_HEADS=2, dq_num_warps=4, dq_num_stages=1,
+                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, DKDV_HEADS=2, dkdv_num_warps=4, dkdv_num_stages=1)
+    big = head_dim > 128
+    blk = _mask_block(mask)
+    if blk is not None and blk >= 128:
+        # tile = block: 128 x 128 forward, 64 x 128 dK/dV, 128 x 64 dQ (the dense kernel's shapes)
+        m = 64 if big else 128
+        return dict(BLOCK_M=m, BLOCK_N=64 if big else 128, HEADS=1, num_warps=8, num_stages=2,
+                    warp_specialize=False,
+                    DQ_BLOCK_M=m, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=2,
+                    DKDV_BLOCK_M=64 if not big else 32, DKDV_BLOCK_N=128 if not big else 64,
+                    DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=2)
+    # 64-row blocks (or smaller) and variable blocks: 64 x 64 tiles, one head per tile. (Stacking
+    # two heads of a GQA group into 128-row tiles measured slower on H100: fwd 411 vs 423, bwd 212
+    # vs 314 TFLOP/s at block 64, S=64K, 32:4; kept as the HEADS option.)
+    m = min(blk or 64, 64)
+    n = min(blk or 64, 64)
+    w = 4 if m <= 64 else 8
+    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=2, warp_specialize=False,
+                DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
+                DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2)
+
+
+def candidate_configs(mask, head_dim: int) -> list[dict]:
+    """A small search space around the default, for autotuning (``longca-triton autotune``)."""
+    base = default_config(mask, head_dim)
+    out = [base]
+    for upd in (dict(num_stages=3), dict(num_warps=4, dq_num_warps=4, dkdv_num_warps=4),
+                dict(warp_specialize=True), dict(BLOCK_N=128 if base["BLOCK_N"] == 64 else 64),
+                dict(HEADS=2, DQ_HEADS=2, DKDV_HEADS=2, num_warps=8, dq_num_warps=8, dkdv_num_warps=8)):
+        out.append({**base, **upd})
+    return out
+
+
+def resolve_config(mask, head_dim: int, config: Optional[dict] = None) -> dict:
+    """``default_config`` overlaid with ``config``; unknown keys and bad tile sizes raise ValueError."""
+    cfg = default_config(mask, head_dim)
+    if config:
+        unknown = set(config) - set(CONFIG_KEYS)
+        if unknown:
+            raise ValueError(f"unknown block-sparse config keys {sorted(unknown)}; known: {list(CONFIG_KEYS)}")
+        cfg.update(config)
+    for key in ("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"):
+        val = int(cfg[key])
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {cfg[key]}")
+        cfg[key] = val
+    for key in ("HEADS", "DQ_HEADS", "DKDV_HEADS"):
+        val = int(cfg[key])
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 1, got {cfg[key]}")
+        cfg[key] = val
+    cfg["warp_specialize"] = bool(cfg["warp_specialize"])
+    return cfg
+
+
+def tile_sizes(cfg: dict) -> dict:
+    """(rows a program owns, columns it steps over) per pass: the tables' tile sizes."""
+    return {"fwd": (cfg["BLOCK_M"], cfg["BLOCK_N"]), "dq": (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]),
+            "dkdv": (cfg["DKDV_BLOCK_N"], cfg["DKDV_BLOCK_M"])}
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def block_sparse_fwd_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+    qk_scale,  # softmax_scale * log2(e)
+    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
+):
+    # why: the head pack is the fastest-varying index, so programs running together share a row
+    # tile (heaviest first) and the heads of one GQA group read the same K/V tiles from L2.
+    pid = tl.program_id(0)
+    rank = pid // num_packs
+    pack = pid % num_packs
+    packs_per_batch = num_heads_q // HEADS
+    b = pack // packs_per_batch
+    h0 = (pack % packs_per_batch) * HEADS
+    h_kv = h0 // group_size
+    pat = h0 // heads_per_pattern
+    tile = tl.load(ORDER + rank)
+    m_start = tl.load(ROW_START + tile)
+    m_end = tl.load(ROW_END + tile)
+    blk = tl.load(ROW_BLOCK + tile)
+
+    # the tile's rows: HEADS heads x BLOCK_M positions, [HEADS * BLOCK_M]
+    offs_r = tl.arange(0, HEADS * BLOCK_M)
+    head = h0 + offs_r // BLOCK_M
+    pos = m_start + offs_r % BLOCK_M
+    row_ok = pos < m_end
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    pos64 = pos.to(tl.int64)
+    q_ptrs = Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs
+    q = tl.load(q_ptrs[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [HM, D]
+
+    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+
+    m_i = tl.full([HEADS * BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([HEADS * BLOCK_M], tl.float32)
+    acc = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
+    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
+        start_n = tl.load(COL_START + e)
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
+        if not EVEN_N:
+            # a ragged tile: keys past its end belong to another block (or lie past Sk)
+            end_n = tl.load(COL_END + e)
+            qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
+        # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+
+    # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    o_ptrs = Out + b64 * stride_ob + head * stride_oh + pos64 * stride_os
+    tl.store(o_ptrs[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(Lse + (b64 * num_heads_q + head) * Sq + pos, lse, mask=row_ok)
+
+
+@triton.jit
+def block_sparse_bwd_preprocess_kernel(
+    Out, DOut, DLse, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_db, stride_ds, stride_dh,
+    Sq, num_heads_q,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """``delta_i = rowsum(dO_i * O_i) - dlse_i`` for one block of rows of one (batch, head)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // num_heads_q).to(tl.int64)
+    h = bh % num_heads_q
+    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Sq
+    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DOut + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)  # [BLOCK]
+    row = bh.to(tl.int64) * Sq + offs_m
+    if HAS_DLSE:
+        # d lse_i / d s_ij = p_ij: a gradient on lse enters exactly like -delta
+        delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
+    tl.store(Delta + row, delta, mask=row_ok)
+
+
+@triton.jit
+def block_sparse_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rank = pid // num_bkv
+    bkv = pid % num_bkv
+    b = bkv // num_heads_kv
+    h_kv = bkv % num_heads_kv
+    tile = tl.load(ORDER + rank)
+    n_start = tl.load(ROW_START + tile)
+    n_end = tl.load(ROW_END + tile)
+    blk = tl.load(ROW_BLOCK + tile)
+    b64 = b.to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
+    k = k_desc.load([n_start, 0])  # [BLOCK_N, D]
+    v = v_desc.load([n_start, 0])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    offs_r = tl.arange(0, HEADS * BLOCK_M)
+    r_head = offs_r // BLOCK_M
+    r_pos = offs_r % BLOCK_M
+    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+    for g in range(0, group_size, HEADS):
+        h0 = h_kv * group_size + g
+        pat = h0 // heads_per_pattern
+        head = h0 + r_head  # [HM]
+        q_rows = Q + b64 * stride_qb + head * stride_qh
+        do_rows = DOut + b64 * stride_db + head * stride_dh
+        stat_rows = (b64 * num_heads_q + head) * Sq
+        e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+        e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+        for e in tl.range(e_lo, e_hi):
+            pos = tl.load(COL_START + e) + r_pos  # [HM]
+            if EVEN_M:
+                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :])  # [HM, D]
+                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :])
+                lse = tl.load(Lse + stat_rows + pos)
+                delta = tl.load(Delta + stat_rows + pos)
+            else:
+                # rows past the sub-tile's end belong to another block: zero q / dO and
+                # lse = +inf make their p (and so every product) exactly zero
+                ok = pos < tl.load(COL_END + e)
+                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :],
+                            mask=ok[:, None], other=0.0)
+                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :],
+                             mask=ok[:, None], other=0.0)
+                lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
+                delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
+            qk_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, HM]
+            p_t = tl.math.exp2(qk_t * qk_scale - (lse * 1.4426950408889634)[None, :])
+            dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
+            dp_t = tl.dot(v, tl.trans(do))  # [BLOCK_N, HM]
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = tl.dot(ds_t.to(q.dtype), q, dk)  # [BLOCK_N, D]
+
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_end
+    # s = softmax_scale * q.k, so dK picks up the scale once here
+    dk_ptrs = DK + b64 * stride_dkb + h_kv * stride_dkh + offs_n.to(tl.int64) * stride_dks
+    dv_ptrs = DV + b64 * stride_dvb + h_kv * stride_dvh + offs_n.to(tl.int64) * stride_dvs
+    tl.store(dk_ptrs[:, None] + offs_d[None, :], (dk * softmax_scale).to(DK.dtype.element_ty),
+             mask=n_ok[:, None])
+    tl.store(dv_ptrs[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+
+
+@triton.jit
+def block_sparse_bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rank = pid // num_packs
+    pack = pid % num_packs
+    packs_per_batch = num_heads_q // HEADS
+    b = pack // packs_per_batch
+    h0 = (pack % packs_per_batch) * HEADS
+    h_kv = h0 // group_size
+    pat = h0 // heads_per_pattern
+    tile = tl.load(ORDER + rank)
+    m_start = tl.load(ROW_START + tile)
+    m_end = tl.load(ROW_END + tile)
+    blk = tl.load(ROW_BLOCK + tile)
+
+    offs_r = tl.arange(0, HEADS * BLOCK_M)
+    head = h0 + offs_r // BLOCK_M
+    pos = m_start + offs_r % BLOCK_M
+    row_ok = pos < m_end
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    pos64 = pos.to(tl.int64)
+    q = tl.load((Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs)[:, None] + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [HM, D]
+    do = tl.load((DOut + b64 * stride_db + head * stride_dh + pos64 * stride_ds)[:, None]
+                 + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    stat = (b64 * num_heads_q + head) * Sq + pos
+    lse = tl.load(Lse + stat, mask=row_ok, other=float("inf"))
+    # rows outside the tile (and, defensively, rows that attend nothing) get lse2 = +inf: p = 0
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
+
+    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
+                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    dq = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
+    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    for e in tl.range(e_lo, e_hi):
+        start_n = tl.load(COL_START + e)
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        v = v_desc.load([start_n, 0])
+        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if not EVEN_N:
+            end_n = tl.load(COL_END + e)
+            p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
+        dp = tl.dot(do, v.T)  # [HM, BLOCK_N]
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)  # [HM, D]
+
+    dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
+    tl.store(dq_ptrs[:, None] + offs_d[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def _ensure_allocator(device: torch.device) -> None:
+    """In-kernel tensor descriptors need a scratch allocator on the GPU.
+
+    why every launch: Triton keeps the allocator in a context variable, i.e. per thread, and
+    autograd runs the backward on its own device thread.
+    """
+    if device.type == "cuda":
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device=device, dtype=torch.int8))
+
+
+def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
+    es = t.element_size()
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
+    return t if ok else t.contiguous()
+
+
+def _stack(requested: int, group_size: int, heads_per_pattern: int) -> int:
+    """Heads stacked in one tile: a power of two dividing both the GQA group and the heads of a
+    pattern (so stacked heads share K/V and the key list), at most ``requested``."""
+    g = math.gcd(group_size, heads_per_pattern)
+    s = 1
+    while s * 2 <= requested and g % (s * 2) == 0:
+        s *= 2
+    return s
+
+
+def _check_inputs(q, k, v, mask):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, sq, hq, d = q.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
+    bk, sk, hkv, dk = k.shape
+    if bk != b or dk != d:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head dim")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {d} not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
+    if hq % mask.num_patterns:
+        raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {hq} query heads")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if _interpreting() else ())
+    if q.dtype not in allowed:
+        raise ValueError(f"dtype {q.dtype} not supported; use one of {allowed}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError("block-sparse attention runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
+    if mask.seqlen_q != sq or mask.seqlen_k != sk:
+        raise ValueError(f"mask is {mask.seqlen_q} x {mask.seqlen_k} but q/k have Sq={sq}, Sk={sk}")
+    if sq * hq * d >= 2**31:
+        # the dK/dV loop addresses query rows with 32-bit offsets inside one batch entry
+        raise ValueError(f"Sq * Hq * D = {sq * hq * d} >= 2^31 elements per batch entry; split the heads")
+
+
+def tables_for(mask, cfg: dict, device) -> dict:
+    """The three GPU-built tables one fwd+bwd needs (cached per mask, tile sizes, device)."""
+    ts = tile_sizes(cfg)
+    return {
+        "fwd": get_side_tables(mask, "q", *ts["fwd"], device),
+        "dq": get_side_tables(mask, "q", *ts["dq"], device),
+        "dkdv": get_side_tables(mask, "k", *ts["dkdv"], device),
+    }
+
+
+def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None, repeats: int = 5) -> dict:
+    """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed."""
+    return table_build_ms(mask, tile_sizes(resolve_config(mask, head_dim, config)), device, repeats)
+
+
+def _heads(q, k, mask):
+    hq, hkv = q.shape[2], k.shape[2]
+    return hq, hkv, hq // hkv, hq // mask.num_patterns
+
+
+def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: dict):
+    """Forward launch. Returns ``out [B, Sq, Hq, D]`` (q's dtype) and ``lse [B, Hq, Sq]`` float32."""
+    q, k, v = (_descriptor_ready(x) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk = k.shape[1]
+    _, _, group, hpp = _heads(q, k, mask)
+    heads = _stack(cfg["HEADS"], group, hpp)
+    out = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    if b * hq * sq == 0:
+        return out, lse
+    _ensure_allocator(q.device)
+    num_packs = b * hq // heads
+    block_sparse_fwd_kernel[(t.num_tiles * num_packs,)](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        *t.lists(),
+        softmax_scale * LOG2E,
+        sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
+        HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
+        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale: float, cfg: dict,
+                     dlse=None, passes=("dkdv", "dq")):
+    """Backward launches (delta, dK/dV, dQ). Returns ``dq, dk, dv`` in the inputs' dtype.
+
+    ``passes`` picks the kernels to launch after the delta preprocess (for timing them apart);
+    a skipped pass leaves its outputs uninitialised.
+    """
+    q, k, v, out, dout = (_descriptor_ready(x) for x in (q, k, v, out, dout))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    _, _, group, hpp = _heads(q, k, mask)
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
+    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    if b * hq * sq * sk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    _ensure_allocator(q.device)
+    lse = lse.contiguous()
+    delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    has_dlse = dlse is not None
+    pre = 64
+    block_sparse_bwd_preprocess_kernel[(triton.cdiv(sq, pre), b * hq)](
+        out, dout, dlse.contiguous() if has_dlse else delta, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        sq, hq, HEAD_DIM=d, BLOCK=pre, HAS_DLSE=has_dlse,
+    )
+    qk_scale = softmax_scale * LOG2E
+    tk = tables["dkdv"]
+    dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
+    if "dkdv" in passes:
+        block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
+            q, k, v, dout, lse, delta, dk, dv,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            dout.stride(0), dout.stride(1), dout.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            *tk.lists(),
+            softmax_scale, qk_scale,
+            sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
+            HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
+            EVEN_M=tk.even_cols,
+            num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+        )
+    tq = tables["dq"]
+    dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
+    num_packs = b * hq // dq_heads
+    if "dq" in passes:
+        block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
+            q, k, v, dout, lse, delta, dq,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            dout.stride(0), dout.stride(1), dout.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            *tq.lists(),
+            softmax_scale, qk_scale,
+            sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
+            HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
+            EVEN_N=tq.even_cols,
+            num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
+        )
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+class BlockSparseAttentionFunction(torch.autograd.Function):
+    """``(q, k, v) -> (out, lse)``; mask, tables and config ride along as non-tensor arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, tables, softmax_scale, cfg):
+        out, lse = block_sparse_fwd(q, k, v, mask, tables["fwd"], softmax_scale, cfg)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.tables, ctx.softmax_scale, ctx.cfg = mask, tables, softmax_scale, cfg
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = block_sparse_bwd(dout, q, k, v, out, lse, ctx.mask, ctx.tables,
+                                      ctx.softmax_scale, ctx.cfg, dlse=dlse)
+        return dq, dk, dv, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+
+
+def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
+                           return_lse: bool = False, config: Optional[dict] = None):
+    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``BlockSparseMask``.
+
+    Any block bounds (uniform or variable). Differentiable in q, k, v (and through ``lse``).
+    ``config`` overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
+    ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural log; ``-inf`` and a zero output row
+    where a query row keeps no block). The tables are built on q's device on first use and cached.
+    """
+    _check_inputs(q, k, v, mask)
+    d = q.shape[-1]
+    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
+    if not softmax_scale > 0 or math.isinf(softmax_scale):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    cfg = resolve_config(mask, d, config)
+    tables = tables_for(mask, cfg, q.device)
+    out, lse = BlockSparseAttentionFunction.apply(q, k, v, mask, tables, softmax_scale, cfg)
+    return (out, lse) if return_lse else out
+
+
+#: variable blocks go through the same kernels (sub-tiles carrying their valid length)
+varblock_attention = block_sparse_attention

@@ -1,0 +1,544 @@
+r"""Dense attention with structured masks in Triton: forward, backward, GQA, lse.
+
+Math
+----
+For a query head ``h`` (KV head ``h // G`` with ``G = Hq / Hkv``), query row ``i`` and key ``j``::
+
+    s_ij  = softmax_scale * q_i . k_j                      (only where allowed(i, j))
+    lse_i = log sum_{j allowed} exp(s_ij)                  (-inf when row i allows nothing)
+    p_ij  = exp(s_ij - lse_i)
+    o_i   = sum_j p_ij v_j                                 (0 when row i allows nothing)
+
+Backward, with ``dO`` (and optionally ``dlse``)::
+
+    delta_i = sum_d dO_id * o_id - dlse_i
+    dv_j   += sum_i p_ij dO_i
+    ds_ij   = p_ij * (dO_i . v_j - delta_i)
+    dq_i    = softmax_scale * sum_j ds_ij k_j
+    dk_j   += softmax_scale * sum_i ds_ij q_i              (summed over the G heads of a group)
+
+The kernels work in the log2 domain: scores are multiplied by ``softmax_scale * log2(e)`` and
+exponentiated with ``exp2``; the stored lse is the natural log (float32, ``[B, Hq, Sq]``).
+
+Tiling
+------
+The ``Sq x Sk`` plane is cut into ``BLOCK_M x BLOCK_N`` tiles. The mask IR gives, per tile size,
+which tiles are *full* (no mask math), *partial* (element mask from the per-row intervals
+``OR_t lo[i,t] <= j < hi[i,t]``) or empty (never touched); ``dense_tables.py`` turns those lists
+into contiguous runs and orders tiles heaviest first. Metadata is ``O(S + tiles)``.
+
+* forward (``dense_fwd.py``): one program per (query tile, query head): full runs, then partial
+  runs, online softmax in fp32.
+* backward (``dense_bwd.py``): ``delta`` preprocess; key-major dK/dV, one program per (key tile,
+  KV head) looping over all ``G`` query heads of the group (no atomics); query-major dQ.
+  Opt-in ``fused_dq``: dQ added from the dK/dV kernel into fp32 by TMA reduce-add (5 matmuls per
+  tile pair instead of 7); on an H100 it measured 1.3-2.8x *slower* than the separate dQ kernel
+  (the reduce traffic dominates), so it is off by default.
+
+GQA: query heads are the fastest-varying program index, so the ``G`` programs of one group run
+side by side and read the same K/V tiles from L2 (a "pack GQA" that stacks heads into the M tile
+moves the same bytes per FLOP through shared memory and only pays off for short query lengths).
+
+Measured (H100, Triton 3.6, bf16, S=16K, GQA 64:8, D=128; experiments/results/h100/):
+forward 477-506 TFLOP/s full / causal (0.79-0.84x cuDNN SDPA), backward 380-411 (0.69-0.75x).
+On sm_90 Triton 3.6 places ``wgmma.wait_group 0`` before every softmax, so exp2 never overlaps
+the tensor cores, and ``warp_specialize`` changes nothing; that is most of the gap to cuDNN.
+
+All tile loads and stores go through tensor descriptors (TMA on Hopper), which zero-fill
+out-of-range rows and clip out-of-range stores: ragged ``S`` needs no bounds masks in the full loop.
+
+Entry points
+------------
+``dense_attention(q, k, v, mask, softmax_scale=None, return_lse=False, config=None)`` (autograd),
+the ``torch.library`` ops ``longca_triton::dense_attention_fwd`` / ``_bwd`` (``torch.compile``),
+and the low-level launchers ``dense_fwd`` / ``dense_bwd`` that take a :class:`TilePlan`.
+Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, any strides with a unit last stride.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+
+from .dense_bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel, dense_bwd_preprocess_kernel
+from .dense_fwd import dense_fwd_kernel
+from .dense_tables import TilePlan, get_tile_plan
+
+__all__ = [
+    "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
+    "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
+    "launch_bwd_dkdv", "launch_bwd_dq", "DenseAttentionFunction", "CONFIG_KEYS",
+    "SUPPORTED_HEAD_DIMS",
+]
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+# ----------------------------------------------------------------------------------------------
+# Launch configs
+# ----------------------------------------------------------------------------------------------
+
+#: every key a ``config`` dict may carry. ``BLOCK_*`` are tile sizes (powers of two >= 16);
+#: the forward uses ``BLOCK_M x BLOCK_N``, dK/dV ``DKDV_BLOCK_M x DKDV_BLOCK_N`` (a program owns a
+#: key tile of DKDV_BLOCK_N), dQ ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile).
+#: ``warp_specialize`` is passed to ``tl.range`` of the full-tile loop (no effect on sm_90 with
+#: Triton 3.6); ``fused_dq`` selects the fused dQ variant (see the module docstring).
+CONFIG_KEYS = (
+    "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
+    "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
+    "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
+)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _patch_interpreter_scalars() -> None:
+    """Let the CPU interpreter use loaded scalars as loop bounds under NumPy >= 2.4.
+
+    Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
+    with ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays..."). Give its module
+    an ``int`` that accepts 1-element arrays; real Python ints behave as before.
+    """
+    import builtins
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_longca_int_patch", False):
+        return
+
+    class _IntMeta(type):
+        # isinstance(x, int) inside the interpreter must keep meaning the builtin int
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, builtins.int)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, builtins.int)
+
+    class _Int(builtins.int, metaclass=_IntMeta):
+        def __new__(cls, x=0, *args):
+            if isinstance(x, np.ndarray) and x.size == 1 and not args:
+                x = x.reshape(())
+            return builtins.int(x, *args)
+
+    interpreter.int = _Int
+    interpreter._longca_int_patch = True
+
+
+if _interpreting():
+    _patch_interpreter_scalars()
+
+
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Sane launch parameters for Hopper (and a small pinned one for the CPU interpreter)."""
+    if _interpreting():
+        # one pinned config: the interpreter cannot autotune, and small tiles keep it quick
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
+                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False)
+    if head_dim <= 64:
+        # compiled for sm_90 without spills, not yet timed on a GPU
+        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
+                    DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False)
+    if head_dim <= 128:
+        # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
+        # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
+        # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
+        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
+                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False)
+    # D=256 (compiled for sm_90, not yet timed on a GPU): dK/dV 32x64/4 warps spills 1 KB,
+    # 16x64/8 warps does not
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, warp_specialize=False,
+                DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
+                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2, fused_dq=False)
+
+
+def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None) -> dict:
+    """``default_config`` overlaid with ``config``; unknown keys and bad tiles raise ValueError."""
+    cfg = default_config(head_dim, dtype)
+    if config:
+        unknown = set(config) - set(CONFIG_KEYS)
+        if unknown:
+            raise ValueError(f"unknown dense-attention config keys {sorted(unknown)}; "
+                             f"known: {list(CONFIG_KEYS)}")
+        cfg.update(config)
+    for key in ("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"):
+        val = int(cfg[key])
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {cfg[key]}")
+        cfg[key] = val
+    cfg["warp_specialize"] = bool(cfg["warp_specialize"])
+    cfg["fused_dq"] = bool(cfg["fused_dq"])
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def _ensure_allocator(device: torch.device) -> None:
+    """In-kernel tensor descriptors need a scratch allocator on the GPU.
+
+    Triton keeps the allocator in a ``ContextVar``, so it is per thread: autograd runs the
+    backward on its own worker thread, which starts with none. Set ours wherever none is set yet
+    (a caller's own allocator is left alone).
+    """
+    if device.type != "cuda":
+        return
+    try:
+        from triton.runtime import _allocation
+
+        current = _allocation._allocator.get()
+        if not isinstance(current, _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # other Triton layout: set it unconditionally
+        pass
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device=device, dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
+def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
+    es = t.element_size()
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
+    return t if ok else t.contiguous()
+
+
+def _check_inputs(q, k, v, plan_sq=None, plan_sk=None):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    b, sq, hq, d = q.shape
+    bk, sk, hkv, dk = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"batch mismatch: q has {b}, k/v have {bk}")
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q has {d}, k/v have {dk}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {d} not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if _interpreting() else ())
+    if q.dtype not in allowed:
+        raise ValueError(f"dtype {q.dtype} not supported; use one of {allowed}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError("dense attention runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
+    if plan_sq is not None and (plan_sq != sq or plan_sk != sk):
+        raise ValueError(f"mask is {plan_sq} x {plan_sk} but q/k have Sq={sq}, Sk={sk}")
+
+
+def _check_plan(plan: TilePlan, block_m: int, block_n: int, what: str):
+    if plan.block_m != block_m or plan.block_n != block_n:
+        raise ValueError(f"{what} plan is for tiles {plan.block_m}x{plan.block_n}, "
+                         f"config says {block_m}x{block_n}")
+
+
+def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict):
+    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D]`` (q's dtype), ``lse [B, Hq, Sq]``."""
+    _check_plan(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], "forward")
+    q, k, v = (_descriptor_ready(t) for t in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    out = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    if b * hq * sq == 0:
+        return out, lse
+    _ensure_allocator(q.device)
+    grid = (plan.num_m * b * hq,)
+    dense_fwd_kernel[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
+        softmax_scale * LOG2E,
+        sq, sk, b * hq, hq, hq // hkv,
+        HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_IV=plan.num_iv,
+        WARP_SPEC=cfg["warp_specialize"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
+              softmax_scale: float, cfg: dict, dlse=None):
+    """Launch preprocess, dK/dV and dQ. Returns ``dq, dk, dv`` in the inputs' dtype."""
+    _check_plan(dkdv_plan, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], "dK/dV")
+    _check_plan(dq_plan, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], "dQ")
+    q, k, v, out, dout = (_descriptor_ready(t) for t in (q, k, v, out, dout))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
+    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    if b * hq * d == 0 or sq == 0 or sk == 0:
+        return q.new_zeros((b, sq, hq, d)), dk.zero_(), dv.zero_()
+    _ensure_allocator(q.device)
+    lse = lse.contiguous()
+    delta = launch_bwd_preprocess(out, dout, dlse)
+    if cfg["fused_dq"]:
+        dq_acc = torch.zeros((b, sq, hq, d), device=q.device, dtype=torch.float32)
+        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg,
+                        dq_acc=dq_acc)
+        return dq_acc.to(q.dtype), dk, dv
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
+    launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
+    return dq, dk, dv
+
+
+def launch_bwd_preprocess(out, dout, dlse=None, block: int = 64):
+    """``delta [B, Hq, Sq] = rowsum(dO * O) - dlse`` (float32)."""
+    b, sq, hq, d = out.shape
+    delta = torch.empty((b, hq, sq), device=out.device, dtype=torch.float32)
+    has_dlse = dlse is not None
+    dense_bwd_preprocess_kernel[(triton.cdiv(sq, block), b * hq)](
+        out, dout, dlse.contiguous() if has_dlse else delta, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        sq, hq, HEAD_DIM=d, BLOCK=block, HAS_DLSE=has_dlse,
+    )
+    return delta
+
+
+def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_scale, cfg,
+                    dq_acc=None):
+    """Key-major dK/dV into ``dk, dv`` ([B, Sk, Hkv, D]); inputs already descriptor-ready.
+
+    With ``dq_acc`` (fp32 ``[B, Sq, Hq, D]``, zeroed) dQ is accumulated there too (fused).
+    """
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    fused = dq_acc is not None
+    dqa = dq_acc if fused else delta  # placeholder pointer when not fused (never read)
+    dqa_strides = dq_acc.stride()[:3] if fused else (0, 0, 0)
+    dense_bwd_dkdv_kernel[(plan.num_n * b * hkv,)](
+        q, k, v, dout, lse, delta, dk, dv, dqa,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        *dqa_strides,
+        plan.lo, plan.hi, plan.k_order, *plan.k_full, *plan.k_part,
+        softmax_scale, softmax_scale * LOG2E,
+        sq, sk, b * hkv, hq, hkv, hq // hkv,
+        HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
+        # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
+        FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(),
+        num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+    )
+
+
+def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, cfg):
+    """Query-major dQ into ``dq`` ([B, Sq, Hq, D]); inputs already descriptor-ready."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    dense_bwd_dq_kernel[(plan.num_m * b * hq,)](
+        q, k, v, dout, lse, delta, dq,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
+        softmax_scale, softmax_scale * LOG2E,
+        sq, sk, b * hq, hq, hq // hkv,
+        HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
+        num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
+    )
+
+
+def plans_for(mask, cfg: dict, device):
+    """The three tile plans one fwd+bwd needs (cached per mask, tile size and device)."""
+    fwd = get_tile_plan(mask, cfg["BLOCK_M"], cfg["BLOCK_N"], device)
+    dkdv = get_tile_plan(mask, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], device)
+    dq = get_tile_plan(mask, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], device)
+    return fwd, dkdv, dq
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+class DenseAttentionFunction(torch.autograd.Function):
+    """``(q, k, v) -> (out, lse)`` with the plans and config carried as non-tensor arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
+        out, lse = dense_fwd(q, k, v, fwd_plan, softmax_scale, cfg)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plans = (dkdv_plan, dq_plan)
+        ctx.softmax_scale = softmax_scale
+        ctx.cfg = cfg
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = dense_bwd(dout, q, k, v, out, lse, *ctx.plans, ctx.softmax_scale, ctx.cfg,
+                               dlse=dlse)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library custom ops (for torch.compile): the plans travel as lists of int32 tensors
+# ----------------------------------------------------------------------------------------------
+
+_PLAN_LEN = 9  # lo, hi, order, full (ptr, start, end), part (ptr, start, end)
+
+
+def _plan_from_tensors(ts, block_m, block_n, sq, sk, major):
+    lo, hi, order, fp, fs, fe, pp, ps, pe = ts
+    num = order.shape[0]
+    kw = dict(q_order=order, q_full=(fp, fs, fe), q_part=(pp, ps, pe),
+              k_order=order, k_full=(fp, fs, fe), k_part=(pp, ps, pe))
+    return TilePlan(seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=block_n,
+                    num_m=num if major == "q" else triton.cdiv(sq, block_m),
+                    num_n=num if major == "k" else triton.cdiv(sk, block_n),
+                    num_iv=lo.shape[1], lo=lo, hi=hi, area_tiles=-1, **kw)
+
+
+def _cfg_from_list(cfg_list):
+    return resolve_config(0, torch.float16, dict(zip(CONFIG_KEYS, cfg_list)))
+
+
+def _cfg_to_list(cfg):
+    return [int(cfg[k]) for k in CONFIG_KEYS]
+
+
+@torch.library.custom_op("longca_triton::dense_attention_fwd", mutates_args=())
+def _dense_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_plan: list[torch.Tensor],
+                  dkdv_plan: list[torch.Tensor], dq_plan: list[torch.Tensor],
+                  softmax_scale: float, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    # dkdv_plan / dq_plan are not read here: they ride along so that the backward has them
+    c = _cfg_from_list(cfg)
+    plan = _plan_from_tensors(q_plan, c["BLOCK_M"], c["BLOCK_N"], q.shape[1], k.shape[1], "q")
+    return dense_fwd(q, k, v, plan, softmax_scale, c)
+
+
+@_dense_fwd_op.register_fake
+def _(q, k, v, q_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
+    b, sq, hq, d = q.shape
+    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("longca_triton::dense_attention_bwd", mutates_args=())
+def _dense_bwd_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  dkdv_plan: list[torch.Tensor], dq_plan: list[torch.Tensor],
+                  softmax_scale: float, cfg: list[int]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    c = _cfg_from_list(cfg)
+    sq, sk = q.shape[1], k.shape[1]
+    kp = _plan_from_tensors(dkdv_plan, c["DKDV_BLOCK_M"], c["DKDV_BLOCK_N"], sq, sk, "k")
+    qp = _plan_from_tensors(dq_plan, c["DQ_BLOCK_M"], c["DQ_BLOCK_N"], sq, sk, "q")
+    return dense_bwd(dout, q, k, v, out, lse, kp, qp, softmax_scale, c, dlse=dlse)
+
+
+@_dense_bwd_op.register_fake
+def _(dout, dlse, q, k, v, out, lse, dkdv_plan, dq_plan, softmax_scale, cfg):
+    # the real op returns contiguous tensors whatever the inputs' strides
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, q_plan, dkdv_plan, dq_plan, softmax_scale, cfg = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *dkdv_plan, *dq_plan)
+    ctx.softmax_scale = softmax_scale
+    ctx.cfg = cfg
+
+
+def _op_backward(ctx, dout, dlse):
+    q, k, v, out, lse, *plans = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _dense_bwd_op(dout, dlse, q, k, v, out, lse, list(plans[:_PLAN_LEN]),
+                               list(plans[_PLAN_LEN:]), ctx.softmax_scale, ctx.cfg)
+    # the gradient's structure must mirror the inputs': one None per plan tensor
+    none = [None] * _PLAN_LEN
+    return dq, dk, dv, none, list(none), list(none), None, None
+
+
+torch.library.register_autograd("longca_triton::dense_attention_fwd", _op_backward,
+                                setup_context=_op_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public function
+# ----------------------------------------------------------------------------------------------
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
+                    return_lse: bool = False, config: Optional[dict] = None):
+    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``RangeMask``.
+
+    Differentiable in q, k, v (and through ``lse`` when returned). ``config`` overrides launch
+    parameters (keys: ``CONFIG_KEYS``); defaults come from :func:`default_config`. Returns ``out``
+    ``[B, Sq, Hq, D]`` in q's dtype, or ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural
+    log; ``-inf`` and a zero output row where a query row attends nothing).
+    """
+    _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
+    d = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    softmax_scale = float(softmax_scale)
+    if not softmax_scale > 0 or math.isinf(softmax_scale):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    cfg = resolve_config(d, q.dtype, config)
+    fwd_plan, dkdv_plan, dq_plan = plans_for(mask, cfg, q.device)
+    out, lse = DenseAttentionFunction.apply(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale,
+                                            cfg)
+    return (out, lse) if return_lse else out
+
+
+def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None):
+    """Same as :func:`dense_attention`, through the ``torch.library`` ops (``torch.compile``-able).
+
+    Build the plans outside the compiled region if you can (``plans_for``); here they are
+    looked up (cached) on each call, which ``torch.compile`` treats as a graph break.
+    """
+    _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
+    d = q.shape[-1]
+    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
+    cfg = resolve_config(d, q.dtype, config)
+    fwd_plan, dkdv_plan, dq_plan = _plans_no_compile(mask, cfg, q.device)
+    return dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg,
+                                      return_lse)
+
+
+@torch.compiler.disable
+def _plans_no_compile(mask, cfg, device):
+    return plans_for(mask, cfg, device)
+
+
+def dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg,
+                               return_lse=False):
+    """The custom-op path given ready plans: traceable by ``torch.compile`` without breaks."""
+    out, lse = torch.ops.longca_triton.dense_attention_fwd(
+        q, k, v, fwd_plan.q_tensors(), dkdv_plan.k_tensors(), dq_plan.q_tensors(),
+        float(softmax_scale), _cfg_to_list(cfg))
+    return (out, lse) if return_lse else out

@@ -1,0 +1,219 @@
+"""Tile plans for the dense structured-mask kernels: mask metadata, reshaped for the loops.
+
+The mask IR (``longca_triton.masks.RangeMask``) lowers to two things this module consumes:
+
+* per-row intervals ``lo, hi: int32 [Sq, K]`` -- query row ``i`` attends key ``j`` iff
+  ``OR_t lo[i, t] <= j < hi[i, t]`` (unused slots are ``lo == hi == 0``);
+* block tables for a tile size ``(block_m, block_n)`` -- per query tile the CSR lists of key tiles
+  that are *full* (every in-range pair allowed) and *partial*, and the key-major transpose.
+
+The kernels do not walk those index lists one tile at a time. A list of key tiles is almost always
+a handful of contiguous runs (causal: one run; a document: one run; share_question: question + own
+document), and a loop over a contiguous run has an affine address, which the software pipeliner
+prefetches without an indirect load. So each CSR list becomes a CSR list of runs
+``[run_start, run_end)``. Everything here is ``O(S + tiles)``; nothing is ``S x S``.
+
+Two fix-ups make the kernels' inner loops cheaper:
+
+* Forward / dQ (query-major): when ``Sk`` is not a multiple of ``block_n``, the last key tile can
+  be "full" and still hold out-of-range keys. It is moved to the partial list, whose element mask
+  (from ``hi <= Sk``) drops those keys, so the full-tile loop carries no bounds check at all.
+  (In dK/dV out-of-range rows are zero-filled by the tensor-descriptor loads and contribute zero.)
+* Launch order: tiles are sorted by work, heaviest first, so documents' uneven rows do not leave
+  a long tail of one busy SM (longest-processing-time-first scheduling).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+__all__ = ["TilePlan", "MaskArrays", "build_tile_plan", "get_tile_plan", "mask_arrays"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskArrays:
+    """Host-side (numpy) lowering of a mask: what :func:`build_tile_plan` needs."""
+
+    seqlen_q: int
+    seqlen_k: int
+    lo: np.ndarray  # int32 [Sq, K]
+    hi: np.ndarray  # int32 [Sq, K]
+    # callable (block_m, block_n) -> BlockTables-like object (numpy int32 fields)
+    block_tables: object
+
+
+@dataclasses.dataclass(frozen=True)
+class TilePlan:
+    """Device-resident metadata for one (mask, block_m, block_n, device).
+
+    ``q_*`` is query-major (forward and dQ), ``k_*`` key-major (dK/dV). Every ``*_ptr`` is a CSR
+    offset array into the matching ``*_start``/``*_end`` run arrays (int32, on the device).
+    """
+
+    seqlen_q: int
+    seqlen_k: int
+    block_m: int
+    block_n: int
+    num_m: int
+    num_n: int
+    num_iv: int  # K, padded to a power of two (padding slots are empty intervals)
+    lo: torch.Tensor  # int32 [Sq, num_iv]
+    hi: torch.Tensor  # int32 [Sq, num_iv]
+    q_order: torch.Tensor  # int32 [num_m]   query tiles, heaviest first
+    q_full: tuple  # (ptr [num_m+1], start [R], end [R])
+    q_part: tuple
+    k_order: torch.Tensor  # int32 [num_n]
+    k_full: tuple
+    k_part: tuple
+    area_tiles: int  # number of non-empty tiles (for reports)
+
+    def q_tensors(self) -> list:
+        """The query-major metadata as a flat list (custom-op friendly)."""
+        return [self.lo, self.hi, self.q_order, *self.q_full, *self.q_part]
+
+    def k_tensors(self) -> list:
+        return [self.lo, self.hi, self.k_order, *self.k_full, *self.k_part]
+
+
+def _np32(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.int64)).astype(np.int32)
+
+
+def _csr_rows(ptr: np.ndarray) -> np.ndarray:
+    """Row id of every CSR entry."""
+    counts = np.diff(ptr.astype(np.int64))
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+
+
+def _to_runs(ptr: np.ndarray, idx: np.ndarray, num_rows: int):
+    """CSR list of ascending tile indices -> CSR list of contiguous runs [start, end)."""
+    idx = idx.astype(np.int64)
+    rows = _csr_rows(ptr)
+    n = len(idx)
+    if n == 0:
+        return np.zeros(num_rows + 1, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (idx[1:] != idx[:-1] + 1) | (rows[1:] != rows[:-1])
+    starts = np.flatnonzero(new_run)
+    lengths = np.diff(np.append(starts, n))
+    run_start = idx[starts]
+    run_end = run_start + lengths
+    run_ptr = np.zeros(num_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows[starts], minlength=num_rows), out=run_ptr[1:])
+    return _np32(run_ptr), _np32(run_start), _np32(run_end)
+
+
+def _move_ragged_last(full_ptr, full_idx, part_ptr, part_idx, num_rows, last):
+    """Move entry ``last`` from the full lists to the partial lists (kept ascending per row)."""
+    f_rows = _csr_rows(full_ptr)
+    moved = full_idx == last
+    if not moved.any():
+        return full_ptr, full_idx, part_ptr, part_idx
+    keep = ~moved
+    nf_rows, nf_idx = f_rows[keep], full_idx[keep]
+    p_rows = np.concatenate([_csr_rows(part_ptr), f_rows[moved]])
+    p_idx = np.concatenate([part_idx.astype(np.int64), full_idx[moved].astype(np.int64)])
+    order = np.lexsort((p_idx, p_rows))
+    p_rows, p_idx = p_rows[order], p_idx[order]
+
+    def ptr_of(rows):
+        out = np.zeros(num_rows + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=num_rows), out=out[1:])
+        return out
+
+    return ptr_of(nf_rows), nf_idx, ptr_of(p_rows), p_idx
+
+
+def _heavy_first(full_ptr, part_ptr) -> np.ndarray:
+    # A partial tile costs a little more than a full one (mask math), hence 1.25.
+    work = np.diff(full_ptr.astype(np.int64)) * 4 + np.diff(part_ptr.astype(np.int64)) * 5
+    return _np32(np.argsort(-work, kind="stable"))
+
+
+def mask_arrays(mask) -> MaskArrays:
+    """Read what the kernels need off a ``RangeMask`` (or anything with the same methods)."""
+    for attr in ("seqlen_q", "seqlen_k", "row_intervals", "block_tables"):
+        if not hasattr(mask, attr):
+            raise TypeError(
+                f"dense attention needs a RangeMask-like mask with .{attr}; got {type(mask).__name__}"
+            )
+    lo, hi = mask.row_intervals()
+    return MaskArrays(int(mask.seqlen_q), int(mask.seqlen_k), np.asarray(lo), np.asarray(hi),
+                      mask.block_tables)
+
+
+def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device) -> TilePlan:
+    """Lower a mask's arrays to a :class:`TilePlan` on ``device`` (host work, then one copy)."""
+    sq, sk = arrays.seqlen_q, arrays.seqlen_k
+    lo = np.asarray(arrays.lo, dtype=np.int64)
+    hi = np.asarray(arrays.hi, dtype=np.int64)
+    if lo.ndim != 2 or lo.shape != hi.shape or lo.shape[0] != sq:
+        raise ValueError(f"row intervals must be [Sq={sq}, K]; got lo {lo.shape}, hi {hi.shape}")
+    k = max(1, lo.shape[1])
+    num_iv = 1 << (k - 1).bit_length()  # power of two: the kernels unroll over it
+    if num_iv != lo.shape[1]:
+        pad = np.zeros((sq, num_iv - lo.shape[1]), np.int64)
+        lo, hi = np.concatenate([lo, pad], 1), np.concatenate([hi, pad], 1)
+    lo = np.minimum(np.maximum(lo, 0), sk)
+    hi = np.minimum(np.maximum(hi, lo), sk)
+
+    bt = arrays.block_tables(block_m, block_n)
+    num_m, num_n = int(bt.num_m), int(bt.num_n)
+    qf_ptr, qf_idx = _np32(bt.q_full_ptr), _np32(bt.q_full_idx)
+    qp_ptr, qp_idx = _np32(bt.q_part_ptr), _np32(bt.q_part_idx)
+    if sk % block_n:
+        qf_ptr, qf_idx, qp_ptr, qp_idx = _move_ragged_last(qf_ptr, qf_idx, qp_ptr, qp_idx,
+                                                           num_m, num_n - 1)
+    kf_ptr, kf_idx = _np32(bt.k_full_ptr), _np32(bt.k_full_idx)
+    kp_ptr, kp_idx = _np32(bt.k_part_ptr), _np32(bt.k_part_idx)
+
+    dev = torch.device(device)
+
+    def t(a):
+        return torch.from_numpy(_np32(a)).to(dev)
+
+    def runs(ptr, idx, rows):
+        return tuple(t(x) for x in _to_runs(np.asarray(ptr), np.asarray(idx), rows))
+
+    return TilePlan(
+        seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=block_n, num_m=num_m, num_n=num_n,
+        num_iv=num_iv, lo=t(lo), hi=t(hi),
+        q_order=t(_heavy_first(qf_ptr, qp_ptr)),
+        q_full=runs(qf_ptr, qf_idx, num_m), q_part=runs(qp_ptr, qp_idx, num_m),
+        k_order=t(_heavy_first(kf_ptr, kp_ptr)),
+        k_full=runs(kf_ptr, kf_idx, num_n), k_part=runs(kp_ptr, kp_idx, num_n),
+        area_tiles=int(len(qf_idx) + len(qp_idx)),
+    )
+
+
+_CACHE: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_CACHE_SIZE = 64
+_LOCK = threading.Lock()
+
+
+def get_tile_plan(mask, block_m: int, block_n: int, device) -> TilePlan:
+    """Cached :func:`build_tile_plan`, keyed on the mask object, tile sizes and device.
+
+    The cache holds the mask itself, so its ``id`` cannot be reused while the entry lives. Call
+    it once outside any timed region: the first call per key does host work and a copy.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (id(mask), int(block_m), int(block_n), str(dev))
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] is mask:
+            _CACHE.move_to_end(key)
+            return hit[1]
+    plan = build_tile_plan(mask_arrays(mask), int(block_m), int(block_n), dev)
+    with _LOCK:
+        _CACHE[key] = (mask, plan)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return plan

@@ -1,0 +1,44 @@
+r"""Step 7 — the production kernel: ``longca_triton.kernels.dense.dense_attention`` itself.
+
+This step is not a copy. It imports and calls the kernel behind the ``triton`` backend
+(``kernels/dense.py``, ``dense_fwd.py``, ``dense_tables.py``), with the launch config the
+``triton`` backend would use (the autotune cache's entry for this problem class, else the
+kernel's defaults), so its row in the ladder is the production number.
+
+What it does beyond step 6
+--------------------------
+* **Runs instead of tile lists.** ``dense_tables.py`` turns each CSR list of key tiles into
+  contiguous runs ``[start, end)`` (causal: one run per query tile). A loop over a run has an
+  affine address, so the pipeliner prefetches without an indirect index load.
+* **Heaviest tiles first.** Query tiles are launched in order of decreasing work (longest-
+  processing-time-first), so the long rows of causal or document masks do not leave a tail of
+  one busy SM at the end of the grid.
+* **GQA by launch order, not packing.** One program per (query tile, query head), with the head
+  the fastest-varying grid index: the ``G`` heads of a group run at the same time and read the
+  same K/V tiles from L2. Step 5 packed the group into one tile instead; the ladder's table
+  shows which of the two wins on this problem.
+* **TMA everywhere**: Q and O go through tensor descriptors too (possible because a tile is one
+  head's rectangle again), and it returns the log-sum-exp that the backward needs.
+* **Tuned configs**: ``BLOCK_M/BLOCK_N/num_warps/num_stages`` from ``longca-triton autotune``.
+
+Measured (H100, causal, S=16K): see experiments/results/h100/ladder.md
+"""
+
+from __future__ import annotations
+
+from longca_triton.kernels.dense import dense_attention
+
+
+def production_config(q, k, mask):
+    """The config the ``triton`` backend would pick (autotune cache), or ``None`` for defaults."""
+    try:
+        from longca_triton.autotune import lookup
+
+        return lookup("triton", q, k, mask)
+    except Exception:  # no cache, or an unreadable one: the kernel's defaults
+        return None
+
+
+def forward(q, k, v, mask, softmax_scale=None):
+    """``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, a ``RangeMask`` -> ``out [B, Sq, Hq, D]``."""
+    return dense_attention(q, k, v, mask, softmax_scale=softmax_scale, config=production_config(q, k, mask))

@@ -1,0 +1,91 @@
+"""``cudnn``: cuDNN SDPA graphs through the ``nvidia-cudnn-frontend`` package (``import cudnn``).
+
+Uses the frontend's own PyTorch ops (``cudnn.sdpa_torch`` -> ``torch.ops.cudnn.sdpa_fwd`` /
+``sdpa_bwd``, which build and cache ``pygraph`` SDPA forward and backward graphs): causal masks,
+diagonal bands (sliding windows) and packed variable-length documents (THD layout with ragged
+offsets from ``cu_seqlens``), forward and backward, GQA natively, log-sum-exp returned.
+
+Lowering (``cudnn_call_args``) from FlashAttention's form (``flash_args``): cuDNN's left band bound
+counts the visible keys *including* the diagonal (``diagonal_band_left_bound = lb`` masks
+``j <= i - lb``), so FlashAttention's left window ``w`` becomes ``w + 1``; the right bound is the
+same in both. Masks that are not documents with a window are reported unsupported here
+(``sdpa-cudnn`` runs them through a dense mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._common import FlashArgs, PlannedBackend, dist_version, flash_args, packed_cu_seqlens, try_import
+from .base import Problem, register
+
+__all__ = ["CudnnFrontend", "cudnn_call_args"]
+
+
+def cudnn_call_args(fa: FlashArgs, batch: int) -> dict:
+    """Keywords of ``cudnn.sdpa_torch`` for a mask in FlashAttention form (``cu_seqlens`` numpy)."""
+    left, right = fa.window
+    out = {
+        "is_causal": fa.causal,
+        "window_left": left + 1 if left >= 0 else -1,
+        "window_right": -1 if fa.causal else right,
+    }
+    if fa.varlen:
+        out["cu_seqlens"] = packed_cu_seqlens(fa, batch)
+        out["max_seqlen"] = fa.max_seqlen
+    return out
+
+
+@dataclass
+class _CudnnPlan:
+    fn: object
+    kwargs: dict
+    cu: torch.Tensor | None
+    max_seqlen: int
+
+
+class CudnnFrontend(PlannedBackend):
+    name = "cudnn"
+    description = "cuDNN SDPA graphs (nvidia-cudnn-frontend): causal, sliding window, packed varlen; fwd+bwd"
+    lowering = "flash_args -> is_causal / diagonal band (left+1) / THD ragged offsets"
+    head_dims = tuple(range(8, 257, 8))
+
+    def available(self):
+        mod, why = try_import("cudnn")
+        if mod is None:
+            return False, f"nvidia-cudnn-frontend is not installed ({why})"
+        if not torch.cuda.is_available():
+            return False, "needs a CUDA GPU (none visible)"
+        try:
+            fn = mod.sdpa_torch  # lazy export: imports the op module, registers the torch ops
+        except Exception as e:
+            ver = dist_version("nvidia-cudnn-frontend") or "?"
+            return False, f"nvidia-cudnn-frontend {ver} has no usable cudnn.sdpa_torch ({type(e).__name__}: {e})"
+        self._fn = fn
+        return True, ""
+
+    def lower(self, problem: Problem):
+        return cudnn_call_args(flash_args(problem.mask), problem.batch)
+
+    def materialize(self, problem: Problem, args: dict, device):
+        kwargs = {k: args[k] for k in ("is_causal", "window_left", "window_right")}
+        cu = torch.as_tensor(args["cu_seqlens"], dtype=torch.int32, device=device) if "cu_seqlens" in args else None
+        return _CudnnPlan(fn=self._fn, kwargs=kwargs, cu=cu, max_seqlen=int(args.get("max_seqlen", 0)))
+
+    def run(self, plan: _CudnnPlan, q, k, v, scale: float):
+        B, S, Hq, D = q.shape
+        if plan.cu is None:
+            out, lse = plan.fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
+                               return_lse=True, **plan.kwargs)
+            return out.transpose(1, 2), lse.reshape(B, Hq, S)
+        out, lse = plan.fn(
+            q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D), scale=scale,
+            cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.max_seqlen, max_seqlen_kv=plan.max_seqlen,
+            return_lse=True, **plan.kwargs,
+        )
+        return out.reshape(B, S, Hq, D), lse.reshape(B, S, Hq).permute(0, 2, 1)
+
+
+register(CudnnFrontend())

@@ -1,0 +1,183 @@
+"""FlashAttention packages called directly: ``fa2`` (``flash-attn`` 2.x), ``fa3`` (the official
+FlashAttention-3 Hopper build, ``flash_attn_interface``), ``fa3-fwd`` (the third-party forward-only
+FlashAttention-3 build ``fa3-fwd``, module ``fa3_fwd_interface``) and ``fa4`` (``flash-attn-4``,
+``flash_attn.cute.interface``, CuTe DSL kernels).
+
+All four take the same lowering, ``flash_args``: one document -> ``flash_attn_func`` on
+``[B, S, H, D]``; several documents -> ``flash_attn_varlen_func`` on the batch packed into
+``[B*S, H, D]`` with ``cu_seqlens``; ``causal`` and ``window_size = (left, right)`` in
+FlashAttention's convention (``-1`` unbounded; FA4 spells unbounded ``None``). GQA is native.
+What each build cannot do is said in ``supports``: ``fa3-fwd`` is forward-only, bf16-only (its
+build disables FP16) and has no local/sliding-window kernels (``FLASHATTENTION_DISABLE_LOCAL``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from longca_triton.masks import NotExpressible
+
+from ._common import FlashArgs, PlannedBackend, dist_version, flash_args, lse_from_heads_tokens, packed_cu_seqlens, try_import
+from .base import Problem, register
+
+__all__ = ["FA2", "FA3", "FA3Fwd", "FA4", "fa_window"]
+
+
+def fa_window(fa: FlashArgs, none_for_unbounded: bool = False) -> tuple:
+    """``window_size`` argument: ``(left, right)``, right forced to 0 for causal masks."""
+    left, right = fa.window
+    if fa.causal:
+        right = 0
+    if none_for_unbounded:
+        return (left if left >= 0 else None, None if fa.causal else (right if right >= 0 else None))
+    return (left, right)
+
+
+@dataclass
+class _FlashPlan:
+    fa: FlashArgs
+    cu: torch.Tensor | None
+    max_seqlen: int
+    dense_fn: object
+    varlen_fn: object
+    dense_kw: dict
+    varlen_kw: dict
+
+
+class FlashFamily(PlannedBackend):
+    """One FlashAttention build: ``module`` with ``flash_attn_func`` / ``flash_attn_varlen_func``."""
+
+    module = ""
+    dists: tuple[str, ...] = ()
+    min_capability = (8, 0)
+    max_capability: tuple[int, int] | None = None
+    windows = True
+    #: extra keyword asking for the lse, by parameter name (checked against the real signature)
+    lse_flags: tuple[tuple[str, object], ...] = (("return_attn_probs", True),)
+    none_for_unbounded = False
+    #: constant keywords of every call
+    extra_kw: dict = {}
+
+    def available(self):
+        mod, why = try_import(self.module)
+        if mod is None:
+            pkg = " / ".join(self.dists) or self.module
+            return False, f"{pkg} is not installed ({why})"
+        for fn in ("flash_attn_func", "flash_attn_varlen_func"):
+            if not hasattr(mod, fn):
+                return False, f"{self.module} has no {fn}"
+        if not torch.cuda.is_available():
+            return False, "needs a CUDA GPU (none visible)"
+        cap = torch.cuda.get_device_capability()
+        if cap < self.min_capability:
+            return False, f"needs compute capability >= {self.min_capability[0]}.{self.min_capability[1]}, GPU has {cap[0]}.{cap[1]}"
+        if self.max_capability is not None and cap > self.max_capability:
+            return False, f"built for compute capability <= {self.max_capability[0]}.{self.max_capability[1]}, GPU has {cap[0]}.{cap[1]}"
+        return True, ""
+
+    def version(self) -> str | None:
+        return dist_version(*self.dists)
+
+    def lower(self, problem: Problem) -> FlashArgs:
+        fa = flash_args(problem.mask)
+        if fa.has_window and not self.windows:
+            raise NotExpressible(f"{self.name} was built without local (sliding-window) attention; {problem.mask.name} needs window {fa.window}")
+        packed_cu_seqlens(fa, problem.batch)  # validates int32 range
+        return fa
+
+    def _flags(self, fn) -> dict:
+        params = inspect.signature(fn).parameters
+        return {name: value for name, value in self.lse_flags if name in params}
+
+    def materialize(self, problem: Problem, fa: FlashArgs, device) -> _FlashPlan:
+        mod, _ = try_import(self.module)
+        window = fa_window(fa, self.none_for_unbounded)
+        common = {"causal": fa.causal, "window_size": window, **self.extra_kw}
+        cu = None
+        if fa.varlen:
+            cu = torch.as_tensor(packed_cu_seqlens(fa, problem.batch), dtype=torch.int32, device=device)
+        return _FlashPlan(
+            fa=fa, cu=cu, max_seqlen=fa.max_seqlen,
+            dense_fn=mod.flash_attn_func, varlen_fn=mod.flash_attn_varlen_func,
+            dense_kw={**common, **self._flags(mod.flash_attn_func)},
+            varlen_kw={**common, **self._flags(mod.flash_attn_varlen_func)},
+        )
+
+    @staticmethod
+    def _split(res):
+        if isinstance(res, tuple):
+            return res[0], (res[1] if len(res) > 1 else None)
+        return res, None
+
+    def run(self, plan: _FlashPlan, q, k, v, scale: float):
+        B, S, Hq, D = q.shape
+        if plan.cu is None:
+            out, lse = self._split(plan.dense_fn(q, k, v, softmax_scale=scale, **plan.dense_kw))
+            return out, (lse.float() if lse is not None else None)  # [B, H, S]
+        qp, kp, vp = q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D)
+        res = self._varlen(plan, qp, kp, vp, scale)
+        out, lse = self._split(res)
+        lse = lse_from_heads_tokens(lse, B, S).float() if lse is not None else None  # [H, T] -> [B, H, S]
+        return out.reshape(B, S, Hq, D), lse
+
+    def _varlen(self, plan, qp, kp, vp, scale):
+        return plan.varlen_fn(qp, kp, vp, plan.cu, plan.cu, plan.max_seqlen, plan.max_seqlen, softmax_scale=scale, **plan.varlen_kw)
+
+
+class FA2(FlashFamily):
+    name = "fa2"
+    description = "FlashAttention-2 (flash-attn 2.x package): documents via varlen, causal, sliding window"
+    module = "flash_attn"
+    dists = ("flash-attn", "flash_attn")
+    head_dims = tuple(range(8, 257, 8))
+    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size)"
+    extra_kw = {"dropout_p": 0.0}
+
+
+class FA3(FlashFamily):
+    name = "fa3"
+    description = "FlashAttention-3, official Hopper build (flash_attn_interface): fwd+bwd"
+    module = "flash_attn_interface"
+    dists = ("flash-attn-3", "flash_attn_3", "flashattn-hopper")
+    min_capability = (9, 0)
+    max_capability = (9, 0)
+    head_dims = (64, 96, 128, 192, 256)
+    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size)"
+
+
+class FA3Fwd(FlashFamily):
+    name = "fa3-fwd"
+    description = "FlashAttention-3 forward-only third-party build (fa3-fwd package, fa3_fwd_interface): no backward, no window, no fp16"
+    module = "fa3_fwd_interface"
+    dists = ("fa3-fwd", "fa3_fwd")
+    min_capability = (9, 0)
+    max_capability = (9, 0)
+    modes = ("fwd",)
+    windows = False
+    dtypes = (torch.bfloat16,)
+    head_dims = (64, 96, 128, 192, 256)
+    lowering = "flash_args -> flash_attn_(varlen_)func(causal); windows refused"
+
+
+class FA4(FlashFamily):
+    name = "fa4"
+    description = "FlashAttention-4 (flash-attn-4, CuTe DSL, flash_attn.cute.interface): fwd+bwd"
+    module = "flash_attn.cute.interface"
+    dists = ("flash-attn-4", "flash_attn_4", "fa4")
+    min_capability = (9, 0)
+    lse_flags = (("return_lse", True),)
+    none_for_unbounded = True
+    head_dims = (64, 96, 128, 192, 256)
+    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size with None)"
+
+    def _varlen(self, plan, qp, kp, vp, scale):
+        return plan.varlen_fn(qp, kp, vp, cu_seqlens_q=plan.cu, cu_seqlens_k=plan.cu, max_seqlen_q=plan.max_seqlen,
+                              max_seqlen_k=plan.max_seqlen, softmax_scale=scale, **plan.varlen_kw)
+
+
+for _cls in (FA2, FA3, FA3Fwd, FA4):
+    register(_cls())
+

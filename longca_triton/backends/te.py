@@ -1,0 +1,85 @@
+"""``te``: TransformerEngine's fused attention (``transformer_engine.pytorch.DotProductAttention``).
+
+Lowering (``te_call_args``) from FlashAttention's form (``flash_args``): one document -> ``bshd``
+layout with ``attn_mask_type`` ``no_mask`` / ``causal``; several documents -> ``thd`` layout (the
+batch packed into ``[B*S, H, D]``) with ``padding`` / ``padding_causal`` and ``cu_seqlens``;
+sliding windows through ``window_size = (left, right)`` (FlashAttention's convention, which TE
+uses; ``(-1, 0)`` for causal). TE picks its own kernel (cuDNN fused attention or flash) and does
+not hand back the log-sum-exp, so ``returns_lse = False``. TransformerEngine's PyTorch extension
+is a source build, absent on our GPU host: this adapter is "not measured here" (docs/backends.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._common import FlashArgs, PlannedBackend, flash_args, packed_cu_seqlens, try_import
+from .base import Problem, register
+
+__all__ = ["TransformerEngine", "te_call_args"]
+
+
+def te_call_args(fa: FlashArgs, batch: int) -> dict:
+    """Constructor/forward keywords for ``DotProductAttention`` (``cu_seqlens`` as numpy)."""
+    left, right = fa.window
+    window = (left, 0 if fa.causal else right)
+    if fa.varlen:
+        return {
+            "qkv_format": "thd",
+            "attn_mask_type": "padding_causal" if fa.causal else "padding",
+            "window_size": window,
+            "cu_seqlens": packed_cu_seqlens(fa, batch),
+            "max_seqlen": fa.max_seqlen,
+        }
+    return {"qkv_format": "bshd", "attn_mask_type": "causal" if fa.causal else "no_mask", "window_size": window}
+
+
+@dataclass
+class _TEPlan:
+    module: object
+    args: dict
+    cu: torch.Tensor | None
+
+
+class TransformerEngine(PlannedBackend):
+    name = "te"
+    description = "TransformerEngine DotProductAttention (THD layout for documents); no lse"
+    lowering = "flash_args -> qkv_format bshd|thd, attn_mask_type, window_size, cu_seqlens"
+    returns_lse = False
+
+    def available(self):
+        mod, why = try_import("transformer_engine.pytorch")
+        if mod is None:
+            return False, f"TransformerEngine (PyTorch) is not installed ({why})"
+        if not torch.cuda.is_available():
+            return False, "needs a CUDA GPU (none visible)"
+        return True, ""
+
+    def lower(self, problem: Problem) -> dict:
+        return te_call_args(flash_args(problem.mask), problem.batch)
+
+    def materialize(self, problem: Problem, args: dict, device) -> _TEPlan:
+        te, _ = try_import("transformer_engine.pytorch")
+        module = te.DotProductAttention(
+            num_attention_heads=problem.heads_q, kv_channels=problem.head_dim, num_gqa_groups=problem.heads_kv,
+            attention_dropout=0.0, qkv_format=args["qkv_format"], attn_mask_type=args["attn_mask_type"],
+            window_size=args["window_size"], softmax_scale=problem.scale,
+        ).to(device)
+        cu = torch.as_tensor(args["cu_seqlens"], dtype=torch.int32, device=device) if "cu_seqlens" in args else None
+        return _TEPlan(module=module, args=args, cu=cu)
+
+    def run(self, plan: _TEPlan, q, k, v, scale: float):
+        B, S, Hq, D = q.shape
+        if plan.cu is None:
+            out = plan.module(q, k, v)
+        else:
+            out = plan.module(
+                q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D),
+                cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.args["max_seqlen"], max_seqlen_kv=plan.args["max_seqlen"],
+            )
+        return out.reshape(B, S, Hq, D), None
+
+
+register(TransformerEngine())

@@ -1,0 +1,348 @@
+"""The ``bench``, ``plot``, ``report`` and ``doctor`` commands (thin: the library does the work).
+
+The project's console script adds them with ``main.add_command(...)`` (see ``COMMANDS``); this
+module also runs on its own: ``python -m longca_triton.bench.cli bench dense --preset smoke``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["COMMANDS", "bench", "doctor", "plot", "report"]
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "unknown"
+
+
+# ---------------------------------------------------------------------------- bench
+@click.group("bench")
+def bench():
+    """Run benchmark sweeps (results are appended to a resumable JSONL store).
+
+    \b
+    Example:
+      longca-triton bench dense --config experiments/dense_quick.toml
+      longca-triton bench dense --preset smoke          # tiny CPU grid
+    """
+
+
+@bench.command("dense")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), help="TOML experiment file (e.g. experiments/dense.toml).")
+@click.option("--preset", type=click.Choice(["smoke"]), help="A built-in grid instead of a file; 'smoke' = tiny CPU-friendly sizes.")
+@click.option("--masks", help="Comma-separated mask names (override), e.g. full,causal,causal_document.")
+@click.option("--seqlens", help="Comma-separated sequence lengths, e.g. 4K,16K or 4096,16384.")
+@click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`).")
+@click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd.")
+@click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64.")
+@click.option("--head-dim", "head_dims", help="Comma-separated head dims, e.g. 128.")
+@click.option("--dtype", "dtypes", help="Comma-separated dtypes: bfloat16 (bf16), float16 (fp16), float32 (fp32).")
+@click.option("--batch", type=click.IntRange(min=1), help="Batch size.")
+@click.option("--seed", type=int, help="Seed of masks and inputs.")
+@click.option("--warmup-ms", type=click.FloatRange(min=0), help="Warm-up time per point (ms).")
+@click.option("--rep", type=click.IntRange(min=1), help="Timed repetitions per point (at most).")
+@click.option("--max-ms", type=click.FloatRange(min=0), help="Cap on the timed repetitions' total time per point (ms).")
+@click.option("--no-check", is_flag=True, help="Skip the correctness check against the reference.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (results.jsonl, plots/, report.md). Default: results/<experiment>-<gpu>.")
+@click.option("--retry-errors", is_flag=True, help="Re-run points whose earlier row is an error or oom.")
+@click.option("--max-minutes", type=click.FloatRange(min=0), help="Stop (cleanly, resumable) after this many minutes.")
+@click.option("--no-plots", is_flag=True, help="Write results and the report, no plots.")
+@click.option("--dry-run", is_flag=True, help="Print the resolved grid and exit.")
+def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed, warmup_ms, rep,
+                max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run):
+    """Dense-kernel sweep: masks × S × heads × head dim × dtype × mode × backends.
+
+    Every point is checked against the reference, timed (CUDA events, L2 flush, median and
+    p20/p80), its peak memory recorded, and appended to OUT/results.jsonl; rerunning the same
+    command resumes. Without a GPU the 'smoke' preset runs instead (reference backends and the
+    Triton interpreter), and says so.
+
+    \b
+    Examples:
+      longca-triton bench dense --config experiments/dense.toml
+      longca-triton bench dense --config experiments/dense_quick.toml --backends sdpa-cudnn,flex --seqlens 16K
+      longca-triton bench dense --config experiments/dense.toml --masks causal --heads 64:8 --mode bwd
+      longca-triton bench dense --preset smoke --out /tmp/smoke
+    """
+    import torch
+
+    con = _console()
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
+    from longca_triton.backends import list_backends
+
+    from .config import OPTIONAL_PRESET_BACKENDS, ConfigError, load_experiment
+    from .config import preset as get_preset
+
+    if config is None and preset is None:
+        raise click.UsageError("give --config FILE (e.g. experiments/dense.toml) or --preset smoke")
+    try:
+        if not on_gpu and preset != "smoke":
+            con.print(f"[bold yellow]No CUDA GPU here:[/] running the [bold]smoke[/] preset (tiny sizes, reference backends, "
+                      f"Triton interpreter) instead of {config or preset}. Timings are not performance numbers.")
+            exp = get_preset("smoke")
+        elif preset:
+            exp = get_preset(preset)
+        else:
+            exp = load_experiment(config)
+        exp = exp.with_overrides(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
+                                 dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms)
+        if no_check:
+            exp.check = False
+        known = {b.name for b in list_backends()}
+        if exp.preset and not backends:
+            missing = [b for b in exp.backends if b not in known and b in OPTIONAL_PRESET_BACKENDS]
+            if missing:
+                con.print(f"[dim]not registered in this build, skipped: {', '.join(missing)}[/]")
+            exp.backends = [b for b in exp.backends if b in known]
+        elif config is not None and not backends:
+            missing = [b for b in exp.backends if b not in known]
+            if missing:
+                con.print(f"[yellow]backends listed in {config} but not registered here, skipped: {', '.join(missing)}[/]")
+                exp.backends = [b for b in exp.backends if b in known]
+        exp.validate(known_backends=known)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+
+    from .store import ResultStore, collect_env
+
+    env = collect_env()
+    if out is None:
+        out = Path("results") / f"{_slug(exp.name)}-{_slug(env.get('gpu') or 'cpu')}"
+    store = ResultStore(out / "results.jsonl")
+
+    device = "cuda" if on_gpu else "cpu"
+    con.print(f"[bold]{exp.name}[/]: {exp.num_points()} points "
+              f"({len(exp.masks)} masks × {len(exp.seqlens)} S × {len(exp.heads)} heads × {len(exp.head_dims)} D × "
+              f"{len(exp.dtypes)} dtypes × {len(exp.modes)} modes × {len(exp.backends)} backends) on "
+              f"[bold]{env.get('gpu') or 'CPU'}[/]" + (" [yellow](Triton interpreter)[/]" if env.get("interpreted") else ""))
+    con.print(f"results: {store.path}" + (f" (resuming: {len(store.rows())} rows already there)" if store.path.exists() else ""))
+    if dry_run:
+        con.print_json(json.dumps(exp.to_dict()))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "commands.txt", "a") as f:
+        f.write(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\n")
+    with open(out / "experiment.json", "w") as f:
+        json.dump(exp.to_dict(), f, indent=1)
+
+    signal.signal(signal.SIGTERM, _terminate)  # a kill (timeout, scheduler) stops cleanly like Ctrl-C
+    result = _run_with_progress(con, exp, store, device, retry_errors, max_minutes)
+    _summary_table(con, result.rows)
+    if result.interrupted:
+        con.print(f"[bold red]Interrupted[/]: {len(result.rows)} points written this run, {result.remaining} left. "
+                  f"Rerun the same command to resume; finished points are not redone.")
+        sys.exit(130)
+    if result.aborted:
+        con.print(f"[bold red]Sweep stopped[/]: the CUDA context is unusable after `{result.aborted[:200]}`. "
+                  "Rerun the same command to resume from the next point.")
+    elif result.budget_hit:
+        con.print(f"[yellow]Time budget reached[/]: {result.remaining} points left; rerun to resume.")
+    _write_outputs(con, store, out, no_plots)
+    if result.aborted:
+        sys.exit(3)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .runner import run_experiment
+
+    with Progress(TextColumn("[progress.description]{task.description}", table_column=None), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=con, transient=False) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(advance, description, total):
+            if total is not None:
+                bar.update(task, total=total)
+            bar.update(task, advance=advance, description=description[:70].ljust(70))
+
+        done = [0]
+
+        def on_row(row):  # without a terminal (logs, CI) the bar is not drawn: one line per point instead
+            done[0] += 1
+            if not con.is_terminal:
+                t = row.get("tflops")
+                speed = f" {row['time_ms']:.3f} ms {t:.1f} TFLOP/s" if row.get("time_ms") is not None and t is not None else ""
+                con.print(f"[{done[0]}] {row['backend']} {row['mask']} S={row['seqlen']} {row['heads_q']}:{row['heads_kv']} "
+                          f"{row['mode']}: {row['status'][:160]}{speed}", soft_wrap=True)
+
+        return run_experiment(exp, store, device=device, retry=("error", "oom") if retry_errors else (),
+                              max_minutes=max_minutes, progress=progress, on_row=on_row)
+
+
+def _summary_table(con, rows):
+    if not rows:
+        con.print("[dim]nothing new was run (every point was already in the results file)[/]")
+        return
+    from rich.table import Table
+
+    from .report import short_status
+    from .store import status_kind
+
+    backends = []
+    for r in rows:
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+    t = Table(title="this run: TFLOP/s (or status)", show_lines=False)
+    for c in ("mask", "S", "heads", "mode"):
+        t.add_column(c)
+    for b in backends:
+        t.add_column(b, justify="right")
+    cells, order = {}, []
+    for r in rows:
+        k = (r["mask"], r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["mode"])
+        if k not in cells:
+            cells[k] = {}
+            order.append(k)
+        s = short_status(r)
+        style = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red"}.get(status_kind(r), "")
+        cells[k][r["backend"]] = f"[{style}]{s}[/]" if style else s
+    for k in order:
+        t.add_row(k[0], str(k[1]), k[2], k[3], *[cells[k].get(b, "") for b in backends])
+    con.print(t)
+    errors = [r for r in rows if status_kind(r) == "error"]
+    for r in errors[:10]:
+        con.print(f"[red]{r['backend']} {r['mask']} S={r['seqlen']} {r['mode']}[/]: {r['status'][:300]}")
+
+
+def _write_outputs(con, store, out: Path, no_plots: bool):
+    from .plot import make_plots
+    from .report import markdown_report
+
+    rows = store.rows()
+    if store.skipped_lines:
+        con.print(f"[yellow]{store.skipped_lines} truncated/garbled line(s) in {store.path} ignored[/]")
+    (out / "report.md").write_text(markdown_report(rows, source=str(store.path)))
+    con.print(f"report: {out / 'report.md'}")
+    if not no_plots and rows:
+        files = make_plots(rows, out / "plots")
+        con.print(f"plots: {len(files)} files in {out / 'plots'}")
+
+
+# ---------------------------------------------------------------------------- plot / report / doctor
+@click.command("plot")
+@click.argument("results", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory for the PNG files.")
+def plot(results, out):
+    """Plot a results file: TFLOP/s and peak memory against S (a panel per mask, a line per
+    backend, fwd and bwd separately) and a backend × mask heat map of support and speed.
+
+    \b
+    Example:
+      longca-triton plot results/dense-h100/results.jsonl --out results/dense-h100/plots
+    """
+    from .plot import make_plots
+    from .report import load_rows
+
+    try:
+        rows = load_rows(results)
+    except FileNotFoundError as e:
+        raise click.UsageError(str(e)) from None
+    if not rows:
+        raise click.UsageError(f"{results} holds no results")
+    files = make_plots(rows, out)
+    con = _console()
+    for f in files:
+        con.print(str(f))
+
+
+@click.command("report")
+@click.argument("results", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the markdown here instead of stdout.")
+@click.option("--title", help="Report title.")
+def report(results, out, title):
+    """Markdown report of a results file: environment, a TFLOP/s table per mode and head layout
+    (backends as columns), why points were not measured, and every measurement.
+
+    \b
+    Example:
+      longca-triton report results/dense-h100/results.jsonl > report.md
+    """
+    from .report import load_rows, markdown_report
+
+    try:
+        rows = load_rows(results)
+    except FileNotFoundError as e:
+        raise click.UsageError(str(e)) from None
+    text = markdown_report(rows, title=title, source=str(results))
+    if out:
+        out.write_text(text)
+        click.echo(f"wrote {out}")
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def doctor(as_json):
+    """Show the GPU, driver, CUDA, torch, Triton, cuDNN and vendor versions, and every backend:
+    available or why not.
+
+    \b
+    Example:
+      longca-triton doctor
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from .doctor import doctor_info
+
+    info = doctor_info()
+    if as_json:
+        click.echo(json.dumps(info, indent=1, default=str))
+        return
+    from rich.table import Table
+
+    con = _console()
+    env = info["env"]
+    t = Table(title="environment", show_header=False)
+    t.add_column("")
+    t.add_column("")
+    for k in ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python", "git_commit", "hostname"):
+        t.add_row(k, str(env.get(k)))
+    t.add_row("vendors", ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items())) or "none")
+    t.add_row("interpreted", str(env.get("interpreted")))
+    con.print(t)
+    bt = Table(title="backends")
+    for c in ("backend", "available", "modes", "lse", "why not / what"):
+        bt.add_column(c)
+    for b in info["backends"]:
+        bt.add_row(b["name"], "[green]yes[/]" if b["available"] else "[red]no[/]", ",".join(b["modes"]),
+                   "yes" if b["returns_lse"] else "no", b["reason"] if not b["available"] else b["description"])
+    con.print(bt)
+
+
+COMMANDS = [bench, plot, report, doctor]
+
+
+@click.group()
+def cli():
+    """Stand-alone entry for the benchmark commands (the package's `longca-triton` adds them too)."""
+
+
+for _c in COMMANDS:
+    cli.add_command(_c)
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,176 @@
+"""Markdown reports of a results file (no table library: the tables are written here)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+from typing import Iterable
+
+from .store import ResultStore, row_key, status_kind
+
+__all__ = ["latest_rows", "load_rows", "markdown_report", "markdown_table", "short_status", "slices"]
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a results file, or of ``results.jsonl`` inside a directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.jsonl"
+    if not p.exists():
+        raise FileNotFoundError(f"no results file at {p}")
+    return ResultStore(p).rows()
+
+
+def latest_rows(rows: Iterable[dict]) -> list[dict]:
+    """One row per point: the last one written (a retried point supersedes its earlier row)."""
+    by_key: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in rows:
+        k = row_key(r)
+        by_key.pop(k, None)
+        by_key[k] = r
+    return list(by_key.values())
+
+
+def short_status(row: dict) -> str:
+    kind = status_kind(row)
+    if kind == "ok":
+        t = row.get("tflops")
+        if not isinstance(t, (int, float)):
+            return "ok"
+        return f"{t:.1f}" if t >= 1 else f"{t:.3g}"
+    if kind == "unsupported":
+        return "unsup"
+    if kind == "oom":
+        return "OOM"
+    if "wrong result" in str(row.get("status", "")):
+        return "WRONG"
+    return "ERR"
+
+
+def markdown_table(header: list[str], rows: list[list], align: list[str] | None = None) -> str:
+    def esc(x) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _slice_key(r: dict) -> tuple:
+    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("dtype"), r.get("batch"))
+
+
+def slices(rows: list[dict]) -> "OrderedDict[tuple, list[dict]]":
+    """Rows grouped by (mode, heads_q, heads_kv, head_dim, dtype, batch), in first-seen order."""
+    out: "OrderedDict[tuple, list[dict]]" = OrderedDict()
+    for r in rows:
+        out.setdefault(_slice_key(r), []).append(r)
+    return out
+
+
+def _order(values: Iterable) -> list:
+    seen = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+def _fmt_bytes(b) -> str:
+    return f"{b / 2**30:.2f}" if isinstance(b, (int, float)) else ""
+
+
+def _fmt(x, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else ""
+
+
+def _env_section(rows: list[dict]) -> str:
+    env = next((r.get("env") for r in rows if r.get("env")), {}) or {}
+    times = sorted(r.get("time") for r in rows if r.get("time"))
+    items = [
+        ("GPU", env.get("gpu") or "none (CPU)"),
+        ("driver", env.get("driver")),
+        ("CUDA", env.get("cuda")),
+        ("torch", env.get("torch")),
+        ("triton", env.get("triton")),
+        ("cuDNN", env.get("cudnn")),
+        ("vendor packages", ", ".join(f"{k} {v}" for k, v in sorted((env.get("vendors") or {}).items())) or "none"),
+        ("git commit", (env.get("git_commit") or "unknown") + (" (dirty)" if env.get("git_dirty") else "")),
+        ("host", env.get("hostname")),
+        ("measured", f"{times[0]} .. {times[-1]}" if times else None),
+    ]
+    text = markdown_table(["", ""], [[k, v if v is not None else "unknown"] for k, v in items])
+    if any(r.get("device") == "cpu" for r in rows):
+        interp = any(r.get("interpreted") for r in rows)
+        text += ("\n\n> **CPU run**" + (" (Triton interpreter)" if interp else "")
+                 + ": these timings check that the harness works; they are not performance numbers.")
+    return text
+
+
+def markdown_report(rows: list[dict], title: str | None = None, source: str | None = None) -> str:
+    rows = latest_rows(rows)
+    exp = next((r.get("experiment") for r in rows if r.get("experiment")), "results")
+    parts = [f"# {title or f'Benchmark report: {exp}'}", ""]
+    if source:
+        parts += [f"Source: `{source}` ({len(rows)} points).", ""]
+    parts += ["## Environment", "", _env_section(rows), ""]
+    counts = defaultdict(int)
+    for r in rows:
+        counts[status_kind(r)] += 1
+    parts += ["Points: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), ""]
+    parts += ["TFLOP/s count only the allowed (mask) area (MASKS.md §5); `bwd` is the backward pass alone "
+              "(2.5× the forward count), `fwd_bwd` both (3.5×). Cells: TFLOP/s, or `unsup` (unsupported), "
+              "`OOM`, `ERR` (error), `WRONG` (failed the correctness check, not timed), blank (not run).", ""]
+    for (mode, hq, hkv, D, dt, B), srows in slices(rows).items():
+        backends = _order(r["backend"] for r in srows)
+        masks = _order(r["mask"] for r in srows)
+        seqlens = sorted({r["seqlen"] for r in srows})
+        cell = {(r["mask"], r["seqlen"], r["backend"]): r for r in srows}
+        table = []
+        for m in masks:
+            for S in seqlens:
+                if not any((m, S, b) in cell for b in backends):
+                    continue
+                dens = next((cell[(m, S, b)].get("density") for b in backends if (m, S, b) in cell), None)
+                line = [m, S, _fmt(dens, ".3f")]
+                best = max((cell[(m, S, b)].get("tflops") or 0.0 for b in backends if (m, S, b) in cell
+                            and status_kind(cell[(m, S, b)]) == "ok"), default=None)
+                for b in backends:
+                    r = cell.get((m, S, b))
+                    s = short_status(r) if r else ""
+                    if r and status_kind(r) == "ok" and best and r.get("tflops") == best and len(backends) > 1:
+                        s = f"**{s}**"
+                    line.append(s)
+                table.append(line)
+        parts += [f"## {mode}: heads {hq}:{hkv}, head dim {D}, {dt}, batch {B}", ""]
+        parts += [markdown_table(["mask", "S", "density"] + backends, table, ["---", "---:", "---:"] + ["---:"] * len(backends)), ""]
+    bad = [r for r in rows if status_kind(r) != "ok"]
+    if bad:
+        parts += ["## Not measured, and why", ""]
+        reasons: "OrderedDict[tuple, list]" = OrderedDict()
+        for r in bad:
+            reasons.setdefault((r["backend"], r.get("status", "")), []).append(f"{r['mask']}@{r['seqlen']}/{r.get('mode')}")
+        table = [[b, s, ", ".join(_order(where))[:300]] for (b, s), where in reasons.items()]
+        parts += [markdown_table(["backend", "status", "points"], table), ""]
+    ok = [r for r in rows if status_kind(r) == "ok"]
+    if ok:
+        parts += ["## All measurements", ""]
+        table = [[r["backend"], r["mask"], r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["head_dim"], r["dtype"], r["mode"],
+                  _fmt(r.get("time_ms"), ".3f"), f"{_fmt(r.get('p20_ms'), '.3f')}–{_fmt(r.get('p80_ms'), '.3f')}",
+                  _fmt(r.get("tflops"), ".1f"), _fmt_bytes(r.get("peak_mem_bytes")), _fmt_bytes(r.get("peak_mem_above_bytes")),
+                  _check_text(r)] for r in ok]
+        parts += [markdown_table(
+            ["backend", "mask", "S", "heads", "D", "dtype", "mode", "median ms", "p20–p80 ms", "TFLOP/s", "peak GiB", "above inputs GiB", "check"],
+            table, ["---"] * 7 + ["---:"] * 5 + ["---"]), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _check_text(r: dict) -> str:
+    c = r.get("check")
+    if not c:
+        return "not checked"
+    if c.get("self"):
+        return "reference"
+    errs = [f"{k.replace('_rel', '').replace('_abs', '')} {v:.1e}" for k, v in c.items() if k.endswith(("_rel", "_abs")) and isinstance(v, (int, float))]
+    return ("ok " if c.get("ok") else "FAIL ") + ", ".join(errs)

@@ -1,0 +1,411 @@
+"""The sweep: expand an experiment into points, run each, append one row per point.
+
+For every problem (mask × S × heads × head dim × dtype) the inputs are drawn once (standard
+normal, never zeros, from the experiment's seed) and shared by every backend and mode; then for
+each backend and mode:
+
+1. ``backend.check(problem)``: not available / not supported -> ``unsupported: <reason>``;
+2. ``backend.prepare(problem, q, k, v)``: all lowering and planning, outside any timer;
+3. the correctness check (``check.py``) on the real problem: a wrong backend is reported
+   ``error: wrong result (...)`` and not timed;
+4. timing (``timing.time_fn``): ``fwd`` times the call under ``no_grad``; ``bwd`` times
+   ``torch.autograd.grad`` of the output only (graph retained, forward outside the timer);
+   ``fwd_bwd`` times both; TFLOP/s from the mask's FLOP count (MASKS.md §5);
+5. peak memory of one call, absolute and above what was allocated before it.
+
+Failures never stop the sweep: ``unsupported: <reason> | oom | error: <message>``. Rows are
+appended atomically as they finish, so an interrupted sweep (Ctrl-C, a kill, a time budget)
+resumes where it stopped: points whose key is already in the store are skipped.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+import traceback
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from longca_triton.backends import Backend, Problem, Unsupported, get_backend, list_backends
+from longca_triton.masks import NotExpressible, make_mask
+
+from .check import CheckResult, compare, reference_group
+from .config import DTYPES, OPTIONAL_PRESET_BACKENDS, Experiment
+from .store import ResultStore, collect_env, params_digest, row_key, status_kind
+from .timing import peak_memory, time_fn
+
+__all__ = ["SweepAborted", "SweepResult", "classify_exception", "plan_points", "run_experiment"]
+
+REFERENCE_BACKENDS = {"reference", "reference-chunked"}
+SCHEMA = 1
+_FATAL_CUDA = ("illegal memory access", "unspecified launch failure", "device-side assert", "misaligned address",
+               "an illegal instruction", "CUDA error: unknown error")
+
+
+class SweepAborted(RuntimeError):
+    """The CUDA context is unusable (e.g. an illegal memory access): rerun to resume."""
+
+
+@dataclass
+class Point:
+    mask: str
+    seqlen: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str
+    mode: str
+    backend: str
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict] = field(default_factory=list)
+    skipped: int = 0
+    total: int = 0
+    interrupted: bool = False
+    budget_hit: bool = False
+    aborted: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.skipped - len(self.rows)
+
+
+def classify_exception(e: BaseException, caught_warnings: list | None = None) -> str:
+    """The status string of a failed point: ``unsupported: ...``, ``oom`` or ``error: ...``."""
+    msg = str(e).strip()
+    first = msg.splitlines()[0] if msg else ""
+    if isinstance(e, (Unsupported, NotExpressible)):
+        return f"unsupported: {first}"
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in msg.lower() or "CUDA_ERROR_OUT_OF_MEMORY" in msg:
+        return "oom"
+    if "No available kernel" in msg:
+        why = "; ".join(sorted({str(w.message).strip().splitlines()[0] for w in (caught_warnings or [])
+                                if "sdp" in str(w.message).lower() or "attention" in str(w.message).lower()}))[:400]
+        return f"unsupported: torch SDPA has no kernel for this case{f' ({why})' if why else ''}"
+    text = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return f"error: {text[:400]}"
+
+
+def allow_retained_backward() -> None:
+    """The ``bwd`` timing calls ``torch.autograd.grad(..., retain_graph=True)`` repeatedly on one
+    forward graph. AOTAutograd's donated buffers (on by default for compiled training graphs, e.g.
+    FlexAttention's) forbid that ("compiled with non-empty donated buffers which requires ...
+    retain_graph=False"), so the harness turns them off before anything is compiled. They only
+    let the backward reuse saved-activation memory; kernels and their speed are unchanged."""
+    try:
+        import torch._functorch.config as cfg
+    except ImportError:  # pragma: no cover
+        return
+    if hasattr(cfg, "donated_buffer"):
+        cfg.donated_buffer = False
+
+
+def _is_fatal(status: str) -> bool:
+    return status.startswith("error") and any(s in status for s in _FATAL_CUDA)
+
+
+def _free(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def plan_points(exp: Experiment):
+    """``[(problem_key, [Point...])]`` in sweep order: sequence length outermost (in the order the
+    experiment lists them, so a time-budgeted run covers every mask at the first S), then mask,
+    heads, head dim, dtype; backends and modes innermost, sharing the problem's inputs."""
+    groups = []
+    for S in exp.seqlens:
+        for mname in exp.masks:
+            for hq, hkv in exp.heads:
+                for D in exp.head_dims:
+                    for dt in exp.dtypes:
+                        pts = [Point(mname, S, hq, hkv, D, dt, mode, b) for b in exp.backends for mode in exp.modes]
+                        groups.append(((mname, S, hq, hkv, D, dt), pts))
+    return groups
+
+
+def _make_inputs(B, S, hq, hkv, D, dtype, device, seed):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, S, hq, D, generator=gen, device=device, dtype=dtype)
+    k = torch.randn(B, S, hkv, D, generator=gen, device=device, dtype=dtype)
+    v = torch.randn(B, S, hkv, D, generator=gen, device=device, dtype=dtype)
+    dout = torch.randn(B, S, hq, D, generator=gen, device=device, dtype=dtype)
+    return q, k, v, dout
+
+
+def _tflops(flops: float, ms: float | None) -> float | None:
+    if ms is None or ms <= 0:
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+class _Group:
+    """Inputs and the shared reference of one problem."""
+
+    def __init__(self, mask, exp: Experiment, key, device, need_grads: bool):
+        mname, S, hq, hkv, D, dt = key
+        self.mask = mask
+        self.dtype = DTYPES[dt]
+        seed = exp.seed * 1_000_003 + S * 31 + hq * 7 + hkv * 3 + D
+        self.q, self.k, self.v, self.dout = _make_inputs(exp.batch, S, hq, hkv, D, self.dtype, device, seed)
+        self.need_grads = need_grads
+        self._ref = None
+        self._ref_error: BaseException | None = None
+
+    def reference(self, scale: float):
+        if self._ref is None and self._ref_error is None:
+            try:
+                # computed on the device, kept on the host: no GPU memory of the harness's own
+                # shows up in the backends' peak-memory numbers
+                self._ref = reference_group(self.mask, self.q, self.k, self.v, self.dout, scale, self.need_grads).to("cpu")
+            except BaseException as e:  # noqa: BLE001 - an OOM in the reference must not kill the sweep
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                self._ref_error = e
+        if self._ref_error is not None:
+            raise RuntimeError(f"reference check failed to run: {classify_exception(self._ref_error)}")
+        return self._ref
+
+    def inputs_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v))
+
+
+def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict) -> dict:
+    row = dict(base)
+    mode = problem.mode
+    ok, why = backend.check(problem)
+    if not ok:
+        row["status"] = f"unsupported: {why}"
+        return row
+    grad = mode != "fwd"
+    q, k, v = grp.q, grp.k, grp.v
+    if grad:
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    dout = grp.dout
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.set_grad_enabled(grad):
+                fn = backend.prepare(problem, q, k, v)
+                # ---- correctness (the first call also compiles / autotunes)
+                if exp.check and backend.name not in REFERENCE_BACKENDS:
+                    res = _check(backend, fn, grp, problem, q, k, v, dout)
+                    row["check"] = res.as_row()
+                    if not res.ok:
+                        row["status"] = f"error: wrong result ({res.message})"
+                        return row
+                elif backend.name in REFERENCE_BACKENDS:
+                    row["check"] = {"ok": True, "self": "reference"}
+                # ---- timing and memory
+                if mode == "fwd":
+                    timed = fn
+                elif mode == "bwd":
+                    out = fn()[0]
+                    ins = (q, k, v)
+
+                    def timed():
+                        return torch.autograd.grad(out, ins, dout, retain_graph=True)
+                else:
+                    ins = (q, k, v)
+
+                    def timed():
+                        return torch.autograd.grad(fn()[0], ins, dout)
+
+                mem = peak_memory(timed, device=q.device)
+                t = time_fn(timed, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=q.device)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a status
+        row["status"] = classify_exception(e, caught)
+        if row["status"] == "oom":
+            row["detail"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else None
+        elif row["status"].startswith("error"):
+            row["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])[-1500:]
+        return row
+    finally:
+        out = None  # noqa: F841 - release the retained graph
+    row.update(
+        status="ok",
+        time_ms=t["median_ms"], p20_ms=t["p20_ms"], p80_ms=t["p80_ms"], min_ms=t["min_ms"], reps=t["reps"],
+        tflops=_tflops(row["flops"], t["median_ms"]),
+        peak_mem_bytes=mem["peak_bytes"], peak_mem_above_bytes=mem["above_bytes"],
+    )
+    notes = _notes(backend, problem, q.device)
+    if notes:
+        row["notes"] = notes
+    return row
+
+
+def _notes(backend: Backend, problem: Problem, device) -> dict:
+    """What exactly ran, where the adapter chose (e.g. SDPA's GQA path)."""
+    plan = None
+    try:
+        cache = problem.mask.__dict__.get("_adapter_cache", {})
+        for key, val in cache.items():
+            if key[0] == backend.name and key[1] == "plan" and key[-1] == problem.mode:
+                plan = val
+    except Exception:
+        return {}
+    out = {}
+    for attr in ("gqa", "form", "native_gqa"):
+        if plan is not None and hasattr(plan, attr):
+            out[attr] = getattr(plan, attr)
+    return out
+
+
+def _check(backend, fn, grp: _Group, problem: Problem, q, k, v, dout) -> CheckResult:
+    out, lse = fn()
+    grads = None
+    if problem.mode != "fwd":
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = grp.reference(problem.scale)
+    res = compare(ref, out.detach(), lse.detach() if lse is not None else None,
+                  tuple(g.detach() for g in grads) if grads is not None else None, problem.dtype)
+    del out, lse, grads
+    return res
+
+
+def run_experiment(
+    exp: Experiment,
+    store: ResultStore,
+    *,
+    device: str | None = None,
+    retry: tuple[str, ...] = (),
+    max_minutes: float | None = None,
+    progress: Callable | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    run_id: str | None = None,
+) -> SweepResult:
+    """Run every pending point of ``exp``, appending rows to ``store`` (see module doc).
+
+    ``retry``: status kinds (e.g. ``("error", "oom")``) whose earlier rows do not count as done.
+    ``progress(advance, description, total)`` is called before/after each point (the CLI draws a
+    bar with it). ``KeyboardInterrupt`` stops the sweep between writes: the result says
+    ``interrupted`` and the store holds every finished point.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    known = {b.name for b in list_backends()}
+    backends = []
+    for b in exp.backends:
+        if b in known:
+            backends.append(b)
+        elif exp.preset and b in OPTIONAL_PRESET_BACKENDS:
+            continue
+        else:
+            raise ValueError(f"unknown backend {b!r}; valid backends: {', '.join(sorted(known))}")
+    exp = exp.with_overrides()  # copy
+    exp.backends = backends
+    allow_retained_backward()
+    env = collect_env()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    interpreted = device == "cpu" and env.get("interpreted", False)
+
+    groups = plan_points(exp)
+    kinds = {"ok", "unsupported", "oom", "error"} - set(retry)
+    done = store.done_keys(statuses=kinds)
+    result = SweepResult(total=sum(len(p) for _, p in groups))
+    t0 = time.monotonic()
+    deadline = t0 + max_minutes * 60 if max_minutes else None
+    if progress:
+        progress(0, "planning", result.total)
+    try:
+        for key, pts in groups:
+            mname, S, hq, hkv, D, dt = key
+            try:
+                mask = make_mask(mname, S, seed=exp.seed, **exp.params_for(mname, S))
+            except (ValueError, TypeError) as e:  # validate() catches these first; never crash mid-sweep
+                for p in pts:
+                    row = {"schema": SCHEMA, "kind": "dense", "experiment": exp.name, "backend": p.backend, "mask": mname,
+                           "mask_params": _jsonable(exp.params_for(mname, S)), "seqlen": S, "batch": exp.batch, "heads_q": hq,
+                           "heads_kv": hkv, "head_dim": D, "dtype": dt, "mode": p.mode, "status": f"error: bad mask: {e}",
+                           "env": env, "run_id": run_id, "time": collect_env()["time"]}
+                    store.append(row)
+                    result.rows.append(row)
+                    if progress:
+                        progress(1, f"{mname} S={S}: bad mask", None)
+                continue
+            digest = params_digest(mask.params)
+            base_common = {
+                "schema": SCHEMA, "kind": "dense", "experiment": exp.name, "preset": exp.preset,
+                "mask": mname, "mask_params": _jsonable(mask.params), "params_digest": digest, "seed": exp.seed,
+                "seqlen": S, "seqlen_q": mask.seqlen_q, "seqlen_k": mask.seqlen_k, "batch": exp.batch,
+                "heads_q": hq, "heads_kv": hkv, "head_dim": D, "dtype": dt,
+                "density": mask.density, "device": device, "interpreted": interpreted, "gpu": env.get("gpu"),
+                "warmup_ms": exp.warmup_ms, "rep": exp.rep, "run_id": run_id,
+            }
+            pending = []
+            for p in pts:
+                probe = dict(base_common, backend=p.backend, mode=p.mode)
+                if row_key(probe) in done:
+                    result.skipped += 1
+                    if progress:
+                        progress(1, f"skip {p.backend} {mname} S={S} {p.mode}", None)
+                else:
+                    pending.append(p)
+            if not pending:
+                continue
+            need_grads = exp.check and any(p.mode != "fwd" for p in pending)
+            grp = _Group(mask, exp, key, device, need_grads)
+            base_common["inputs_bytes"] = grp.inputs_bytes()
+            try:
+                for p in pending:
+                    if deadline is not None and time.monotonic() > deadline:
+                        result.budget_hit = True
+                        return result
+                    backend = get_backend(p.backend)
+                    problem = Problem(mask=mask, batch=exp.batch, heads_q=hq, heads_kv=hkv, head_dim=D,
+                                      dtype=DTYPES[dt], mode=p.mode, device=torch.device(device).type)
+                    flops = problem.flops()
+                    base = dict(base_common, backend=p.backend, backend_description=backend.description, mode=p.mode,
+                                flops=flops, status=None, time_ms=None, tflops=None)
+                    if progress:
+                        progress(0, f"{p.backend} {mname} S={S} {hq}:{hkv} {p.mode}", None)
+                    row = _run_point(backend, problem, grp, exp, base)
+                    row["time"] = collect_env()["time"]
+                    row["env"] = env
+                    store.append(row)
+                    result.rows.append(row)
+                    if on_row:
+                        on_row(row)
+                    if progress:
+                        progress(1, f"{p.backend} {mname} S={S} {p.mode}: {row['status'][:40]}", None)
+                    if status_kind(row) in ("oom", "error"):
+                        _free(device)
+                    if _is_fatal(row["status"]):
+                        result.aborted = row["status"]
+                        raise SweepAborted(row["status"])
+            finally:
+                del grp
+                mask.__dict__.pop("_adapter_cache", None)
+                mask.__dict__.pop("_lowering_cache", None)
+                _free(device)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    except SweepAborted:
+        pass
+    finally:
+        result.elapsed_s = time.monotonic() - t0
+    return result
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return str(obj)
+    return obj
+

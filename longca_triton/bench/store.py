@@ -1,0 +1,310 @@
+"""The results store: one JSON object per line, appended atomically, resumable.
+
+``ResultStore(path)``:
+
+* ``append(row)``: serialises the row to one line and writes it with a single ``os.write`` on an
+  ``O_APPEND`` descriptor (under an exclusive ``flock`` where the platform has one), then
+  ``fsync``. A process killed mid-sweep leaves at worst one truncated last line; a later
+  ``append`` first terminates such a line so the new row starts on a line of its own.
+* ``rows()``: every parseable row; a truncated or garbled line (only ever the result of a kill
+  during a write) is skipped, and counted in ``skipped_lines``.
+* ``done_keys(statuses=None)``: ``row_key`` of every row (optionally only rows whose status kind,
+  ``ok | unsupported | oom | error``, is in ``statuses``): what a resumed sweep skips.
+
+``row_key(row)`` identifies a measurement point: backend, mask, digest of the mask parameters,
+seqlen, batch, heads_q, heads_kv, head_dim, dtype, mode, plus ``world_size`` / ``scheme`` /
+``plan`` for context-parallel rows. ``collect_env()`` is the environment stamped on every row.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "KEY_FIELDS",
+    "VENDOR_DISTS",
+    "ResultStore",
+    "collect_env",
+    "params_digest",
+    "row_key",
+    "status_kind",
+]
+
+#: fields of ``row_key``, in order; the optional ones are appended only when present in the row
+KEY_FIELDS = ("backend", "mask", "params_digest", "seqlen", "batch", "heads_q", "heads_kv", "head_dim", "dtype", "mode")
+OPTIONAL_KEY_FIELDS = ("world_size", "scheme", "plan")
+
+#: vendor distributions whose versions are stamped on every row (importlib.metadata names)
+VENDOR_DISTS = (
+    "nvidia-cudnn-frontend",
+    "flash-attn",
+    "flash-attn-3",
+    "fa3-fwd",
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "quack-kernels",
+    "transformer-engine",
+    "transformer-engine-torch",
+    "flashinfer-python",
+    "apache-tvm-ffi",
+    "fastvideo-kernel",
+    "paddlepaddle-gpu",
+    "yunchang",
+    "nvidia-cudnn-cu12",
+    "nvidia-cudnn-cu13",
+)
+
+
+def _canonical(obj: Any) -> Any:
+    """JSON-able canonical form (numpy scalars/arrays and tuples to plain lists and numbers)."""
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _canonical(obj.tolist())
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    return obj
+
+
+def params_digest(params: dict | None) -> str:
+    """12 hex digits of SHA-1 over the canonical JSON of the mask parameters (drawn values included)."""
+    text = json.dumps(_canonical(params or {}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def row_key(row: dict) -> tuple:
+    """Identity of a measurement point (see module doc). Rows without ``params_digest`` get it from
+    ``mask_params``; ``seqlen`` falls back to ``seqlen_q``."""
+    vals = []
+    for f in KEY_FIELDS:
+        if f == "params_digest":
+            v = row.get("params_digest") or params_digest(row.get("mask_params"))
+        elif f == "seqlen":
+            v = row.get("seqlen", row.get("seqlen_q"))
+        else:
+            v = row.get(f)
+        vals.append(v)
+    for f in OPTIONAL_KEY_FIELDS:
+        if row.get(f) is not None:
+            vals.append((f, json.dumps(_canonical(row[f]), sort_keys=True)))
+    return tuple(vals)
+
+
+def status_kind(row_or_status: dict | str) -> str:
+    """``ok | unsupported | oom | error`` from a row or its ``status`` string (``"error: ..."``)."""
+    s = row_or_status.get("status", "") if isinstance(row_or_status, dict) else row_or_status
+    return str(s).split(":", 1)[0].strip()
+
+
+class ResultStore:
+    """Append-only JSONL results file (see module doc)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.skipped_lines = 0
+
+    def append(self, row: dict) -> None:
+        line = json.dumps(row, default=_json_default, separators=(",", ":"), allow_nan=True)
+        if "\n" in line:  # json.dumps never emits raw newlines, but be explicit
+            raise ValueError("row serialises to more than one line")
+        data = (line + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _lock(fd)
+            try:
+                if _ends_without_newline(self.path):
+                    data = b"\n" + data  # terminate a truncated last line left by a killed writer
+                n = os.write(fd, data)
+                if n != len(data):  # a short write on a regular file means the disk is full
+                    raise OSError(f"short write to {self.path}: {n} of {len(data)} bytes")
+                os.fsync(fd)
+            finally:
+                _unlock(fd)
+        finally:
+            os.close(fd)
+
+    def extend(self, rows: Iterable[dict]) -> None:
+        for r in rows:
+            self.append(r)
+
+    def rows(self) -> list[dict]:
+        self.skipped_lines = 0
+        if not self.path.exists():
+            return []
+        out = []
+        with open(self.path, "rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):  # truncated last line
+                    if raw.strip():
+                        self.skipped_lines += 1
+                    continue
+                text = raw.strip()
+                if not text:
+                    continue
+                try:
+                    obj = json.loads(text)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    self.skipped_lines += 1
+                    continue
+                if isinstance(obj, dict):
+                    out.append(obj)
+                else:
+                    self.skipped_lines += 1
+        return out
+
+    def done_keys(self, statuses: Iterable[str] | None = None) -> set:
+        wanted = set(statuses) if statuses is not None else None
+        return {row_key(r) for r in self.rows() if wanted is None or status_kind(r) in wanted}
+
+    def __len__(self) -> int:
+        return len(self.rows())
+
+    def __repr__(self) -> str:
+        return f"ResultStore({str(self.path)!r})"
+
+
+def _json_default(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def _ends_without_newline(path: Path) -> bool:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) != b"\n"
+
+
+try:  # POSIX advisory lock: concurrent writers (e.g. CP ranks) never interleave
+    import fcntl
+
+    def _lock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def _unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+except ImportError:  # pragma: no cover - Windows
+
+    def _lock(fd: int) -> None:
+        pass
+
+    def _unlock(fd: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- environment
+def _run(cmd: list[str], cwd: str | None = None, timeout: float = 5.0) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _git_info() -> dict:
+    commit = os.environ.get("LONGCA_GIT_COMMIT")
+    repo = str(Path(__file__).resolve().parents[2])
+    dirty = None
+    if not commit:
+        commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+        if commit:
+            status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+            dirty = bool(status) if status is not None else None
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        pass
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else None
+
+
+def _versions(dists: Iterable[str]) -> dict:
+    out = {}
+    for d in dists:
+        try:
+            out[d] = md.version(d)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+_ENV_CACHE: dict | None = None
+
+
+def collect_env(refresh: bool = False) -> dict:
+    """GPU, driver, CUDA, torch, triton, cuDNN, vendor package versions, git commit, host, time.
+
+    Everything but ``time`` is computed once per process (``refresh=True`` recomputes)."""
+    global _ENV_CACHE
+    if _ENV_CACHE is None or refresh:
+        import torch
+
+        env: dict[str, Any] = {
+            "hostname": socket.gethostname(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": None,
+            "gpu": None,
+            "gpu_capability": None,
+            "gpu_memory_gib": None,
+            "gpu_count": 0,
+            "driver": None,
+            "interpreted": os.environ.get("TRITON_INTERPRET", "0") == "1",
+        }
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except Exception:
+            env["triton"] = None
+        try:
+            env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        except Exception:
+            pass
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env.update(
+                gpu=p.name,
+                gpu_capability=f"{p.major}.{p.minor}",
+                gpu_memory_gib=round(p.total_memory / 2**30, 1),
+                gpu_count=torch.cuda.device_count(),
+                driver=_driver_version(),
+            )
+        env["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        env["vendors"] = _versions(VENDOR_DISTS)
+        env.update(_git_info())
+        _ENV_CACHE = env
+    out = dict(_ENV_CACHE)
+    out["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return out

@@ -1,0 +1,654 @@
+"""``bench cp``: the CP sweep (scheme x plan x mask x world size), one ``torchrun`` job per world size.
+
+Launcher (:func:`launch`): resolves the TOML config (plus command-line overrides) into
+``OUT/cp_config.json``, then for every world size that fits the visible GPUs runs
+``python -m torch.distributed.run --standalone --nproc_per_node N -m longca_triton.cp.bench OUT/cp_config.json``
+(or, when already launched by torchrun, runs the worker in place).
+
+Worker (:func:`worker`), per mask and mode: the single-GPU time ``T1`` of the same step kernel on
+the whole sequence (rank 0; row ``scheme="single", world_size=1``), then every scheme x plan:
+local inputs, warm-up, ``rep`` timed repetitions each started together (barrier + synchronize) and
+timed with CUDA events on every rank; the point's time is the median over repetitions of the
+slowest rank. Per-GPU TFLOP/s = MASKS.md §5 work of the whole mask / N / time; efficiency =
+``T1 / (N * time)`` (= per-GPU TFLOP/s over single-GPU TFLOP/s); peak memory is the largest over
+ranks. A failing point becomes a status row (``unsupported: ...``, ``oom``, ``error: ...``).
+
+Peer: yunchang's USP (``LongContextAttention``, ring ``basic_pytorch``, PyTorch SDPA flash
+kernel) on the masks it can express (full, causal), forward only: yunchang 0.6.4 has no backward
+for its PyTorch-attention path, and its SDPA call has no GQA, so K/V heads are replicated to Hq
+before it (noted in the row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+__all__ = ["load_config", "launch", "worker", "write_report", "SMOKE"]
+
+DEFAULTS = dict(
+    name="cp", tokens_per_gpu=8192, world_sizes=[2, 4, 8], heads="64:8", head_dim=128, dtype="bfloat16", batch=1,
+    seed=0, backend="triton", modes=["fwd_bwd"], masks=["full", "causal"], schemes=["ring_p2p"], plans=["zigzag"],
+    warmup=3, rep=10, scheme={}, params={}, peer={"yunchang": False, "masks": ["full", "causal"]}, timeout_s=600,
+)
+
+#: a CPU-sized grid (gloo, reference kernel) to exercise the whole path without a GPU
+SMOKE = dict(
+    name="cp-smoke", tokens_per_gpu=64, world_sizes=[2], heads="4:2", head_dim=16, dtype="float32", batch=1,
+    backend="reference", modes=["fwd", "fwd_bwd"], masks=["causal", "causal_document"],
+    schemes=["ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain"], plans=["zigzag", "balanced"],
+    warmup=1, rep=2, peer={"yunchang": True, "masks": ["full", "causal"]},
+)
+
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+          "float32": "float32", "fp32": "float32", "float64": "float64"}
+
+
+def _csv(v):
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return list(v)
+
+
+def load_config(path: str | None, overrides: dict | None = None) -> dict:
+    """The TOML file (or ``"smoke"``) merged over the defaults, with overrides (strings: comma lists)."""
+    cfg = json.loads(json.dumps(DEFAULTS))
+    if path == "smoke":
+        cfg.update(json.loads(json.dumps(SMOKE)))
+    elif path:
+        import tomllib
+
+        with open(path, "rb") as f:
+            cfg.update(tomllib.load(f))
+    for key, val in (overrides or {}).items():
+        if key == "world_sizes":
+            cfg[key] = [int(x) for x in _csv(val)]
+        elif key in ("masks", "schemes", "plans", "modes"):
+            cfg[key] = _csv(val)
+        else:
+            cfg[key] = val
+    cfg["dtype"] = DTYPES.get(cfg["dtype"], cfg["dtype"])
+    from .comm import SCHEMES
+    from .plan import PLAN_KINDS
+
+    for s in cfg["schemes"]:
+        if s not in SCHEMES:
+            raise ValueError(f"unknown scheme {s!r} in the config; valid: {', '.join(SCHEMES)}")
+    for p in cfg["plans"]:
+        if p not in PLAN_KINDS:
+            raise ValueError(f"unknown plan {p!r} in the config; valid: {', '.join(PLAN_KINDS)}")
+    for m in cfg["modes"]:
+        if m not in ("fwd", "fwd_bwd"):
+            raise ValueError(f"unknown mode {m!r}; bench cp measures fwd and fwd_bwd")
+    return cfg
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _default_out(cfg) -> Path:
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except Exception:
+        gpu = "cpu"
+    slug = "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
+    return Path("results") / f"{cfg['name']}-{slug}"
+
+
+def launch(config: str | None, overrides: dict | None = None, out: str | None = None, peer: bool = True,
+           dry_run: bool = False) -> int:
+    """Run the sweep: in place under torchrun, else one torchrun job per world size. Returns an exit code."""
+    import torch
+
+    cfg = load_config(config, overrides)
+    if not peer:
+        cfg["peer"] = dict(cfg.get("peer", {}), yunchang=False)
+    out_dir = Path(out) if out else _default_out(cfg)
+    cfg["out"] = str(out_dir)
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
+        return worker(cfg)
+    ngpu = torch.cuda.device_count()
+    cpu = ngpu == 0
+    if cpu and cfg["backend"] not in ("reference", "reference-chunked"):
+        print(f"bench cp: no CUDA GPU here; backend {cfg['backend']!r} needs one "
+              "(use --config smoke for a CPU run of the reference kernel)")
+        return 1
+    worlds = cfg["world_sizes"] if cpu else [w for w in cfg["world_sizes"] if w <= ngpu]
+    skipped = [w for w in cfg["world_sizes"] if w not in worlds]
+    print(f"bench cp: {cfg['name']}: worlds {worlds} (skipped, too few GPUs: {skipped}), masks {cfg['masks']}, "
+          f"schemes {cfg['schemes']}, plans {cfg['plans']}, modes {cfg['modes']}, backend {cfg['backend']}, out {out_dir}")
+    if dry_run or not worlds:
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = out_dir / "cp_config.json"
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(_repo_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    rc = 0
+    for w in worlds:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={w}",
+               "-m", "longca_triton.cp.bench", str(cfg_path)]
+        print("+", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, env=env)
+        rc = rc or r.returncode
+    if (out_dir / "results.jsonl").exists():
+        text = write_report(out_dir)
+        print(text.split("\n## ")[1] if "\n## " in text else text, flush=True)
+    return rc
+
+
+def write_report(out_dir) -> str:
+    """OUT/cp_report.md: the acceptance checks of issue 6, then every row (latest per point)."""
+    out_dir = Path(out_dir)
+    rows = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines() if x.strip().startswith("{")]
+    latest: dict = {}
+    for r in rows:
+        if r.get("kind") != "cp":
+            continue
+        latest[(r.get("backend"), r.get("mask"), r.get("seqlen"), r.get("mode"), r.get("world_size"), r.get("scheme"),
+                r.get("plan"), r.get("ulysses_degree"))] = r
+    rows = list(latest.values())
+
+    def eff(backend_pred, mask, mode, N, scheme, plan):
+        for r in rows:
+            if (backend_pred(r.get("backend", "")) and r["mask"] == mask and r["mode"] == mode and r["world_size"] == N
+                    and r["scheme"] == scheme and r["plan"] == plan and r.get("efficiency")):
+                return r["efficiency"], r.get("median_ms")
+        return None, None
+
+    ours = lambda b: not b.startswith("yunchang")  # noqa: E731
+    lines = ["# CP benchmark", ""]
+    worlds = sorted({r["world_size"] for r in rows if r["world_size"] > 1})
+    lines += ["## Acceptance (issue 6)", "", "| check | N | mode | value | pass |", "| --- | --- | --- | --- | --- |"]
+    for N in worlds:
+        for mode in sorted({r["mode"] for r in rows}):
+            e, _ = eff(ours, "causal", mode, N, "ring_p2p", "zigzag")
+            lines.append(f"| ring_p2p zigzag causal efficiency >= 0.85 | {N} | {mode} | {_f(e)} | {_ok(e is not None and e >= 0.85)} |")
+            e, _ = eff(ours, "full", mode, N, "ulysses", "contiguous")
+            lines.append(f"| ulysses full efficiency >= 0.85 | {N} | {mode} | {_f(e)} | {_ok(e is not None and e >= 0.85)} |")
+            for m in ("causal_document", "share_question"):
+                for scheme in ("ring_p2p", "ring_allgather", "usp", "loongtrain"):
+                    _, tb = eff(ours, m, mode, N, scheme, "balanced")
+                    _, tz = eff(ours, m, mode, N, scheme, "zigzag")
+                    if tb and tz:
+                        lines.append(f"| {scheme}: balanced faster than zigzag on {m} | {N} | {mode} | "
+                                     f"{tb:.2f} vs {tz:.2f} ms | {_ok(tb < tz)} |")
+    lines += ["", "## All points", "",
+              "| N | mode | mask | backend | scheme | plan | U | ms (max rank) | TFLOP/s per GPU | efficiency | peak GB | imbalance | status |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = {"single": 0, "ulysses": 1, "ring_p2p": 2, "ring_allgather": 3, "usp": 4, "loongtrain": 5}
+    for r in sorted(rows, key=lambda r: (r["world_size"] > 1, r["world_size"], r["mode"], r["mask"],
+                                         order.get(r["scheme"], 9), r["plan"], str(r.get("backend")))):
+        lines.append(
+            f"| {r['world_size']} | {r['mode']} | {r['mask']} | {r.get('backend')} | {r['scheme']} | {r['plan']} | "
+            f"{r.get('ulysses_degree') or ''} | {_f(r.get('median_ms'), 3)} | {_f(r.get('tflops_per_gpu'), 1)} | "
+            f"{_f(r.get('efficiency'))} | {_f(r.get('peak_mem_gb'), 2)} | {_f(r.get('imbalance'))} | {str(r.get('status'))[:60]} |")
+    text = "\n".join(lines) + "\n"
+    (out_dir / "cp_report.md").write_text(text)
+    return text
+
+
+def _f(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _ok(b: bool) -> str:
+    return "yes" if b else "NO"
+
+
+# ------------------------------------------------------------------------------------- worker
+def ensure_subpackages() -> None:
+    """Make ``longca_triton.kernels`` / ``.reference`` importable from a plain checkout (no install)."""
+    import importlib.util
+
+    import longca_triton
+
+    root = Path(longca_triton.__file__).resolve().parents[1]
+    for sub in ("kernels", "reference"):
+        name = f"longca_triton.{sub}"
+        if name in sys.modules:
+            continue
+        try:
+            __import__(name)
+            continue
+        except ImportError:
+            pass
+        spec = importlib.util.spec_from_file_location(name, root / sub / "__init__.py", submodule_search_locations=[str(root / sub)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        setattr(longca_triton, sub, mod)
+        spec.loader.exec_module(mod)
+
+
+def _status(e: BaseException) -> str:
+    import torch
+
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower():
+        return "oom"
+    if isinstance(e, (ValueError, NotImplementedError)):
+        return f"unsupported: {str(e).splitlines()[0][:300]}"
+    return f"error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+class _Timer:
+    def __init__(self, device, group=None):
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.torch = torch
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def time_once(self, fn) -> float:
+        torch = self.torch
+        if self.cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize(self.device)
+            return s.elapsed_time(e)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+
+def _measure(fn, warmup: int, rep: int, device) -> dict:
+    """Max-rank median time and the largest peak memory over ranks (every rank calls this)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    timer = _Timer(device)
+    for _ in range(max(1, warmup)):
+        fn()
+    timer.sync()
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    times = []
+    for _ in range(rep):
+        _barrier(device)
+        timer.sync()
+        times.append(timer.time_once(fn))
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    mx = t.cpu().numpy()
+    mine = np.asarray(times)
+    mem = torch.tensor([float(peak or 0), float((peak or 0) - (base if device.type == "cuda" else 0))], dtype=torch.float64, device=device)
+    dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+    return {
+        "median_ms": float(np.median(mx)), "p20_ms": float(np.percentile(mx, 20)), "p80_ms": float(np.percentile(mx, 80)),
+        "min_ms": float(mx.min()), "reps": int(mx.size), "rank_median_ms": float(np.median(mine)),
+        "peak_mem_bytes": int(mem[0].item()) if peak is not None else None,
+        "peak_mem_above_bytes": int(mem[1].item()) if peak is not None else None,
+    }
+
+
+def _agree(ok: bool, device) -> bool:
+    """True on every rank iff ``ok`` on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() == 0.0
+
+
+def worker(cfg: dict) -> int:
+    ensure_subpackages()
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    from longca_triton import cp
+    from longca_triton.masks import make_mask
+
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=int(cfg.get("timeout_s", 600))))
+    rank, N = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    try:
+        from longca_triton.bench.store import ResultStore, collect_env, row_key
+    except ImportError:  # the harness's store is not there: a plain JSONL writer
+        ResultStore = _PlainStore  # noqa: N806
+        collect_env, row_key = (lambda: {}), (lambda r: tuple(sorted((k, str(v)) for k, v in r.items() if k in _KEY)))
+    out = Path(cfg["out"])
+    store = ResultStore(out / "results.jsonl")
+    done = set()
+    if rank == 0:
+        done = {row_key(r) for r in store.rows() if str(r.get("status", "")).split(":")[0] in ("ok", "unsupported")}
+    obj = [done]
+    dist.broadcast_object_list(obj, src=0)
+    done = obj[0]
+    env = collect_env() if rank == 0 else {}
+    hq, _, hkv = str(cfg["heads"]).partition(":")
+    Hq, Hkv = int(hq), int(hkv or hq)
+    D, B = int(cfg["head_dim"]), int(cfg["batch"])
+    dtype = getattr(torch, cfg["dtype"])
+    S = int(cfg["tokens_per_gpu"]) * N
+    kernel = cp.get_step_kernel(cfg["backend"])
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    say(f"[cp bench] world {N}, S={S}, heads {Hq}:{Hkv}, D={D}, {cfg['dtype']}, kernel {getattr(kernel, 'name', kernel)}")
+    n_rows = 0
+    masks = {m: make_mask(m, S, seed=int(cfg["seed"]), **cfg.get("params", {}).get(m, {})) for m in cfg["masks"]}
+    for mode in cfg["modes"]:  # modes outermost: a budget cut keeps whole modes for every mask
+        for mname, mask in masks.items():
+            common = {
+                "schema": 1, "kind": "cp", "experiment": cfg["name"], "mask": mname, "mask_params": _jsonable(mask.params),
+                "seqlen": S, "tokens_per_gpu": int(cfg["tokens_per_gpu"]), "batch": B, "heads_q": Hq, "heads_kv": Hkv,
+                "head_dim": D, "dtype": cfg["dtype"], "density": mask.density, "backend": cfg["backend"],
+                "device": device.type, "gpu": env.get("gpu"),
+            }
+            flops = B * mask.flops(Hq, D, mode)
+            # ---- single-GPU baseline (rank 0), broadcast
+            base_row = dict(common, scheme="single", plan="none", world_size=1, mode=mode, flops=flops)
+            t1 = torch.tensor([float("nan")], dtype=torch.float64, device=device)
+            if rank == 0:
+                base_row.update(_single_gpu(kernel, mask, B, Hq, Hkv, D, dtype, device, mode, cfg))
+                if base_row.get("median_ms"):
+                    t1[0] = base_row["median_ms"]
+                    base_row["tflops"] = base_row["tflops_per_gpu"] = flops / (base_row["median_ms"] * 1e-3) / 1e12
+                base_row["efficiency"] = 1.0 if base_row.get("median_ms") else None
+                if row_key(base_row) not in done:
+                    _stamp(base_row, env)
+                    store.append(base_row)
+                say(f"  {mname:22s} {mode:7s} single GPU: {base_row.get('median_ms') or base_row['status']}")
+            _barrier(device)
+            dist.broadcast(t1, src=0)
+            T1 = t1.item()
+            # ---- CP points
+            for scheme in cfg["schemes"]:
+                sopt = dict(cfg.get("scheme", {}).get(scheme, {}))
+                plans = sopt.pop("plans", cfg["plans"])
+                for kind in plans:
+                    row = dict(common, scheme=scheme, plan=kind, world_size=N, mode=mode, flops=flops,
+                               ulysses_degree=sopt.get("ulysses_degree"), window=sopt.get("window"))
+                    if row_key(row) in done:
+                        continue
+                    if _expired(cfg, device):
+                        say("[cp bench] time budget spent: stopping (rerun the same command to resume)")
+                        return _finish(out, n_rows, say, device)
+                    row.update(_cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device, mode, cfg))
+                    if row.get("median_ms"):
+                        row["tflops_per_gpu"] = flops / N / (row["median_ms"] * 1e-3) / 1e12
+                        row["tflops"] = row["tflops_per_gpu"]
+                        row["time_ms"] = row["median_ms"]
+                        row["efficiency"] = T1 / (N * row["median_ms"]) if T1 == T1 else None
+                    if rank == 0:
+                        _stamp(row, env)
+                        store.append(row)
+                        n_rows += 1
+                        eff = f"{row['efficiency']:.3f}" if row.get("efficiency") else "-"
+                        say(f"  {mname:22s} {mode:7s} {scheme:14s} {kind:10s} "
+                            f"{row.get('median_ms') or 0:9.3f} ms  {row.get('tflops_per_gpu') or 0:7.1f} TF/GPU  eff {eff}  {row['status']}")
+            # ---- peer
+            if cfg.get("peer", {}).get("yunchang"):
+                for U in _peer_degrees(N, Hq, cfg):
+                    row = dict(common, scheme="usp", plan="contiguous", world_size=N, mode=mode, flops=flops,
+                               backend=f"yunchang-usp[sdpa-flash,U={U}]", ulysses_degree=U,
+                               backend_description="yunchang 0.6.4 LongContextAttention, ring basic_pytorch, PyTorch SDPA flash")
+                    if row_key(row) in done:
+                        continue
+                    row.update(_peer_point(mname, mask, mode, U, B, Hq, Hkv, D, dtype, device, cfg))
+                    if row.get("median_ms"):
+                        row["tflops_per_gpu"] = row["tflops"] = flops / N / (row["median_ms"] * 1e-3) / 1e12
+                        row["time_ms"] = row["median_ms"]
+                        row["efficiency"] = T1 / (N * row["median_ms"]) if T1 == T1 else None
+                    if rank == 0:
+                        _stamp(row, env)
+                        store.append(row)
+                        say(f"  {mname:22s} {mode:7s} yunchang U={U:<2d}      contiguous "
+                            f"{row.get('median_ms') or 0:9.3f} ms  {row.get('tflops_per_gpu') or 0:7.1f} TF/GPU  {row['status'][:80]}")
+    return _finish(out, n_rows, say, device)
+
+
+def _barrier(device) -> None:
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def _finish(out, n_rows, say, device) -> int:
+    import torch.distributed as dist
+
+    _barrier(device)
+    say(f"[cp bench] world {dist.get_world_size()}: {n_rows} rows -> {out / 'results.jsonl'}")
+    dist.destroy_process_group()
+    return 0
+
+
+def _expired(cfg, device) -> bool:
+    """Rank 0's clock decides, so that every rank stops at the same point."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.get("deadline") is None:
+        return False
+    flag = torch.tensor([1.0 if (dist.get_rank() == 0 and time.time() > float(cfg["deadline"])) else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0
+
+
+_KEY = ("backend", "mask", "seqlen", "mode", "world_size", "scheme", "plan", "ulysses_degree", "dtype")
+
+
+class _PlainStore:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def append(self, row):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    def rows(self):
+        if not self.path.exists():
+            return []
+        return [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+
+
+def _stamp(row: dict, env: dict) -> None:
+    row["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    row["env"] = env
+    if row.get("peak_mem_bytes") is not None:
+        row["peak_mem_gb"] = row["peak_mem_bytes"] / 1e9
+    row.setdefault("status", "ok")
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return obj
+
+
+def _inputs(shape_q, shape_kv, dtype, device, seed, grad):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda s: torch.randn(*s, generator=gen, device=device, dtype=torch.float32).to(dtype)  # noqa: E731
+    q, k, v, do = mk(shape_q), mk(shape_kv), mk(shape_kv), mk(shape_q)
+    if grad:
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    return q, k, v, do
+
+
+def _single_gpu(kernel, mask, B, Hq, Hkv, D, dtype, device, mode, cfg) -> dict:
+    """Time of the step kernel on the whole sequence, one device (forward, or forward + backward)."""
+    import torch
+
+    from .kernels import default_scale
+
+    S = mask.seqlen_q
+    try:
+        q, k, v, do = _inputs((B, S, Hq, D), (B, S, Hkv, D), dtype, device, 1, False)
+        scale = default_scale(D, None)
+
+        def fn():
+            out, lse = kernel.forward(q, k, v, mask, scale)
+            if mode == "fwd_bwd":
+                kernel.backward(do, q, k, v, out, lse, mask, scale)
+
+        timer = _Timer(device)
+        for _ in range(max(1, int(cfg["warmup"]))):
+            fn()
+        timer.sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = [timer.time_once(fn) for _ in range(int(cfg["rep"]))]
+        import numpy as np
+
+        res = {"status": "ok", "median_ms": float(np.median(times)), "p20_ms": float(np.percentile(times, 20)),
+               "p80_ms": float(np.percentile(times, 80)), "reps": len(times)}
+        if device.type == "cuda":
+            res["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        return res
+    except Exception as e:  # noqa: BLE001
+        return {"status": _status(e)}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device, mode, cfg) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    res: dict = {}
+    ok = True
+    fn = None
+    try:
+        plan = cp.make_plan(mask, dist.get_world_size(), kind, chunks_per_rank=sopt.get("chunks_per_rank"))
+        res.update(chunk_size=plan.chunk_size, chunks_per_rank=len(plan.chunks[0]), imbalance=plan.imbalance, padding=plan.padding)
+        L = plan.local_len
+        q, k, v, do = _inputs((B, L, Hq, D), (B, L, Hkv, D), dtype, device, 100 + rank, mode == "fwd_bwd")
+        kw = dict(ulysses_degree=sopt.get("ulysses_degree"), window=sopt.get("window"))
+        U, W, O = cp.resolve_dims(scheme, dist.get_world_size(), Hq, kw["ulysses_degree"], kw["window"])
+        res.update(ulysses_degree=U, ring_inner=W, ring_outer=O)
+
+        if mode == "fwd":
+            def fn():
+                with torch.no_grad():
+                    return cp.attention(q, k, v, plan, scheme, None, kernel, **kw)
+        else:
+            def fn():
+                out = cp.attention(q, k, v, plan, scheme, None, kernel, **kw)
+                return torch.autograd.grad(out, (q, k, v), do)
+        fn()  # first call: plans, groups, compilation
+    except Exception as e:  # noqa: BLE001
+        ok = False
+        res["status"] = _status(e)
+        if res["status"].startswith("error"):
+            res["traceback"] = traceback.format_exc()[-1500:]
+    if not _agree(ok, device):
+        res.setdefault("status", "error: failed on another rank")
+        return res
+    try:
+        res.update(_measure(fn, int(cfg["warmup"]), int(cfg["rep"]), device))
+        res["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - may leave other ranks waiting; the timeout ends them
+        res["status"] = _status(e)
+    finally:
+        fn = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+# ------------------------------------------------------------------------------------- peer
+def _peer_degrees(N: int, Hq: int, cfg) -> list[int]:
+    from .mesh import resolve_dims
+
+    degrees = []
+    for U in (resolve_dims("usp", N, Hq, cfg.get("scheme", {}).get("usp", {}).get("ulysses_degree"))[0], N):
+        if Hq % U == 0 and U not in degrees:
+            degrees.append(U)
+    return degrees
+
+
+_YUNCHANG_PG: dict = {}
+
+
+def _peer_point(mname, mask, mode, U, B, Hq, Hkv, D, dtype, device, cfg) -> dict:
+    """yunchang USP over PyTorch SDPA (flash): full / causal, forward only."""
+    import torch
+    import torch.distributed as dist
+
+    if mname not in ("full", "causal") or mname not in cfg.get("peer", {}).get("masks", ["full", "causal"]):
+        return {"status": f"unsupported: yunchang's attention takes a causal flag only, not the {mname} mask"}
+    if mode != "fwd":
+        return {"status": "unsupported: yunchang 0.6.4 has no backward for PyTorch-SDPA attention (pytorch_attn_backward raises)"}
+    try:
+        from yunchang import LongContextAttention, set_seq_parallel_pg
+        from yunchang.kernels import AttnType
+    except Exception as e:  # noqa: BLE001
+        return {"status": f"unsupported: yunchang not importable ({type(e).__name__}: {e})"}
+    from .plan import make_plan
+
+    N, rank = dist.get_world_size(), dist.get_rank()
+    res = {"notes": {"kv_heads_replicated": f"{Hkv}->{Hq}", "ring": "basic (contiguous shards)"}}
+    ok, fn = True, None
+    try:
+        from yunchang.globals import PROCESS_GROUP
+
+        if (U, N) not in _YUNCHANG_PG:  # new groups: a collective, once per degree
+            set_seq_parallel_pg(U, N // U, rank, N)
+            _YUNCHANG_PG[(U, N)] = (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG)
+        PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = _YUNCHANG_PG[(U, N)]
+        attn = LongContextAttention(ring_impl_type="basic_pytorch",
+                                    attn_type=AttnType.TORCH_FLASH if device.type == "cuda" else AttnType.TORCH_EFFICIENT)
+        plan = make_plan(mask, N, "contiguous")
+        L = plan.local_len
+        q, k, v, _ = _inputs((B, L, Hq, D), (B, L, Hkv, D), dtype, device, 100 + rank, False)
+        k, v = k.repeat_interleave(Hq // Hkv, dim=2), v.repeat_interleave(Hq // Hkv, dim=2)
+        causal = mname == "causal"
+
+        def fn():
+            with torch.no_grad():
+                return attn(q, k, v, causal=causal)
+
+        fn()
+    except Exception as e:  # noqa: BLE001
+        ok = False
+        res["status"] = _status(e) if not isinstance(e, ValueError) else f"error: {e}"
+        res["traceback"] = traceback.format_exc()[-1500:]
+    if not _agree(ok, device):
+        res.setdefault("status", "error: failed on another rank")
+        return res
+    try:
+        res.update(_measure(fn, int(cfg["warmup"]), int(cfg["rep"]), device))
+        res["status"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["status"] = _status(e)
+    return res
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        sys.exit(worker(json.load(f)))

@@ -1,0 +1,317 @@
+"""Sharding plans for context parallelism and the local masks they induce.
+
+A plan cuts the (padded) sequence into ``C = chunks_per_rank * N`` chunks of ``chunk_size`` tokens
+and gives every rank the same number of chunks:
+
+* ``contiguous``  one chunk per rank, rank ``r`` holds chunk ``r``;
+* ``zigzag``      ``2N`` chunks, rank ``r`` holds chunks ``r`` and ``2N - 1 - r``;
+* ``balanced``    ``chunks_per_rank * N`` chunks (default 8 per rank) assigned by their mask area
+  (the allowed (query, key) pairs of the chunk's query rows): longest-processing-time first with
+  a capacity of ``chunks_per_rank`` per rank, then pairwise swaps while they lower the largest load.
+
+A rank's local sequence is its chunks concatenated in ascending order. When ``S`` does not
+divide, the sequence is padded at the end; padded positions belong to no slice of the mask, so
+they never attend and are never attended (their output rows are zero and their lse ``-inf``).
+
+Local masks. The attention between the tokens of a *query layout* (the chunks of some ranks, in
+order) and a *key layout* is itself a :class:`RangeMask` in local coordinates. It is built by
+clipping every global slice to every (query chunk, key chunk) rectangle and shifting it. A clipped
+CAUSAL / INVCAUSAL / BICAUSAL slice is in general not a slice of the same kind (the diagonal no
+longer meets the rectangle's corner), so each slice is first written as a rectangle intersected
+with a diagonal band ``lo_d <= j - i <= hi_d`` (CAUSAL: ``hi_d = k_end - q_end``; INVCAUSAL:
+``lo_d = k_start - q_start``; BICAUSAL: both), and the clipped piece is split by rows into at most
+three segments in which each row bound is either constant or on the diagonal; each segment is
+exactly one FULL, CAUSAL, INVCAUSAL or BICAUSAL slice (see :func:`clip_slice`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from longca_triton.masks import Mask, RangeMask, SliceKind
+
+__all__ = ["PLAN_KINDS", "CPPlan", "make_plan", "clip_slice", "layout_mask", "dispatch", "undispatch"]
+
+PLAN_KINDS = ("contiguous", "zigzag", "balanced")
+
+FULL, CAUSAL, INVCAUSAL, BICAUSAL = SliceKind.FULL, SliceKind.CAUSAL, SliceKind.INVCAUSAL, SliceKind.BICAUSAL
+
+
+# ---------------------------------------------------------------------------------- clipping
+def clip_slice(qs: int, qe: int, ks: int, ke: int, kind, a: int, b: int, c: int, e: int) -> list[tuple]:
+    """The part of slice ``(qs, qe, ks, ke, kind)`` inside rows ``[a, b)`` x keys ``[c, e)``, exactly,
+    as a list of slices in the same (global) coordinates.
+
+    Row ``i`` of the clipped piece allows ``[max(k0, i + lo_d), min(k1, i + hi_d + 1))`` with
+    ``[k0, k1)`` the clipped key range. Cutting the rows where a bound switches between constant
+    and diagonal leaves segments of four shapes: both constant (FULL), upper bound diagonal
+    (CAUSAL, rows with nothing dropped), lower bound diagonal (INVCAUSAL), both diagonal (BICAUSAL).
+    """
+    kind = SliceKind(kind)
+    q0, q1 = max(qs, a), min(qe, b)
+    k0, k1 = max(ks, c), min(ke, e)
+    if q0 >= q1 or k0 >= k1:
+        return []
+    lo_d = ks - qs if kind in (INVCAUSAL, BICAUSAL) else None  # j - i >= lo_d
+    hi_d = ke - qe if kind in (CAUSAL, BICAUSAL) else None  # j - i <= hi_d
+    cuts = {q0, q1}
+    if lo_d is not None and q0 < k0 - lo_d < q1:
+        cuts.add(k0 - lo_d)  # from this row on, i + lo_d >= k0: the lower bound is diagonal
+    if hi_d is not None and q0 < k1 - hi_d < q1:
+        cuts.add(k1 - hi_d)  # before this row, i + hi_d + 1 <= k1: the upper bound is diagonal
+    rows = sorted(cuts)
+    out = []
+    for r0, r1 in zip(rows, rows[1:]):
+        lo_diag = lo_d is not None and r0 + lo_d >= k0
+        hi_diag = hi_d is not None and r1 + hi_d <= k1
+        if not lo_diag and not hi_diag:
+            if k0 < k1:
+                out.append((r0, r1, k0, k1, FULL))
+        elif hi_diag and not lo_diag:
+            r0c = max(r0, k0 - hi_d)  # rows before attend nothing
+            if r0c < r1:
+                out.append((r0c, r1, k0, r1 + hi_d, CAUSAL))
+        elif lo_diag and not hi_diag:
+            r1c = min(r1, k1 - lo_d)  # rows from here on attend nothing
+            if r0 < r1c:
+                out.append((r0, r1c, r0 + lo_d, k1, INVCAUSAL))
+        elif hi_d >= lo_d:
+            out.append((r0, r1, r0 + lo_d, r1 + hi_d, BICAUSAL))
+    return out
+
+
+def layout_mask(mask: RangeMask, q_segments, k_segments, len_q: int, len_k: int, name: str | None = None) -> RangeMask | None:
+    """The mask between two layouts in local coordinates, or ``None`` when nothing is allowed.
+
+    A layout is a list of ``(global_start, global_end, local_start)`` segments (global ranges may
+    run past ``S``: those positions are padding and belong to no slice).
+    """
+    sl = np.asarray([s[:4] for s in mask.slices], dtype=np.int64).reshape(-1, 4)
+    kinds = [s[4] for s in mask.slices]
+    out = []
+    for ga, gb, la in q_segments:
+        rows_hit = np.nonzero((sl[:, 0] < gb) & (sl[:, 1] > ga))[0]
+        if rows_hit.size == 0:
+            continue
+        for gc, ge, lc in k_segments:
+            for n in rows_hit[(sl[rows_hit, 2] < ge) & (sl[rows_hit, 3] > gc)]:
+                qs, qe, ks, ke = (int(x) for x in sl[n])
+                for r0, r1, c0, c1, kind in clip_slice(qs, qe, ks, ke, kinds[n], ga, gb, gc, ge):
+                    out.append((r0 - ga + la, r1 - ga + la, c0 - gc + lc, c1 - gc + lc, kind))
+    if not out:
+        return None
+    return RangeMask(len_q, len_k, out, name=name or f"{mask.name}@local", params={"parent": mask.name})
+
+
+# ---------------------------------------------------------------------------------- plans
+@dataclass(eq=False)
+class CPPlan:
+    """Which global chunks each rank holds (see the module docstring)."""
+
+    mask: RangeMask
+    world_size: int
+    kind: str
+    chunk_size: int
+    chunks: tuple[tuple[int, ...], ...]  # per rank, ascending chunk indices
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def seqlen(self) -> int:
+        return self.mask.seqlen_q
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    @property
+    def padded_len(self) -> int:
+        return self.num_chunks * self.chunk_size
+
+    @property
+    def local_len(self) -> int:
+        return len(self.chunks[0]) * self.chunk_size
+
+    @property
+    def padding(self) -> int:
+        return self.padded_len - self.seqlen
+
+    def segments(self, ranks) -> list[tuple[int, int, int]]:
+        """Layout of the ranks' chunks concatenated in the order given: ``(g0, g1, local0)`` each."""
+        out, off = [], 0
+        for r in ranks:
+            for ch in self.chunks[r]:
+                out.append((ch * self.chunk_size, (ch + 1) * self.chunk_size, off))
+                off += self.chunk_size
+        return out
+
+    def positions(self, rank: int) -> np.ndarray:
+        """Global position of every local token of ``rank`` (``>= seqlen`` for padding)."""
+        c = self.chunk_size
+        return np.concatenate([np.arange(ch * c, (ch + 1) * c) for ch in self.chunks[rank]])
+
+    def pair_mask(self, q_ranks, k_ranks) -> RangeMask | None:
+        """Mask between the layouts of ``q_ranks`` and ``k_ranks`` (tuples of ranks), cached; ``None``
+        when empty (that pair is skipped)."""
+        key = (tuple(q_ranks), tuple(k_ranks))
+        if key not in self._cache:
+            qs, ks = self.segments(key[0]), self.segments(key[1])
+            self._cache[key] = layout_mask(
+                self.mask, qs, ks, len(qs) * self.chunk_size, len(ks) * self.chunk_size,
+                name=f"{self.mask.name}@{self.kind}{list(key[0])}x{list(key[1])}",
+            )
+        return self._cache[key]
+
+    def chunk_areas(self) -> np.ndarray:
+        """Allowed pairs in the query rows of every chunk (the work a ring rank does for it)."""
+        return _chunk_areas(self.mask, self.chunk_size, self.num_chunks)
+
+    def rank_areas(self) -> np.ndarray:
+        a = self.chunk_areas()
+        return np.asarray([int(a[list(c)].sum()) for c in self.chunks], dtype=np.int64)
+
+    @property
+    def imbalance(self) -> float:
+        """Largest rank area over the mean (1.0 = perfect)."""
+        a = self.rank_areas()
+        return float(a.max() / a.mean()) if a.mean() > 0 else 1.0
+
+    def describe(self) -> str:
+        return (f"CPPlan({self.kind}, N={self.world_size}, S={self.seqlen}, chunk={self.chunk_size}, "
+                f"chunks/rank={len(self.chunks[0])}, padding={self.padding}, imbalance={self.imbalance:.3f})")
+
+
+def _chunk_areas(mask: RangeMask, chunk: int, num_chunks: int) -> np.ndarray:
+    rows, lo, hi = mask.merged_row_intervals()
+    per_row = np.bincount(rows, weights=(hi - lo), minlength=mask.seqlen_q).astype(np.int64)
+    padded = np.zeros(chunk * num_chunks, dtype=np.int64)
+    padded[: mask.seqlen_q] = per_row
+    return padded.reshape(num_chunks, chunk).sum(axis=1)
+
+
+def _balance(areas: np.ndarray, world: int, per_rank: int) -> list[list[int]]:
+    """Equal-cardinality min-max assignment: LPT with capacities, then improving swaps."""
+    order = sorted(range(len(areas)), key=lambda i: (-int(areas[i]), i))
+    bins: list[list[int]] = [[] for _ in range(world)]
+    load = np.zeros(world, dtype=np.int64)
+    for ch in order:
+        open_ = [r for r in range(world) if len(bins[r]) < per_rank]
+        r = min(open_, key=lambda r: (load[r], r))
+        bins[r].append(ch)
+        load[r] += int(areas[ch])
+    for _ in range(50 * world * per_rank):
+        hi = int(np.argmax(load))
+        best = None
+        for lo in range(world):
+            if lo == hi:
+                continue
+            for x in bins[hi]:
+                for y in bins[lo]:
+                    d = int(areas[x]) - int(areas[y])
+                    if d <= 0:
+                        continue
+                    new_max = max(load[hi] - d, load[lo] + d)
+                    if new_max < load[hi] and (best is None or new_max < best[0]):
+                        best = (new_max, lo, x, y, d)
+        if best is None:
+            break
+        _, lo, x, y, d = best
+        bins[hi][bins[hi].index(x)] = y
+        bins[lo][bins[lo].index(y)] = x
+        load[hi] -= d
+        load[lo] += d
+    return [sorted(b) for b in bins]
+
+
+def make_plan(mask: Mask, world_size: int, kind: str = "zigzag", *, chunks_per_rank: int | None = None, align: int = 1) -> CPPlan:
+    """Shard ``mask``'s sequence over ``world_size`` ranks (``kind``: contiguous | zigzag | balanced).
+
+    ``chunks_per_rank`` applies to ``balanced`` (default 8); ``align`` rounds the chunk size up to a
+    multiple (e.g. the kernel's tile) at the cost of more padding.
+    """
+    if not isinstance(mask, RangeMask):
+        raise ValueError(f"context parallelism needs a RangeMask (static mask); got {type(mask).__name__}")
+    if mask.seqlen_q != mask.seqlen_k:
+        raise ValueError(f"context parallelism shards self-attention: Sq ({mask.seqlen_q}) must equal Sk ({mask.seqlen_k})")
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"unknown plan kind {kind!r}; valid kinds: {', '.join(PLAN_KINDS)}")
+    N = int(world_size)
+    per_rank = {"contiguous": 1, "zigzag": 2}.get(kind) or int(chunks_per_rank or 8)
+    if kind != "balanced" and chunks_per_rank not in (None, per_rank):
+        raise ValueError(f"plan {kind!r} has {per_rank} chunk(s) per rank; chunks_per_rank applies to 'balanced'")
+    if per_rank < 1 or align < 1:
+        raise ValueError("chunks_per_rank and align must be >= 1")
+    C = per_rank * N
+    chunk = math.ceil(mask.seqlen_q / C)
+    chunk = math.ceil(chunk / align) * align
+    if kind == "contiguous":
+        chunks = [[r] for r in range(N)]
+    elif kind == "zigzag":
+        chunks = [[r, 2 * N - 1 - r] for r in range(N)]
+    else:
+        chunks = _balance(_chunk_areas(mask, chunk, C), N, per_rank)
+    return CPPlan(mask, N, kind, chunk, tuple(tuple(sorted(c)) for c in chunks))
+
+
+# ---------------------------------------------------------------------------------- dispatch
+def _index(plan: CPPlan, rank: int, device) -> torch.Tensor:
+    key = ("index", rank, str(device))
+    if key not in plan._cache:
+        plan._cache[key] = torch.as_tensor(plan.positions(rank), device=device)
+    return plan._cache[key]
+
+
+def dispatch(x: torch.Tensor, plan: CPPlan, rank: int | None = None, dim: int = 1) -> torch.Tensor:
+    """This rank's local part of a global tensor: ``x [B, S, ...]`` -> ``[B, local_len, ...]``
+    (``dim`` is the sequence dimension; padding positions are zeros). Differentiable."""
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+    if x.shape[dim] != plan.seqlen:
+        raise ValueError(f"dispatch: dimension {dim} has {x.shape[dim]} positions, the plan is for {plan.seqlen}")
+    if plan.padding:
+        shape = list(x.shape)
+        shape[dim] = plan.padding
+        x = torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return x.index_select(dim, _index(plan, rank, x.device))
+
+
+def assemble(parts: list[torch.Tensor], plan: CPPlan, dim: int = 1) -> torch.Tensor:
+    """Inverse of dispatch given every rank's local tensor (in rank order); drops the padding."""
+    cat = torch.cat(parts, dim=dim)
+    order = np.argsort(np.concatenate([plan.positions(r) for r in range(plan.world_size)]), kind="stable")
+    idx = torch.as_tensor(order[: plan.seqlen], device=cat.device)
+    return cat.index_select(dim, idx)
+
+
+class _Undispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, plan, group, dim):
+        import torch.distributed as dist
+
+        ctx.plan, ctx.dim, ctx.rank = plan, dim, dist.get_rank(group)
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return assemble(parts, plan, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return dispatch(grad, ctx.plan, ctx.rank, ctx.dim), None, None, None
+
+
+def undispatch(x_local: torch.Tensor, plan: CPPlan, group=None, dim: int = 1) -> torch.Tensor:
+    """Gather every rank's local tensor and restore the global order: ``[B, local_len, ...]`` ->
+    ``[B, S, ...]`` on every rank. Differentiable; the backward hands each rank the gradient of its
+    own positions (the loss computed from the gathered tensor is taken to be the same on every rank)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) != plan.world_size:
+        raise ValueError(f"the plan is for {plan.world_size} ranks, the group has {dist.get_world_size(group)}")
+    return _Undispatch.apply(x_local, plan, group, dim)

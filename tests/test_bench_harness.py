@@ -1,0 +1,261 @@
+"""The sweep: statuses never stop it, wrong backends are caught, interruption resumes cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import longca_triton as lt
+from longca_triton.backends import Backend, Unsupported, register
+from longca_triton.backends.base import BACKENDS
+from longca_triton.bench.check import compare, reference_group
+from longca_triton.bench.config import (ConfigError, Experiment, load_experiment, parse_dtype, parse_heads, parse_seqlen,
+                                        resolve_param)
+from longca_triton.bench.plot import make_plots
+from longca_triton.bench.report import markdown_report
+from longca_triton.bench.runner import classify_exception, run_experiment
+from longca_triton.bench.store import ResultStore, row_key, status_kind
+from longca_triton.masks import RangeMask
+from longca_triton.reference import naive_attention
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------- config
+def test_parsers():
+    assert parse_seqlen("4K") == 4096 and parse_seqlen(16384) == 16384 and parse_seqlen("1M") == 2**20
+    for bad in ("abc", 0, "-3", True):
+        with pytest.raises(ConfigError):
+            parse_seqlen(bad)
+    assert parse_heads("64:8") == (64, 8) and parse_heads("32") == (32, 32)
+    for bad in ("64:7", "a:b", "0:0", "1:2:3"):
+        with pytest.raises(ConfigError):
+            parse_heads(bad)
+    assert parse_dtype("bf16") == torch.bfloat16
+    with pytest.raises(ConfigError, match="valid"):
+        parse_dtype("int8")
+    assert resolve_param("S/3", 16384) == 5461 and resolve_param("S//16+1", 64) == 5 and resolve_param(512, 9) == 512
+    with pytest.raises(ConfigError):
+        resolve_param("S.__class__", 10)
+    assert resolve_param("hist", 10) == "hist" and resolve_param(["S//2", "S - S//2"], 11) == [5, 6]
+
+
+def test_experiment_files_load_and_match_the_study():
+    e = load_experiment(REPO / "experiments" / "dense.toml").validate()
+    assert set(e.masks) == set(lt.masks.STATIC_MASK_NAMES) and len(e.masks) == 12
+    assert e.seqlens[0] == 1024 and e.seqlens[-1] == 48 * 1024
+    assert (64, 8) in e.heads and (64, 64) in e.heads and e.head_dims == [128] and e.dtypes == ["bfloat16"]
+    assert {"fwd", "bwd"} <= set(e.modes)
+    assert e.params_for("prefix_lm_causal", 16384) == {"prefix": 5461}
+    q = load_experiment(REPO / "experiments" / "dense_quick.toml").validate()
+    assert set(q.masks) == {"full", "causal", "causal_document", "sliding_window_causal", "share_question", "prefix_lm_document"}
+    assert sorted(q.seqlens) == [4096, 16384]
+    assert {"sdpa-flash", "sdpa-cudnn", "flex", "cudnn", "varlen-fa2", "reference"} <= set(q.backends)
+
+
+def test_bad_experiment_files(tmp_path):
+    p = tmp_path / "e.toml"
+    p.write_text('[grid]\nmasks = ["causal"]\nseqlen = [4]\n')
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_experiment(p)
+    p.write_text('[grid]\nmasks = ["causl"]\n')
+    with pytest.raises(ConfigError, match="valid masks"):
+        load_experiment(p).validate()
+    p.write_text('[grid]\nmasks = ["causal"]\n[mask_params.causal]\nwindow = 3\n')
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        load_experiment(p).validate()
+    with pytest.raises(ConfigError, match="valid backends"):
+        Experiment(backends=["nope"]).validate(known_backends=["reference"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_experiment(tmp_path / "missing.toml")
+
+
+# ---------------------------------------------------------------------------- the check
+def test_reference_group_matches_naive_with_empty_rows():
+    S, hq, hkv, D = 96, 4, 2, 16
+    # rows >= 48 attend nothing: lse -inf, out 0, no NaN in any gradient
+    m = RangeMask(S, S, [(0, 48, 0, S, "causal"), (10, 30, 60, 90, "full")], name="holes")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, S, h, D, generator=g, dtype=torch.float64) for h in (hq, hkv, hkv, hq))
+    ref = reference_group(m, q, k, v, do, 0.25, need_grads=True, budget_elems=1000)  # many chunks
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = naive_attention(qq, kk, vv, m, 0.25, return_lse=True)
+    dq, dk, dv = torch.autograd.grad(out, (qq, kk, vv), do)
+    hs = ref.heads_q
+    assert hs == [2, 3] and ref.head_kv == 1
+    torch.testing.assert_close(ref.out.double(), out[:, :, hs].double(), atol=1e-5, rtol=1e-5)
+    assert torch.isinf(ref.lse[:, :, 48:]).all() and torch.isfinite(ref.lse[:, :, :48]).all()
+    torch.testing.assert_close(ref.lse[:, :, :48].double(), lse[:, hs, :48].double(), atol=1e-5, rtol=1e-5)
+    for a, b in ((ref.dq, dq[:, :, hs]), (ref.dk, dk[:, :, 1:2]), (ref.dv, dv[:, :, 1:2])):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b.double(), atol=1e-5, rtol=1e-5)
+    # compare(): the naive result passes; a perturbed one fails with the right field
+    ok = compare(ref, out, lse, (dq, dk, dv), torch.float32)
+    assert ok.ok, ok.message
+    bad = compare(ref, out * 1.05, lse, (dq, dk, dv), torch.float32)
+    assert not bad.ok and "out rel err" in bad.message
+    nan = dv.clone()
+    nan[0, 0, 1, 0] = float("nan")
+    assert "dv" in compare(ref, out, lse, (dq, dk, nan), torch.float32).message
+
+
+# ---------------------------------------------------------------------------- statuses
+class _Fake(Backend):
+    """Test backends: behave in one scripted way."""
+
+    def __init__(self, name, behaviour, after=None):
+        self.name = name
+        self.description = f"test backend ({behaviour})"
+        self.behaviour = behaviour
+        self.after = after
+        self.calls = 0
+
+    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
+        out, lse = naive_attention(q, k, v, mask, softmax_scale, return_lse=True)
+        if self.behaviour == "wrong":
+            out = out * 1.1
+        return (out, lse) if return_lse else out
+
+    def prepare(self, problem, q, k, v):
+        self.calls += 1
+        if self.behaviour == "unsupported":
+            raise Unsupported("scripted: cannot do this")
+        if self.behaviour == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        if self.behaviour == "crash":
+            raise RuntimeError("scripted crash\nsecond line")
+        if self.behaviour == "interrupt" and self.calls >= self.after:
+            raise KeyboardInterrupt
+        return super().prepare(problem, q, k, v)
+
+
+@pytest.fixture
+def fakes():
+    names = []
+
+    def add(name, behaviour, after=None):
+        b = register(_Fake(name, behaviour, after))
+        names.append(name)
+        return b
+
+    yield add
+    for n in names:
+        BACKENDS.pop(n, None)
+
+
+def _tiny(backends, **kw):
+    base = dict(name="t", masks=["causal", "causal_document"], seqlens=[96], heads=[(4, 2)], head_dims=[16],
+                dtypes=["float32"], modes=["fwd", "bwd"], backends=backends, warmup_ms=0.0, rep=2, max_ms=50.0,
+                mask_params={"causal_document": {"doc_lens": [40, 56]}})
+    base.update(kw)
+    return Experiment(**base).validate()
+
+
+def test_statuses_never_stop_the_sweep(tmp_path, fakes):
+    for n, beh in (("t-wrong", "wrong"), ("t-unsup", "unsupported"), ("t-oom", "oom"), ("t-crash", "crash")):
+        fakes(n, beh)
+    exp = _tiny(["reference", "t-wrong", "t-unsup", "t-oom", "t-crash", "sdpa-math", "varlen-fa2"])
+    store = ResultStore(tmp_path / "r.jsonl")
+    res = run_experiment(exp, store, device="cpu")
+    rows = store.rows()
+    assert len(rows) == exp.num_points() == 28 and not res.interrupted and res.skipped == 0
+    assert torch._functorch.config.donated_buffer is False  # bwd timing retains graphs (compiled flex)
+    by = {}
+    for r in rows:
+        by.setdefault(r["backend"], set()).add(r["status"].split(" (")[0] if r["backend"] == "t-wrong" else r["status"])
+    assert by["reference"] == {"ok"} and by["sdpa-math"] == {"ok"}
+    assert by["t-wrong"] == {"error: wrong result"}
+    assert by["t-unsup"] == {"unsupported: scripted: cannot do this"}
+    assert by["t-oom"] == {"oom"}
+    assert by["t-crash"] == {"error: RuntimeError: scripted crash"}
+    assert all(s.startswith("unsupported: ") and "CUDA" in s for s in by["varlen-fa2"])
+    ok = [r for r in rows if r["status"] == "ok"]
+    for r in ok:
+        assert r["time_ms"] > 0 and r["p20_ms"] <= r["time_ms"] <= r["p80_ms"] and r["tflops"] > 0
+        assert r["device"] == "cpu" and r["env"]["torch"] == torch.__version__ and r["params_digest"]
+        assert r["flops"] == pytest.approx(lt.make_mask(r["mask"], 96, **exp.params_for(r["mask"], 96)).flops(4, 16, r["mode"]))
+    sd = [r for r in ok if r["backend"] == "sdpa-math"]
+    assert all(r["check"]["ok"] and "out_rel" in r["check"] for r in sd)
+    assert all("dq_rel" in r["check"] for r in sd if r["mode"] == "bwd")
+    wrong = [r for r in rows if r["backend"] == "t-wrong"]
+    assert all(r["time_ms"] is None and r["check"]["ok"] is False for r in wrong)
+    # resumable: a rerun adds nothing
+    res2 = run_experiment(exp, store, device="cpu")
+    assert res2.rows == [] and res2.skipped == 28 and len(store.rows()) == 28
+    # --retry-errors re-runs only error/oom points
+    res3 = run_experiment(exp, store, device="cpu", retry=("error", "oom"))
+    assert len(res3.rows) == 4 * 3 and {r["backend"] for r in res3.rows} == {"t-wrong", "t-oom", "t-crash"}
+    md = markdown_report(store.rows())
+    assert "scripted crash" in md and "WRONG" in md and "OOM" in md and "| causal |" in md
+    files = make_plots(store.rows(), tmp_path / "plots")
+    assert {f.name.split("_")[0] for f in files} == {"tflops", "heatmap"}  # no CUDA memory numbers on the CPU
+
+
+def test_classify_exception():
+    assert classify_exception(Unsupported("x")) == "unsupported: x"
+    assert classify_exception(RuntimeError("CUDA out of memory.")) == "oom"
+    w = [type("W", (), {"message": "Flash attention does not support attn_mask"})()]
+    s = classify_exception(RuntimeError("No available kernel. Aborting execution."), w)
+    assert s.startswith("unsupported: torch SDPA has no kernel") and "attn_mask" in s
+    assert classify_exception(ValueError("")) == "error: ValueError"
+
+
+# ---------------------------------------------------------------------------- interruption
+def test_keyboard_interrupt_then_resume(tmp_path, fakes):
+    fakes("t-ok", "ok")
+    stopper = fakes("t-stop", "interrupt", after=3)
+    exp = _tiny(["t-ok", "t-stop"])
+    store = ResultStore(tmp_path / "r.jsonl")
+    res = run_experiment(exp, store, device="cpu")
+    assert res.interrupted
+    first = store.rows()
+    # group 1: t-ok fwd, t-ok bwd, t-stop fwd (call 1), t-stop bwd (call 2); group 2: t-ok fwd, bwd, t-stop fwd -> interrupt
+    assert len(first) == 6 and store.skipped_lines == 0
+    stopper.behaviour = "ok"
+    res = run_experiment(exp, store, device="cpu")
+    assert not res.interrupted and res.skipped == 6 and len(res.rows) == 2
+    rows = store.rows()
+    keys = [row_key(r) for r in rows]
+    assert len(rows) == exp.num_points() == 8 and len(set(keys)) == 8
+    assert all(status_kind(r) == "ok" for r in rows)
+
+
+def test_sigint_subprocess_then_resume(tmp_path):
+    """Ctrl-C (SIGINT) to the real CLI mid-sweep: exit 130, a valid file, and a rerun that
+    completes without redoing finished points."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "longca_triton.bench.cli", "bench", "dense", "--preset", "smoke", "--masks",
+           "causal,full,causal_document,sliding_window_causal", "--seqlens", "256,384", "--backends",
+           "reference-chunked,reference", "--rep", "6", "--out", str(out), "--no-plots"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    results = out / "results.jsonl"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if results.exists() and results.read_text().count("\n") >= 3:
+            break
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the sweep finished before it could be interrupted"
+    os.kill(p.pid, signal.SIGINT)
+    text = p.communicate(timeout=60)[0].decode()
+    assert p.returncode == 130, text
+    assert "Interrupted" in text and "resume" in text
+    store = ResultStore(results)
+    before = store.rows()
+    assert 3 <= len(before) < 32 and store.skipped_lines == 0
+    p2 = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=150)
+    assert p2.returncode == 0, p2.stdout.decode()[-2000:]
+    after = store.rows()
+    keys = [row_key(r) for r in after]
+    assert len(after) == 32 and len(set(keys)) == 32 and store.skipped_lines == 0
+    assert [row_key(r) for r in after[: len(before)]] == [row_key(r) for r in before]  # nothing redone
+    assert (out / "report.md").exists()

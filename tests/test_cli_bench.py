@@ -1,0 +1,105 @@
+"""The bench / plot / report / doctor commands (click), on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from longca_triton.bench.cli import bench, cli, doctor, plot, report
+from longca_triton.bench.store import ResultStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    # the bench command sets TRITON_INTERPRET on a CPU machine; keep it from leaking into other tests
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    return CliRunner()
+
+
+@pytest.mark.parametrize("args", [["bench", "--help"], ["bench", "dense", "--help"], ["plot", "--help"], ["report", "--help"], ["doctor", "--help"]])
+def test_help_has_examples(runner, args):
+    r = runner.invoke(cli, args)
+    assert r.exit_code == 0 and "Example" in r.output and "longca-triton" in r.output
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--masks", "causal,nope", "unknown mask 'nope'"),
+    ("--heads", "64:7", "multiple of key/value heads"),
+    ("--seqlens", "4K,abc", "sequence length 'abc'"),
+    ("--mode", "up", "unknown mode 'up'"),
+    ("--backends", "reference,flx", "unknown backend 'flx'"),
+    ("--dtype", "int8", "dtype 'int8' unknown"),
+    ("--head-dim", "x", "head dim"),
+])
+def test_bad_values_fail_before_running(runner, tmp_path, flag, value, needle):
+    out = tmp_path / "o"
+    r = runner.invoke(bench, ["dense", "--preset", "smoke", flag, value, "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert not out.exists()
+
+
+def test_needs_config_or_preset(runner):
+    r = runner.invoke(bench, ["dense"])
+    assert r.exit_code == 2 and "--config" in r.output
+
+
+def test_smoke_run_writes_results_plots_report(runner, tmp_path):
+    out = tmp_path / "o"
+    r = runner.invoke(bench, ["dense", "--preset", "smoke", "--masks", "causal,causal_document", "--backends",
+                              "reference,sdpa-math", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = ResultStore(out / "results.jsonl").rows()
+    assert len(rows) == 2 * 2 * 2 and all(x["status"] == "ok" for x in rows)
+    assert all(x["device"] == "cpu" and x["preset"] == "smoke" and x["seqlen"] == 160 for x in rows)
+    assert all(x["interpreted"] is True for x in rows)
+    assert (out / "report.md").read_text().startswith("# Benchmark report: smoke")
+    assert "CPU run" in (out / "report.md").read_text()
+    assert sorted(p.name.split("_")[0] for p in (out / "plots").iterdir()) == ["heatmap", "heatmap", "tflops", "tflops"]
+    assert "this run" in r.output and (out / "commands.txt").exists() and json.loads((out / "experiment.json").read_text())["preset"] == "smoke"
+    # rerun: nothing new
+    r2 = runner.invoke(bench, ["dense", "--preset", "smoke", "--masks", "causal,causal_document", "--backends",
+                               "reference,sdpa-math", "--out", str(out)])
+    assert r2.exit_code == 0 and "nothing new" in r2.output and len(ResultStore(out / "results.jsonl").rows()) == 8
+    # report and plot commands on the same file
+    r3 = runner.invoke(report, [str(out / "results.jsonl")])
+    assert r3.exit_code == 0 and "| causal_document | 160 |" in r3.output
+    r4 = runner.invoke(plot, [str(out), "--out", str(tmp_path / "p")])
+    assert r4.exit_code == 0 and len(list((tmp_path / "p").glob("*.png"))) == 4
+
+
+def test_config_on_cpu_runs_smoke_instead(runner, tmp_path):
+    out = tmp_path / "o"
+    r = runner.invoke(bench, ["dense", "--config", str(REPO / "experiments" / "dense_quick.toml"), "--masks", "causal",
+                              "--backends", "reference", "--mode", "fwd", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "No CUDA GPU" in r.output and "smoke" in r.output
+    rows = ResultStore(out / "results.jsonl").rows()
+    assert len(rows) == 1 and rows[0]["preset"] == "smoke" and rows[0]["seqlen"] == 160
+
+
+def test_report_and_plot_errors(runner, tmp_path):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    assert runner.invoke(plot, [str(empty), "--out", str(tmp_path / "p")]).exit_code == 2
+    assert runner.invoke(report, [str(tmp_path)]).exit_code == 2  # no results.jsonl in the directory
+
+
+def test_doctor_lists_every_backend_with_reasons(runner):
+    r = runner.invoke(doctor, ["--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    names = {b["name"]: b for b in info["backends"]}
+    for n in ("reference", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "varlen-fa2", "flex", "flex-fa4",
+              "cudnn", "fa2", "fa3", "fa3-fwd", "fa4", "te", "flashmask"):
+        assert n in names, n
+        assert names[n]["available"] or names[n]["reason"], n
+    assert names["reference"]["available"] and info["env"]["torch"]
+    r = runner.invoke(doctor, [])
+    assert r.exit_code == 0 and "backends" in r.output and "sdpa-cudnn" in r.output

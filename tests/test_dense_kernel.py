@@ -1,0 +1,237 @@
+"""Correctness of the dense structured-mask Triton kernels (``kernels/dense.py``) on the CPU.
+
+Runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set below before triton is
+imported) in float32 and float16, and compares out, lse, dq, dk, dv with the float64 naive
+reference for all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head dims 32/64, fully
+masked rows, random ``RangeMask``s, non-contiguous inputs, an lse gradient and the custom op.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from longca_triton.kernels.dense import (  # noqa: E402
+    CONFIG_KEYS,
+    dense_attention,
+    dense_attention_op,
+    default_config,
+    resolve_config,
+)
+from longca_triton.masks import STATIC_MASK_NAMES, RangeMask, make_mask  # noqa: E402
+from longca_triton.reference.naive import naive_attention  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                reason="needs TRITON_INTERPRET=1 or a CUDA GPU")
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+# normalised max error |x - ref|_max / max(1, |ref|_max), per dtype
+TOL = {torch.float32: 2e-4, torch.float16: 6e-3}
+
+DOC_MASKS = {"full_document", "causal_document", "share_question", "causal_blockwise",
+             "prefix_lm_document"}
+
+
+def doc_lens(S: int, seed: int) -> list:
+    """A few documents of uneven length summing to S (the histograms' documents exceed tiny S)."""
+    rng = np.random.default_rng(seed)
+    n = int(min(S, rng.integers(2, 6)))
+    cuts = np.sort(rng.choice(np.arange(1, S), size=n - 1, replace=False)) if n > 1 else []
+    return [int(x) for x in np.diff(np.concatenate([[0], cuts, [S]]))]
+
+
+def small_mask(name: str, S: int, seed: int = 0):
+    params = {}
+    if name in DOC_MASKS:
+        params["doc_lens"] = doc_lens(S, seed)
+    if name in ("sliding_window", "sliding_window_causal", "global_sliding_window"):
+        params["window"] = 16
+    if name == "global_sliding_window":
+        params["global_tokens"] = min(S, 8)
+    if name == "block_causal_document":
+        params["block"] = 16
+    return make_mask(name, S, seed=seed, **params)
+
+
+def random_range_mask(sq: int, sk: int, seed: int, n_slices: int = 4) -> RangeMask:
+    """Union of random slices of random kinds; rows outside every slice stay fully masked."""
+    rng = np.random.default_rng(seed)
+    slices = []
+    for _ in range(n_slices):
+        q0, q1 = sorted(rng.choice(sq + 1, size=2, replace=False))
+        k0, k1 = sorted(rng.choice(sk + 1, size=2, replace=False))
+        slices.append((int(q0), int(q1), int(k0), int(k1), ["FULL", "CAUSAL", "INVCAUSAL", "BICAUSAL"][rng.integers(4)]))
+    # leave the first rows empty on purpose (fully masked rows)
+    slices = [s for s in slices if s[0] >= 3] or [(3, sq, 0, sk, "FULL")]
+    return RangeMask(sq, sk, slices, name="random")
+
+
+def run_and_compare(mask, B, Hq, Hkv, D, dtype, *, config=None, seed=0, layout="bshd", dlse=False,
+                    use_op=False):
+    torch.manual_seed(seed)
+    sq, sk = mask.seqlen_q, mask.seqlen_k
+
+    def make(S, H):
+        if layout == "bhsd":  # non-contiguous [B, S, H, D] view of a [B, H, S, D] tensor
+            return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE)
+
+    q, k, v = make(sq, Hq), make(sk, Hkv), make(sk, Hkv)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fn = dense_attention_op if use_op else dense_attention
+    out, lse = fn(q, k, v, mask, return_lse=True, config=config)
+    dout = torch.randn_like(out)
+    g_lse = torch.randn_like(lse) if dlse else None
+    loss = (out.float() * dout.float()).sum()
+    if dlse:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * g_lse).sum()
+    loss.backward()
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, ref_lse = naive_attention(q64, k64, v64, mask, return_lse=True)
+    ref_loss = (ref_out * dout.double()).sum()
+    if dlse:
+        ref_loss = ref_loss + (torch.where(torch.isinf(ref_lse), 0.0, ref_lse) * g_lse.double()).sum()
+    ref_loss.backward()
+
+    tol = TOL[dtype]
+
+    def check(name, x, ref):
+        assert x.shape == ref.shape, f"{name}: shape {tuple(x.shape)} vs {tuple(ref.shape)}"
+        assert not torch.isnan(x).any(), f"{name}: NaN"
+        err = ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item() if x.numel() else 0.0
+        assert err <= tol, f"{name}: normalised max error {err:.3e} > {tol:.1e}"
+
+    check("out", out, ref_out)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: -inf pattern differs"
+    fin = ~torch.isinf(ref_lse)
+    check("lse", lse[fin], ref_lse[fin])
+    check("dq", q.grad, q64.grad)
+    check("dk", k.grad, k64.grad)
+    check("dv", v.grad, v64.grad)
+    return out, lse
+
+
+# ------------------------------------------------------------------ all 12 static masks
+CASES = []
+for S in (1, 17, 239):
+    for name in STATIC_MASK_NAMES:
+        CASES.append(pytest.param(S, 4, 1, 32, torch.float32, name, id=f"S={S}-Hq=4-Hkv=1-D=32-fp32-{name}"))
+for name in STATIC_MASK_NAMES:
+    CASES.append(pytest.param(300, 2, 2, 64, torch.float16, name, id=f"S=300-Hq=2-Hkv=2-D=64-fp16-{name}"))
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name", CASES)
+def test_static_masks(S, Hq, Hkv, D, dtype, name):
+    run_and_compare(small_mask(name, S, seed=S), 1, Hq, Hkv, D, dtype)
+
+
+# ------------------------------------------------------------------ random masks, empty rows
+@pytest.mark.parametrize("sq,sk,seed", [(64, 64, 0), (100, 37, 1), (45, 130, 2), (239, 239, 3)],
+                         ids=lambda x: str(x))
+def test_random_range_masks(sq, sk, seed):
+    mask = random_range_mask(sq, sk, seed)
+    assert (~mask.to_dense().any(1)).any(), "the test wants fully masked rows"
+    out, lse = run_and_compare(mask, 2, 4, 2, 32, torch.float32, seed=seed)
+    empty = ~mask.to_dense().any(1)
+    assert torch.all(out[:, empty] == 0)
+    assert torch.all(lse[:, :, empty] == float("-inf"))
+
+
+def test_completely_empty_mask():
+    mask = RangeMask(40, 40, [], name="empty")
+    out, lse = run_and_compare(mask, 1, 2, 1, 32, torch.float32)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+# ------------------------------------------------------------------ configs, layouts, lse grad
+ODD_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64,
+                  DQ_BLOCK_N=16)
+
+
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "global_sliding_window"])
+def test_uneven_tiles(name):
+    run_and_compare(small_mask(name, 150, seed=4), 1, 4, 2, 32, torch.float32, config=ODD_CONFIG)
+
+
+FUSED_CONFIG = dict(fused_dq=True, DKDV_BLOCK_M=16, DKDV_BLOCK_N=32)
+
+
+@pytest.mark.parametrize("name", ["causal", "causal_document", "global_sliding_window", "prefix_lm_document"])
+def test_fused_dq(name):
+    run_and_compare(small_mask(name, 130, seed=9), 1, 4, 1, 32, torch.float32, config=FUSED_CONFIG)
+
+
+def test_fused_dq_random_mask_fp16():
+    run_and_compare(random_range_mask(90, 70, seed=10), 2, 2, 2, 64, torch.float16,
+                    config=FUSED_CONFIG, dlse=True)
+
+
+def test_non_contiguous_and_batch():
+    run_and_compare(small_mask("prefix_lm_document", 77, seed=5), 2, 4, 1, 64, torch.float16,
+                    layout="bhsd")
+
+
+def test_lse_gradient():
+    run_and_compare(small_mask("causal_blockwise", 90, seed=6), 1, 2, 1, 32, torch.float32, dlse=True)
+
+
+def test_custom_op_path_matches():
+    mask = small_mask("causal_document", 70, seed=7)
+    run_and_compare(mask, 1, 4, 2, 32, torch.float32, use_op=True, dlse=True)
+
+
+def test_custom_op_under_torch_compile():
+    from longca_triton.kernels.dense import dense_attention_from_plans, plans_for
+
+    mask = small_mask("sliding_window_causal", 50, seed=8)
+    torch.manual_seed(0)
+    q = torch.randn(1, 50, 2, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 50, 1, 32, device=DEVICE, requires_grad=True)
+    v = torch.randn(1, 50, 1, 32, device=DEVICE, requires_grad=True)
+    cfg = resolve_config(32, q.dtype)
+    plans = plans_for(mask, cfg, q.device)
+
+    def f(q, k, v):
+        return dense_attention_from_plans(q, k, v, *plans, 32 ** -0.5, cfg).sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    loss = compiled(q, k, v)
+    loss.backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64, mask).sum()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) < 1e-3
+    for a, b in ((q, q64), (k, k64), (v, v64)):
+        assert (a.grad.double() - b.grad).abs().max().item() < 1e-3
+
+
+# ------------------------------------------------------------------ validation and configs
+def test_validation_errors():
+    mask = make_mask("causal", 16)
+    q = torch.randn(1, 16, 4, 32, device=DEVICE)
+    k = torch.randn(1, 16, 3, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="GQA"):
+        dense_attention(q, k, k, mask)
+    with pytest.raises(ValueError, match="head dim"):
+        dense_attention(q[..., :24], q[..., :24], q[..., :24], mask)
+    with pytest.raises(ValueError, match="mask is 16 x 16"):
+        dense_attention(q[:, :8], q[:, :8], q[:, :8], mask)
+    with pytest.raises(ValueError, match=r"\[B, S, H, D\]"):
+        dense_attention(q[0], q[0], q[0], mask)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        dense_attention(q, q.half(), q, mask)
+    with pytest.raises(ValueError, match="unknown dense-attention config"):
+        dense_attention(q, q, q, mask, config={"BLOCKM": 64})
+    with pytest.raises(ValueError, match="power of two"):
+        dense_attention(q, q, q, mask, config={"BLOCK_M": 48})
+    with pytest.raises(ValueError, match="softmax_scale"):
+        dense_attention(q, q, q, mask, softmax_scale=-1.0)
+
+
+def test_default_config_keys():
+    for d in (32, 64, 128, 256):
+        assert set(default_config(d, torch.bfloat16)) == set(CONFIG_KEYS)

@@ -1,0 +1,245 @@
+"""Block-sparse Triton kernels (kernels/block_sparse.py) against the float64 reference on to_dense().
+
+On a CPU machine the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is
+imported). There bf16 ``tl.dot`` is unreliable and autotuning is off, so the checks use float32
+(and one float16 case) with pinned small tiles. Each case compares out, lse, dq, dk, dv, with a
+gradient flowing into lse too (the ``dlse`` path).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from longca_triton.kernels import block_sparse as BS  # noqa: E402
+from longca_triton.kernels.block_sparse_tables import build_side_tables, get_side_tables  # noqa: E402
+from longca_triton.masks import BlockSparseMask, make_mask  # noqa: E402
+from longca_triton.reference import naive_attention  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tiles(m=32, n=32, heads=1, dq=None, dkdv=None):
+    """A pinned config: forward tiles m x n, dQ ``dq`` and dK/dV ``dkdv`` (rows, cols) pairs."""
+    dq = dq or (m, n)
+    dkdv = dkdv or (m, n)
+    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=heads, num_warps=4, num_stages=1,
+                DQ_BLOCK_M=dq[0], DQ_BLOCK_N=dq[1], DQ_HEADS=heads, dq_num_warps=4, dq_num_stages=1,
+                DKDV_BLOCK_M=dkdv[0], DKDV_BLOCK_N=dkdv[1], DKDV_HEADS=heads, dkdv_num_warps=4,
+                dkdv_num_stages=1)
+
+
+def check(mask, hq, hkv, d=32, cfg=None, dtype=torch.float32, batch=1, seed=0, tol=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, mask.seqlen_q, hq, d, generator=g).to(DEV, dtype).requires_grad_()
+    k = torch.randn(batch, mask.seqlen_k, hkv, d, generator=g).to(DEV, dtype).requires_grad_()
+    v = torch.randn(batch, mask.seqlen_k, hkv, d, generator=g).to(DEV, dtype).requires_grad_()
+    out, lse = BS.block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg)
+    dout = torch.randn(out.shape, generator=g).to(DEV, dtype)
+    dlse = torch.randn(lse.shape, generator=g).to(DEV)
+    loss = (out.float() * dout.float()).sum() + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()
+    dq, dk, dv = torch.autograd.grad(loss, (q, k, v))
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ro, rl = naive_attention(q64, k64, v64, mask, return_lse=True)
+    loss = (ro * dout.double()).sum() + (torch.where(torch.isinf(rl), 0.0, rl) * dlse.double()).sum()
+    rq, rk, rv = torch.autograd.grad(loss, (q64, k64, v64))
+
+    tol = tol or (1e-4 if dtype == torch.float32 else 5e-3)
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl)), "rows attending nothing must have lse = -inf"
+    fin = torch.isfinite(rl)
+    assert (lse.double()[fin] - rl[fin]).abs().max().item() < tol * 10
+    for name, got, ref in (("out", out, ro), ("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert not torch.isnan(got).any(), f"{name} has NaN"
+        err = ((got.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
+    return out, lse, dq, dk, dv
+
+
+# ------------------------------------------------------------------------------ uniform blocks
+@pytest.mark.parametrize("block,S", [(16, 200), (32, 250), (64, 300), (128, 300)],
+                         ids=lambda x: str(x))
+def test_uniform_tile_equals_block(block, S):
+    """Tile = block (the GPU setting) for every power-of-two block; S is ragged in every case."""
+    mask = make_mask("block_sparse", S, block=block, density=0.5, patterns=2, seed=block)
+    check(mask, hq=4, hkv=2, cfg=tiles(block, block, dq=(block, min(block, 64)), dkdv=(block, min(block, 64))))
+
+
+@pytest.mark.parametrize("density", [0.1, 0.5, 1.0], ids=lambda d: f"density{d}")
+def test_uniform_densities(density):
+    mask = make_mask("block_sparse", 192, block=32, density=density, patterns=1, seed=3)
+    check(mask, hq=4, hkv=2, cfg=tiles(32, 32))
+
+
+@pytest.mark.parametrize("layout", ["mha-P=H", "gqa-P=Hkv", "gqa-P=Hq", "gqa-P=1", "mqa-P=1"])
+def test_head_layouts(layout):
+    hq, hkv, P = {"mha-P=H": (3, 3, 3), "gqa-P=Hkv": (6, 2, 2), "gqa-P=Hq": (4, 2, 4),
+                  "gqa-P=1": (4, 2, 1), "mqa-P=1": (4, 1, 1)}[layout]
+    mask = make_mask("block_sparse", 160, block=32, density=0.4, patterns=P, seed=7)
+    check(mask, hq=hq, hkv=hkv, cfg=tiles(32, 32))
+
+
+@pytest.mark.parametrize("layout", ["gqa-P=Hkv", "gqa-P=1", "gqa-P=Hq"])
+def test_stacked_heads(layout):
+    """HEADS=2: two query heads of a group in one 2 x 32-row tile (lowered to 1 where the
+    patterns differ, e.g. P = Hq)."""
+    hq, hkv, P = {"gqa-P=Hkv": (8, 2, 2), "gqa-P=1": (4, 2, 1), "gqa-P=Hq": (4, 2, 4)}[layout]
+    mask = make_mask("block_sparse", 150, block=32, density=0.5, patterns=P, seed=11)
+    check(mask, hq=hq, hkv=hkv, cfg=tiles(32, 32, heads=2))
+
+
+def test_sub_tiles_of_a_block():
+    """Block 64 processed in 32 x 16 tiles (runs of kept blocks cut into sub-tiles)."""
+    mask = make_mask("block_sparse", 256, block=64, density=0.5, patterns=2, seed=5)
+    check(mask, hq=2, hkv=2, cfg=tiles(32, 16, dq=(16, 32), dkdv=(32, 16)))
+
+
+def test_batch_and_head_dim_64_fp16():
+    mask = make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=2)
+    check(mask, hq=4, hkv=2, d=64, dtype=torch.float16, batch=2, cfg=tiles(32, 32, heads=2))
+
+
+# ------------------------------------------------------------------------------ variable blocks
+def random_bounds(S, rng, lo=1, hi=90):
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(rng.integers(lo, hi))))
+    return cuts
+
+
+@pytest.mark.parametrize("density", [0.15, 0.5, 1.0], ids=lambda d: f"density{d}")
+def test_varblock_random_bounds(density):
+    """Random bounds from 1 to ~90 tokens (blocks smaller and larger than a tile, last one short)."""
+    rng = np.random.default_rng(int(density * 100))
+    b = random_bounds(277, rng)
+    n = len(b) - 1
+    keep = max(1, round(density * n))
+    scores = rng.random((2, n, n))
+    bm = np.zeros((2, n, n), dtype=bool)
+    np.put_along_axis(bm, np.argsort(-scores, axis=2)[:, :, :keep], True, axis=2)
+    mask = BlockSparseMask(b, b, torch.from_numpy(bm), name="varblock_sparse")
+    check(mask, hq=4, hkv=2, cfg=tiles(32, 32, heads=2))
+
+
+def test_varblock_generator():
+    mask = make_mask("varblock_sparse", 300, block=48, min_block=20, density=0.4, patterns=4, seed=2)
+    assert mask.uniform_block is None
+    check(mask, hq=4, hkv=2, cfg=tiles(32, 32))
+
+
+def test_varblock_rectangular():
+    """Sq != Sk with different bounds on each axis."""
+    rng = np.random.default_rng(9)
+    qb, kb = random_bounds(150, rng, 10, 60), random_bounds(260, rng, 10, 60)
+    bm = torch.from_numpy(rng.random((1, len(qb) - 1, len(kb) - 1)) < 0.5)
+    bm[:, :, 0] |= ~bm.any(-1)  # nobody empty here: covered by the next test
+    mask = BlockSparseMask(qb, kb, bm)
+    check(mask, hq=2, hkv=1, cfg=tiles(32, 32))
+
+
+def test_empty_rows_and_columns():
+    """A query block keeping nothing: zeros and lse = -inf; a key block nobody keeps: dK = dV = 0."""
+    b = [0, 40, 100, 130, 200, 211]
+    bm = torch.rand(3, 5, 5, generator=torch.Generator().manual_seed(0)) < 0.6
+    bm[:, 2] = False  # query block 2 keeps nothing (every pattern)
+    bm[0, 0] = False  # and query block 0 in pattern 0 only
+    bm[:, :, 1] = False  # key block 1 is kept by nobody
+    mask = BlockSparseMask(b, b, bm)
+    out, lse, dq, dk, dv = check(mask, hq=6, hkv=3, d=16, cfg=tiles(32, 32, heads=2))
+    assert torch.all(out[:, 100:130] == 0) and torch.all(torch.isinf(lse[:, :, 100:130]))
+    assert torch.all(dq[:, 100:130] == 0)
+    assert torch.all(dk[:, 40:100] == 0) and torch.all(dv[:, 40:100] == 0)
+
+
+# ------------------------------------------------------------------------------ tables
+@pytest.mark.parametrize("major", ["q", "k"])
+def test_tables_cover_exactly_the_kept_area(major):
+    rng = np.random.default_rng(4)
+    b = random_bounds(230, rng, 5, 70)
+    bm = torch.from_numpy(rng.random((3, len(b) - 1, len(b) - 1)) < 0.4)
+    mask = BlockSparseMask(b, b, bm)
+    t = get_side_tables(mask, major, 32, 16, "cpu")
+    dense = mask.to_dense()
+    if major == "k":
+        dense = dense.transpose(1, 2)
+    got = torch.zeros_like(dense)
+    for p in range(3):
+        for tile in range(t.num_tiles):
+            r0, r1, blk = int(t.row_start[tile]), int(t.row_end[tile]), int(t.row_block[tile])
+            assert 0 < r1 - r0 <= 32
+            lo, hi = int(t.ptr[p * t.num_row_blocks + blk]), int(t.ptr[p * t.num_row_blocks + blk + 1])
+            for e in range(lo, hi):
+                c0, c1 = int(t.col_start[e]), int(t.col_end[e])
+                assert 0 < c1 - c0 <= 16
+                assert not got[p, r0:r1, c0:c1].any(), "a pair is covered twice"
+                got[p, r0:r1, c0:c1] = True
+    assert torch.equal(got, dense)
+    assert sorted(t.order.tolist()) == list(range(t.num_tiles))
+    assert get_side_tables(mask, major, 32, 16, "cpu") is t  # cached
+
+
+def test_tables_even_flags_and_build_time():
+    mask = make_mask("block_sparse", 512, block=64, density=0.5, patterns=2, seed=0)
+    t = build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map, 64, 64, "cpu")
+    assert t.even_rows and t.even_cols and t.build_ms >= 0
+    t = build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map, 64, 128, "cpu")
+    assert not t.even_cols
+    ms = BS.table_build_time(mask, 64, "cpu", repeats=1)
+    assert set(ms) == {"fwd", "dq", "dkdv"}
+
+
+# ------------------------------------------------------------------------------ config and API
+def test_config_validation():
+    mask = make_mask("block_sparse", 128, block=64, density=0.5)
+    with pytest.raises(ValueError, match="unknown block-sparse config"):
+        BS.resolve_config(mask, 64, {"BLOCK_Q": 64})
+    with pytest.raises(ValueError, match="power of two"):
+        BS.resolve_config(mask, 64, {"BLOCK_N": 48})
+    with pytest.raises(ValueError, match="power of two"):
+        BS.resolve_config(mask, 64, {"HEADS": 3})
+    assert BS._stack(2, 8, 8) == 2 and BS._stack(2, 8, 1) == 1 and BS._stack(4, 4, 2) == 2
+
+
+def test_input_validation():
+    mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=2)
+    q = torch.randn(1, 64, 3, 32)
+    k = torch.randn(1, 64, 1, 32)
+    with pytest.raises(ValueError, match="patterns do not divide"):
+        BS.block_sparse_attention(q, k, k, mask)
+    with pytest.raises(ValueError, match="mask is 64 x 64"):
+        BS.block_sparse_attention(torch.randn(1, 32, 2, 32), torch.randn(1, 32, 2, 32), torch.randn(1, 32, 2, 32), mask)
+
+
+def test_backends_registered_and_reasons():
+    from longca_triton.backends import Problem, get_backend
+
+    uni = make_mask("block_sparse", 128, block=32, density=0.5, patterns=2)
+    var = make_mask("varblock_sparse", 300, block=48, min_block=20, density=0.5)
+    odd = BlockSparseMask([0, 48, 96], [0, 48, 96], torch.ones(1, 2, 2, dtype=torch.bool))
+    sparse, varb = get_backend("triton-sparse"), get_backend("triton-varblock")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dt = torch.float16
+    assert sparse.supports(Problem(uni, heads_q=4, heads_kv=2, head_dim=32, dtype=dt, device=dev)) == (True, "")
+    ok, why = sparse.supports(Problem(var, heads_q=4, heads_kv=2, head_dim=32, dtype=dt, device=dev))
+    assert not ok and "not uniform" in why
+    ok, why = sparse.supports(Problem(odd, heads_q=4, heads_kv=2, head_dim=32, dtype=dt, device=dev))
+    assert not ok and "power of two" in why
+    assert varb.supports(Problem(var, heads_q=4, heads_kv=2, head_dim=32, dtype=dt, device=dev)) == (True, "")
+    ok, why = varb.supports(Problem(make_mask("causal", 64), head_dim=32, dtype=dt, device=dev))
+    assert not ok and "block-sparse" in why
+
+
+def test_backend_attention_matches_kernel():
+    from longca_triton.backends import get_backend
+
+    mask = make_mask("varblock_sparse", 200, block=40, min_block=16, density=0.5, patterns=2, seed=1)
+    q = torch.randn(1, 200, 4, 16, device=DEV, dtype=torch.float16)
+    k = torch.randn(1, 200, 2, 16, device=DEV, dtype=torch.float16)
+    out, lse = get_backend("triton-varblock").attention(q, k, k, mask, return_lse=True)
+    ref, rl = naive_attention(q.double(), k.double(), k.double(), mask, return_lse=True)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
