@@ -59,13 +59,15 @@ Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ._runtime import descriptor_ready as _descriptor_ready
+from ._runtime import ensure_allocator as _ensure_allocator
+from ._runtime import interpreting as _interpreting
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
 
 __all__ = [
@@ -94,44 +96,6 @@ CONFIG_KEYS = (
 )
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _patch_interpreter_scalars() -> None:
-    """Let Triton 3.6's CPU interpreter take loaded scalars as loop bounds under NumPy >= 2.4.
-
-    The interpreter holds scalars as 1-element arrays and calls ``int(array)`` on loop bounds,
-    which NumPy 2.4 rejects. Same patch (same flag) as ``dense.py``, applied once by whichever
-    module loads first.
-    """
-    import builtins
-
-    import numpy as np
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_longca_int_patch", False):
-        return
-
-    class _IntMeta(type):
-        def __instancecheck__(cls, obj):
-            return isinstance(obj, builtins.int)
-
-        def __subclasscheck__(cls, sub):
-            return issubclass(sub, builtins.int)
-
-    class _Int(builtins.int, metaclass=_IntMeta):
-        def __new__(cls, x=0, *args):
-            if isinstance(x, np.ndarray) and x.size == 1 and not args:
-                x = x.reshape(())
-            return builtins.int(x, *args)
-
-    interpreter.int = _Int
-    interpreter._longca_int_patch = True
-
-
-if _interpreting():
-    _patch_interpreter_scalars()
 
 
 def _pow2_le(x: int) -> int:
@@ -476,24 +440,6 @@ def block_sparse_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-
-def _ensure_allocator(device: torch.device) -> None:
-    """In-kernel tensor descriptors need a scratch allocator on the GPU.
-
-    why every launch: Triton keeps the allocator in a context variable, i.e. per thread, and
-    autograd runs the backward on its own device thread.
-    """
-    if device.type == "cuda":
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device=device, dtype=torch.int8))
-
-
-def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
-    es = t.element_size()
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
-
 
 def _stack(requested: int, group_size: int, heads_per_pattern: int) -> int:
     """Heads stacked in one tile: a power of two dividing both the GQA group and the heads of a

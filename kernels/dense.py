@@ -58,12 +58,14 @@ Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, any strides with a unit 
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
 import triton
 
+from ._runtime import descriptor_ready as _descriptor_ready
+from ._runtime import ensure_allocator as _ensure_allocator
+from ._runtime import interpreting as _interpreting
 from .dense_bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel, dense_bwd_preprocess_kernel
 from .dense_fwd import dense_fwd_kernel
 from .dense_tables import TilePlan, get_tile_plan
@@ -94,45 +96,6 @@ CONFIG_KEYS = (
 )
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _patch_interpreter_scalars() -> None:
-    """Let the CPU interpreter use loaded scalars as loop bounds under NumPy >= 2.4.
-
-    Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
-    with ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays..."). Give its module
-    an ``int`` that accepts 1-element arrays; real Python ints behave as before.
-    """
-    import builtins
-
-    import numpy as np
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_longca_int_patch", False):
-        return
-
-    class _IntMeta(type):
-        # isinstance(x, int) inside the interpreter must keep meaning the builtin int
-        def __instancecheck__(cls, obj):
-            return isinstance(obj, builtins.int)
-
-        def __subclasscheck__(cls, sub):
-            return issubclass(sub, builtins.int)
-
-    class _Int(builtins.int, metaclass=_IntMeta):
-        def __new__(cls, x=0, *args):
-            if isinstance(x, np.ndarray) and x.size == 1 and not args:
-                x = x.reshape(())
-            return builtins.int(x, *args)
-
-    interpreter.int = _Int
-    interpreter._longca_int_patch = True
-
-
-if _interpreting():
-    _patch_interpreter_scalars()
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -183,38 +146,6 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-
-def _ensure_allocator(device: torch.device) -> None:
-    """In-kernel tensor descriptors need a scratch allocator on the GPU.
-
-    Triton keeps the allocator in a ``ContextVar``, so it is per thread: autograd runs the
-    backward on its own worker thread, which starts with none. Set ours wherever none is set yet
-    (a caller's own allocator is left alone).
-    """
-    if device.type != "cuda":
-        return
-    try:
-        from triton.runtime import _allocation
-
-        current = _allocation._allocator.get()
-        if not isinstance(current, _allocation.NullAllocator):
-            return
-    except (ImportError, AttributeError):  # other Triton layout: set it unconditionally
-        pass
-
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, device=device, dtype=torch.int8)
-
-    triton.set_allocator(alloc)
-
-
-def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
-    es = t.element_size()
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
-
 
 def _check_inputs(q, k, v, plan_sq=None, plan_sk=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:

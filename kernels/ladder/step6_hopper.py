@@ -53,6 +53,8 @@ from ._common import (
     tile_tables,
 )
 from .step5_gqa import packed_tile
+from .._runtime import descriptor_ready as _descriptor_ready
+from .._runtime import ensure_allocator as _ensure_allocator
 
 #: what happened to warp specialization on this process's first GPU call (shown by the ladder)
 STATUS = {"warp_specialize": None}
@@ -131,26 +133,6 @@ def hopper_fwd_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_rows = b * stride_ob + seq * stride_os + head * stride_oh
     tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-
-
-_ALLOCATOR_SET = False
-
-
-def _ensure_allocator(device: torch.device) -> None:
-    """Descriptors made inside a kernel need a small global scratch buffer: Triton asks for it
-    through an allocator, which we point at PyTorch's caching allocator (once, lazily)."""
-    global _ALLOCATOR_SET
-    if _ALLOCATOR_SET or device.type != "cuda":
-        return
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device=device, dtype=torch.int8))
-    _ALLOCATOR_SET = True
-
-
-def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
-    es = t.element_size()
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
 
 
 def _want_warp_specialize(device: torch.device) -> bool:

@@ -1,0 +1,82 @@
+"""Host-side plumbing shared by our Triton kernels: interpreter fix-up, TMA allocator, layouts.
+
+Nothing here probes hardware at import; the interpreter patch applies only under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def patch_interpreter_scalars() -> None:
+    """Let the CPU interpreter use loaded scalars as loop bounds under NumPy >= 2.4.
+
+    Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
+    with ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays..."). Give its module
+    an ``int`` that accepts 1-element arrays; real Python ints behave as before.
+    """
+    import builtins
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_longca_int_patch", False):
+        return
+
+    class _IntMeta(type):
+        # isinstance(x, int) inside the interpreter must keep meaning the builtin int
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, builtins.int)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, builtins.int)
+
+    class _Int(builtins.int, metaclass=_IntMeta):
+        def __new__(cls, x=0, *args):
+            if isinstance(x, np.ndarray) and x.size == 1 and not args:
+                x = x.reshape(())
+            return builtins.int(x, *args)
+
+    interpreter.int = _Int
+    interpreter._longca_int_patch = True
+
+
+if interpreting():
+    patch_interpreter_scalars()
+
+
+def ensure_allocator(device: torch.device) -> None:
+    """In-kernel tensor descriptors need a scratch allocator on the GPU.
+
+    Triton keeps the allocator in a ``ContextVar``, so it is per thread: autograd runs the
+    backward on its own worker thread, which starts with none. Set ours wherever none is set yet
+    (a caller's own allocator is left alone). Call it before every launch.
+    """
+    if device.type != "cuda":
+        return
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # other Triton layout: set it unconditionally
+        pass
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device=device, dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
+def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA wants a unit last stride and 16-byte aligned base and row strides; copy otherwise."""
+    es = t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
