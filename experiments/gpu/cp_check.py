@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -177,7 +178,8 @@ def _yunchang_path(out: Path) -> str | None:
     if not wheels:
         print("yunchang: not installed and no wheel under .whl/cp (the peer rows will say so)")
         return None
-    site = out / "_yunchang_site"
+    # why: outside OUT, so the installed package never crowds the results out of what comes back
+    site = Path(tempfile.gettempdir()) / "longca_yunchang_site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--target", str(site)] + wheels, capture_output=True, text=True)
     if r.returncode:

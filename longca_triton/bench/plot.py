@@ -50,8 +50,16 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = latest_rows(rows)
     written: list[Path] = []
+    cp_rows = [r for r in rows if r.get("kind") == "cp"]
+    if cp_rows:  # context-parallel rows have their own views (scheme x plan x world size)
+        from longca_triton.cp.plot import make_cp_plots
+
+        written += make_cp_plots(cp_rows, out)
+        rows = [r for r in rows if r.get("kind") != "cp"]
+        if not rows:
+            return written
+    rows = latest_rows(rows)
     all_backends = _order(r["backend"] for r in rows)
     cmap = plt.get_cmap("tab10" if len(all_backends) <= 10 else "tab20")
     color = {b: cmap(i % cmap.N) for i, b in enumerate(all_backends)}
@@ -71,7 +79,8 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             for i, m in enumerate(masks):
                 ax = axes[i // ncols][i % ncols]
                 for b in backends:
-                    pts = sorted((r["seqlen"], r) for r in srows if r["mask"] == m and r["backend"] == b and status_kind(r) == "ok")
+                    pts = sorted(((r["seqlen"], r) for r in srows if r["mask"] == m and r["backend"] == b and status_kind(r) == "ok"),
+                                 key=lambda sr: sr[0])
                     if what == "tflops":
                         xs = [s for s, r in pts if isinstance(r.get("tflops"), (int, float))]
                         ys = [r["tflops"] for s, r in pts if isinstance(r.get("tflops"), (int, float))]

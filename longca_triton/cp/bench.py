@@ -143,6 +143,14 @@ def launch(config: str | None, overrides: dict | None = None, out: str | None = 
     if (out_dir / "results.jsonl").exists():
         text = write_report(out_dir)
         print(text.split("\n## ")[1] if "\n## " in text else text, flush=True)
+        try:
+            from .plot import make_cp_plots
+
+            rows = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines() if x.strip()]
+            for f in make_cp_plots(rows, out_dir / "plots"):
+                print("plot:", f)
+        except Exception as e:  # a plotting problem never loses the measured rows
+            print(f"bench cp: plots failed: {type(e).__name__}: {e}")
     return rc
 
 

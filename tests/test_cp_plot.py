@@ -1,0 +1,31 @@
+"""CP plots from a results file: efficiency bars per world size, scaling against N with the comm model."""
+
+from longca_triton.bench.plot import make_plots
+from longca_triton.cp.plot import latest_cp_rows
+
+
+def _row(mask, scheme, plan, N, ms, mode="fwd", status="ok", backend="triton"):
+    return {"kind": "cp", "backend": backend, "mask": mask, "seqlen": 1024 * N, "tokens_per_gpu": 1024,
+            "mode": mode, "world_size": N, "scheme": scheme, "plan": plan, "ulysses_degree": None,
+            "heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "bfloat16", "status": status,
+            "median_ms": ms, "tflops_per_gpu": 100.0 / ms if status == "ok" else None,
+            "efficiency": 1.0 / ms if status == "ok" else None, "gpu": "test"}
+
+
+def test_cp_plots_bars_and_scaling(tmp_path):
+    rows = [_row("causal", "single", "none", 1, 1.0)]
+    for N in (2, 4):
+        for scheme in ("ulysses", "ring_p2p", "usp", "loongtrain"):
+            for plan in ("contiguous", "zigzag", "balanced"):
+                rows.append(_row("causal", scheme, plan, N, 1.1 + 0.1 * N))
+        rows.append(_row("causal", "usp", "contiguous", N, 0, backend="yunchang-usp[sdpa-flash,U=1]",
+                         status="unsupported: no backward"))
+    # a rerun supersedes the earlier row of the same point
+    rows.append(_row("causal", "ring_p2p", "zigzag", 2, 1.05))
+    latest = latest_cp_rows(rows + [{"kind": "dense", "mask": "causal"}])
+    assert len(latest) == len(rows) - 1
+    assert [r["median_ms"] for r in latest if r["scheme"] == "ring_p2p" and r["plan"] == "zigzag" and r["world_size"] == 2] == [1.05]
+    files = make_plots(rows, tmp_path)
+    names = sorted(f.name for f in files)
+    assert names == ["cp_efficiency_fwd_N2.png", "cp_efficiency_fwd_N4.png", "cp_scaling_fwd.png"]
+    assert all(f.stat().st_size > 10_000 for f in files)
