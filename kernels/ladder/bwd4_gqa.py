@@ -27,7 +27,30 @@ production tile (32 x 64, 4 warps) ptxas reports about 1.2 KB of spills per thre
 kernel against about 0.5 KB for step 3's — per-element pointer tensors are expensive, which is
 one more reason the production kernel loads through TMA descriptors.
 
-Measured (H100, causal, S=16K): see experiments/results/h100/ladder.md
+Measured (H100, causal, S=16K)
+------------------------------
+293.2 TFLOP/s (37.5 ms): 1.00× bwd3 (0.997; p20–p80 37.37–38.09 ms against 37.21–38.13: a tie),
+55% of sdpa-cudnn; peak 324 MiB above the inputs against bwd3's 1,412. The measured win is memory:
+the 1 GiB of partial buffers is gone.
+(B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
+``experiments/results/h100/ladder/ladder.md``, chart ``ladder_bwd.png`` next to it.)
+
+Why it is not faster. The work this step removes is memory traffic, and little of it: writing the
+1 GiB of fp32 partials and reading it back in the reduction, about 2 GiB, well under a millisecond
+at the H100's nominal 3.35 TB/s of HBM bandwidth, i.e. a couple of percent of 37 ms. The matmuls,
+and the loads of Q, dO, lse and delta inside the query loop, are unchanged: every (key tile, query
+head, query tile) triple is still visited once, the group loop only moves the head loop into the
+program. K and V were already loaded once per program, outside the loop, so loading them ``G``
+times less often saves almost nothing. The dQ kernel (3 of the 7 tile matmuls per pair) is the
+same launch. Against the small saving stand 8x fewer, 8x longer dK/dV programs (2,048 instead of
+16,384, a longer tail while the grid drains) and the extra register spills described above.
+
+Why it is worth learning. Memory: the partial buffers are ``8·B·Sk·Hq·D`` bytes, 1 GiB here and
+8 GiB at 128K with these heads, so this is what lets the backward run long sequences. Their cost
+in time grows relative to the matmuls when the mask leaves little work per key (sliding windows,
+sparse documents, short sequences): the traffic scales with ``Sk·Hq``, the matmuls with the allowed
+area. And it is the structure of the production backward (backward step 5), which then recovers
+speed with TMA and pipelining (1.36x).
 """
 
 from __future__ import annotations

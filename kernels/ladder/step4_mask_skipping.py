@@ -27,7 +27,13 @@ Causal: about 2x, from work skipped; ``S x S``-sparse masks (documents, windows)
 in proportion to their emptiness. The mask metadata costs ``O(S + tiles)`` memory and one
 integer load per tile.
 
-Measured (H100, causal, S=16K): see experiments/results/h100/ladder.md
+Measured (H100, causal, S=16K)
+------------------------------
+358.3 TFLOP/s (12.27 ms): 2.23× step 3, 61% of sdpa-cudnn; peak 256 MiB above the inputs. More
+than the 2x that skipping alone gives (8,256 of 16,384 tiles visited): the full tiles, 98% of
+the rest, now also run without the interval mask and without bounds checks.
+(B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
+``experiments/results/h100/ladder/ladder.md``, chart ``ladder_fwd.png`` next to it.)
 """
 
 from __future__ import annotations

@@ -20,16 +20,40 @@ In ``[B, S, H, D]`` layout the ``G`` heads of a position are adjacent in memory,
 
 Why it should help
 ------------------
-K/V bytes loaded from L2 into the SM drop by ``G`` (8x here) for the same FLOPs, and there are ``G``
-times fewer programs, each with the same register footprint. It matters most where K/V traffic is
-a bottleneck: small head dims, short key tiles, decoding. For ``D = 128`` prefill the tiles were
-already mostly served from L2 (heads of a group ran at about the same time), so the gain may be
-small; the step is worth learning because the same packing is what makes GQA decoding and the
-GQA-aware backward (``bwd4_gqa``) cheap. It also changes the tile geometry: with ``G = 8`` a tile
-covers 16 query positions instead of 128, which makes mask tiles finer (fewer wasted masked pairs
-on the diagonal) but adds per-tile overhead.
+One K/V tile load now feeds ``G`` heads. Compared with step 4 at the same number of query
+*positions* per tile, K/V bytes loaded from L2 into the SM drop by ``G`` (8x here) for the same
+FLOPs, and there are ``G`` times fewer programs, each with the same register footprint. That
+matters where a head's own rows cannot fill a tile or K/V traffic is the bottleneck: decoding,
+short query chunks, small head dims. It also changes the tile geometry: with ``G = 8`` a tile
+covers 16 query positions instead of 128, so the block tables are finer along the queries (on
+masks whose edges fall inside 128-row blocks, fewer wasted masked pairs). At a fixed tile height,
+which is what this step runs, the first comparison does not hold; the measurement below shows
+what that means for causal prefill.
 
-Measured (H100, causal, S=16K): see experiments/results/h100/ladder.md
+Measured (H100, causal, S=16K)
+------------------------------
+358.8 TFLOP/s (12.26 ms): 1.00× step 4 (12.26 vs 12.27 ms, p20–p80 ranges overlapping: a tie),
+61% of sdpa-cudnn; peak 256 MiB above the inputs.
+(B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
+``experiments/results/h100/ladder/ladder.md``, chart ``ladder_fwd.png`` next to it.)
+
+Why it is flat here. Packing changes which rows share a tile, not how much each loaded tile is
+reused. ``packed_tile`` keeps the production tile height (``BLOCK_M = 128``) and fills it with
+``ROWS = 16`` positions x ``G = 8`` heads, so each ``[BLOCK_N, D]`` K or V tile still feeds one
+128-row matmul, exactly as in step 4. Counted from the block tables: step 4 runs 64 heads x 8,256
+tiles of 128 x 128, step 5 runs 8 KV heads x 66,048 tiles of (16 positions x 8 heads) x 128 keys:
+the same 528,384 K tile loads (and as many V), the same 8,192 programs, and the same 135.3 M
+computed pairs per head (a 16-position tile on the diagonal still reads the whole 128-key diagonal
+tile, so causal wastes no fewer masked pairs). Nor was step 4 re-reading K/V from HBM per head: its
+grid runs all query tiles of one head, then the next head, so the 8 heads of a group run back to
+back while their KV head's K and V (8 MiB at 16K) stay in the 50 MB L2.
+
+When it does help, and why it is worth learning. Packing pays when a head's own rows cannot fill
+a tile: decoding and short query chunks (``Sq < BLOCK_M``), where one head gives a few rows and the
+group gives ``G`` times more for the same K/V load; and it can skip more work on masks whose edges
+fall inside 128-row blocks (documents), since its block tables are taken every 16 positions. The
+production kernel (step 7) keeps step 4's one-head tiles, which also keeps Q and O rectangular for
+TMA. The same "one program serves the whole group" idea is what ``bwd4_gqa`` applies to dK/dV.
 """
 
 from __future__ import annotations
