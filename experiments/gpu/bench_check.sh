@@ -3,7 +3,8 @@
 # leaving results, report, plots and logs in $OUT (at most 8 files come back: plots are tarred).
 #
 # Here (once):  cd <repo> && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null ../shared/scripts/vendor-wheels.sh cudnn
-#               (and fa3fwd)   -> .whl/cudnn, .whl/fa3fwd (ignored; pass them with the run tool's `carry`)
+#               (and fa3fwd, fa4, ...) -> .whl/<group>/<n>/ (ignored; pass them with the run tool's `carry`;
+#               a group over 64 MiB goes in two calls: the first only `bash experiments/gpu/wheels.sh stage`)
 # On the device: bash experiments/gpu/bench_check.sh [CONFIG] [EXTRA bench args...]
 #   e.g. bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --max-minutes 5
 #        bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --backends flex --retry-errors
@@ -15,10 +16,9 @@ CONFIG=${1:-experiments/dense_quick.toml}; shift || true
 OUTDIR=${BENCH_OUT:-/tmp/bench}
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia_smi.txt" 2>&1
-whl=$(ls .whl/*/*/*.whl 2>/dev/null)
-if [ -n "$whl" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $whl && export PYTHONPATH=/tmp/site
-fi
+# carried wheels (plus any staged by earlier calls: experiments/gpu/wheels.sh stage) into /tmp/site
+bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install
+source experiments/gpu/wheels.sh env
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.txt 2>&1 || { echo "pip install -e . failed"; cat /tmp/pip.txt; }
 echo "setup: $(( $(date +%s) - T0 )) s"
 timeout 60 python3 -m longca_triton.bench.cli doctor > "$OUT/doctor.txt" 2>&1
