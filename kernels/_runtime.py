@@ -19,8 +19,15 @@ def patch_interpreter_scalars() -> None:
     """Let the CPU interpreter use loaded scalars as loop bounds under NumPy >= 2.4.
 
     Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
-    with ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays..."). Give its module
-    an ``int`` that accepts 1-element arrays; real Python ints behave as before.
+    through ``tl.tensor.__index__ = lambda self: int(self.handle.data)``, which NumPy 2.4 rejects
+    ("only 0-dimensional arrays..."). Its lang patch (``_patch_lang_tensor``) is wrapped so that
+    ``__index__`` accepts 1-element arrays.
+
+    Why not give the interpreter module an ``int`` of our own: the interpreter copies its module
+    globals into every kernel's module when it rewrites a kernel, so that ``int`` would replace the
+    builtin in our kernel modules' host code too, and TorchDynamo cannot trace a call to it (the
+    ``torch.compile`` path of ``block_sparse_attention_op``). That override is only the fallback for
+    a Triton without ``_patch_lang_tensor``.
     """
     import builtins
 
@@ -28,6 +35,22 @@ def patch_interpreter_scalars() -> None:
     from triton.runtime import interpreter
 
     if getattr(interpreter, "_longca_int_patch", False):
+        return
+
+    def to_int(x):
+        if isinstance(x, np.ndarray) and x.size == 1:
+            x = x.reshape(())
+        return builtins.int(x)
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is not None:
+        def _patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            # recorded by the scope like the original's, so its restore() undoes both in order
+            scope.set_attr(tensor, "__index__", lambda self: to_int(self.handle.data))
+
+        interpreter._patch_lang_tensor = _patch_lang_tensor
+        interpreter._longca_int_patch = True
         return
 
     class _IntMeta(type):

@@ -40,7 +40,7 @@ GPU): every block is processed in sub-tiles of a fixed size, each carrying its v
 Kernels
 -------
 * ``block_sparse_fwd_kernel``: one program per (row tile, head pack): online softmax over the list.
-* ``block_sparse_bwd_preprocess_kernel``: ``delta``.
+* ``delta``: the dense kernels' preprocess (``dense.launch_bwd_preprocess``), shared.
 * ``block_sparse_bwd_dkdv_kernel``: key-major. One program per (key tile, KV head) walks, for
   every query head of its group, the transposed list (kept query-block runs cut into ``BLOCK_M``
   sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
@@ -51,7 +51,9 @@ K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start ro
 loads with row masks. Launch order: row tiles heaviest first, head packs fastest-varying.
 
 Entry points: ``block_sparse_attention(q, k, v, mask, softmax_scale=None, return_lse=False,
-config=None)`` (alias ``varblock_attention``), the launchers ``block_sparse_fwd`` /
+config=None)`` (alias ``varblock_attention``; autograd), the ``torch.library`` ops
+``longca_triton::block_sparse_attention_fwd`` / ``_bwd`` behind ``block_sparse_attention_op`` and
+``block_sparse_attention_from_tables`` (``torch.compile``), the launchers ``block_sparse_fwd`` /
 ``block_sparse_bwd`` and ``tables_for`` / ``table_build_time`` for the GPU-built tables.
 Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
 """
@@ -69,9 +71,11 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
+from .dense import launch_bwd_preprocess
 
 __all__ = [
-    "block_sparse_attention", "varblock_attention", "default_config", "resolve_config",
+    "block_sparse_attention", "varblock_attention", "block_sparse_attention_op",
+    "block_sparse_attention_from_tables", "default_config", "resolve_config",
     "candidate_configs", "tables_for", "table_build_time", "tile_sizes", "block_sparse_fwd",
     "block_sparse_bwd", "BlockSparseAttentionFunction", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS",
 ]
@@ -254,34 +258,6 @@ def block_sparse_fwd_kernel(
     o_ptrs = Out + b64 * stride_ob + head * stride_oh + pos64 * stride_os
     tl.store(o_ptrs[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     tl.store(Lse + (b64 * num_heads_q + head) * Sq + pos, lse, mask=row_ok)
-
-
-@triton.jit
-def block_sparse_bwd_preprocess_kernel(
-    Out, DOut, DLse, Delta,
-    stride_ob, stride_os, stride_oh,
-    stride_db, stride_ds, stride_dh,
-    Sq, num_heads_q,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
-):
-    """``delta_i = rowsum(dO_i * O_i) - dlse_i`` for one block of rows of one (batch, head)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // num_heads_q).to(tl.int64)
-    h = bh % num_heads_q
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < Sq
-    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DOut + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, 1)  # [BLOCK]
-    row = bh.to(tl.int64) * Sq + offs_m
-    if HAS_DLSE:
-        # d lse_i / d s_ij = p_ij: a gradient on lse enters exactly like -delta
-        delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
-    tl.store(Delta + row, delta, mask=row_ok)
 
 
 @triton.jit
@@ -549,15 +525,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
     lse = lse.contiguous()
-    delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
-    has_dlse = dlse is not None
-    pre = 64
-    block_sparse_bwd_preprocess_kernel[(triton.cdiv(sq, pre), b * hq)](
-        out, dout, dlse.contiguous() if has_dlse else delta, delta,
-        out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        sq, hq, HEAD_DIM=d, BLOCK=pre, HAS_DLSE=has_dlse,
-    )
+    # delta = rowsum(dO * O) - dlse: the dense kernels' preprocess (same layout, same math)
+    delta = launch_bwd_preprocess(out, dout, dlse)
     qk_scale = softmax_scale * LOG2E
     tk = tables["dkdv"]
     dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
@@ -624,6 +593,103 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------------------
+# torch.library custom ops (for torch.compile): the tables travel as lists of int32 tensors
+# ----------------------------------------------------------------------------------------------
+
+_TABLE_LEN = 7  # row_start, row_end, row_block, order, ptr, col_start, col_end (SideTables.lists())
+
+
+class _Patterns:
+    """What the launchers read off a mask: its number of patterns."""
+
+    def __init__(self, num_patterns: int):
+        self.num_patterns = int(num_patterns)
+
+
+def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols) -> SideTables:
+    row_start, row_end, row_block, order, ptr, col_start, col_end = ts
+    return SideTables(tile_rows=int(tile_rows), tile_cols=int(tile_cols),
+                      num_row_blocks=(ptr.shape[0] - 1) // num_patterns, num_patterns=num_patterns,
+                      row_start=row_start, row_end=row_end, row_block=row_block, order=order, ptr=ptr,
+                      col_start=col_start, col_end=col_end, even_rows=False, even_cols=bool(even_cols),
+                      build_ms=0.0)
+
+
+def _cfg_to_list(cfg: dict) -> list[int]:
+    return [int(cfg[k]) for k in CONFIG_KEYS]
+
+
+def _cfg_from_list(cfg_list) -> dict:
+    cfg = dict(zip(CONFIG_KEYS, (int(x) for x in cfg_list)))
+    cfg["warp_specialize"] = bool(cfg["warp_specialize"])
+    return cfg
+
+
+def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
+    """``meta = [num_patterns, fwd even_cols, dq even_cols, dkdv even_cols]``."""
+    ts, P = tile_sizes(c), int(meta[0])
+    out = {}
+    for name, lists, even in (("fwd", fwd, meta[1]), ("dq", dq, meta[2]), ("dkdv", dkdv, meta[3])):
+        if lists is not None:
+            out[name] = _tables_from_tensors(lists, *ts[name], P, even)
+    return out
+
+
+@torch.library.custom_op("longca_triton::block_sparse_attention_fwd", mutates_args=())
+def _block_sparse_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_tables: list[torch.Tensor],
+                         dq_tables: list[torch.Tensor], dkdv_tables: list[torch.Tensor], meta: list[int],
+                         softmax_scale: float, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    # dq_tables / dkdv_tables are not read here: they ride along so that the backward has them
+    c = _cfg_from_list(cfg)
+    t = _op_tables(c, meta, fwd=fwd_tables)["fwd"]
+    return block_sparse_fwd(q, k, v, _Patterns(meta[0]), t, softmax_scale, c)
+
+
+@_block_sparse_fwd_op.register_fake
+def _(q, k, v, fwd_tables, dq_tables, dkdv_tables, meta, softmax_scale, cfg):
+    b, sq, hq, d = q.shape
+    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("longca_triton::block_sparse_attention_bwd", mutates_args=())
+def _block_sparse_bwd_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dq_tables: list[torch.Tensor],
+                         dkdv_tables: list[torch.Tensor], meta: list[int], softmax_scale: float,
+                         cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    c = _cfg_from_list(cfg)
+    tables = _op_tables(c, meta, dq=dq_tables, dkdv=dkdv_tables)
+    return block_sparse_bwd(dout, q, k, v, out, lse, _Patterns(meta[0]), tables, softmax_scale, c, dlse=dlse)
+
+
+@_block_sparse_bwd_op.register_fake
+def _(dout, dlse, q, k, v, out, lse, dq_tables, dkdv_tables, meta, softmax_scale, cfg):
+    # the real op returns contiguous tensors whatever the inputs' strides
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, fwd_tables, dq_tables, dkdv_tables, meta, softmax_scale, cfg = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *dq_tables, *dkdv_tables)
+    ctx.meta, ctx.softmax_scale, ctx.cfg = meta, softmax_scale, cfg
+
+
+def _op_backward(ctx, dout, dlse):
+    q, k, v, out, lse, *tables = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _block_sparse_bwd_op(dout, dlse, q, k, v, out, lse, list(tables[:_TABLE_LEN]),
+                                      list(tables[_TABLE_LEN:]), ctx.meta, ctx.softmax_scale, ctx.cfg)
+    # the gradient's structure must mirror the inputs': one None per table tensor
+    none = [None] * _TABLE_LEN
+    return dq, dk, dv, list(none), list(none), list(none), None, None, None
+
+
+torch.library.register_autograd("longca_triton::block_sparse_attention_fwd", _op_backward,
+                                setup_context=_op_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
 
@@ -650,3 +716,38 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 
 #: variable blocks go through the same kernels (sub-tiles carrying their valid length)
 varblock_attention = block_sparse_attention
+
+
+def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None):
+    """Same as :func:`block_sparse_attention`, through the ``torch.library`` ops
+    (``longca_triton::block_sparse_attention_fwd`` / ``_bwd``), so ``torch.compile`` can trace it.
+
+    The tables are looked up (built once, cached) outside the graph: under ``torch.compile`` that
+    lookup is a graph break. Build them beforehand (``tables_for``) and call
+    :func:`block_sparse_attention_from_tables` for a graph without breaks (``fullgraph=True``).
+    """
+    _check_inputs(q, k, v, mask)
+    d = q.shape[-1]
+    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
+    if not softmax_scale > 0 or math.isinf(softmax_scale):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    cfg = resolve_config(mask, d, config)
+    tables = _tables_no_compile(mask, cfg, q.device)
+    return block_sparse_attention_from_tables(q, k, v, tables, mask.num_patterns, softmax_scale, cfg, return_lse)
+
+
+@torch.compiler.disable
+def _tables_no_compile(mask, cfg, device):
+    return tables_for(mask, cfg, device)
+
+
+def block_sparse_attention_from_tables(q, k, v, tables: dict, num_patterns: int, softmax_scale: float, cfg: dict,
+                                       return_lse: bool = False):
+    """The custom-op path given ready tables (``tables_for(mask, cfg, device)``, ``cfg`` from
+    ``resolve_config``): traceable by ``torch.compile`` without graph breaks."""
+    meta = [int(num_patterns), int(tables["fwd"].even_cols), int(tables["dq"].even_cols),
+            int(tables["dkdv"].even_cols)]
+    out, lse = torch.ops.longca_triton.block_sparse_attention_fwd(
+        q, k, v, tables["fwd"].lists(), tables["dq"].lists(), tables["dkdv"].lists(), meta,
+        float(softmax_scale), _cfg_to_list(cfg))
+    return (out, lse) if return_lse else out

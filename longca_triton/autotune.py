@@ -2,12 +2,16 @@
 
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
-block-sparse kernels the block itself) and searches the rest: outer tile, warps, pipeline stages
-and the kernels' switches (warp specialisation). Each group of keys (forward, dK/dV, dQ) is tuned
-with the others at their defaults, because the passes are separate kernels.
+block-sparse kernel ``triton-sparse`` the block itself, on uniform block-sparse masks of that
+block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the
+kernels' switches (warp specialisation). ``--varblock`` tunes ``triton-varblock`` on
+variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
+keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
+separate kernels.
 
 The cache is JSON, keyed by ``GPU name | Triton version`` and then by *problem class*
-(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block). Entries keep the
+(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block; for block-sparse masks
+the mask's own block, or the power of two nearest its mean block). Entries keep the
 measured TFLOP/s of the default and tuned configs, so the kernels pick the best block for a class
 and ``autotune`` can print what it found. No cache means defaults: nothing here probes hardware at
 import time.
@@ -30,7 +34,7 @@ from .masks import BlockSparseMask, Mask
 
 __all__ = [
     "Tunable", "TUNABLES", "register_tunable", "cache_path", "device_key", "problem_class", "lookup",
-    "TuneCase", "tune", "load_cache",
+    "best_entry", "sparse_block", "TuneCase", "tune", "load_cache", "cases_for",
 ]
 
 CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
@@ -46,8 +50,15 @@ class Tunable:
     groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
     candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
     run: Callable  # (q, k, v, mask, config) -> out, differentiable
-    default: Callable[[int, torch.dtype], dict]  # (head_dim, dtype) -> full default config
+    default: Callable[[int, torch.dtype, Mask], dict]  # (head_dim, dtype, mask) -> full default config
     accepts: Callable[[Mask], bool] = lambda mask: True
+    #: its own tuning cases ``(block, seqlens, head_dims, dtypes, heads, densities, seed)`` ->
+    #: ``[TuneCase]``; None: the command's ``--masks`` (filtered by ``accepts``)
+    make_cases: Callable | None = None
+    #: backends its summary compares against
+    vendors: tuple[str, ...] = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
+    #: what ``block`` means for it: "block" (tile = block) or "mean block" (variable blocks)
+    block_meaning: str = "block"
 
 
 TUNABLES: dict[str, Tunable] = {}
@@ -91,7 +102,7 @@ def _dense_tunable() -> Tunable:
 
         return dense_attention(q, k, v, mask, config=config)
 
-    def default(head_dim, dtype):
+    def default(head_dim, dtype, mask=None):
         from .kernels.dense import default_config
 
         return default_config(head_dim, dtype)
@@ -107,6 +118,102 @@ def _dense_tunable() -> Tunable:
 
 
 register_tunable(_dense_tunable())
+
+
+def _sparse_outer(block: int, head_dim: int) -> list[int]:
+    """Tiles of the side a program owns: at most the block (a row tile never spans two blocks) and
+    at most 128 rows (64 for D > 128)."""
+    cap = 64 if head_dim > 128 else 128
+    b = 1 << (max(16, block).bit_length() - 1)  # the largest power of two <= block
+    return sorted({max(16, min(b, 64)), max(16, min(b, cap))})
+
+
+def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
+    """Uniform blocks (``triton-sparse``): the inner tile is the block itself (at most 128: larger
+    blocks are walked in 128-wide sub-tiles; either way no tile needs the tail mask); the outer
+    tile, stacked GQA heads, warps and stages are searched."""
+    inner = 1 << (max(16, min(block, 128)).bit_length() - 1)
+    outer = _sparse_outer(block, head_dim)
+    warps, stages = [4, 8], [2, 3]
+    heads = [1, 2]
+    if group == "fwd":
+        return [dict(BLOCK_M=m, BLOCK_N=inner, HEADS=h, num_warps=w, num_stages=s, warp_specialize=ws)
+                for m, h, w, s, ws in itertools.product(outer, heads, warps, stages, [False, True])]
+    if group == "dkdv":  # a program owns DKDV_BLOCK_N keys and steps over DKDV_BLOCK_M query rows
+        return [dict(DKDV_BLOCK_M=inner, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s)
+                for n, h, w, s in itertools.product(outer, heads if inner <= 64 else [1], warps, stages)]
+    if group == "dq":
+        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=inner, DQ_HEADS=h, dq_num_warps=w, dq_num_stages=s)
+                for m, h, w, s in itertools.product(outer, heads, warps, stages)]
+    raise ValueError(f"unknown key group {group!r}")
+
+
+def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
+    """Variable blocks (``triton-varblock``, ``block`` = the mean block): blocks are walked in
+    sub-tiles carrying their valid length, so the inner tile is searched too (the two largest
+    powers of two up to the mean block, at most 128); one head per tile."""
+    b = 1 << (max(16, min(block, 128)).bit_length() - 1)
+    inner = sorted({max(16, b // 2), b})
+    outer = _sparse_outer(block, head_dim)
+    warps, stages = [4, 8], [2, 3]
+    if group == "fwd":
+        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False)
+                for n, m, w, s in itertools.product(inner, outer, warps, stages)]
+    if group == "dkdv":
+        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s)
+                for m, n, w, s in itertools.product(inner, outer, warps, stages)]
+    if group == "dq":
+        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s)
+                for n, m, w, s in itertools.product(inner, outer, warps, stages)]
+    raise ValueError(f"unknown key group {group!r}")
+
+
+def _sparse_cases(mask_name: str):
+    def make(block, seqlens, head_dims, dtypes, heads, densities, seed=0) -> list[TuneCase]:
+        from .masks import make_mask
+
+        hq, hkv = heads
+        extra = dict(min_block=max(1, block // 2)) if mask_name == "varblock_sparse" else {}
+        out = []
+        for S, dens, D, dt in itertools.product(seqlens, densities, head_dims, dtypes):
+            # one pattern per KV head (MASKS.md §2's default), as in experiments/sparse.toml
+            m = make_mask(mask_name, S, seed=seed, block=block, density=float(dens), patterns=hkv, **extra)
+            out.append(TuneCase(m, hq, hkv, D, dt, label=f"{mask_name} block={block} density={dens} S={S} D={D} "
+                                                         f"{str(dt).replace('torch.', '')}"))
+        return out
+
+    return make
+
+
+def _block_sparse_tunable(name: str) -> Tunable:
+    def run(q, k, v, mask, config):
+        from .kernels.block_sparse import block_sparse_attention
+
+        return block_sparse_attention(q, k, v, mask, config=config)
+
+    def default(head_dim, dtype, mask=None):
+        from .kernels.block_sparse import default_config
+
+        return default_config(mask, head_dim)
+
+    uniform = name == "triton-sparse"
+    return Tunable(
+        name=name,
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        candidates=_sparse_candidates if uniform else _varblock_candidates,
+        run=run,
+        default=default,
+        accepts=(lambda mask: isinstance(mask, BlockSparseMask) and bool(_uniform_pow2(mask))) if uniform
+        else (lambda mask: isinstance(mask, BlockSparseMask)),
+        make_cases=_sparse_cases("block_sparse" if uniform else "varblock_sparse"),
+        vendors=("flex", "flashinfer-bsr", "flashinfer-varblock", "vsa-triton", "vsa-cuda") if uniform
+        else ("flex", "flashinfer-varblock"),
+        block_meaning="block" if uniform else "mean block",
+    )
+
+
+register_tunable(_block_sparse_tunable("triton-sparse"))
+register_tunable(_block_sparse_tunable("triton-varblock"))
 
 
 # ---------------------------------------------------------------------------- the cache
@@ -125,10 +232,19 @@ def device_key(device: torch.device | str) -> str:
     return f"{name}|triton-{triton.__version__}"
 
 
+def _uniform_pow2(mask: BlockSparseMask) -> int | None:
+    """The uniform block when it is a power of two >= 16 (what triton-sparse takes), else None."""
+    ub = mask.uniform_block
+    return int(ub) if ub and ub >= 16 and ub & (ub - 1) == 0 else None
+
+
 def mask_class(mask: Mask) -> str:
     if isinstance(mask, BlockSparseMask):
-        return "uniform-sparse" if mask.uniform_block else "varblock-sparse"
+        return "uniform-sparse" if _uniform_pow2(mask) else "varblock-sparse"
     return "full" if mask.area == mask.seqlen_q * mask.seqlen_k else "masked"
+
+
+SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")
 
 
 def seq_bucket(seqlen: int) -> str:
@@ -138,8 +254,22 @@ def seq_bucket(seqlen: int) -> str:
     return "S>64K"
 
 
+def sparse_block(mask: Mask) -> int | None:
+    """The block a block-sparse mask is tuned under: its uniform block, or for variable blocks the
+    power of two nearest (in log scale) to its mean query block. None for range masks."""
+    if not isinstance(mask, BlockSparseMask):
+        return None
+    if _uniform_pow2(mask):
+        return _uniform_pow2(mask)
+    mean = mask.seqlen_q / max(1, len(mask.q_block_bounds) - 1)
+    return 1 << max(0, round(math.log2(max(mean, 1.0))))
+
+
 def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int) -> str:
+    """``kernel|D|dtype|G|mask class|S bucket|block``. For block-sparse masks ``block`` is the
+    mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at."""
     dt = str(dtype).replace("torch.", "")
+    block = sparse_block(mask) or block
     return f"{kernel}|D={head_dim}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
 
 
@@ -172,17 +302,38 @@ def _save_cache(data: dict, path: Path) -> None:
 
 
 def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | None:
-    """The tuned config for this call's problem class (best over tuned blocks), or None."""
+    """The tuned config for this call's problem class, or None (use the kernel's defaults).
+
+    Range masks: the best over the tuned blocks. Block-sparse masks: the entry tuned at the mask's
+    own block only (``sparse_block``), at its sequence bucket or else the nearest tuned one."""
     if q.device.type != "cuda":
         return None
     data = load_cache()
     if not data:
         return None
-    entries = data.get(device_key(q.device), {})
-    prefix = problem_class(kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, 0).rsplit("|block=", 1)[0]
+    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask)
+
+
+def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask) -> dict | None:
+    """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
+    cls = problem_class(kernel, head_dim, dtype, group, mask, 0)
+    if isinstance(mask, BlockSparseMask):
+        entry = entries.get(cls)
+        if entry is None:
+            # no entry at this sequence bucket: the one tuned at the nearest bucket (the longer on a
+            # tie). Block-sparse tiles see the same block structure at every S, and the sparse study
+            # (32K-128K) is too slow to tune at full length.
+            head, bucket, tail = cls.split("|")[:5], cls.split("|")[5], cls.split("|")[6:]
+            target = SEQ_BUCKETS.index(bucket)
+            near = [(abs(i - target), -i, b) for i, b in enumerate(SEQ_BUCKETS)
+                    if "|".join(head + [b] + tail) in entries]
+            if near:
+                entry = entries["|".join(head + [min(near)[2]] + tail)]
+        return dict(entry["config"]) if entry else None
+    prefix = cls.rsplit("|block=", 1)[0]
     best = None
-    for cls, entry in entries.items():
-        if cls.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
+    for c, entry in entries.items():
+        if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
             best = entry
     return dict(best["config"]) if best else None
 
@@ -265,7 +416,7 @@ def tune(
     path = cache_path()
     for cls, members in by_class.items():
         head_dim, dtype = members[0].head_dim, members[0].dtype
-        default = tunable.default(head_dim, dtype)
+        default = tunable.default(head_dim, dtype, members[0].mask)
         tuned = dict(default)
         default_scores, tuned_scores, failures = {}, {}, []
         for group in groups:
@@ -326,6 +477,18 @@ def build_cases(masks, seqlens, head_dims, dtypes, heads, seed=0) -> list[TuneCa
         TuneCase(make_mask(m, S, seed=seed), hq, hkv, D, dt, label=f"{m} S={S} D={D} {str(dt).replace('torch.', '')}")
         for m, S, D, dt in itertools.product(masks, seqlens, head_dims, dtypes)
     ]
+
+
+DEFAULT_DENSITIES = (0.2, 0.5, 0.8)
+
+
+def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, heads, densities=DEFAULT_DENSITIES,
+              seed=0) -> list[TuneCase]:
+    """The cases ``tunable`` is tuned on: its own (block-sparse kernels: masks at ``block`` and
+    each density, one pattern per KV head), or the range masks ``masks`` it accepts."""
+    if tunable.make_cases is not None:
+        return tunable.make_cases(block, seqlens, head_dims, dtypes, heads, densities, seed)
+    return [c for c in build_cases(masks, seqlens, head_dims, dtypes, heads, seed) if tunable.accepts(c.mask)]
 
 
 def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:

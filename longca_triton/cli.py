@@ -119,41 +119,55 @@ def _heads(ctx, param, value):
 
 @main.command()
 @click.option("--block", type=click.Choice(["16", "32", "64", "128", "256"]), default="64", show_default=True,
-              help="inner-loop tile / sparse block size to tune for")
-@click.option("--kernel", "kernels", default="triton", show_default=True, callback=_csv(str),
-              help="comma-separated tunable kernels")
-@click.option("--masks", default=None, callback=_csv(str), help="comma-separated masks (default: a mix of full, causal, documents, window)")
+              help="inner-loop tile / uniform sparse block size to tune for (triton, triton-sparse)")
+@click.option("--varblock", is_flag=True,
+              help="tune the variable-block kernel (triton-varblock) at --mean-block instead of triton + triton-sparse")
+@click.option("--mean-block", type=click.IntRange(min=16), default=256, show_default=True,
+              help="mean block of the variable-block masks triton-varblock is tuned on")
+@click.option("--kernel", "kernels", default=None, callback=_csv(str),
+              help="comma-separated tunable kernels (default: triton,triton-sparse; with --varblock: triton-varblock)")
+@click.option("--masks", default=None, callback=_csv(str), help="comma-separated masks for the dense kernel (default: a mix of full, causal, documents, window)")
+@click.option("--densities", default="0.2,0.5,0.8", show_default=True, callback=_csv(float),
+              help="kept-block fractions of the block-sparse tuning masks")
 @click.option("--seqlens", default="4096,16384", show_default=True, callback=_csv(int))
 @click.option("--head-dims", default="128", show_default=True, callback=_csv(int))
 @click.option("--dtypes", default="bfloat16", show_default=True, callback=_csv(str))
 @click.option("--heads", default="64:8", show_default=True, callback=_heads, help="Hq:Hkv")
-@click.option("--vendors", default=None, callback=_csv(str), help="backends to compare against (default: sdpa-cudnn, fa4, flex-fa4, flex)")
+@click.option("--vendors", default=None, callback=_csv(str), help="backends to compare against (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex for the dense one)")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="also write the summary as JSON")
-def autotune(block, kernels, masks, seqlens, head_dims, dtypes, heads, vendors, dry_run, no_write, out):
+def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, head_dims, dtypes, heads, vendors, dry_run,
+             no_write, out):
     """Tune our kernels' launch configs for one tile/block size and cache the winners.
 
+    `--block N` tunes the dense kernel (triton: inner tile N) and the uniform block-sparse kernel
+    (triton-sparse: masks of block N, one pattern per KV head, at each of --densities);
+    `--varblock` tunes triton-varblock on variable-block masks of mean block --mean-block.
     Prints, per problem class, the default config, the tuned config and the best vendor kernel
-    side by side. The kernels read the cache (see `autotune.cache_path`) at run time.
+    side by side. The kernels read the cache (see `autotune.cache_path`) at run time; the
+    block-sparse backends take the entry of the mask's own block, at the nearest tuned sequence
+    bucket when theirs was not tuned (so 4K/16K tuning serves the 32K-128K sparse study).
 
     \b
     Examples:
       longca-triton autotune --block 64
       longca-triton autotune --block 128 --masks causal,causal_document --seqlens 16384
+      longca-triton autotune --block 128 --kernel triton-sparse --densities 0.2,0.5
+      longca-triton autotune --varblock --mean-block 256
       longca-triton autotune --block 64 --dry-run
     """
     from .runtime import INTERPRETER_BANNER, select_device
 
     device, interpreted = select_device()
     from rich.console import Console
-    from rich.table import Table
 
     from . import autotune as at
     from .masks import MASK_NAMES
 
     console = Console()
     block = int(block)
+    kernels = kernels or (["triton-varblock"] if varblock else ["triton", "triton-sparse"])
     for name in kernels:
         if name not in at.TUNABLES:
             raise click.BadParameter(f"unknown kernel {name!r}; tunable: {', '.join(at.TUNABLES)}", param_hint="--kernel")
@@ -161,6 +175,8 @@ def autotune(block, kernels, masks, seqlens, head_dims, dtypes, heads, vendors, 
     for m in masks:
         if m not in MASK_NAMES:
             raise click.BadParameter(f"unknown mask {m!r}; valid masks: {', '.join(MASK_NAMES)}", param_hint="--masks")
+    if any(not 0 < d <= 1 for d in densities):
+        raise click.BadParameter(f"densities must lie in (0, 1], got {densities}", param_hint="--densities")
     dts = []
     for d in dtypes:
         if d not in ("bfloat16", "float16"):
@@ -170,20 +186,24 @@ def autotune(block, kernels, masks, seqlens, head_dims, dtypes, heads, vendors, 
         raise click.BadParameter("sequence lengths must be positive", param_hint="--seqlens")
     if interpreted and not dry_run:
         console.print(f"[bold yellow]{INTERPRETER_BANNER}[/bold yellow]")
-        seqlens, head_dims, dts, heads, block = [160], [32], [torch.float16], (4, 2), min(block, 32)
-    cases = at.build_cases(masks, seqlens, head_dims, dts, heads)
+        seqlens, head_dims, dts, heads = [160], [32], [torch.float16], (4, 2)
+        block, mean_block, densities = min(block, 32), min(mean_block, 64), densities[:1]
     for name in kernels:
         tunable = at.TUNABLES[name]
-        mine = [c for c in cases if tunable.accepts(c.mask)]
+        tblock = mean_block if tunable.block_meaning == "mean block" else block
+        mine = at.cases_for(tunable, tblock, masks, seqlens, head_dims, dts, heads, densities)
+        if not mine:
+            console.print(f"[yellow]{name}: none of the masks {', '.join(masks)} runs on it; skipped[/yellow]")
+            continue
         if dry_run:
-            _print_dry_run(console, tunable, mine, block)
+            _print_dry_run(console, tunable, mine, tblock)
             continue
         if interpreted:
-            _interpreter_check(console, tunable, mine, block)
+            _interpreter_check(console, tunable, mine, tblock)
             continue
-        console.print(f"tuning {name} at block {block} on {torch.cuda.get_device_name()} -> {at.cache_path()}")
-        summaries = at.tune(tunable, mine, block, device, write=not no_write, progress=lambda s: console.log(s))
-        _print_summary(console, summaries, mine, vendors or list(at.DEFAULT_VENDORS), device)
+        console.print(f"tuning {name} at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} -> {at.cache_path()}")
+        summaries = at.tune(tunable, mine, tblock, device, write=not no_write, progress=lambda s: console.log(s))
+        _print_summary(console, summaries, mine, vendors or list(tunable.vendors), device)
         if out:
             import json as _json
 
@@ -199,6 +219,7 @@ def _fmt_cfg(cfg: dict) -> str:
 def _print_dry_run(console, tunable, cases, block):
     from . import autotune as at
 
+    console.print(f"[bold]{tunable.name}[/bold] at {tunable.block_meaning} {block}: {len(cases)} cases")
     classes = {}
     for c in cases:
         cls = at.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
@@ -218,7 +239,7 @@ def _interpreter_check(console, tunable, cases, block):
 
     from .reference import naive_attention
 
-    table = Table(title=f"{tunable.name} @ block {block} [INTERPRETER: correctness only, no speed]")
+    table = Table(title=f"{tunable.name} @ {tunable.block_meaning} {block} [INTERPRETER: correctness only, no speed]")
     for col in ("case", "group", "config", "max |err| vs fp64 reference", "status"):
         table.add_column(col)
     for case in cases:
@@ -228,7 +249,7 @@ def _interpreter_check(console, tunable, cases, block):
         ref_grads = torch.autograd.grad(ref, (q64, k64, v64), do.double())
         for group, mode in tunable.groups.items():
             cand = tunable.candidates(group, block, case.head_dim)[0]
-            cfg = {**tunable.default(case.head_dim, case.dtype), **cand}
+            cfg = {**tunable.default(case.head_dim, case.dtype, case.mask), **cand}
             out = tunable.run(q, k, v, case.mask, cfg)
             if mode == "fwd":
                 err = (out.double() - ref).abs().max().item()

@@ -34,12 +34,13 @@ def tiles(m=32, n=32, heads=1, dq=None, dkdv=None):
                 dkdv_num_stages=1)
 
 
-def check(mask, hq, hkv, d=32, cfg=None, dtype=torch.float32, batch=1, seed=0, tol=None):
+def check(mask, hq, hkv, d=32, cfg=None, dtype=torch.float32, batch=1, seed=0, tol=None, op=False):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, mask.seqlen_q, hq, d, generator=g).to(DEV, dtype).requires_grad_()
     k = torch.randn(batch, mask.seqlen_k, hkv, d, generator=g).to(DEV, dtype).requires_grad_()
     v = torch.randn(batch, mask.seqlen_k, hkv, d, generator=g).to(DEV, dtype).requires_grad_()
-    out, lse = BS.block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg)
+    fn = BS.block_sparse_attention_op if op else BS.block_sparse_attention
+    out, lse = fn(q, k, v, mask, return_lse=True, config=cfg)
     dout = torch.randn(out.shape, generator=g).to(DEV, dtype)
     dlse = torch.randn(lse.shape, generator=g).to(DEV)
     loss = (out.float() * dout.float()).sum() + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()
@@ -243,3 +244,105 @@ def test_backend_attention_matches_kernel():
     out, lse = get_backend("triton-varblock").attention(q, k, k, mask, return_lse=True)
     ref, rl = naive_attention(q.double(), k.double(), k.double(), mask, return_lse=True)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+# ------------------------------------------------------------------ torch.library ops, torch.compile
+def test_custom_op_path_matches():
+    """The torch.library path (fwd/bwd ops, tables as int32 tensor lists), gradient through lse too."""
+    check(make_mask("block_sparse", 200, block=32, density=0.5, patterns=2, seed=4), hq=4, hkv=2, op=True)
+    check(make_mask("varblock_sparse", 230, block=40, min_block=16, density=0.5, patterns=2, seed=5), hq=4, hkv=2,
+          cfg=tiles(32, 16, dq=(16, 32), dkdv=(32, 16)), op=True)
+
+
+def test_custom_op_opcheck():
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch of the forward op."""
+    mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=2, seed=3)
+    q, k, v = (torch.randn(1, 64, 2, 16, device=DEV, requires_grad=True) for _ in range(3))
+    cfg = BS.resolve_config(mask, 16)
+    t = BS.tables_for(mask, cfg, q.device)
+    meta = [2, int(t["fwd"].even_cols), int(t["dq"].even_cols), int(t["dkdv"].even_cols)]
+    args = (q, k, v, t["fwd"].lists(), t["dq"].lists(), t["dkdv"].lists(), meta, 0.25, BS._cfg_to_list(cfg))
+    res = torch.library.opcheck(torch.ops.longca_triton.block_sparse_attention_fwd.default, args)
+    assert set(res.values()) == {"SUCCESS"}, res
+
+
+def _ref_loss_and_grads(q, k, v, mask):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64, mask).sum()
+    ref.backward()
+    return ref.item(), (q64.grad, k64.grad, v64.grad)
+
+
+def test_custom_op_under_torch_compile_fullgraph():
+    """Tables built outside, the op path traced in one graph (fullgraph=True), fwd and bwd."""
+    mask = make_mask("block_sparse", 96, block=32, density=0.5, patterns=2, seed=6)
+    torch.manual_seed(0)
+    q = torch.randn(1, 96, 4, 32, device=DEV, requires_grad=True)
+    k = torch.randn(1, 96, 2, 32, device=DEV, requires_grad=True)
+    v = torch.randn(1, 96, 2, 32, device=DEV, requires_grad=True)
+    cfg = BS.resolve_config(mask, 32)
+    tables = BS.tables_for(mask, cfg, q.device)
+
+    def f(q, k, v):
+        return BS.block_sparse_attention_from_tables(q, k, v, tables, mask.num_patterns, 32 ** -0.5, cfg).sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    loss = compiled(q, k, v)
+    loss.backward()
+    ref, grads = _ref_loss_and_grads(q, k, v, mask)
+    assert abs(loss.item() - ref) < 1e-3
+    for a, b in zip((q, k, v), grads):
+        assert (a.grad.double() - b).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("backend", ["triton-sparse", "triton-varblock"])
+def test_backends_under_torch_compile(backend):
+    """``longca_triton.attention(..., backend=...)`` inside a compiled function (graph breaks
+    allowed around the table lookup): the kernels run as custom-op nodes, fwd and bwd."""
+    import longca_triton as lt
+
+    mask = (make_mask("block_sparse", 96, block=32, density=0.5, patterns=2, seed=7) if backend == "triton-sparse"
+            else make_mask("varblock_sparse", 120, block=40, min_block=16, density=0.5, patterns=2, seed=1))
+    S = mask.seqlen_q
+    torch.manual_seed(1)
+    q = torch.randn(1, S, 4, 32, device=DEV, requires_grad=True)
+    k = torch.randn(1, S, 2, 32, device=DEV, requires_grad=True)
+    v = torch.randn(1, S, 2, 32, device=DEV, requires_grad=True)
+
+    def f(q, k, v):
+        return lt.attention(q, k, v, mask, backend=backend).sum()
+
+    loss = torch.compile(f, backend="aot_eager")(q, k, v)
+    loss.backward()
+    ref, grads = _ref_loss_and_grads(q, k, v, mask)
+    assert abs(loss.item() - ref) < 1e-3
+    for a, b in zip((q, k, v), grads):
+        assert (a.grad.double() - b).abs().max().item() < 1e-3
+
+
+def test_backend_reads_the_autotune_cache(monkeypatch):
+    """The backends take their launch config from ``autotune.lookup`` (an explicit one wins)."""
+    from longca_triton import autotune
+    from longca_triton.backends import Problem, get_backend
+
+    seen = []
+
+    def fake_lookup(kernel, q, k, mask):
+        seen.append(kernel)
+        return {"NOT_A_KEY": 1}
+
+    monkeypatch.setattr(autotune, "lookup", fake_lookup)
+    mask = make_mask("block_sparse", 64, block=32, density=0.5)
+    q = torch.randn(1, 64, 2, 16, device=DEV)
+    b = get_backend("triton-sparse")
+    with pytest.raises(ValueError, match="unknown block-sparse config keys"):
+        b.attention(q, q, q, mask)
+    with pytest.raises(ValueError, match="unknown block-sparse config keys"):
+        b.prepare(Problem(mask, heads_q=2, heads_kv=2, head_dim=16, dtype=torch.float32, device=q.device.type), q, q, q)()
+    assert seen == ["triton-sparse", "triton-sparse"]
+    pinned = tiles(16, 16)
+    fn = b.prepare(Problem(mask, heads_q=2, heads_kv=2, head_dim=16, dtype=torch.float32, device=q.device.type,
+                           extra={"config": pinned}), q, q, q)
+    out, lse = fn()
+    ref = naive_attention(q.double(), q.double(), q.double(), mask)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4 and len(seen) == 2

@@ -4,7 +4,10 @@ every block is processed in fixed-size sub-tiles carrying their valid length; fo
 power-of-two blocks the sub-tile is the block and the tail mask compiles away.
 
 ``prepare`` builds the GPU tables (q→k lists and their k→q transposes) before returning the timed
-callable; ``table_build_ms(problem)`` reports that build time separately.
+callable; ``table_build_ms(problem)`` reports that build time separately. Launch configs come from
+the autotune cache when it has the problem class (``longca-triton autotune --block 64|128`` for
+``triton-sparse``, ``--varblock`` for ``triton-varblock``), else from the kernel's defaults. Under
+``torch.compile`` too: ``attention`` calls the kernels through their ``torch.library`` ops.
 """
 
 from __future__ import annotations
@@ -64,11 +67,29 @@ class _TritonBlockSparse(Backend):
             return False, "Sq * Hq * D >= 2^31 per batch entry (32-bit row offsets in the dK/dV loop)"
         return True, ""
 
-    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
-        from longca_triton.kernels.block_sparse import block_sparse_attention
+    @torch.compiler.disable
+    def launch_config(self, q, k, mask):
+        """An explicit ``self.config``, else the autotune cache's entry for this problem class
+        (``longca-triton autotune --block N`` / ``--varblock``), else None (the kernel's defaults)."""
+        explicit = getattr(self, "config", None)
+        if explicit is not None:
+            return explicit
+        from longca_triton.autotune import lookup
 
-        return block_sparse_attention(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
-                                      config=getattr(self, "config", None))
+        return lookup(self.name, q, k, mask)
+
+    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
+        """Through the ``torch.library`` ops (same kernels, same numbers as the autograd path), so
+        that a ``torch.compile``'d caller captures the kernels as graph nodes. Why always, and not
+        only when compiling: TorchDynamo skips every file under a ``triton/backends`` path (its rule
+        for Triton's own backends also matches ``longca_triton/backends``), so this frame always
+        runs eagerly and cannot tell whether it was called from a compiled region; Dynamo then
+        compiles the kernel wrapper it calls as a frame of its own, and only the op path traces."""
+        from longca_triton.kernels import block_sparse as BS
+
+        config = self.launch_config(q, k, mask)
+        return BS.block_sparse_attention_op(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
+                                            config=config)
 
     def prepare(self, problem: Problem, q, k, v):
         from longca_triton.kernels import block_sparse as BS
@@ -77,6 +98,8 @@ class _TritonBlockSparse(Backend):
         if not ok:
             raise Unsupported(why)
         config = problem.extra.get("config")
+        if config is None:
+            config = self.launch_config(q, k, problem.mask)
         cfg = BS.resolve_config(problem.mask, problem.head_dim, config)
         BS.tables_for(problem.mask, cfg, q.device)  # built (and cached) here, outside the timer
         mask, scale = problem.mask, problem.softmax_scale

@@ -38,32 +38,50 @@ def bench():
     Example:
       longca-triton bench dense --config experiments/dense_quick.toml
       longca-triton bench dense --preset smoke          # tiny CPU grid
+      longca-triton bench sparse --config experiments/sparse.toml --dry-run
+      longca-triton bench varblock --config experiments/varblock.toml
     """
 
 
+def _grid_options(kind: str, example_config: str):
+    """The options every grid command shares (dense, sparse, varblock)."""
+    opts = [
+        click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), help=f"TOML experiment file (e.g. {example_config})."),
+        click.option("--preset", type=click.Choice(["smoke"]), help="A built-in grid instead of a file; 'smoke' = tiny CPU-friendly sizes."),
+        click.option("--masks", help="Comma-separated mask names (override), e.g. full,causal,causal_document."),
+        click.option("--param", "params", multiple=True, metavar="[MASK.]KEY=V1[,V2...]",
+                     help="Mask parameter override, repeatable; several values sweep it (e.g. --param block=64,128 --param density=0.5). "
+                          "Without MASK. it applies to every mask of the grid that has KEY."),
+        click.option("--seqlens", help="Comma-separated sequence lengths, e.g. 4K,16K or 4096,16384."),
+        click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`)."),
+        click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd."),
+        click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64."),
+        click.option("--head-dim", "head_dims", help="Comma-separated head dims, e.g. 128."),
+        click.option("--dtype", "dtypes", help="Comma-separated dtypes: bfloat16 (bf16), float16 (fp16), float32 (fp32)."),
+        click.option("--batch", type=click.IntRange(min=1), help="Batch size."),
+        click.option("--seed", type=int, help="Seed of masks and inputs."),
+        click.option("--warmup-ms", type=click.FloatRange(min=0), help="Warm-up time per point (ms)."),
+        click.option("--rep", type=click.IntRange(min=1), help="Timed repetitions per point (at most)."),
+        click.option("--max-ms", type=click.FloatRange(min=0), help="Cap on the timed repetitions' total time per point (ms)."),
+        click.option("--no-check", is_flag=True, help="Skip the correctness check against the reference."),
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (results.jsonl, plots/, report.md). Default: results/<experiment>-<gpu>."),
+        click.option("--retry-errors", is_flag=True, help="Re-run points whose earlier row is an error or oom."),
+        click.option("--max-minutes", type=click.FloatRange(min=0), help="Stop (cleanly, resumable) after this many minutes."),
+        click.option("--no-plots", is_flag=True, help="Write results and the report, no plots."),
+        click.option("--dry-run", is_flag=True, help="Print the resolved grid (every point group) and exit; runs nothing, on any machine."),
+    ]
+
+    def deco(f):
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
 @bench.command("dense")
-@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), help="TOML experiment file (e.g. experiments/dense.toml).")
-@click.option("--preset", type=click.Choice(["smoke"]), help="A built-in grid instead of a file; 'smoke' = tiny CPU-friendly sizes.")
-@click.option("--masks", help="Comma-separated mask names (override), e.g. full,causal,causal_document.")
-@click.option("--seqlens", help="Comma-separated sequence lengths, e.g. 4K,16K or 4096,16384.")
-@click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`).")
-@click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd.")
-@click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64.")
-@click.option("--head-dim", "head_dims", help="Comma-separated head dims, e.g. 128.")
-@click.option("--dtype", "dtypes", help="Comma-separated dtypes: bfloat16 (bf16), float16 (fp16), float32 (fp32).")
-@click.option("--batch", type=click.IntRange(min=1), help="Batch size.")
-@click.option("--seed", type=int, help="Seed of masks and inputs.")
-@click.option("--warmup-ms", type=click.FloatRange(min=0), help="Warm-up time per point (ms).")
-@click.option("--rep", type=click.IntRange(min=1), help="Timed repetitions per point (at most).")
-@click.option("--max-ms", type=click.FloatRange(min=0), help="Cap on the timed repetitions' total time per point (ms).")
-@click.option("--no-check", is_flag=True, help="Skip the correctness check against the reference.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (results.jsonl, plots/, report.md). Default: results/<experiment>-<gpu>.")
-@click.option("--retry-errors", is_flag=True, help="Re-run points whose earlier row is an error or oom.")
-@click.option("--max-minutes", type=click.FloatRange(min=0), help="Stop (cleanly, resumable) after this many minutes.")
-@click.option("--no-plots", is_flag=True, help="Write results and the report, no plots.")
-@click.option("--dry-run", is_flag=True, help="Print the resolved grid and exit.")
-def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed, warmup_ms, rep,
-                max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run):
+@_grid_options("dense", "experiments/dense.toml")
+def bench_dense(**opts):
     """Dense-kernel sweep: masks × S × heads × head dim × dtype × mode × backends.
 
     Every point is checked against the reference, timed (CUDA events, L2 flush, median and
@@ -78,6 +96,52 @@ def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dim
       longca-triton bench dense --config experiments/dense.toml --masks causal --heads 64:8 --mode bwd
       longca-triton bench dense --preset smoke --out /tmp/smoke
     """
+    _run_bench("dense", **opts)
+
+
+@bench.command("sparse")
+@_grid_options("sparse", "experiments/sparse.toml")
+def bench_sparse(**opts):
+    """Uniform block-sparse sweep: block size × density (swept mask parameters) × S × heads ×
+    head dim × dtype × mode × backends, on the block_sparse mask (MASKS.md §3 #13).
+
+    List-valued mask parameters in the file are swept (`block = [64, 128]`), and "Hkv" / "Hq"
+    stand for the point's head counts (`patterns = "Hkv"`: one pattern per KV head). TFLOP/s
+    count the kept blocks only (MASKS.md §5). Plots get a panel per (block, density). Without a
+    GPU the 'smoke' preset runs instead (tiny sizes, the Triton interpreter); --dry-run always
+    shows the file's grid.
+
+    \b
+    Examples:
+      longca-triton bench sparse --config experiments/sparse.toml --dry-run
+      longca-triton bench sparse --config experiments/sparse.toml --out experiments/results/h100/sparse
+      longca-triton bench sparse --config experiments/sparse.toml --param block=128 --param density=0.5 --mode fwd
+      longca-triton bench sparse --preset smoke --out /tmp/sparse-smoke
+    """
+    _run_bench("sparse", **opts)
+
+
+@bench.command("varblock")
+@_grid_options("varblock", "experiments/varblock.toml")
+def bench_varblock(**opts):
+    """Variable-block sparse sweep: mean block × density (swept) × S × heads × head dim × dtype ×
+    mode × backends, on the varblock_sparse mask (MASKS.md §3 #14).
+
+    Parameters may refer to each other (`min_block = "block/2"`) and to the heads
+    (`patterns = "Hkv"`). Without a GPU the 'smoke' preset runs instead; --dry-run always shows
+    the file's grid.
+
+    \b
+    Examples:
+      longca-triton bench varblock --config experiments/varblock.toml --dry-run
+      longca-triton bench varblock --config experiments/varblock.toml --out experiments/results/h100/varblock
+      longca-triton bench varblock --preset smoke --out /tmp/varblock-smoke
+    """
+    _run_bench("varblock", **opts)
+
+
+def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed,
+               warmup_ms, rep, max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run):
     import torch
 
     con = _console()
@@ -86,22 +150,27 @@ def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dim
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
     from longca_triton.backends import list_backends
 
-    from .config import OPTIONAL_PRESET_BACKENDS, ConfigError, load_experiment
+    from .config import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET, ConfigError, load_experiment
     from .config import preset as get_preset
 
     if config is None and preset is None:
-        raise click.UsageError("give --config FILE (e.g. experiments/dense.toml) or --preset smoke")
+        raise click.UsageError(f"give --config FILE (e.g. experiments/{kind}.toml) or --preset smoke")
+    smoke = SMOKE_PRESET[kind]
     try:
-        if not on_gpu and preset != "smoke":
+        if not on_gpu and preset is None and not dry_run:
             con.print(f"[bold yellow]No CUDA GPU here:[/] running the [bold]smoke[/] preset (tiny sizes, reference backends, "
-                      f"Triton interpreter) instead of {config or preset}. Timings are not performance numbers.")
-            exp = get_preset("smoke")
+                      f"Triton interpreter) instead of {config}. Timings are not performance numbers.")
+            exp = get_preset(smoke)
         elif preset:
-            exp = get_preset(preset)
+            exp = get_preset(smoke if preset == "smoke" else preset)
         else:
             exp = load_experiment(config)
+            if exp.kind != kind:
+                raise ConfigError(f"{config} is a {exp.kind!r} experiment ([experiment] kind); run it with "
+                                  f"`longca-triton bench {exp.kind}`")
         exp = exp.with_overrides(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
-                                 dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms)
+                                 dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
+                                 params=list(params))
         if no_check:
             exp.check = False
         known = {b.name for b in list_backends()}
@@ -127,13 +196,12 @@ def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dim
     store = ResultStore(out / "results.jsonl")
 
     device = "cuda" if on_gpu else "cpu"
-    con.print(f"[bold]{exp.name}[/]: {exp.num_points()} points "
-              f"({len(exp.masks)} masks × {len(exp.seqlens)} S × {len(exp.heads)} heads × {len(exp.head_dims)} D × "
-              f"{len(exp.dtypes)} dtypes × {len(exp.modes)} modes × {len(exp.backends)} backends) on "
+    con.print(f"[bold]{exp.name}[/] ({exp.kind}): {exp.grid_summary()} on "
               f"[bold]{env.get('gpu') or 'CPU'}[/]" + (" [yellow](Triton interpreter)[/]" if env.get("interpreted") else ""))
     con.print(f"results: {store.path}" + (f" (resuming: {len(store.rows())} rows already there)" if store.path.exists() else ""))
     if dry_run:
         con.print_json(json.dumps(exp.to_dict()))
+        _print_points(con, exp)
         return
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "commands.txt", "a") as f:
@@ -158,6 +226,23 @@ def bench_dense(config, preset, masks, seqlens, backends, modes, heads, head_dim
         sys.exit(3)
 
 
+def _print_points(con, exp):
+    """The grid in sweep order, one line per problem (mask variant × S × heads × D × dtype) with
+    its resolved mask parameters; modes × backends run on each."""
+    from rich.markup import escape
+
+    from .runner import plan_points
+
+    groups = plan_points(exp)
+    con.print(f"[bold]{len(groups)} problems[/] × {len(exp.modes)} modes ({', '.join(exp.modes)}) × "
+              f"{len(exp.backends)} backends ({', '.join(exp.backends)}) = {exp.num_points()} points, in sweep order:")
+    for i, ((mname, S, hq, hkv, D, dt, vi), pts) in enumerate(groups, 1):
+        params = exp.params_for(mname, S, (hq, hkv), vi)
+        shown = ", ".join(f"{k}={v}" for k, v in params.items() if not isinstance(v, (list, tuple, dict)))
+        con.print(f"  {i:4d}  S={S:<7d} {escape(exp.variant_label(mname, vi)):<40s} heads {hq}:{hkv}  D={D} {dt}"
+                  + (f"  ({shown})" if shown else "") + f"  {len(pts)} points", soft_wrap=True)
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt
 
@@ -165,6 +250,9 @@ def _terminate(signum, frame):
 def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from rich.markup import escape
+
+    from .report import mask_label
     from .runner import run_experiment
 
     with Progress(TextColumn("[progress.description]{task.description}", table_column=None), BarColumn(), MofNCompleteColumn(),
@@ -183,8 +271,8 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
             if not con.is_terminal:
                 t = row.get("tflops")
                 speed = f" {row['time_ms']:.3f} ms {t:.1f} TFLOP/s" if row.get("time_ms") is not None and t is not None else ""
-                con.print(f"[{done[0]}] {row['backend']} {row['mask']} S={row['seqlen']} {row['heads_q']}:{row['heads_kv']} "
-                          f"{row['mode']}: {row['status'][:160]}{speed}", soft_wrap=True)
+                con.print(f"[{done[0]}] {row['backend']} {escape(mask_label(row))} S={row['seqlen']} {row['heads_q']}:{row['heads_kv']} "
+                          f"{row['mode']}: {escape(row['status'][:160])}{speed}", soft_wrap=True)
 
         return run_experiment(exp, store, device=device, retry=("error", "oom") if retry_errors else (),
                               max_minutes=max_minutes, progress=progress, on_row=on_row)
@@ -196,7 +284,9 @@ def _summary_table(con, rows):
         return
     from rich.table import Table
 
-    from .report import short_status
+    from rich.markup import escape
+
+    from .report import mask_label, short_status
     from .store import status_kind
 
     backends = []
@@ -210,7 +300,7 @@ def _summary_table(con, rows):
         t.add_column(b, justify="right")
     cells, order = {}, []
     for r in rows:
-        k = (r["mask"], r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["mode"])
+        k = (escape(mask_label(r)), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["mode"])
         if k not in cells:
             cells[k] = {}
             order.append(k)
@@ -222,7 +312,7 @@ def _summary_table(con, rows):
     con.print(t)
     errors = [r for r in rows if status_kind(r) == "error"]
     for r in errors[:10]:
-        con.print(f"[red]{r['backend']} {r['mask']} S={r['seqlen']} {r['mode']}[/]: {r['status'][:300]}")
+        con.print(f"[red]{r['backend']} {escape(mask_label(r))} S={r['seqlen']} {r['mode']}[/]: {escape(r['status'][:300])}")
 
 
 def _write_outputs(con, store, out: Path, no_plots: bool):

@@ -28,14 +28,29 @@ A TOML experiment (see ``experiments/dense.toml``)::
     [mask_params.prefix_lm_causal]
     prefix = "S/3"         # arithmetic in S (the sequence length) is allowed
 
-Every value is validated before anything runs; errors name the offending key and the valid choices.
+Mask parameters (``[mask_params.<mask>]``):
+
+* a string naming ``S`` (sequence length), ``Hq`` / ``Hkv`` (the point's query / key-value heads)
+  or another numeric parameter of the same mask is arithmetic (``+ - * / // %``), rounded down to
+  an int: ``prefix = "S/3"``, ``patterns = "Hkv"`` (one block-sparse pattern per KV head),
+  ``min_block = "block/2"``; any other string is passed on unchanged (``docs = "long"``);
+* a list is a **sweep**: the grid is crossed with every value (``block = [64, 128]`` and
+  ``density = [0.2, 0.5, 0.8]`` make six mask variants). Parameters whose value is itself a list
+  (``doc_lens``, ``doc_bounds``, ``block_bounds``) sweep only as a list of lists.
+
+``[experiment] kind`` says which ``bench`` command the file is for (``dense`` by default,
+``sparse``, ``varblock``). Every value is validated before anything runs; errors name the
+offending key and the valid choices.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import itertools
+import json
 import operator
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -46,6 +61,7 @@ from longca_triton.masks import MASK_NAMES, MASK_SPECS
 
 __all__ = [
     "DTYPES",
+    "KINDS",
     "MODES",
     "PRESETS",
     "ConfigError",
@@ -55,9 +71,16 @@ __all__ = [
     "parse_heads",
     "parse_seqlen",
     "resolve_param",
+    "resolve_params",
 ]
 
 MODES = ("fwd", "bwd", "fwd_bwd")
+#: experiment kinds, one per ``bench`` command; sparse and varblock grids take block-sparse masks
+KINDS = ("dense", "sparse", "varblock")
+#: mask parameters whose value is a list (a sweep over them is a list of lists)
+LIST_VALUED_PARAMS = frozenset({"doc_bounds", "doc_lens", "block_bounds", "q_block_bounds", "k_block_bounds"})
+#: names an expression may use besides the mask's own numeric parameters
+HEAD_VARS = ("Hq", "Hkv")
 DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -124,32 +147,96 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.USub: operator.neg}
 
 
-def resolve_param(value: Any, seqlen: int) -> Any:
-    """A mask parameter: strings with ``S`` are arithmetic in the sequence length (``"S/3"``,
-    ``"S//16"``), rounded down to an int; everything else is returned unchanged."""
-    if isinstance(value, (list, tuple)):
-        return [resolve_param(v, seqlen) for v in value]
-    if not isinstance(value, str) or "S" not in value:
-        return value
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
+
+def _eval_expr(value: str, scope: dict) -> int:
+    """``value`` (arithmetic over the names in ``scope``) rounded down to an int."""
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
-        if isinstance(node, ast.Name) and node.id == "S":
-            return seqlen
+        if isinstance(node, ast.Name):
+            if node.id not in scope:
+                raise ConfigError(f"mask parameter {value!r}: unknown name {node.id!r} (known: {', '.join(sorted(scope))})")
+            v = scope[node.id]
+            if v is None:
+                raise ConfigError(f"mask parameter {value!r}: {node.id} is not known here (the point's heads are needed)")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"mask parameter {value!r}: {node.id} = {v!r} is not a number")
+            return v
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
-        raise ConfigError(f"mask parameter {value!r}: only numbers, S and + - * / // % are allowed")
+        raise ConfigError(f"mask parameter {value!r}: only numbers, {', '.join(sorted(scope))} and + - * / // % are allowed")
 
     try:
         tree = ast.parse(value, mode="eval")
     except SyntaxError:
-        raise ConfigError(f"mask parameter {value!r} is not an arithmetic expression in S") from None
-    return int(ev(tree))
+        raise ConfigError(f"mask parameter {value!r} is not an arithmetic expression") from None
+    try:
+        return int(ev(tree))
+    except ZeroDivisionError:
+        raise ConfigError(f"mask parameter {value!r} divides by zero") from None
+
+
+def _is_expr(value: Any, names) -> bool:
+    return isinstance(value, str) and bool(set(_NAME.findall(value)) & set(names))
+
+
+def resolve_param(value: Any, seqlen: int, env: dict | None = None) -> Any:
+    """A mask parameter: strings naming ``S`` (or a name in ``env``, e.g. ``Hkv``) are arithmetic
+    (``"S/3"``, ``"S//16"``), rounded down to an int; lists are resolved element-wise; anything
+    else is returned unchanged."""
+    if isinstance(value, (list, tuple)):
+        return [resolve_param(v, seqlen, env) for v in value]
+    scope = {"S": seqlen, **(env or {})}
+    if not _is_expr(value, scope):
+        return value
+    return _eval_expr(value, scope)
+
+
+def resolve_params(params: dict, seqlen: int, heads: tuple[int, int] | None = None) -> dict:
+    """Resolve one mask variant's parameters at a point: ``S``, ``Hq``, ``Hkv`` and the variant's
+    other numeric parameters (``min_block = "block/2"``) may appear in string expressions."""
+    env = {"S": seqlen, "Hq": heads[0] if heads else None, "Hkv": heads[1] if heads else None}
+    names = set(env) | set(params)
+    out, pending = {}, {}
+    for k, v in params.items():
+        if isinstance(v, (list, tuple)):
+            out[k] = [resolve_param(x, seqlen, env) for x in v]
+        elif _is_expr(v, names):
+            pending[k] = v
+        else:
+            out[k] = v
+    while pending:
+        progressed = False
+        for k, v in list(pending.items()):
+            refs = (set(_NAME.findall(v)) & set(params)) - set(env)
+            if refs & set(pending):
+                continue  # resolve what it refers to first
+            out[k] = _eval_expr(v, {**env, **{r: out[r] for r in refs}})
+            del pending[k]
+            progressed = True
+        if not progressed:
+            raise ConfigError(f"mask parameters {', '.join(f'{k} = {v!r}' for k, v in pending.items())} refer to each other in a cycle")
+    return {k: out[k] for k in params}
+
+
+def _is_sweep(key: str, value: Any) -> bool:
+    if not isinstance(value, (list, tuple)):
+        return False
+    if key in LIST_VALUED_PARAMS:
+        return bool(value) and all(isinstance(x, (list, tuple)) for x in value)
+    return True
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
 
 
 def _as_list(v: Any) -> list:
@@ -167,6 +254,8 @@ def _as_list(v: Any) -> list:
 class Experiment:
     name: str = "dense"
     description: str = ""
+    #: which bench command the grid is for (``KINDS``); stamped on every row
+    kind: str = "dense"
     masks: list[str] = field(default_factory=lambda: ["full", "causal"])
     seqlens: list[int] = field(default_factory=lambda: [4096])
     heads: list[tuple[int, int]] = field(default_factory=lambda: [(64, 8)])
@@ -185,13 +274,68 @@ class Experiment:
     preset: str | None = None
     source: str | None = None
 
+    # -- mask variants (list-valued parameters are swept)
+    def swept(self, mask: str) -> list[str]:
+        """The parameters of ``mask`` that are swept (list-valued in the grid), in file order."""
+        return [k for k, v in self.mask_params.get(mask, {}).items() if _is_sweep(k, v)]
+
+    def variants(self, mask: str) -> list[dict]:
+        """Unresolved parameter dicts of ``mask``, one per combination of the swept values."""
+        params = self.mask_params.get(mask, {})
+        keys = self.swept(mask)
+        if not keys:
+            return [dict(params)]
+        out = []
+        for combo in itertools.product(*[list(params[k]) for k in keys]):
+            d = dict(params)
+            d.update(zip(keys, combo))
+            out.append(d)
+        return out
+
+    def label_keys(self, mask: str) -> list[str]:
+        """The parameters that name a variant: the swept ones, and for block-sparse masks always
+        ``block`` and ``density`` (so rows of runs with other blocks or densities never share a
+        plot panel or a report row)."""
+        keys = [k for k in ("block", "density") if MASK_SPECS[mask].kind == "dynamic" and k in MASK_SPECS[mask].defaults]
+        return keys + [k for k in self.swept(mask) if k not in keys]
+
+    def variant_values(self, mask: str, variant: int = 0, seqlen: int | None = None,
+                       heads: tuple[int, int] | None = None) -> dict:
+        """The values of one variant's ``label_keys`` (resolved when ``seqlen`` is given)."""
+        keys = self.label_keys(mask)
+        if not keys:
+            return {}
+        v = {**MASK_SPECS[mask].defaults, **self.variants(mask)[variant]}
+        if seqlen is not None:
+            v = resolve_params(v, seqlen, heads)
+        return {k: v[k] for k in keys}
+
+    def variant_label(self, mask: str, variant: int = 0) -> str:
+        """``mask`` itself, or ``block_sparse[block=64,density=0.2]`` for a variant of a swept or
+        block-sparse mask."""
+        vals = self.variant_values(mask, variant)
+        if not vals:
+            return mask
+        return f"{mask}[{','.join(f'{k}={_fmt_value(v)}' for k, v in vals.items())}]"
+
+    def params_for(self, mask: str, seqlen: int, heads: tuple[int, int] | None = None, variant: int = 0) -> dict:
+        """The resolved parameters of ``mask`` (variant ``variant``) at sequence length ``seqlen``
+        and, where they use ``Hq`` / ``Hkv``, at ``heads = (Hq, Hkv)``."""
+        return resolve_params(self.variants(mask)[variant], seqlen, heads)
+
     # -- validation
     def validate(self, known_backends: Iterable[str] | None = None) -> "Experiment":
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown experiment kind {self.kind!r}; valid kinds: {', '.join(KINDS)}")
         if not self.masks:
             raise ConfigError("no masks given")
         for m in self.masks:
             if m not in MASK_SPECS:
                 raise ConfigError(f"unknown mask {m!r}; valid masks: {', '.join(MASK_NAMES)}")
+            if self.kind != "dense" and MASK_SPECS[m].kind != "dynamic":
+                dyn = ", ".join(n for n in MASK_NAMES if MASK_SPECS[n].kind == "dynamic")
+                raise ConfigError(f"a {self.kind} experiment takes block-sparse masks ({dyn}), not {m!r} "
+                                  f"(static masks run under `bench dense`)")
         for m, params in self.mask_params.items():
             if m not in MASK_SPECS:
                 raise ConfigError(f"[mask_params.{m}]: unknown mask; valid masks: {', '.join(MASK_NAMES)}")
@@ -199,6 +343,9 @@ class Experiment:
             bad = sorted(set(params) - valid)
             if bad:
                 raise ConfigError(f"[mask_params.{m}]: unknown parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(valid)) or 'none'}")
+            for k, v in params.items():
+                if isinstance(v, (list, tuple)) and not v:
+                    raise ConfigError(f"[mask_params.{m}] {k}: an empty list sweeps nothing")
         if not self.seqlens:
             raise ConfigError("no sequence lengths given")
         self.seqlens = [parse_seqlen(s) for s in self.seqlens]
@@ -221,14 +368,17 @@ class Experiment:
             for b in self.backends:
                 if b not in known:
                     raise ConfigError(f"unknown backend {b!r}; valid backends: {', '.join(sorted(known))}")
-        from longca_triton.masks import make_mask
-
-        for m in self.masks:  # every mask must build at every S before anything runs
-            for S in self.seqlens:
-                try:
-                    make_mask(m, S, seed=self.seed, **self.params_for(m, S))
-                except (ValueError, TypeError) as e:
-                    raise ConfigError(f"mask {m!r} at S={S}: {e}") from None
+        built = set()
+        for m in self.masks:  # every mask variant must build at every S (and heads) before anything runs
+            for vi in range(len(self.variants(m))):
+                for S in self.seqlens:
+                    for hq, hkv in self.heads:
+                        where = f"mask {self.variant_label(m, vi)!r} at S={S}, heads {hq}:{hkv}"
+                        try:
+                            params = self.params_for(m, S, (hq, hkv), vi)
+                        except ConfigError as e:
+                            raise ConfigError(f"{where}: {e}") from None
+                        self._check_builds(m, S, hq, params, where, built)
         for name, v, lo in (("batch", self.batch, 1), ("rep", self.rep, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
@@ -236,12 +386,45 @@ class Experiment:
             raise ConfigError(f"warmup_ms must be >= 0, got {self.warmup_ms}")
         return self
 
-    def params_for(self, mask: str, seqlen: int) -> dict:
-        return {k: resolve_param(v, seqlen) for k, v in self.mask_params.get(mask, {}).items()}
+    def _check_builds(self, mask: str, S: int, hq: int, params: dict, where: str, seen: set) -> None:
+        """Build the mask to validate its parameters. Block-sparse masks are checked on a small
+        instance (one pattern; S at most 8K unless block bounds are given) after their pattern
+        count is checked against the heads: at 128K a full draw takes seconds, and it happens
+        anyway when the point runs."""
+        from longca_triton.masks import make_mask
+
+        p = dict(params)
+        n = S
+        if MASK_SPECS[mask].kind == "dynamic":
+            P = p.get("patterns", MASK_SPECS[mask].defaults.get("patterns", 1))
+            if isinstance(P, bool) or not isinstance(P, int) or P < 1:
+                raise ConfigError(f"{where}: patterns must be a positive integer, got {P!r}")
+            if hq % P:
+                raise ConfigError(f"{where}: {P} patterns do not divide {hq} query heads")
+            if "patterns" in MASK_SPECS[mask].defaults:
+                p["patterns"] = 1
+            if not any(p.get(k) is not None for k in LIST_VALUED_PARAMS):
+                n = min(S, 8192)
+        key = (mask, n, json.dumps(p, sort_keys=True, default=str))
+        if key in seen:
+            return
+        try:
+            make_mask(mask, n, seed=self.seed, **p)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        seen.add(key)
 
     def num_points(self) -> int:
-        return (len(self.masks) * len(self.seqlens) * len(self.heads) * len(self.head_dims) * len(self.dtypes)
-                * len(self.modes) * len(self.backends))
+        return (sum(len(self.variants(m)) for m in self.masks) * len(self.seqlens) * len(self.heads)
+                * len(self.head_dims) * len(self.dtypes) * len(self.modes) * len(self.backends))
+
+    def grid_summary(self) -> str:
+        """``504 points (6 mask variants × 3 S × ...)``."""
+        nv = sum(len(self.variants(m)) for m in self.masks)
+        what = f"{len(self.masks)} masks" if nv == len(self.masks) else f"{nv} mask variants"
+        return (f"{self.num_points()} points ({what} × {len(self.seqlens)} S × {len(self.heads)} heads × "
+                f"{len(self.head_dims)} D × {len(self.dtypes)} dtypes × {len(self.modes)} modes × "
+                f"{len(self.backends)} backends)")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -253,6 +436,7 @@ class Experiment:
         e = copy.deepcopy(self)
         listy = {"masks": "masks", "seqlens": "seqlens", "heads": "heads", "head_dims": "head_dims",
                  "dtypes": "dtypes", "modes": "modes", "backends": "backends"}
+        params = over.pop("params", None)
         for k, v in over.items():
             if v is None or (isinstance(v, (list, tuple)) and not v):
                 continue
@@ -270,7 +454,39 @@ class Experiment:
                 setattr(e, k, v)
             else:
                 raise ConfigError(f"unknown setting {k!r}")
+        for item in params or ():
+            e._set_param(item)
         return e
+
+    def _set_param(self, item: str) -> None:
+        """``KEY=VALUE[,VALUE...]`` or ``MASK.KEY=...`` (several values: a sweep). Without a mask
+        name it applies to every mask of the grid that has the parameter."""
+        if "=" not in item:
+            raise ConfigError(f"mask parameter override {item!r} must look like key=value or mask.key=v1,v2")
+        lhs, rhs = item.split("=", 1)
+        mask, _, key = lhs.strip().rpartition(".")
+        targets = [mask] if mask else [m for m in self.masks if m in MASK_SPECS and key in MASK_SPECS[m].defaults]
+        if not targets:
+            raise ConfigError(f"no mask of the grid ({', '.join(self.masks)}) has a parameter {key!r}")
+        for m in targets:
+            if m not in MASK_SPECS:
+                raise ConfigError(f"--param {item!r}: unknown mask {m!r}; valid masks: {', '.join(MASK_NAMES)}")
+            if key not in MASK_SPECS[m].defaults:
+                raise ConfigError(f"--param {item!r}: mask {m!r} has no parameter {key!r}; valid: "
+                                  f"{', '.join(sorted(MASK_SPECS[m].defaults)) or 'none'}")
+        vals = []
+        for x in (p.strip() for p in rhs.split(",")):
+            if not x:
+                continue
+            try:
+                vals.append(json.loads(x))
+            except json.JSONDecodeError:
+                vals.append(x)
+        if not vals:
+            raise ConfigError(f"--param {item!r}: no value")
+        value = vals[0] if len(vals) == 1 else vals
+        for m in targets:
+            self.mask_params.setdefault(m, {})[key] = value
 
 
 # ---------------------------------------------------------------------------- presets
@@ -296,10 +512,52 @@ PRESETS: dict[str, dict] = {
         max_ms=500.0,
         check=True,
     ),
+    # block-sparse grids at interpreter sizes: two block sizes, one density, a pattern per KV head
+    "smoke-sparse": dict(
+        name="smoke-sparse",
+        kind="sparse",
+        description="CPU smoke grid for bench sparse: uniform blocks 16/32, density 0.5, tiny sizes, interpreted",
+        masks=["block_sparse"],
+        seqlens=[192],
+        heads=[(4, 2)],
+        head_dims=[32],
+        dtypes=["float32"],
+        modes=["fwd", "bwd"],
+        backends=["reference", "triton-sparse", "triton-varblock", "flex"],
+        batch=1,
+        seed=0,
+        mask_params={"block_sparse": {"block": [16, 32], "density": [0.5], "patterns": "Hkv"}},
+        warmup_ms=0.0,
+        rep=3,
+        max_ms=500.0,
+        check=True,
+    ),
+    "smoke-varblock": dict(
+        name="smoke-varblock",
+        kind="varblock",
+        description="CPU smoke grid for bench varblock: mean blocks 32/48, density 0.5, tiny sizes, interpreted",
+        masks=["varblock_sparse"],
+        seqlens=[192],
+        heads=[(4, 2)],
+        head_dims=[32],
+        dtypes=["float32"],
+        modes=["fwd", "bwd"],
+        backends=["reference", "triton-varblock", "flex"],
+        batch=1,
+        seed=0,
+        mask_params={"varblock_sparse": {"block": [32, 48], "min_block": "block/2", "density": [0.5], "patterns": "Hkv"}},
+        warmup_ms=0.0,
+        rep=3,
+        max_ms=500.0,
+        check=True,
+    ),
 }
 
+#: the CPU preset of each bench command
+SMOKE_PRESET = {"dense": "smoke", "sparse": "smoke-sparse", "varblock": "smoke-varblock"}
+
 #: backends a preset lists that may not be registered in every build (silently dropped if absent)
-OPTIONAL_PRESET_BACKENDS = {"triton"}
+OPTIONAL_PRESET_BACKENDS = {"triton", "triton-sparse", "triton-varblock"}
 
 
 def preset(name: str) -> Experiment:
@@ -349,6 +607,7 @@ def load_experiment(path: str | Path) -> Experiment:
     e = Experiment(
         name=exp.get("name", path.stem),
         description=exp.get("description", ""),
+        kind=exp.get("kind", "dense"),
         masks=_as_list(grid.get("masks", ["full", "causal"])),
         seqlens=_as_list(grid.get("seqlens", [4096])),
         heads=_as_list(grid.get("heads", ["64:8"])),

@@ -1,6 +1,7 @@
 """The paper's views of a results file (matplotlib, Agg backend).
 
-* ``tflops_<slice>.png``: TFLOP/s against S, one panel per mask, one line per backend;
+* ``tflops_<slice>.png``: TFLOP/s against S, one panel per mask (per mask variant where the
+  experiment sweeps mask parameters, e.g. block size × density), one line per backend;
 * ``memory_<slice>.png``: peak memory (absolute, solid; above the inputs, dotted) against S;
 * ``heatmap_<slice>.png``: backend × mask at the largest S of the slice: colour = TFLOP/s,
   text = the value or why there is none (unsup / OOM / ERR / WRONG).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .report import latest_rows, short_status, slices
+from .report import latest_rows, mask_label, short_status, slices
 from .store import status_kind
 
 __all__ = ["make_plots"]
@@ -42,6 +43,15 @@ def _order(values):
     return seen
 
 
+def _short_labels(labels: list[str]) -> tuple[list[str], str | None]:
+    """Variants of one mask (``block_sparse[block=64,density=0.2]``, ...) shown by their swept
+    values alone, with the mask's name returned for the title."""
+    names = {lab.split("[", 1)[0] for lab in labels}
+    if len(names) == 1 and labels and all(lab.endswith("]") and "[" in lab for lab in labels):
+        return [lab.split("[", 1)[1][:-1] for lab in labels], names.pop()
+    return list(labels), None
+
+
 def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     import matplotlib
 
@@ -67,9 +77,12 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     marker = {b: markers[i % len(markers)] for i, b in enumerate(all_backends)}
 
     for key, srows in slices(rows).items():
-        masks = _order(r["mask"] for r in srows)
+        masks = _order(mask_label(r) for r in srows)  # a panel per mask (per variant of a parameter sweep)
         backends = _order(r["backend"] for r in srows)
         tag, title = _slice_tag(key), _slice_title(key)
+        short, common = _short_labels(masks)
+        if common:
+            title = f"{common}, {title}"
         n = len(masks)
         ncols = min(4, n)
         nrows = math.ceil(n / ncols)
@@ -79,7 +92,7 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             for i, m in enumerate(masks):
                 ax = axes[i // ncols][i % ncols]
                 for b in backends:
-                    pts = sorted(((r["seqlen"], r) for r in srows if r["mask"] == m and r["backend"] == b and status_kind(r) == "ok"),
+                    pts = sorted(((r["seqlen"], r) for r in srows if mask_label(r) == m and r["backend"] == b and status_kind(r) == "ok"),
                                  key=lambda sr: sr[0])
                     if what == "tflops":
                         xs = [s for s, r in pts if isinstance(r.get("tflops"), (int, float))]
@@ -96,9 +109,9 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
                             if len(ya) == len(xs):
                                 ax.plot(xs, ya, ls=":", color=color[b], lw=1)
                             any_line = True
-                ax.set_title(m, fontsize=10)
+                ax.set_title(short[i], fontsize=10)
                 ax.set_xscale("log", base=2)
-                seqlens = sorted({r["seqlen"] for r in srows if r["mask"] == m})
+                seqlens = sorted({r["seqlen"] for r in srows if mask_label(r) == m})
                 if seqlens:
                     ax.set_xticks(seqlens)
                     ax.set_xticklabels([_fmt_s(s) for s in seqlens], fontsize=8)
@@ -125,10 +138,11 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
 
         # heat map at the largest S of the slice
         S = max(r["seqlen"] for r in srows)
-        cell = {(r["backend"], r["mask"]): r for r in srows if r["seqlen"] == S}
+        cell = {(r["backend"], mask_label(r)): r for r in srows if r["seqlen"] == S}
         if not cell:
             continue
-        fig, ax = plt.subplots(figsize=(1.0 + 1.05 * len(masks), 0.9 + 0.45 * len(backends)))
+        longest = max(len(x) for x in short)
+        fig, ax = plt.subplots(figsize=(max(6.5, 2.0 + 1.05 * len(masks)), 1.2 + 0.45 * len(backends) + 0.06 * longest))
         import numpy as np
 
         data = np.full((len(backends), len(masks)), np.nan)
@@ -148,7 +162,7 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
                 ax.text(mi, bi, text, ha="center", va="center", fontsize=7,
                         color="white" if np.isfinite(v) and v < 0.6 * vmax else "black")
         ax.set_xticks(range(len(masks)))
-        ax.set_xticklabels(masks, rotation=35, ha="right", fontsize=8)
+        ax.set_xticklabels(short, rotation=35, ha="right", fontsize=8)
         ax.set_yticks(range(len(backends)))
         ax.set_yticklabels(backends, fontsize=8)
         fig.colorbar(im, ax=ax, label="TFLOP/s")

@@ -8,7 +8,7 @@ from typing import Iterable
 
 from .store import ResultStore, row_key, status_kind
 
-__all__ = ["latest_rows", "load_rows", "markdown_report", "markdown_table", "short_status", "slices"]
+__all__ = ["latest_rows", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -29,6 +29,12 @@ def latest_rows(rows: Iterable[dict]) -> list[dict]:
         by_key.pop(k, None)
         by_key[k] = r
     return list(by_key.values())
+
+
+def mask_label(row: dict) -> str:
+    """The mask as tables and plots show it: its name, or ``block_sparse[block=64,density=0.2]``
+    for one variant of a sweep over mask parameters."""
+    return row.get("mask_label") or row["mask"]
 
 
 def short_status(row: dict) -> str:
@@ -124,9 +130,9 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
               "`OOM`, `ERR` (error), `WRONG` (failed the correctness check, not timed), blank (not run).", ""]
     for (mode, hq, hkv, D, dt, B), srows in slices(rows).items():
         backends = _order(r["backend"] for r in srows)
-        masks = _order(r["mask"] for r in srows)
+        masks = _order(mask_label(r) for r in srows)
         seqlens = sorted({r["seqlen"] for r in srows})
-        cell = {(r["mask"], r["seqlen"], r["backend"]): r for r in srows}
+        cell = {(mask_label(r), r["seqlen"], r["backend"]): r for r in srows}
         table = []
         for m in masks:
             for S in seqlens:
@@ -150,13 +156,13 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
         parts += ["## Not measured, and why", ""]
         reasons: "OrderedDict[tuple, list]" = OrderedDict()
         for r in bad:
-            reasons.setdefault((r["backend"], r.get("status", "")), []).append(f"{r['mask']}@{r['seqlen']}/{r.get('mode')}")
+            reasons.setdefault((r["backend"], r.get("status", "")), []).append(f"{mask_label(r)}@{r['seqlen']}/{r.get('mode')}")
         table = [[b, s, ", ".join(_order(where))[:300]] for (b, s), where in reasons.items()]
         parts += [markdown_table(["backend", "status", "points"], table), ""]
     ok = [r for r in rows if status_kind(r) == "ok"]
     if ok:
         parts += ["## All measurements", ""]
-        table = [[r["backend"], r["mask"], r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["head_dim"], r["dtype"], r["mode"],
+        table = [[r["backend"], mask_label(r), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["head_dim"], r["dtype"], r["mode"],
                   _fmt(r.get("time_ms"), ".3f"), f"{_fmt(r.get('p20_ms'), '.3f')}–{_fmt(r.get('p80_ms'), '.3f')}",
                   _fmt(r.get("tflops"), ".1f"), _fmt_bytes(r.get("peak_mem_bytes")), _fmt_bytes(r.get("peak_mem_above_bytes")),
                   _check_text(r)] for r in ok]

@@ -61,6 +61,7 @@ class Point:
     dtype: str
     mode: str
     backend: str
+    variant: int = 0  # index into Experiment.variants(mask) (swept mask parameters)
 
 
 @dataclass
@@ -121,15 +122,17 @@ def _free(device) -> None:
 def plan_points(exp: Experiment):
     """``[(problem_key, [Point...])]`` in sweep order: sequence length outermost (in the order the
     experiment lists them, so a time-budgeted run covers every mask at the first S), then mask,
-    heads, head dim, dtype; backends and modes innermost, sharing the problem's inputs."""
+    mask variant (swept parameters), heads, head dim, dtype; backends and modes innermost, sharing
+    the problem's inputs. ``problem_key = (mask, S, Hq, Hkv, D, dtype, variant)``."""
     groups = []
     for S in exp.seqlens:
         for mname in exp.masks:
-            for hq, hkv in exp.heads:
-                for D in exp.head_dims:
-                    for dt in exp.dtypes:
-                        pts = [Point(mname, S, hq, hkv, D, dt, mode, b) for b in exp.backends for mode in exp.modes]
-                        groups.append(((mname, S, hq, hkv, D, dt), pts))
+            for vi in range(len(exp.variants(mname))):
+                for hq, hkv in exp.heads:
+                    for D in exp.head_dims:
+                        for dt in exp.dtypes:
+                            pts = [Point(mname, S, hq, hkv, D, dt, mode, b, vi) for b in exp.backends for mode in exp.modes]
+                            groups.append(((mname, S, hq, hkv, D, dt, vi), pts))
     return groups
 
 
@@ -152,7 +155,7 @@ class _Group:
     """Inputs and the shared reference of one problem."""
 
     def __init__(self, mask, exp: Experiment, key, device, need_grads: bool):
-        mname, S, hq, hkv, D, dt = key
+        mname, S, hq, hkv, D, dt = key[:6]
         self.mask = mask
         self.dtype = DTYPES[dt]
         seed = exp.seed * 1_000_003 + S * 31 + hq * 7 + hkv * 3 + D
@@ -320,15 +323,19 @@ def run_experiment(
         progress(0, "planning", result.total)
     try:
         for key, pts in groups:
-            mname, S, hq, hkv, D, dt = key
+            mname, S, hq, hkv, D, dt, vi = key
+            variant = {}
             try:
-                mask = make_mask(mname, S, seed=exp.seed, **exp.params_for(mname, S))
+                variant = exp.variant_values(mname, vi, S, (hq, hkv))
+                mask = make_mask(mname, S, seed=exp.seed, **exp.params_for(mname, S, (hq, hkv), vi))
             except (ValueError, TypeError) as e:  # validate() catches these first; never crash mid-sweep
                 for p in pts:
-                    row = {"schema": SCHEMA, "kind": "dense", "experiment": exp.name, "backend": p.backend, "mask": mname,
-                           "mask_params": _jsonable(exp.params_for(mname, S)), "seqlen": S, "batch": exp.batch, "heads_q": hq,
+                    row = {"schema": SCHEMA, "kind": exp.kind, "experiment": exp.name, "backend": p.backend, "mask": mname,
+                           "mask_params": _jsonable(exp.variants(mname)[vi]), "seqlen": S, "batch": exp.batch, "heads_q": hq,
                            "heads_kv": hkv, "head_dim": D, "dtype": dt, "mode": p.mode, "status": f"error: bad mask: {e}",
                            "env": env, "run_id": run_id, "time": collect_env()["time"]}
+                    if exp.label_keys(mname):
+                        row.update(variant=_jsonable(variant), mask_label=exp.variant_label(mname, vi))
                     store.append(row)
                     result.rows.append(row)
                     if progress:
@@ -336,13 +343,15 @@ def run_experiment(
                 continue
             digest = params_digest(mask.params)
             base_common = {
-                "schema": SCHEMA, "kind": "dense", "experiment": exp.name, "preset": exp.preset,
+                "schema": SCHEMA, "kind": exp.kind, "experiment": exp.name, "preset": exp.preset,
                 "mask": mname, "mask_params": _jsonable(mask.params), "params_digest": digest, "seed": exp.seed,
                 "seqlen": S, "seqlen_q": mask.seqlen_q, "seqlen_k": mask.seqlen_k, "batch": exp.batch,
                 "heads_q": hq, "heads_kv": hkv, "head_dim": D, "dtype": dt,
                 "density": mask.density, "device": device, "interpreted": interpreted, "gpu": env.get("gpu"),
                 "warmup_ms": exp.warmup_ms, "rep": exp.rep, "run_id": run_id,
             }
+            if variant:  # swept mask parameters: the plots and the report show one panel per variant
+                base_common.update(variant=_jsonable(variant), mask_label=exp.variant_label(mname, vi))
             pending = []
             for p in pts:
                 probe = dict(base_common, backend=p.backend, mode=p.mode)

@@ -470,10 +470,15 @@ class BlockSparseMask(Mask):
 
     @property
     def area(self) -> list[int]:
-        qs = np.diff(self.q_block_bounds)
-        ks = np.diff(self.k_block_bounds)
-        m = self.block_map.numpy().astype(np.int64)
-        return [int(qs @ m[p] @ ks) for p in range(self.num_patterns)]
+        """Allowed pairs per pattern (cached: harness rows ask for it per point)."""
+        cache = self.__dict__.setdefault("_lowering_cache", {})
+        if "area" not in cache:
+            qs = np.diff(self.q_block_bounds).astype(np.int64)
+            ks = np.diff(self.k_block_bounds).astype(np.int64)
+            bm = self.block_map.numpy()
+            # why per pattern: an int64 copy of a 128K-token, 64-pattern block map is ~2 GB
+            cache["area"] = [int(qs @ (bm[p].astype(np.int64) @ ks)) for p in range(self.num_patterns)]
+        return list(cache["area"])
 
     def head_areas(self, num_heads_q: int) -> list[int]:
         area = self.area
