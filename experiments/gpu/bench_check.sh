@@ -5,7 +5,7 @@
 # Here (once):  cd <repo> && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null ../shared/scripts/vendor-wheels.sh cudnn
 #               (and fa3fwd, fa4, ...) -> .whl/<group>/<n>/ (ignored; pass them with the run tool's `carry`;
 #               a group over 64 MiB goes in two calls: the first only `bash experiments/gpu/wheels.sh stage`)
-# On the device: bash experiments/gpu/bench_check.sh [CONFIG] [EXTRA bench args...]
+# On the device: [BENCH_KIND=dense|sparse|varblock] bash experiments/gpu/bench_check.sh [CONFIG] [EXTRA bench args...]
 #   e.g. bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --max-minutes 5
 #        bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --backends flex --retry-errors
 # To resume an earlier run, copy its results.jsonl to /tmp/bench/results.jsonl first (finished
@@ -22,7 +22,7 @@ source experiments/gpu/wheels.sh env
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.txt 2>&1 || { echo "pip install -e . failed"; cat /tmp/pip.txt; }
 echo "setup: $(( $(date +%s) - T0 )) s"
 timeout 60 python3 -m longca_triton.bench.cli doctor > "$OUT/doctor.txt" 2>&1
-CMD=(python3 -m longca_triton.bench.cli bench dense --config "$CONFIG" --out "$OUTDIR" --no-plots "$@")
+CMD=(python3 -m longca_triton.bench.cli bench "${BENCH_KIND:-dense}" --config "$CONFIG" --out "$OUTDIR" --no-plots "$@")
 echo "${CMD[*]}" > "$OUT/command.txt"
 timeout -s TERM "${BENCH_TIMEOUT:-480}" "${CMD[@]}" 2>&1 | tee "$OUT/bench_log.txt"
 echo "bench rc=$? at $(( $(date +%s) - T0 )) s"
