@@ -10,7 +10,7 @@ from .base import BACKENDS, Backend, Problem, Unsupported, get_backend, list_bac
 __all__ = ["BACKENDS", "Backend", "Problem", "Unsupported", "get_backend", "list_backends", "register"]
 
 #: adapter modules, imported on first use of the registry
-ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_sparse", "vsa", "flashinfer"]
+ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_flashmask", "triton_sparse", "vsa", "flashinfer"]
 
 _loaded = False
 

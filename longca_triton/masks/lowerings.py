@@ -198,26 +198,28 @@ def flex_mask_mod(mask: Mask, device):
     """An element ``mask_mod`` for FlexAttention from the IR (interval test or block-map lookup)."""
     if isinstance(mask, RangeMask):
         lo_np, hi_np = mask.row_intervals()
-        lo = torch.as_tensor(lo_np, device=device)
-        hi = torch.as_tensor(hi_np, device=device)
-        K = lo.shape[1]
+        # why one 1-D tensor per interval slot: Flex's FLASH (CuTe) backend cannot lower a constant
+        # index into a captured 2-D tensor (``lo[q_idx, 0]``: "Expected TensorSSA, but got int")
+        los = [torch.as_tensor(np.ascontiguousarray(lo_np[:, t]), device=device) for t in range(lo_np.shape[1])]
+        his = [torch.as_tensor(np.ascontiguousarray(hi_np[:, t]), device=device) for t in range(hi_np.shape[1])]
 
         def mask_mod(b, h, q_idx, kv_idx):
-            ok = (kv_idx >= lo[q_idx, 0]) & (kv_idx < hi[q_idx, 0])
-            for t in range(1, K):
-                ok = ok | ((kv_idx >= lo[q_idx, t]) & (kv_idx < hi[q_idx, t]))
+            ok = (kv_idx >= los[0][q_idx]) & (kv_idx < his[0][q_idx])
+            for lo_t, hi_t in zip(los[1:], his[1:]):
+                ok = ok | ((kv_idx >= lo_t[q_idx]) & (kv_idx < hi_t[q_idx]))
             return ok
 
         return mask_mod
     assert isinstance(mask, BlockSparseMask)
-    bmap = mask.block_map.to(device)
-    q_blk = torch.as_tensor(np.repeat(np.arange(len(mask.q_block_bounds) - 1), np.diff(mask.q_block_bounds)), device=device)
-    k_blk = torch.as_tensor(np.repeat(np.arange(len(mask.k_block_bounds) - 1), np.diff(mask.k_block_bounds)), device=device)
-    P = mask.num_patterns
+    # flat (1-D) lookups, as above: the FLASH backend lowers 1-D indexing of captured tensors
+    P, nqb, nkb = mask.block_map.shape
+    bmap = mask.block_map.reshape(-1).to(device)
+    q_blk = torch.as_tensor(np.repeat(np.arange(nqb), np.diff(mask.q_block_bounds)) * nkb, device=device)
+    k_blk = torch.as_tensor(np.repeat(np.arange(nkb), np.diff(mask.k_block_bounds)), device=device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         # one pattern per group of heads; the caller sizes H as P (see flex_block_mask)
-        return bmap[h % P, q_blk[q_idx], k_blk[kv_idx]]
+        return bmap[(h % P) * (nqb * nkb) + q_blk[q_idx] + k_blk[kv_idx]]
 
     return mask_mod
 

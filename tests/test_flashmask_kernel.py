@@ -1,0 +1,355 @@
+"""Correctness of the FlashMask Triton kernels (``kernels/flashmask.py``) on the CPU.
+
+Runs the kernels in Triton's interpreter (float32 and float16) and compares out, lse, dq, dk, dv
+with the float64 naive reference: all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head
+dims 32/64, random expressible ``RangeMask``s and raw random ``FlashMaskColumns``, fully masked
+rows, an lse gradient, uneven tiles, strided inputs. The run-time tile classification (the
+kernels' own ``_classify``) is checked against a NumPy mirror of FlashMask's rule and against
+the dense mask: a FULL tile allows every pair, an EMPTY tile none. Helpers and tolerances come
+from ``test_dense_kernel.py``.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from test_dense_kernel import DEVICE, ODD_CONFIG, TOL, random_range_mask, small_mask  # noqa: E402
+
+import longca_triton as lt  # noqa: E402
+from longca_triton.backends import Problem, get_backend  # noqa: E402
+from longca_triton.kernels.flashmask import (  # noqa: E402
+    CONFIG_KEYS,
+    EMPTY,
+    FULL,
+    PARTIAL,
+    classify_tiles,
+    default_config,
+    flashmask_attention,
+    flashmask_plan,
+    tile_bounds,
+)
+from longca_triton.masks import (  # noqa: E402
+    STATIC_MASK_NAMES,
+    FlashMaskColumns,
+    NotExpressible,
+    RangeMask,
+    flashmask_columns,
+    make_mask,
+)
+from longca_triton.reference.naive import naive_attention  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                reason="needs TRITON_INTERPRET=1 or a CUDA GPU")
+
+BACKEND = "flashmask-triton"
+SMALL = dict(BLOCK_M=16, BLOCK_N=16, DKDV_BLOCK_M=16, DKDV_BLOCK_N=16, DQ_BLOCK_M=16, DQ_BLOCK_N=16)
+
+
+class _DenseMask:
+    """What ``naive_attention`` reads of a range mask (``to_dense``), for raw columns."""
+
+    def __init__(self, allowed: torch.Tensor):
+        self.allowed = allowed
+
+    def to_dense(self) -> torch.Tensor:
+        return self.allowed
+
+
+def expressible(mask) -> bool:
+    try:
+        flashmask_columns(mask)
+        return True
+    except NotExpressible:
+        return False
+
+
+def run_and_compare(mask, B, Hq, Hkv, D, dtype, *, sq=None, config=None, seed=0, layout="bshd",
+                    dlse=False):
+    """``mask`` is a RangeMask or FlashMaskColumns (then ``sq`` gives Sq)."""
+    torch.manual_seed(seed)
+    if isinstance(mask, FlashMaskColumns):
+        sk = len(mask.lts)
+        ref_mask = _DenseMask(mask.to_dense(sq))
+    else:
+        sq, sk = mask.seqlen_q, mask.seqlen_k
+        ref_mask = mask
+
+    def make(S, H):
+        if layout == "bhsd":  # non-contiguous [B, S, H, D] view of a [B, H, S, D] tensor
+            return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE)
+
+    q, k, v = (t.requires_grad_() for t in (make(sq, Hq), make(sk, Hkv), make(sk, Hkv)))
+    out, lse = flashmask_attention(q, k, v, mask, return_lse=True, config=config)
+    dout = torch.randn_like(out)
+    g_lse = torch.randn_like(lse) if dlse else None
+    loss = (out.float() * dout.float()).sum()
+    if dlse:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * g_lse).sum()
+    loss.backward()
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, ref_lse = naive_attention(q64, k64, v64, ref_mask, return_lse=True)
+    ref_loss = (ref_out * dout.double()).sum()
+    if dlse:
+        ref_loss = ref_loss + (torch.where(torch.isinf(ref_lse), 0.0, ref_lse) * g_lse.double()).sum()
+    ref_loss.backward()
+
+    tol = TOL[dtype]
+
+    def check(name, x, ref):
+        assert x.shape == ref.shape, f"{name}: shape {tuple(x.shape)} vs {tuple(ref.shape)}"
+        assert not torch.isnan(x).any(), f"{name}: NaN"
+        err = ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item() if x.numel() else 0.0
+        assert err <= tol, f"{name}: normalised max error {err:.3e} > {tol:.1e}"
+
+    check("out", out, ref_out)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: -inf pattern differs"
+    fin = ~torch.isinf(ref_lse)
+    check("lse", lse[fin], ref_lse[fin])
+    check("dq", q.grad, q64.grad)
+    check("dk", k.grad, k64.grad)
+    check("dv", v.grad, v64.grad)
+    return out, lse
+
+
+def assert_unsupported(mask, Hq=4, Hkv=1, D=32):
+    ok, why = get_backend(BACKEND).supports(Problem(mask=mask, heads_q=Hq, heads_kv=Hkv, head_dim=D,
+                                                    dtype=torch.float32, device=DEVICE))
+    assert not ok and "not expressible as FlashMask columns" in why
+    q = torch.randn(1, mask.seqlen_q, Hq, D)
+    k = torch.randn(1, mask.seqlen_k, Hkv, D)
+    with pytest.raises(NotExpressible):
+        flashmask_attention(q, k, k, mask)
+
+
+# ------------------------------------------------------------------ all 12 static masks
+def _id(S, Hq, Hkv, D, dtype, name):
+    return f"S={S}-Hq={Hq}-Hkv={Hkv}-D={D}-{'fp32' if dtype == torch.float32 else 'fp16'}-{name}"
+
+
+STATIC = [(1, 4, 1, 32, torch.float32), (17, 4, 2, 64, torch.float32),
+          (239, 4, 1, 32, torch.float32), (300, 2, 2, 64, torch.float16)]
+CASES = [pytest.param(*c, name, id=_id(*c, name)) for c in STATIC for name in STATIC_MASK_NAMES]
+#: S=239 runs on uneven tiles and S=300 on 64 x 64 ones (fewer tiles: the interpreter's time
+#: goes per tile); the pinned 32 x 32 default runs at the other sizes
+MIXED = dict(BLOCK_M=64, BLOCK_N=32, DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=32)
+BIG = dict(BLOCK_M=64, BLOCK_N=64, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=64)
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name", CASES)
+def test_static_masks(S, Hq, Hkv, D, dtype, name):
+    mask = small_mask(name, S, seed=S)
+    if not expressible(mask):
+        assert_unsupported(mask)
+        return
+    run_and_compare(mask, 1, Hq, Hkv, D, dtype, config={239: MIXED, 300: BIG}.get(S))
+
+
+# ------------------------------------------------------------------ random masks, empty rows
+def _first_seed(sq, sk, want: bool, start=0):
+    """The first seed whose random mask is (or, ``want=False``, is not) FlashMask-expressible."""
+    return next(s for s in range(start, start + 200) if expressible(random_range_mask(sq, sk, s)) == want)
+
+
+RANDOM = [(64, 64), (100, 37), (45, 130), (239, 239)]
+
+
+@pytest.mark.parametrize("sq,sk", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b in RANDOM])
+def test_random_range_masks(sq, sk):
+    seed = _first_seed(sq, sk, True)
+    mask = random_range_mask(sq, sk, seed)
+    empty = ~mask.to_dense().any(1)
+    assert empty.any(), "the test wants fully masked rows"
+    batch = 1 if sq * sk > 20000 else 2  # keeps the interpreter quick
+    out, lse = run_and_compare(mask, batch, 4, 2, 32, torch.float32, seed=seed)
+    assert torch.all(out[:, empty] == 0)
+    assert torch.all(lse[:, :, empty] == float("-inf"))
+
+
+def test_random_not_expressible_is_unsupported():
+    mask = random_range_mask(64, 64, _first_seed(64, 64, False))
+    assert_unsupported(mask)
+
+
+def random_columns(sq, sk, seed) -> FlashMaskColumns:
+    """Arbitrary column form: per column ``0 <= UTS <= UTE <= LTS <= LTE <= Sq`` at random."""
+    rng = np.random.default_rng(seed)
+    bounds = np.sort(rng.integers(0, sq + 1, size=(sk, 4)), axis=1).astype(np.int32)
+    # some columns without an LT or a UT interval, a few fully masked ones
+    no_lt, no_ut = rng.random(sk) < 0.2, rng.random(sk) < 0.2
+    bounds[no_lt, 3] = bounds[no_lt, 2]
+    bounds[no_ut, 1] = bounds[no_ut, 0]
+    cols = FlashMaskColumns(lts=bounds[:, 2].copy(), lte=bounds[:, 3].copy(),
+                            uts=bounds[:, 0].copy(), ute=bounds[:, 1].copy())
+    full = rng.random(sk) < 0.1
+    cols.uts[full], cols.ute[full] = 0, sq
+    return cols
+
+
+@pytest.mark.parametrize("sq,sk,dtype", [(77, 150, torch.float16), (150, 77, torch.float32)],
+                         ids=["Sq=77-Sk=150-fp16", "Sq=150-Sk=77-fp32"])
+def test_random_columns(sq, sk, dtype):
+    run_and_compare(random_columns(sq, sk, seed=sq), 1, 2, 1, 64, dtype, sq=sq, config=SMALL)
+
+
+def test_fully_masked_rows():
+    # rows [0, 20) masked in every column (UT), rows [60, 64) too (LT): out 0, lse -inf there
+    sk = 50
+    cols = FlashMaskColumns(lts=np.full(sk, 60, np.int32), lte=np.full(sk, 64, np.int32),
+                            uts=np.zeros(sk, np.int32), ute=np.arange(20, 20 + sk, dtype=np.int32))
+    out, lse = run_and_compare(cols, 1, 2, 1, 32, torch.float32, sq=64, config=SMALL)
+    assert torch.all(out[:, :20] == 0) and torch.all(out[:, 60:] == 0)
+    assert torch.all(lse[:, :, :20] == float("-inf")) and torch.all(lse[:, :, 60:] == float("-inf"))
+    assert torch.isfinite(lse[:, :, 20:60]).all()
+
+
+def test_lower_interval_only():
+    # anti-causal (j >= i): every column masks rows (j, Sq) through LT alone, so HAS_UT is off
+    mask = RangeMask(100, 100, [(0, 100, 0, 100, "INVCAUSAL")], name="anticausal")
+    plan = flashmask_plan(mask, 100, DEVICE)
+    assert plan.has_lt and not plan.has_ut
+    run_and_compare(mask, 1, 4, 2, 32, torch.float32, config=MIXED)
+
+
+def test_completely_empty_mask():
+    mask = RangeMask(40, 40, [], name="empty")
+    out, lse = run_and_compare(mask, 1, 2, 1, 32, torch.float32)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+# ------------------------------------------------------------------ configs, layouts, lse grad
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "global_sliding_window"])
+def test_uneven_tiles(name):
+    run_and_compare(small_mask(name, 150, seed=4), 1, 4, 2, 32, torch.float32, config=ODD_CONFIG)
+
+
+def test_non_contiguous_and_batch():
+    run_and_compare(small_mask("prefix_lm_document", 77, seed=5), 2, 4, 1, 64, torch.float16,
+                    layout="bhsd")
+
+
+def test_lse_gradient():
+    run_and_compare(small_mask("causal_blockwise", 90, seed=6), 1, 2, 1, 32, torch.float32,
+                    dlse=True)
+
+
+# ------------------------------------------------------------------ tile classification
+def mirror_classify(cols: np.ndarray, sq: int, bm: int, bn: int) -> np.ndarray:
+    """FlashMask's rule in NumPy, straight from the per-tile min/max of the column vectors."""
+    lts, lte, uts, ute = cols.astype(np.int64)
+    has_lt, has_ut = bool((lte > lts).any()), bool((ute > uts).any())
+    sk = cols.shape[1]
+    out = np.empty((-(-sq // bm), -(-sk // bn)), np.int8)
+    for tm in range(out.shape[0]):
+        m0, m1 = tm * bm, min(tm * bm + bm, sq)
+        for tn in range(out.shape[1]):
+            c = slice(tn * bn, tn * bn + bn)
+            empty = (has_lt and m0 >= lts[c].max() and m1 <= lte[c].min()) or \
+                    (has_ut and m0 >= uts[c].max() and m1 <= ute[c].min())
+            touch = (tn + 1) * bn > sk or (has_lt and m1 > lts[c].min() and m0 < lte[c].max()) or \
+                    (has_ut and m1 > uts[c].min() and m0 < ute[c].max())
+            out[tm, tn] = EMPTY if empty else (PARTIAL if touch else FULL)
+    return out
+
+
+CLASSIFY = [(name, 239) for name in STATIC_MASK_NAMES] + [("random_columns", 150)]
+
+
+@pytest.mark.parametrize("name,S", CLASSIFY, ids=[f"S={s}-{n}" for n, s in CLASSIFY])
+def test_tile_classification(name, S):
+    if name == "random_columns":
+        cols = random_columns(S, S + 13, seed=1)
+        dense = cols.to_dense(S)
+    else:
+        mask = small_mask(name, S, seed=S)
+        cols, dense = flashmask_columns(mask), mask.to_dense()
+    sq, sk = dense.shape
+    plan = flashmask_plan(cols, sq, DEVICE)
+    assert torch.equal(torch.as_tensor(FlashMaskColumns(*plan.cols.cpu().numpy()).to_dense(sq)), dense), \
+        "normalised columns changed the mask"
+    for bm, bn in ((16, 32), (32, 16), (32, 32)):
+        got = classify_tiles(plan, bm, bn).cpu().numpy()
+        assert np.array_equal(got, mirror_classify(plan.cols.cpu().numpy(), sq, bm, bn))
+        for tm, tn in zip(*np.nonzero(got != PARTIAL)):
+            tile = dense[tm * bm:(tm + 1) * bm, tn * bn:(tn + 1) * bn]
+            if got[tm, tn] == FULL:
+                assert tile.all() and (tn + 1) * bn <= sk, f"FULL tile ({tm}, {tn}) has masked pairs"
+            else:
+                assert not tile.any(), f"EMPTY tile ({tm}, {tn}) has allowed pairs"
+
+
+def test_classification_is_exact_for_causal():
+    S, B = 128, 32
+    plan = flashmask_plan(make_mask("causal", S), S, DEVICE)
+    got = classify_tiles(plan, B, B).cpu().numpy()
+    tm, tn = np.indices(got.shape)
+    expected = np.where(tn > tm, EMPTY, np.where(tn < tm, FULL, PARTIAL))
+    assert np.array_equal(got, expected)
+    assert not plan.has_lt and plan.has_ut  # causal is the UT interval [0, j) only
+    full = flashmask_plan(make_mask("full", 100), 100, DEVICE)
+    assert not full.has_lt and not full.has_ut
+    # only the ragged last key tile needs a mask
+    assert classify_tiles(full, 32, 32).cpu().numpy().tolist() == [[FULL, FULL, FULL, PARTIAL]] * 4
+
+
+def test_tile_bounds():
+    cols = torch.tensor(np.random.default_rng(0).integers(0, 50, size=(4, 37)), dtype=torch.int32)
+    tb = tile_bounds(cols, 16)
+    assert tb.shape == (3, 8) and tb.dtype == torch.int32
+    for t in range(3):
+        c = cols[:, t * 16:(t + 1) * 16]
+        expect = torch.stack([c.amin(1), c.amax(1)], 1).reshape(8)
+        assert torch.equal(tb[t], expect)
+
+
+# ------------------------------------------------------------------ backend and validation
+def test_backend_registered_and_supports():
+    b = get_backend(BACKEND)
+    assert "FlashMask" in b.description and b.available() == (True, "")
+    assert b.check(Problem(mask=make_mask("causal", 64), heads_q=4, heads_kv=2, head_dim=64,
+                           dtype=torch.float32, device=DEVICE, mode="fwd_bwd")) == (True, "")
+    bs = make_mask("block_sparse", 128, block=32, density=0.5, patterns=1)
+    ok, why = b.supports(Problem(mask=bs, head_dim=64, dtype=torch.float16, device=DEVICE))
+    assert not ok and "block-sparse" in why
+    ok, why = b.supports(Problem(mask=make_mask("causal", 64), head_dim=80, dtype=torch.float16,
+                                 device=DEVICE))
+    assert not ok and "head_dim" in why
+
+
+def test_public_api_and_prepare():
+    mask = small_mask("sliding_window_causal", 70, seed=2)
+    torch.manual_seed(0)
+    q = torch.randn(1, 70, 4, 32, device=DEVICE)
+    k = torch.randn(1, 70, 2, 32, device=DEVICE)
+    v = torch.randn(1, 70, 2, 32, device=DEVICE)
+    out, lse = lt.attention(q, k, v, mask, backend=BACKEND, return_lse=True)
+    ref, ref_lse = naive_attention(q.double(), k.double(), v.double(), mask, return_lse=True)
+    assert (out.double() - ref).abs().max().item() < 1e-4
+    problem = Problem(mask=mask, heads_q=4, heads_kv=2, head_dim=32, dtype=torch.float32,
+                      device=DEVICE)
+    out2, lse2 = get_backend(BACKEND).prepare(problem, q, k, v)()
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+
+
+def test_validation_errors():
+    mask = make_mask("causal", 16)
+    q = torch.randn(1, 16, 4, 32, device=DEVICE)
+    k = torch.randn(1, 16, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="mask is 16 x 16"):
+        flashmask_attention(q[:, :8], k, k, mask)
+    with pytest.raises(ValueError, match="Sk=16"):
+        flashmask_attention(q, k[:, :8], k[:, :8], mask)
+    with pytest.raises(ValueError, match="unknown flashmask config"):
+        flashmask_attention(q, k, k, mask, config={"BLOCKM": 64})
+    with pytest.raises(ValueError, match="power of two"):
+        flashmask_attention(q, k, k, mask, config={"BLOCK_N": 48})
+    with pytest.raises(ValueError, match="head dim"):
+        flashmask_attention(q[..., :24], k[..., :24], k[..., :24], mask)
+    with pytest.raises(ValueError, match="RangeMask or FlashMaskColumns"):
+        flashmask_attention(q, k, k, "causal")
+    for d in (32, 64, 128, 256):
+        assert set(default_config(d, torch.bfloat16)) == set(CONFIG_KEYS)
