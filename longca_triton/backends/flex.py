@@ -150,7 +150,10 @@ class Flex(PlannedBackend):
     def run(self, plan: _FlexPlan, q, k, v, scale: float):
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         s = None if math.isclose(scale, 1.0 / math.sqrt(plan.head_dim), rel_tol=1e-12) else scale
-        kw = dict(block_mask=plan.block_mask, scale=s, enable_gqa=plan.enable_gqa, **_LSE_KW)
+        # why no lse when training on FLASH: its backward cannot differentiate through the lse
+        # ("FLASH backend backward does not support differentiating through logsumexp (dLSE)")
+        want_lse = not (plan.grad and self.variant == "flash")
+        kw = dict(block_mask=plan.block_mask, scale=s, enable_gqa=plan.enable_gqa, **(_LSE_KW if want_lse else {}))
         if plan.kernel_options is not None:
             kw["kernel_options"] = plan.kernel_options
         if plan.grad:
@@ -158,8 +161,12 @@ class Flex(PlannedBackend):
         else:
             with torch.no_grad():
                 res = plan.fn(qt, kt, vt, **kw)
+        if not want_lse:
+            return res.transpose(1, 2), None
         out, aux = res
         lse = getattr(aux, "lse", aux)
+        if lse is not None and self.variant == "flash":
+            lse = lse * _flash_lse_correction()
         return out.transpose(1, 2), (lse.float() if lse is not None else None)
 
 
@@ -187,6 +194,24 @@ class FlexFA4(Flex):
         if cute is None:
             return False, f"FlashAttention-4 (flash-attn-4) is not installed: {why}"
         return True, ""
+
+
+def _flash_lse_correction() -> float:
+    """Factor that turns the FLASH backend's returned lse into the natural log.
+
+    The FLASH (FlashAttention-4) kernel already returns a natural-log lse, but torch releases whose
+    ``flex_attention`` front end scales every backend's lse by ``ln 2`` (it assumes the Triton
+    kernel's log2 statistics; newer releases skip FLASH via ``stats_are_log2``) hand back
+    ``ln 2 × lse``. Measured on torch 2.11: lse off by 0.31 × lse. The harness's correctness check
+    verifies the corrected value on every run."""
+    import inspect
+
+    mod = try_import("torch.nn.attention.flex_attention")[0]
+    try:
+        src = inspect.getsource(mod.flex_attention)
+    except (OSError, TypeError):
+        return 1.0
+    return 1.0 if ("stats_are_log2" in src and '"FLASH"' in src) else 1.0 / math.log(2.0)
 
 
 register(Flex())
