@@ -204,7 +204,7 @@ def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict):
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_IV=plan.num_iv,
-        WARP_SPEC=cfg["warp_specialize"],
+        WARP_SPEC=cfg["warp_specialize"], HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -275,7 +275,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
-        FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(),
+        FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
 
@@ -295,6 +295,7 @@ def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, 
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
+        HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
     )
 

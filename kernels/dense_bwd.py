@@ -116,7 +116,7 @@ def dense_bwd_dkdv_kernel(
     softmax_scale, qk_scale,
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+    NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rank = pid // num_bkv
@@ -162,11 +162,12 @@ def dense_bwd_dkdv_kernel(
                                tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
                                BLOCK_M, HEAD_DIM, False, NUM_IV, FUSED_DQ, DQ_TMA)
-        for r in range(p_lo, p_hi):
-            dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
-                               tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
-                               LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                               BLOCK_M, HEAD_DIM, True, NUM_IV, FUSED_DQ, DQ_TMA)
+        if HAS_PARTIAL_TILES:
+            for r in range(p_lo, p_hi):
+                dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
+                                   tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
+                                   LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
+                                   BLOCK_M, HEAD_DIM, True, NUM_IV, FUSED_DQ, DQ_TMA)
 
     dk_desc = tl.make_tensor_descriptor(DK + b64 * stride_dkb + h_kv * stride_dkh,
                                         shape=[Sk, HEAD_DIM], strides=[stride_dks, 1],
@@ -210,7 +211,7 @@ def dense_bwd_dq_kernel(
     softmax_scale, qk_scale,
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rank = pid // num_bh
@@ -239,9 +240,10 @@ def dense_bwd_dq_kernel(
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
         dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(FULL_START + r),
                      tl.load(FULL_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, False, NUM_IV)
-    for r in range(tl.load(PART_PTR + tile_m), tl.load(PART_PTR + tile_m + 1)):
-        dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
-                     tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV)
+    if HAS_PARTIAL_TILES:
+        for r in range(tl.load(PART_PTR + tile_m), tl.load(PART_PTR + tile_m + 1)):
+            dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
+                         tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV)
 
     dq_desc = tl.make_tensor_descriptor(DQ + b64 * stride_dqb + h * stride_dqh, shape=[Sq, HEAD_DIM],
                                         strides=[stride_dqs, 1], block_shape=[BLOCK_M, HEAD_DIM])

@@ -87,7 +87,7 @@ def dense_fwd_kernel(
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, WARP_SPEC: tl.constexpr,
+    NUM_IV: tl.constexpr, WARP_SPEC: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     # why: batch*head is the fastest-varying index, so the programs running at the same time
     # share a query-tile rank (heaviest first) and the query heads of one GQA group sit next to
@@ -122,10 +122,13 @@ def dense_fwd_kernel(
         acc, m_i, l_i = _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc,
                                       tl.load(FULL_START + r), tl.load(FULL_END + r), qk_scale,
                                       BLOCK_N, WARP_SPEC)
-    for r in range(tl.load(PART_PTR + tile_m), tl.load(PART_PTR + tile_m + 1)):
-        acc, m_i, l_i = _fwd_part_run(acc, m_i, l_i, q, k_desc, v_desc,
-                                      tl.load(PART_START + r), tl.load(PART_END + r), qk_scale,
-                                      offs_m, LO, HI, Sq, BLOCK_N, NUM_IV)
+    # why a constexpr switch: a plan without partial tiles (full mask, tile-aligned documents)
+    # compiles without the masked loop, whose code and registers otherwise stay in the kernel
+    if HAS_PARTIAL_TILES:
+        for r in range(tl.load(PART_PTR + tile_m), tl.load(PART_PTR + tile_m + 1)):
+            acc, m_i, l_i = _fwd_part_run(acc, m_i, l_i, q, k_desc, v_desc,
+                                          tl.load(PART_START + r), tl.load(PART_END + r), qk_scale,
+                                          offs_m, LO, HI, Sq, BLOCK_N, NUM_IV)
 
     # fully masked rows (l_i == 0): out = 0, lse = -inf
     empty = l_i == 0.0
