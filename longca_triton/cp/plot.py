@@ -5,7 +5,9 @@
   whole sequence / (N x the slowest rank's time)); the 0.85 line is issue 6's target.
 * ``cp_scaling_<mode>.png`` (when more than one world size is present): per-GPU TFLOP/s of each
   scheme's best plan against N, one panel per mask, with the single-GPU TFLOP/s at N = 1, and
-  below it the bytes per device the closed-form ``comm`` model predicts for each scheme and N.
+  below it the efficiency and the bytes per device the closed-form ``comm`` model predicts for
+  each scheme and N. Sequences grow with N (fixed tokens per GPU), so the dotted line is the
+  single-GPU kernel on each N's whole sequence, the denominator of the efficiency.
 
 ``longca-triton plot RESULTS`` sends CP rows here; ``bench cp`` writes these under ``OUT/plots``.
 """
@@ -114,22 +116,22 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
     from .comm import comm_model
 
     ncols = len(masks)
-    fig, axes = plt.subplots(2, ncols, figsize=(4.2 * ncols, 6.4), squeeze=False)
+    fig, axes = plt.subplots(3, ncols, figsize=(4.2 * ncols, 9.2), squeeze=False)
     colors = {s: plt.get_cmap("tab10")(i) for i, s in enumerate(_SCHEME_ORDER)}
     r0 = mrows[0]
     for i, m in enumerate(masks):
-        ax, axc = axes[0][i], axes[1][i]
+        ax, axe, axc = axes[0][i], axes[1][i], axes[2][i]
         mr = [r for r in mrows if r["mask"] == m and _ok(r) and not str(r.get("backend", "")).startswith("yunchang")]
-        single = [r for r in mr if r["world_size"] == 1]
         worlds = sorted({r["world_size"] for r in mr if r["world_size"] > 1})
         for s in _SCHEME_ORDER:
-            xs, ys, bytes_ = [], [], []
+            xs, ys, effs, bytes_ = [], [], [], []
             for N in worlds:
                 pts = [r for r in mr if r["scheme"] == s and r["world_size"] == N]
                 if pts:
                     best = max(pts, key=lambda r: r["tflops_per_gpu"])
                     xs.append(N)
                     ys.append(best["tflops_per_gpu"])
+                    effs.append(best["efficiency"])
                     comm = comm_model(s, N, best.get("ulysses_degree"), seqlen=best["seqlen"],
                                       heads=(best["heads_q"], best["heads_kv"]), head_dim=best["head_dim"],
                                       dtype_bytes=2 if best.get("dtype") in ("bfloat16", "float16") else 4,
@@ -137,10 +139,17 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
                     phases = ("fwd",) if mode == "fwd" else ("fwd", "bwd")
                     bytes_.append(sum(c.bytes_sent for c in comm if c.phase in phases) / 2**20)
             if xs:
-                ax.plot(([1] + xs) if single else xs, ([single[0]["tflops_per_gpu"]] + ys) if single else ys,
-                        marker="o", color=colors[s], label=s)
+                ax.plot(xs, ys, marker="o", color=colors[s], label=s)
+                axe.plot(xs, effs, marker="o", color=colors[s], label=s)
                 axc.plot(xs, bytes_, marker="s", ls="--", color=colors[s], label=s)
-        for a in (ax, axc):
+        # the single-GPU kernel on each world size's whole sequence (weak scaling: S grows with N)
+        singles = sorted((r["seqlen"], r["tflops_per_gpu"])
+                         for r in mr if r["world_size"] == 1)
+        if singles:
+            xs1 = [r_s // mr[0]["tokens_per_gpu"] for r_s, _ in singles]
+            ax.plot(xs1, [t for _, t in singles], ls=":", color="k", marker="x", label="1 GPU, same S")
+        axe.axhline(0.85, color="k", ls=":", lw=1)
+        for a in (ax, axe, axc):
             a.set_xscale("log", base=2)
             a.grid(True, alpha=0.3)
             a.tick_params(labelsize=8)
@@ -148,6 +157,7 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
         axc.set_xlabel("GPUs (N)", fontsize=9)
         if i == 0:
             ax.set_ylabel("TFLOP/s per GPU (best plan)", fontsize=9)
+            axe.set_ylabel("efficiency (best plan)", fontsize=9)
             axc.set_ylabel("comm model: MiB sent per GPU", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"CP scaling, {mode}, {r0.get('tokens_per_gpu')} tokens/GPU, heads {r0.get('heads_q')}:"
