@@ -182,13 +182,15 @@ def _check_plan(plan: TilePlan, block_m: int, block_n: int, what: str):
                          f"config says {block_m}x{block_n}")
 
 
-def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict):
-    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D]`` (q's dtype), ``lse [B, Hq, Sq]``."""
+def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict, out_dtype=None):
+    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D]`` (q's dtype, or ``out_dtype``:
+    context parallelism asks for float32 partial outputs so that merging them rounds once),
+    ``lse [B, Hq, Sq]``."""
     _check_plan(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], "forward")
     q, k, v = (_descriptor_ready(t) for t in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    out = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    out = torch.empty((b, sq, hq, d), device=q.device, dtype=out_dtype or q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
@@ -211,17 +213,18 @@ def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict):
 
 
 def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
-              softmax_scale: float, cfg: dict, dlse=None):
-    """Launch preprocess, dK/dV and dQ. Returns ``dq, dk, dv`` in the inputs' dtype."""
+              softmax_scale: float, cfg: dict, dlse=None, grad_dtype=None):
+    """Launch preprocess, dK/dV and dQ. Returns ``dq, dk, dv`` in the inputs' dtype (or
+    ``grad_dtype``: float32 partial gradients for context parallelism's accumulation)."""
     _check_plan(dkdv_plan, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], "dK/dV")
     _check_plan(dq_plan, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], "dQ")
     q, k, v, out, dout = (_descriptor_ready(t) for t in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=grad_dtype or k.dtype)
+    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=grad_dtype or v.dtype)
     if b * hq * d == 0 or sq == 0 or sk == 0:
-        return q.new_zeros((b, sq, hq, d)), dk.zero_(), dv.zero_()
+        return q.new_zeros((b, sq, hq, d), dtype=grad_dtype or q.dtype), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
     lse = lse.contiguous()
     delta = launch_bwd_preprocess(out, dout, dlse)
@@ -229,8 +232,8 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         dq_acc = torch.zeros((b, sq, hq, d), device=q.device, dtype=torch.float32)
         launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg,
                         dq_acc=dq_acc)
-        return dq_acc.to(q.dtype), dk, dv
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+        return dq_acc.to(grad_dtype or q.dtype), dk, dv
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=grad_dtype or q.dtype)
     launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
     launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
     return dq, dk, dv

@@ -235,3 +235,27 @@ def test_validation_errors():
 def test_default_config_keys():
     for d in (32, 64, 128, 256):
         assert set(default_config(d, torch.bfloat16)) == set(CONFIG_KEYS)
+
+
+def test_float32_partials_for_context_parallelism():
+    """``out_dtype`` / ``grad_dtype`` (what the CP layer's Triton step asks for) store the same
+    values as the fp16 path, unrounded: fp16 results equal the float32 ones rounded once."""
+    from longca_triton.kernels.dense import dense_bwd, dense_fwd, plans_for, resolve_config
+
+    torch.manual_seed(0)
+    S, Hq, Hkv, D = 150, 4, 2, 32
+    mask = make_mask("causal_document", S, doc_lens=[70, 80])
+    q, k, v, do = (torch.randn(1, S, h, D, device=DEVICE, dtype=torch.float16) for h in (Hq, Hkv, Hkv, Hq))
+    cfg = resolve_config(D, torch.float16)
+    fwd, dkdv, dq_plan = plans_for(mask, cfg, q.device)
+    scale = D ** -0.5
+    o16, lse16 = dense_fwd(q, k, v, fwd, scale, cfg)
+    o32, lse32 = dense_fwd(q, k, v, fwd, scale, cfg, out_dtype=torch.float32)
+    assert o16.dtype == torch.float16 and o32.dtype == torch.float32
+    assert torch.equal(lse16, lse32)
+    assert torch.equal(o32.to(torch.float16), o16)
+    g16 = dense_bwd(do, q, k, v, o16, lse16, dkdv, dq_plan, scale, cfg)
+    g32 = dense_bwd(do, q, k, v, o16, lse16, dkdv, dq_plan, scale, cfg, grad_dtype=torch.float32)
+    for a, b in zip(g16, g32):
+        assert a.dtype == torch.float16 and b.dtype == torch.float32
+        assert torch.equal(b.to(torch.float16), a)

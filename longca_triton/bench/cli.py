@@ -210,6 +210,9 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
         json.dump(exp.to_dict(), f, indent=1)
 
     signal.signal(signal.SIGTERM, _terminate)  # a kill (timeout, scheduler) stops cleanly like Ctrl-C
+    # why explicit: a process started in the background by a non-interactive shell inherits SIGINT
+    # as ignored, and Python then never installs its KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     result = _run_with_progress(con, exp, store, device, retry_errors, max_minutes)
     _summary_table(con, result.rows)
     if result.interrupted:

@@ -219,7 +219,7 @@ class _AllGatherAttention(torch.autograd.Function):
         acc = acc_dtype(q.dtype)
         if mask is not None:
             out, lse = kernel.forward(q, kv_all[0], kv_all[1], mask, scale)
-            lse = lse.to(acc)
+            out, lse = out.to(q.dtype), lse.to(acc)  # one step: no merge, the output in q's dtype
         else:
             out = torch.zeros_like(q)
             lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
@@ -245,7 +245,7 @@ class _AllGatherAttention(torch.autograd.Function):
             dkv = torch.zeros(kv_all.shape, dtype=acc, device=q.device)
         dkv = dkv.view(2, B, N, NL // N, Hkv, D).permute(2, 0, 1, 3, 4, 5)
         mine = comm.reduce_scatter(dkv, "bwd", "dkv") if N > 1 else dkv[0]
-        return dq, mine[0].to(kv_all.dtype), mine[1].to(kv_all.dtype), None, None, None, None
+        return dq.to(q.dtype), mine[0].to(kv_all.dtype), mine[1].to(kv_all.dtype), None, None, None, None
 
 
 # ---------------------------------------------------------------------------------- ulysses
