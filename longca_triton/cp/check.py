@@ -77,8 +77,10 @@ def make_problem(mask, batch, heads, head_dim, dtype, device, seed=0, reference=
         kern = get_step_kernel(backend)
         out, lse = kern.forward(q, k, v, mask, scale)
         dlse = torch.where(torch.isfinite(lse), glse.to(lse.dtype), torch.zeros_like(lse))
-        dq, dk, dv = kern.backward(gout, q, k, v, out, lse, mask, scale, dlse)
-        p.ref = dict(out=out, lse=lse.to(acc), dq=dq, dk=dk, dv=dv)
+        dq, dk, dv = kern.backward(gout, q, k, v, out.to(q.dtype), lse, mask, scale, dlse)
+        # what a single-GPU user gets: results in the inputs' dtype (a step kernel may hand back
+        # float32 partials for merging; the CP layer rounds its final results the same way)
+        p.ref = dict(out=out.to(q.dtype), lse=lse.to(acc), dq=dq.to(q.dtype), dk=dk.to(k.dtype), dv=dv.to(v.dtype))
     return p
 
 
