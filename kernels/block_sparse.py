@@ -76,7 +76,7 @@ from .dense import launch_bwd_preprocess
 __all__ = [
     "block_sparse_attention", "varblock_attention", "block_sparse_attention_op",
     "block_sparse_attention_from_tables", "default_config", "resolve_config",
-    "candidate_configs", "tables_for", "table_build_time", "tile_sizes", "block_sparse_fwd",
+    "tables_for", "table_build_time", "tile_sizes", "block_sparse_fwd",
     "block_sparse_bwd", "BlockSparseAttentionFunction", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS",
 ]
 
@@ -137,17 +137,6 @@ def default_config(mask, head_dim: int) -> dict:
     return dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=2, warp_specialize=False,
                 DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
                 DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2)
-
-
-def candidate_configs(mask, head_dim: int) -> list[dict]:
-    """A small search space around the default, for autotuning (``longca-triton autotune``)."""
-    base = default_config(mask, head_dim)
-    out = [base]
-    for upd in (dict(num_stages=3), dict(num_warps=4, dq_num_warps=4, dkdv_num_warps=4),
-                dict(warp_specialize=True), dict(BLOCK_N=128 if base["BLOCK_N"] == 64 else 64),
-                dict(HEADS=2, DQ_HEADS=2, DKDV_HEADS=2, num_warps=8, dq_num_warps=8, dkdv_num_warps=8)):
-        out.append({**base, **upd})
-    return out
 
 
 def resolve_config(mask, head_dim: int, config: Optional[dict] = None) -> dict:
