@@ -1,5 +1,6 @@
 """Context parallelism (longca_triton.cp) on CPU: plans and local masks exactly, then every scheme x
-plan x mask on 2, 3, 4 and 8 gloo processes against the single-process reference (float64).
+plan x mask on 2, 3 and 4 gloo processes (and 8 with LONGCA_CP_WORLD8=1) against the single-process
+reference (float64).
 
 One process group per world size runs all of its cases (start-up is the expensive part).
 """
@@ -232,7 +233,11 @@ def _cases_worker(rank, world, outdir):
         json.dump(results, f)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4, 8])
+# world 8 (eight processes, ~30 s) is opt-in: on CI's two cores it overlaps the torchrun tests
+WORLDS = [2, 3, 4] + ([8] if os.environ.get("LONGCA_CP_WORLD8") == "1" else [])
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_cp_schemes_match_reference(world, tmp_path):
     from longca_triton.cp.check import spawn
 
