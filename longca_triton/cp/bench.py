@@ -659,4 +659,10 @@ def _peer_point(mname, mask, mode, U, B, Hq, Hkv, D, dtype, device, cfg) -> dict
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        sys.exit(worker(json.load(f)))
+        rc = worker(json.load(f))
+    # why os._exit: the rows are on disk and the process group is destroyed; skipping interpreter
+    # teardown avoids a gloo worker thread being destroyed while joinable ("terminate called
+    # without an active exception", seen once on a loaded 2-core CI machine)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
