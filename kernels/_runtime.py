@@ -103,3 +103,32 @@ def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
     es = t.element_size()
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
     return t if ok else t.contiguous()
+
+
+def check_qkv(q, k, v, head_dims, what: str) -> None:
+    """Shapes ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, GQA, dtype and device checks shared by
+    the dense and FlashMask launchers (``what`` names the kernel in the device error)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    b, sq, hq, d = q.shape
+    bk, sk, hkv, dk = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"batch mismatch: q has {b}, k/v have {bk}")
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q has {d}, k/v have {dk}")
+    if d not in head_dims:
+        raise ValueError(f"head dim {d} not supported; use one of {head_dims}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if interpreting() else ())
+    if q.dtype not in allowed:
+        raise ValueError(f"dtype {q.dtype} not supported; use one of {allowed}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(f"{what} runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")

@@ -67,6 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
@@ -417,29 +418,11 @@ def _stack(requested: int, group_size: int, heads_per_pattern: int) -> int:
 
 
 def _check_inputs(q, k, v, mask):
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "block-sparse attention")
     b, sq, hq, d = q.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
-    bk, sk, hkv, dk = k.shape
-    if bk != b or dk != d:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head dim")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim {d} not supported; use one of {SUPPORTED_HEAD_DIMS}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
+    sk = k.shape[1]
     if hq % mask.num_patterns:
         raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {hq} query heads")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if _interpreting() else ())
-    if q.dtype not in allowed:
-        raise ValueError(f"dtype {q.dtype} not supported; use one of {allowed}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError("block-sparse attention runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
     if mask.seqlen_q != sq or mask.seqlen_k != sk:
         raise ValueError(f"mask is {mask.seqlen_q} x {mask.seqlen_k} but q/k have Sq={sq}, Sk={sk}")
     if sq * hq * d >= 2**31:

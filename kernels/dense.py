@@ -63,6 +63,7 @@ from typing import Optional
 import torch
 import triton
 
+from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
@@ -148,30 +149,8 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
 # ----------------------------------------------------------------------------------------------
 
 def _check_inputs(q, k, v, plan_sq=None, plan_sk=None):
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    b, sq, hq, d = q.shape
-    bk, sk, hkv, dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
-    if bk != b:
-        raise ValueError(f"batch mismatch: q has {b}, k/v have {bk}")
-    if dk != d:
-        raise ValueError(f"head dim mismatch: q has {d}, k/v have {dk}")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim {d} not supported; use one of {SUPPORTED_HEAD_DIMS}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if _interpreting() else ())
-    if q.dtype not in allowed:
-        raise ValueError(f"dtype {q.dtype} not supported; use one of {allowed}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError("dense attention runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
+    _check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "dense attention")
+    sq, sk = q.shape[1], k.shape[1]
     if plan_sq is not None and (plan_sq != sq or plan_sk != sk):
         raise ValueError(f"mask is {plan_sq} x {plan_sk} but q/k have Sq={sq}, Sk={sk}")
 

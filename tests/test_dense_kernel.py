@@ -71,18 +71,24 @@ def random_range_mask(sq: int, sk: int, seed: int, n_slices: int = 4) -> RangeMa
 
 def run_and_compare(mask, B, Hq, Hkv, D, dtype, *, config=None, seed=0, layout="bshd", dlse=False,
                     use_op=False):
+    fn = dense_attention_op if use_op else dense_attention
+    return compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=config), mask,
+                                mask.seqlen_q, mask.seqlen_k, B, Hq, Hkv, D, dtype, seed=seed, layout=layout, dlse=dlse)
+
+
+def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0, layout="bshd", dlse=False):
+    """``attn(q, k, v) -> (out, lse)`` against the float64 naive reference on ``ref_mask``: out,
+    lse (and its -inf pattern), dq, dk, dv, optionally with an lse gradient. Shared by every
+    kernel test (dense, FlashMask)."""
     torch.manual_seed(seed)
-    sq, sk = mask.seqlen_q, mask.seqlen_k
 
     def make(S, H):
         if layout == "bhsd":  # non-contiguous [B, S, H, D] view of a [B, H, S, D] tensor
             return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE).transpose(1, 2)
         return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE)
 
-    q, k, v = make(sq, Hq), make(sk, Hkv), make(sk, Hkv)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    fn = dense_attention_op if use_op else dense_attention
-    out, lse = fn(q, k, v, mask, return_lse=True, config=config)
+    q, k, v = (t.requires_grad_() for t in (make(sq, Hq), make(sk, Hkv), make(sk, Hkv)))
+    out, lse = attn(q, k, v)
     dout = torch.randn_like(out)
     g_lse = torch.randn_like(lse) if dlse else None
     loss = (out.float() * dout.float()).sum()
@@ -91,7 +97,7 @@ def run_and_compare(mask, B, Hq, Hkv, D, dtype, *, config=None, seed=0, layout="
     loss.backward()
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref_out, ref_lse = naive_attention(q64, k64, v64, mask, return_lse=True)
+    ref_out, ref_lse = naive_attention(q64, k64, v64, ref_mask, return_lse=True)
     ref_loss = (ref_out * dout.double()).sum()
     if dlse:
         ref_loss = ref_loss + (torch.where(torch.isinf(ref_lse), 0.0, ref_lse) * g_lse.double()).sum()

@@ -16,7 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from test_dense_kernel import DEVICE, ODD_CONFIG, TOL, random_range_mask, small_mask  # noqa: E402
+from test_dense_kernel import DEVICE, ODD_CONFIG, compare_to_reference, random_range_mask, small_mask  # noqa: E402
 
 import longca_triton as lt  # noqa: E402
 from longca_triton.backends import Problem, get_backend  # noqa: E402
@@ -69,51 +69,14 @@ def expressible(mask) -> bool:
 def run_and_compare(mask, B, Hq, Hkv, D, dtype, *, sq=None, config=None, seed=0, layout="bshd",
                     dlse=False):
     """``mask`` is a RangeMask or FlashMaskColumns (then ``sq`` gives Sq)."""
-    torch.manual_seed(seed)
     if isinstance(mask, FlashMaskColumns):
         sk = len(mask.lts)
         ref_mask = _DenseMask(mask.to_dense(sq))
     else:
         sq, sk = mask.seqlen_q, mask.seqlen_k
         ref_mask = mask
-
-    def make(S, H):
-        if layout == "bhsd":  # non-contiguous [B, S, H, D] view of a [B, H, S, D] tensor
-            return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE).transpose(1, 2)
-        return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE)
-
-    q, k, v = (t.requires_grad_() for t in (make(sq, Hq), make(sk, Hkv), make(sk, Hkv)))
-    out, lse = flashmask_attention(q, k, v, mask, return_lse=True, config=config)
-    dout = torch.randn_like(out)
-    g_lse = torch.randn_like(lse) if dlse else None
-    loss = (out.float() * dout.float()).sum()
-    if dlse:
-        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * g_lse).sum()
-    loss.backward()
-
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref_out, ref_lse = naive_attention(q64, k64, v64, ref_mask, return_lse=True)
-    ref_loss = (ref_out * dout.double()).sum()
-    if dlse:
-        ref_loss = ref_loss + (torch.where(torch.isinf(ref_lse), 0.0, ref_lse) * g_lse.double()).sum()
-    ref_loss.backward()
-
-    tol = TOL[dtype]
-
-    def check(name, x, ref):
-        assert x.shape == ref.shape, f"{name}: shape {tuple(x.shape)} vs {tuple(ref.shape)}"
-        assert not torch.isnan(x).any(), f"{name}: NaN"
-        err = ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item() if x.numel() else 0.0
-        assert err <= tol, f"{name}: normalised max error {err:.3e} > {tol:.1e}"
-
-    check("out", out, ref_out)
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse: -inf pattern differs"
-    fin = ~torch.isinf(ref_lse)
-    check("lse", lse[fin], ref_lse[fin])
-    check("dq", q.grad, q64.grad)
-    check("dk", k.grad, k64.grad)
-    check("dv", v.grad, v64.grad)
-    return out, lse
+    return compare_to_reference(lambda q, k, v: flashmask_attention(q, k, v, mask, return_lse=True, config=config),
+                                ref_mask, sq, sk, B, Hq, Hkv, D, dtype, seed=seed, layout=layout, dlse=dlse)
 
 
 def assert_unsupported(mask, Hq=4, Hkv=1, D=32):

@@ -513,6 +513,7 @@ def _single_gpu(kernel, mask, B, Hq, Hkv, D, dtype, device, mode, cfg) -> dict:
     from .kernels import default_scale
 
     S = mask.seqlen_q
+    kernel = kernel.single_device()
     try:
         q, k, v, do = _inputs((B, S, Hq, D), (B, S, Hkv, D), dtype, device, 1, False)
         scale = default_scale(D, None)

@@ -74,7 +74,7 @@ def make_problem(mask, batch, heads, head_dim, dtype, device, seed=0, reference=
         loss.backward()
         p.ref = dict(out=out.detach(), lse=lse.detach().to(acc), dq=qq.grad, dk=kk.grad, dv=vv.grad)
     else:
-        kern = get_step_kernel(backend)
+        kern = get_step_kernel(backend).single_device()
         out, lse = kern.forward(q, k, v, mask, scale)
         dlse = torch.where(torch.isfinite(lse), glse.to(lse.dtype), torch.zeros_like(lse))
         dq, dk, dv = kern.backward(gout, q, k, v, out.to(q.dtype), lse, mask, scale, dlse)

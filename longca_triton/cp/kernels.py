@@ -48,6 +48,10 @@ class StepKernel:
     def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
         raise NotImplementedError
 
+    def single_device(self) -> "StepKernel":
+        """The same kernel as one device would run it (the CP benchmark's baseline)."""
+        return self
+
 
 class TorchStep(StepKernel):
     """Materialised scores, any mask: for tests and small problems."""
@@ -91,11 +95,16 @@ class TritonStep(StepKernel):
 
     name = "triton"
 
-    def __init__(self, config: dict | None = None):
+    def __init__(self, config: dict | None = None, float32_partials: bool = True):
         from longca_triton.kernels import dense
 
         self.dense = dense
         self.config = config
+        self.float32_partials = float32_partials
+
+    def single_device(self) -> "TritonStep":
+        # a single-GPU user gets outputs and gradients in the inputs' dtype: no float32 partials
+        return TritonStep(self.config, float32_partials=False)
 
     def _setup(self, q, k, mask):
         """Launch config (the autotune cache's for this problem class, else the defaults) and the
@@ -120,12 +129,14 @@ class TritonStep(StepKernel):
     # at N = 4 on an H200). The kernels store float32 directly, and the merge rounds once.
     def forward(self, q, k, v, mask, scale):
         cfg, (fwd, _, _) = self._setup(q, k, mask)
-        return self.dense.dense_fwd(q, k, v, fwd, float(scale), cfg, out_dtype=acc_dtype(q.dtype))
+        return self.dense.dense_fwd(q, k, v, fwd, float(scale), cfg,
+                                    out_dtype=acc_dtype(q.dtype) if self.float32_partials else None)
 
     def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
         cfg, (_, dkdv, dq) = self._setup(q, k, mask)
         return self.dense.dense_bwd(dout, q, k, v, out.to(q.dtype), lse.float(), dkdv, dq, float(scale), cfg,
-                                    dlse=None if dlse is None else dlse.float(), grad_dtype=acc_dtype(q.dtype))
+                                    dlse=None if dlse is None else dlse.float(),
+                                    grad_dtype=acc_dtype(q.dtype) if self.float32_partials else None)
 
 
 class AutogradStep(StepKernel):
