@@ -57,7 +57,7 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     log, ``-inf`` for rows that attend nothing). Differentiable. ``backend`` names an entry of the
     registry (``longca-triton doctor`` lists them).
     """
-    from .backends import Problem, get_backend
+    from .adapters import Problem, get_backend
 
     validate_inputs(q, k, v, mask)
     impl = get_backend(backend or default_backend(mask))

@@ -493,7 +493,7 @@ def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, h
 
 def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:
     """The fastest available vendor backend on this case (name, TFLOP/s), or ("none", 0)."""
-    from .backends import Problem, get_backend
+    from .adapters import Problem, get_backend
 
     best = ("none", 0.0)
     q, k, v, do = case.inputs(device)

@@ -289,7 +289,7 @@ def _make(name, seqlen, seed, params):
 # the other commands live beside the library code they drive
 from .bench.cli import bench, doctor, plot, report  # noqa: E402
 from .cp.cli import comm_command  # noqa: E402  (importing it also adds `cp` to the bench group)
-from .ladder import ladder_command  # noqa: E402
+from .bench.ladder import ladder_command  # noqa: E402
 
 for _command in (bench, plot, report, doctor, comm_command, ladder_command):
     main.add_command(_command)

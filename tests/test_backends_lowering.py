@@ -19,14 +19,14 @@ import pytest
 import torch
 
 import longca_triton as lt
-from longca_triton.backends import Problem, get_backend
-from longca_triton.backends._common import dense_mask, dense_mask_rows, flash_args, packed_cu_seqlens
-from longca_triton.backends.cudnn import cudnn_call_args
-from longca_triton.backends.flash import fa_window
-from longca_triton.backends.flashmask import flashmask_startend
-from longca_triton.backends.sdpa import sdpa_lowering
-from longca_triton.backends.te import te_call_args
-from longca_triton.backends.varlen import varlen_call_args
+from longca_triton.adapters import Problem, get_backend
+from longca_triton.adapters._common import dense_mask, dense_mask_rows, flash_args, packed_cu_seqlens
+from longca_triton.adapters.cudnn import cudnn_call_args
+from longca_triton.adapters.flash import fa_window
+from longca_triton.adapters.flashmask import flashmask_startend
+from longca_triton.adapters.sdpa import sdpa_lowering
+from longca_triton.adapters.te import te_call_args
+from longca_triton.adapters.varlen import varlen_call_args
 from longca_triton.masks import STATIC_MASK_NAMES, NotExpressible
 from longca_triton.reference import naive_attention
 
@@ -351,7 +351,7 @@ def fake_fa(monkeypatch):
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
     monkeypatch.setitem(sys.modules, "flash_attn", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     return calls
@@ -383,7 +383,7 @@ def test_fa4_plumbing_against_fake_vendor(monkeypatch):
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     for name in ("sliding_window_causal", "causal_document"):
@@ -408,7 +408,7 @@ def test_cudnn_plumbing_against_fake_vendor(monkeypatch):
 
     mod.sdpa_torch = sdpa_torch
     monkeypatch.setitem(sys.modules, "cudnn", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     b = get_backend("cudnn")
@@ -442,7 +442,7 @@ def test_varlen_plumbing_against_fake_torch_varlen(monkeypatch):
 
     mod.varlen_attn, mod.AuxRequest = varlen_attn, AuxRequest
     monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     for name in ("sliding_window_causal", "causal_document"):
@@ -471,7 +471,7 @@ def test_te_plumbing_against_fake_vendor(monkeypatch):
 
     te.DotProductAttention = DotProductAttention
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     for name in ("sliding_window", "causal_document", "causal"):
@@ -493,7 +493,7 @@ def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
 
     mod.flashmask_attention = flashmask_attention
     monkeypatch.setitem(sys.modules, "flashmask_interface", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     for name in ("share_question", "prefix_lm_document", "global_sliding_window", "causal"):
@@ -551,7 +551,7 @@ def test_varlen_plumbing_torch_2_10_signature(monkeypatch):
 
     mod.varlen_attn = varlen_attn
     monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.backends import _common
+    from longca_triton.adapters import _common
 
     monkeypatch.setattr(_common, "_IMPORTS", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

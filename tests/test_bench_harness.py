@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import longca_triton as lt
-from longca_triton.backends import Backend, Unsupported, register
-from longca_triton.backends.base import BACKENDS
+from longca_triton.adapters import Backend, Unsupported, register
+from longca_triton.adapters.base import BACKENDS
 from longca_triton.bench.check import compare, reference_group
 from longca_triton.bench.config import (ConfigError, Experiment, load_experiment, parse_dtype, parse_heads, parse_seqlen,
                                         resolve_param)

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from longca_triton import autotune as at
-from longca_triton.backends import list_backends
+from longca_triton.adapters import list_backends
 from longca_triton.bench.cli import bench
 from longca_triton.bench.config import ConfigError, Experiment, load_experiment, resolve_params
 from longca_triton.bench.report import markdown_report

@@ -1,4 +1,4 @@
-"""Correctness of the dense structured-mask Triton kernels (``kernels/dense.py``) on the CPU.
+"""Correctness of the dense structured-mask Triton kernels (``longca_triton/kernels/dense.py``) on the CPU.
 
 Runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set below before triton is
 imported) in float32 and float16, and compares out, lse, dq, dk, dv with the float64 naive

@@ -1,4 +1,4 @@
-"""Correctness of the FlashMask Triton kernels (``kernels/flashmask.py``) on the CPU.
+"""Correctness of the FlashMask Triton kernels (``longca_triton/kernels/flashmask.py``) on the CPU.
 
 Runs the kernels in Triton's interpreter (float32 and float16) and compares out, lse, dq, dk, dv
 with the float64 naive reference: all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from test_dense_kernel import DEVICE, ODD_CONFIG, compare_to_reference, random_range_mask, small_mask  # noqa: E402
 
 import longca_triton as lt  # noqa: E402
-from longca_triton.backends import Problem, get_backend  # noqa: E402
+from longca_triton.adapters import Problem, get_backend  # noqa: E402
 from longca_triton.kernels.flashmask import (  # noqa: E402
     CONFIG_KEYS,
     EMPTY,

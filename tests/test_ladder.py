@@ -1,4 +1,4 @@
-"""The kernel ladder (``kernels/ladder/``, ``longca_triton/ladder.py``) on the CPU.
+"""The kernel ladder (``longca_triton/kernels/ladder/``, ``longca_triton/bench/ladder.py``) on the CPU.
 
 Every step, forward and backward, passes the same correctness tests in Triton's interpreter
 (float32 and float16; bf16 ``tl.dot`` is not meaningful there): causal at an awkward length,
@@ -193,14 +193,14 @@ def test_tile_tables_move_the_ragged_key_tile():
 
 # ------------------------------------------------------------------ the runner and the CLI
 def _tiny(mode, **kw):
-    from longca_triton.ladder import LadderProblem, interpreter_problem
+    from longca_triton.bench.ladder import LadderProblem, interpreter_problem
 
     return interpreter_problem(LadderProblem(mode=mode, **kw))
 
 
 @interpreter_only
 def test_run_ladder_interpreter_checks_every_step():
-    from longca_triton.ladder import run_ladder
+    from longca_triton.bench.ladder import run_ladder
 
     p = _tiny("bwd", mask="causal_document", seqlen=60, heads=(8, 2), head_dim=32)
     assert (p.seqlen, p.heads_q, p.heads_kv, p.head_dim, p.dtype_name) == (60, 4, 1, 32, "float32")
@@ -216,7 +216,7 @@ def test_run_ladder_interpreter_checks_every_step():
 def test_timed_run_and_outputs(tmp_path, monkeypatch):
     """The GPU code path (full-size run, consistency with production, timing, outputs) on the
     interpreter; the numbers are meaningless here, the plumbing is not."""
-    import longca_triton.ladder as L
+    import longca_triton.bench.ladder as L
 
     monkeypatch.setattr(L, "TIME_BUDGET_MS", 1.0)
     p = _tiny("fwd", mask="causal", seqlen=48, heads=(4, 2), head_dim=32)
@@ -246,7 +246,7 @@ def test_timed_run_and_outputs(tmp_path, monkeypatch):
 
 @interpreter_only
 def test_skipped_step_is_reported(monkeypatch):
-    import longca_triton.ladder as L
+    import longca_triton.bench.ladder as L
     from longca_triton.kernels.ladder import step0_naive
 
     monkeypatch.setattr(L, "TIME_BUDGET_MS", 1.0)
@@ -329,7 +329,7 @@ def test_gpu_kernels_compile_for_hopper():
 @pytest.mark.gpu
 def test_ladder_runner_on_gpu(tmp_path):
     """On a CUDA host: the runner's own bf16 check and full-size run pass for every step."""
-    import longca_triton.ladder as L
+    import longca_triton.bench.ladder as L
 
     for mode in ("fwd", "bwd"):
         p = L.LadderProblem(mask="causal_document", seqlen=2048, mode=mode, heads=(8, 2), head_dim=128,

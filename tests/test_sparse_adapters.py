@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from longca_triton.backends import Problem, Unsupported, get_backend
-from longca_triton.backends.flashinfer import bsr_lowering, bsr_to_dense, varblock_lowering, varblock_to_dense
-from longca_triton.backends.vsa import vsa_index_tensors, vsa_lowering, vsa_to_dense
+from longca_triton.adapters import Problem, Unsupported, get_backend
+from longca_triton.adapters.flashinfer import bsr_lowering, bsr_to_dense, varblock_lowering, varblock_to_dense
+from longca_triton.adapters.vsa import vsa_index_tensors, vsa_lowering, vsa_to_dense
 from longca_triton.masks import BlockSparseMask, make_mask
 
 

@@ -1,4 +1,4 @@
-"""Block-sparse Triton kernels (kernels/block_sparse.py) against the float64 reference on to_dense().
+"""Block-sparse Triton kernels (longca_triton/kernels/block_sparse.py) against the float64 reference on to_dense().
 
 On a CPU machine the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is
 imported). There bf16 ``tl.dot`` is unreliable and autotuning is off, so the checks use float32
@@ -217,7 +217,7 @@ def test_input_validation():
 
 
 def test_backends_registered_and_reasons():
-    from longca_triton.backends import Problem, get_backend
+    from longca_triton.adapters import Problem, get_backend
 
     uni = make_mask("block_sparse", 128, block=32, density=0.5, patterns=2)
     var = make_mask("varblock_sparse", 300, block=48, min_block=20, density=0.5)
@@ -236,7 +236,7 @@ def test_backends_registered_and_reasons():
 
 
 def test_backend_attention_matches_kernel():
-    from longca_triton.backends import get_backend
+    from longca_triton.adapters import get_backend
 
     mask = make_mask("varblock_sparse", 200, block=40, min_block=16, density=0.5, patterns=2, seed=1)
     q = torch.randn(1, 200, 4, 16, device=DEV, dtype=torch.float16)
@@ -323,7 +323,7 @@ def test_backends_under_torch_compile(backend):
 def test_backend_reads_the_autotune_cache(monkeypatch):
     """The backends take their launch config from ``autotune.lookup`` (an explicit one wins)."""
     from longca_triton import autotune
-    from longca_triton.backends import Problem, get_backend
+    from longca_triton.adapters import Problem, get_backend
 
     seen = []
 

@@ -53,9 +53,6 @@ def _args(argv=None):
 
 # ------------------------------------------------------------------------------ phase 1 (per rank)
 def check_worker(a) -> int:
-    from longca_triton.cp.bench import ensure_subpackages
-
-    ensure_subpackages()
     from datetime import timedelta
 
     import numpy as np

@@ -249,7 +249,7 @@ def main():
         a.skip += ",memory"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from longca_triton.backends import get_backend
+    from longca_triton.adapters import get_backend
 
     backends = []
     for b in a.backends.split(","):

@@ -1,4 +1,4 @@
-"""GPU check and benchmark of our dense structured-mask Triton kernels (kernels/dense.py).
+"""GPU check and benchmark of our dense structured-mask Triton kernels (longca_triton/kernels/dense.py).
 
 Run from the repository root on a CUDA machine (the package need not be installed):
 
@@ -19,7 +19,6 @@ they are measured, and a markdown summary goes to <out>/dense_check.md):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -31,30 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _import_shim():
-    """Make ``longca_triton.kernels`` / ``.reference`` importable from a plain checkout."""
-    sys.path.insert(0, str(REPO))
-    try:
-        import longca_triton.kernels.dense  # noqa: F401
-        import longca_triton.reference  # noqa: F401
-        return
-    except ImportError:
-        pass
-    import longca_triton
-
-    for sub in ("kernels", "reference"):
-        name = f"longca_triton.{sub}"
-        if name in sys.modules:
-            continue
-        spec = importlib.util.spec_from_file_location(name, REPO / sub / "__init__.py",
-                                                      submodule_search_locations=[str(REPO / sub)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        setattr(longca_triton, sub, mod)
-        spec.loader.exec_module(mod)
-
-
-_import_shim()
+sys.path.insert(0, str(REPO))  # a plain checkout runs without installing
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -1,4 +1,4 @@
-"""GPU check and benchmark of our block-sparse Triton kernels (kernels/block_sparse.py).
+"""GPU check and benchmark of our block-sparse Triton kernels (longca_triton/kernels/block_sparse.py).
 
 Run from the repository root on a CUDA machine (the package need not be installed):
 
@@ -19,7 +19,6 @@ measured; <out>/sparse_check.md gets a summary):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -31,30 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _import_shim():
-    """Make ``longca_triton.kernels`` / ``.reference`` importable from a plain checkout."""
-    sys.path.insert(0, str(REPO))
-    try:
-        import longca_triton.kernels.block_sparse  # noqa: F401
-        import longca_triton.reference  # noqa: F401
-        return
-    except ImportError:
-        pass
-    import longca_triton
-
-    for sub in ("kernels", "reference"):
-        name = f"longca_triton.{sub}"
-        if name in sys.modules:
-            continue
-        spec = importlib.util.spec_from_file_location(name, REPO / sub / "__init__.py",
-                                                      submodule_search_locations=[str(REPO / sub)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        setattr(longca_triton, sub, mod)
-        spec.loader.exec_module(mod)
-
-
-_import_shim()
+sys.path.insert(0, str(REPO))  # a plain checkout runs without installing
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -240,7 +216,7 @@ def bench_flex(x: Inputs, mask, label, block_sizes=(128,)):
 
 
 def bench_dense(x: Inputs, S):
-    """Our dense kernel (kernels/dense.py, another engineer's) on the full mask, fwd and bwd."""
+    """Our dense kernel (longca_triton/kernels/dense.py, another engineer's) on the full mask, fwd and bwd."""
     try:
         from longca_triton.kernels import dense as D
     except Exception as e:  # noqa: BLE001

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longca_triton.backends._common import dense_mask_rows
+from longca_triton.adapters._common import dense_mask_rows
 from longca_triton.masks import BlockSparseMask, Mask
 
 __all__ = ["TOLERANCES", "CheckResult", "Reference", "compare", "reference_group"]

@@ -148,7 +148,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
-    from longca_triton.backends import list_backends
+    from longca_triton.adapters import list_backends
 
     from .config import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET, ConfigError, load_experiment
     from .config import preset as get_preset

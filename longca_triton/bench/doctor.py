@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from longca_triton.backends import list_backends
+from longca_triton.adapters import list_backends
 
 from .store import collect_env
 

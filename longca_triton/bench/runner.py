@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from longca_triton.backends import Backend, Problem, Unsupported, get_backend, list_backends
+from longca_triton.adapters import Backend, Problem, Unsupported, get_backend, list_backends
 from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group

@@ -214,29 +214,6 @@ def _ok(b: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------- worker
-def ensure_subpackages() -> None:
-    """Make ``longca_triton.kernels`` / ``.reference`` importable from a plain checkout (no install)."""
-    import importlib.util
-
-    import longca_triton
-
-    root = Path(longca_triton.__file__).resolve().parents[1]
-    for sub in ("kernels", "reference"):
-        name = f"longca_triton.{sub}"
-        if name in sys.modules:
-            continue
-        try:
-            __import__(name)
-            continue
-        except ImportError:
-            pass
-        spec = importlib.util.spec_from_file_location(name, root / sub / "__init__.py", submodule_search_locations=[str(root / sub)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        setattr(longca_triton, sub, mod)
-        spec.loader.exec_module(mod)
-
-
 def _status(e: BaseException) -> str:
     import torch
 
@@ -319,7 +296,6 @@ def _agree(ok: bool, device) -> bool:
 
 
 def worker(cfg: dict) -> int:
-    ensure_subpackages()
     import torch
     import torch.distributed as dist
     from datetime import timedelta

@@ -143,7 +143,7 @@ class AutogradStep(StepKernel):
     """Any registered backend that returns lse and is differentiable through it (see module doc)."""
 
     def __init__(self, backend):
-        from longca_triton.backends import get_backend
+        from longca_triton.adapters import get_backend
 
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         if not self.backend.returns_lse:
@@ -182,7 +182,7 @@ def get_step_kernel(backend) -> StepKernel:
         if hasattr(backend, "cp_forward"):
             return _MethodStep(backend)
         return AutogradStep(backend)
-    from longca_triton.backends import BACKENDS, get_backend
+    from longca_triton.adapters import BACKENDS, get_backend
 
     if backend.endswith(":autograd"):
         return AutogradStep(backend[: -len(":autograd")])

@@ -1,4 +1,4 @@
-"""Run the kernel ladder (``kernels/ladder/``): check every step, time it, tabulate, chart.
+"""Run the kernel ladder (``longca_triton/kernels/ladder/``): check every step, time it, tabulate, chart.
 
 ``longca-triton ladder`` is the command; :func:`run_ladder` is the library call behind it.
 
@@ -172,7 +172,7 @@ def _vendor_row(p: LadderProblem, mask, q, k, v, do, flops) -> dict:
     """Time ``sdpa-cudnn`` on the same problem (or say why not)."""
     import torch
 
-    from longca_triton.backends import Problem, get_backend
+    from longca_triton.adapters import Problem, get_backend
 
     row = {"step": VENDOR, "kind": "vendor", "idea": "PyTorch SDPA, cuDNN backend (same run)"}
     try:
@@ -430,7 +430,7 @@ def render_markdown(rows: list[dict], command: str | None = None) -> str:
     for r in rows:
         groups.setdefault(_group_key(r), []).append(r)
     lines = ["# Kernel ladder", "",
-             "Produced by `longca-triton ladder` (`longca_triton/ladder.py`); steps in `kernels/ladder/`.",
+             "Produced by `longca-triton ladder` (`longca_triton/bench/ladder.py`); steps in `longca_triton/kernels/ladder/`.",
              "TFLOP/s count allowed pairs only (MASKS.md §5). `check`: max error at the check size, relative",
              f"to max(1, |ref|), against an fp32 reference; tolerance = max({TOL_MULT:g} × PyTorch's own error",
              "in the same dtype, a floor). `Δ vs prod @S`: the same error against the production step at full size.",
@@ -577,7 +577,7 @@ def _parse_heads(ctx, param, value):
 def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, check_seqlen, steps, out):
     """The kernel ladder: every step from the naive formula to our production kernel, checked and timed.
 
-    Each step of kernels/ladder/ adds one idea (tiles, online softmax, mask-aware tile skipping,
+    Each step of longca_triton/kernels/ladder/ adds one idea (tiles, online softmax, mask-aware tile skipping,
     GQA, Hopper features). The table gives TFLOP/s, the speed-up over the previous step, % of
     sdpa-cudnn measured in the same run, and peak memory. Without a GPU the Triton steps run in
     the interpreter at a tiny size, for correctness only.
@@ -590,12 +590,12 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
     """
     import sys
 
-    from .runtime import INTERPRETER_BANNER, select_device
+    from ..runtime import INTERPRETER_BANNER, select_device
 
     device, _ = select_device()
     from rich.console import Console
 
-    from .masks import STATIC_MASK_NAMES
+    from ..masks import STATIC_MASK_NAMES
 
     console = Console()
     if mask not in STATIC_MASK_NAMES:

@@ -70,7 +70,7 @@ _LSE_KW = _lse_kwargs()
 # dynamo cache: forward-only and training graphs never evict each other. The functions are clones
 # of ``flex_attention`` itself (a code object copied under a new name): dynamo skips every file
 # whose path matches ``triton/backends`` (a rule meant for Triton's own package, which also matches
-# this file, ``longca_triton/backends/flex.py``), so wrappers defined here would not be traced.
+# this file, ``longca_triton/adapters/flex.py``), so wrappers defined here would not be traced.
 _KERNEL_OPTIONS = {"triton": None, "flash": {"BACKEND": "FLASH"}}
 _COMPILED: dict[tuple[str, bool], object] = {}
 

@@ -1,4 +1,4 @@
-"""Our dense Triton kernel (``kernels/dense*.py``) as the ``triton`` backend.
+"""Our dense Triton kernel (``longca_triton/kernels/dense*.py``) as the ``triton`` backend.
 
 The kernel classifies tiles from the IR's block tables and masks partial tiles from per-row
 intervals. Launch configs come from the autotune cache when it has this problem class, else

@@ -1,7 +1,7 @@
 r"""Step 7 — the production kernel: ``longca_triton.kernels.dense.dense_attention`` itself.
 
 This step is not a copy. It imports and calls the kernel behind the ``triton`` backend
-(``kernels/dense.py``, ``dense_fwd.py``, ``dense_tables.py``), with the launch config the
+(``longca_triton/kernels/dense.py``, ``dense_fwd.py``, ``dense_tables.py``), with the launch config the
 ``triton`` backend would use (the autotune cache's entry for this problem class, else the
 kernel's defaults), so its row in the ladder is the production number.
 
@@ -24,7 +24,7 @@ What it does beyond step 6
 Measured (H100, causal, S=16K)
 ------------------------------
 492.9 TFLOP/s (8.92 ms): 1.07× step 6, 84% of sdpa-cudnn (589.2 TFLOP/s in the same run); peak
-264 MiB above the inputs (the output plus the fp32 lse and the run tables). ``kernels/dense.py``'s
+264 MiB above the inputs (the output plus the fp32 lse and the run tables). ``longca_triton/kernels/dense.py``'s
 docstring says where most of the remaining gap to cuDNN goes on sm_90 with Triton 3.6.
 (B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
 ``experiments/results/h100/ladder/ladder.md``, chart ``ladder_fwd.png`` next to it.)

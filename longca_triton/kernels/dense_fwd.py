@@ -1,4 +1,4 @@
-"""Forward kernel of the dense structured-mask attention (see ``kernels/dense.py`` for the math).
+"""Forward kernel of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
 
 One program computes one query tile ``[BLOCK_M, D]`` of one query head. Its key tiles come from
 the tile plan (``dense_tables.py``) as contiguous runs: first the *full* runs (no mask math at all),

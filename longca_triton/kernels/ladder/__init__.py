@@ -24,7 +24,7 @@ Each step's docstring explains its own number, including the three that do not g
 (slower than step 0), step 5 and bwd4 (flat).
 
 ``STEPS`` lists them in order; ``longca-triton ladder`` checks and times them
-(``longca_triton/ladder.py``). Import this package after choosing the device
+(``longca_triton/bench/ladder.py``). Import this package after choosing the device
 (``longca_triton.runtime.select_device``): it imports Triton.
 """
 
@@ -74,8 +74,8 @@ class Step:
 
     @property
     def file(self) -> str:
-        """Path relative to the repository root, e.g. ``kernels/ladder/step3_online_softmax.py``."""
-        return f"kernels/ladder/{self.name}.py"
+        """Path relative to the repository root, e.g. ``longca_triton/kernels/ladder/step3_online_softmax.py``."""
+        return f"longca_triton/kernels/ladder/{self.name}.py"
 
     @property
     def path(self) -> Path:

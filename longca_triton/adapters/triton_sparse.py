@@ -1,5 +1,5 @@
 """Our block-sparse Triton kernels as backends: ``triton-sparse`` (uniform blocks) and
-``triton-varblock`` (any block bounds). Both run ``kernels/block_sparse.py``: one tile grid where
+``triton-varblock`` (any block bounds). Both run ``longca_triton/kernels/block_sparse.py``: one tile grid where
 every block is processed in fixed-size sub-tiles carrying their valid length; for uniform
 power-of-two blocks the sub-tile is the block and the tail mask compiles away.
 
@@ -82,7 +82,7 @@ class _TritonBlockSparse(Backend):
         """Through the ``torch.library`` ops (same kernels, same numbers as the autograd path), so
         that a ``torch.compile``'d caller captures the kernels as graph nodes. Why always, and not
         only when compiling: TorchDynamo skips every file under a ``triton/backends`` path (its rule
-        for Triton's own backends also matches ``longca_triton/backends``), so this frame always
+        for Triton's own backends also matches ``longca_triton/adapters``), so this frame always
         runs eagerly and cannot tell whether it was called from a compiled region; Dynamo then
         compiles the kernel wrapper it calls as a frame of its own, and only the op path traces."""
         from longca_triton.kernels import block_sparse as BS

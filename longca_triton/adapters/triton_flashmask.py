@@ -1,4 +1,4 @@
-"""Our Triton port of FlashMask (``kernels/flashmask.py``) as the ``flashmask-triton`` backend.
+"""Our Triton port of FlashMask (``longca_triton/kernels/flashmask.py``) as the ``flashmask-triton`` backend.
 
 The mask is lowered to FlashMask's column form (``flashmask_columns``: per key column the masked
 rows ``[LTS, LTE) ∪ [UTS, UTE)``); the kernels classify each tile at run time from per-key-tile

@@ -3,7 +3,7 @@ r"""FlashMask in Triton: attention under column-interval masks, forward and back
 A port of the algorithm of *FlashMask: Efficient and Rich Mask Extension of FlashAttention*
 (Wang et al., 2024) onto our Triton tiling, so that FlashMask's way of masking can be measured on
 the same GPU, with the same online softmax and tensor-descriptor loads, as our ``triton`` kernel
-(``kernels/dense*.py``, which classifies tiles from block tables of per-*row* intervals instead).
+(``longca_triton/kernels/dense*.py``, which classifies tiles from block tables of per-*row* intervals instead).
 
 Math
 ----

@@ -1,4 +1,4 @@
-"""Backward kernels of the dense structured-mask attention (see ``kernels/dense.py`` for the math).
+"""Backward kernels of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
 
 Three launches, fp32 accumulation everywhere, no atomics:
 
