@@ -30,6 +30,10 @@ from typing import Callable
 
 import torch
 
+from .kernels.tuned import (  # noqa: F401 - re-exported for the tuner's users
+    CACHE_ENV, SEQ_BUCKETS, best_entry, cache_path, device_key, load_cache, lookup, mask_class,
+    problem_class, save_cache, seq_bucket, sparse_block, uniform_pow2,
+)
 from .masks import BlockSparseMask, Mask
 
 __all__ = [
@@ -37,7 +41,6 @@ __all__ = [
     "best_entry", "sparse_block", "TuneCase", "tune", "load_cache", "cases_for",
 ]
 
-CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
 
 
 # ---------------------------------------------------------------------------- what can be tuned
@@ -203,7 +206,7 @@ def _block_sparse_tunable(name: str) -> Tunable:
         candidates=_sparse_candidates if uniform else _varblock_candidates,
         run=run,
         default=default,
-        accepts=(lambda mask: isinstance(mask, BlockSparseMask) and bool(_uniform_pow2(mask))) if uniform
+        accepts=(lambda mask: isinstance(mask, BlockSparseMask) and bool(uniform_pow2(mask))) if uniform
         else (lambda mask: isinstance(mask, BlockSparseMask)),
         make_cases=_sparse_cases("block_sparse" if uniform else "varblock_sparse"),
         vendors=("flex", "flashinfer-bsr", "flashinfer-varblock", "vsa-triton", "vsa-cuda") if uniform
@@ -215,127 +218,6 @@ def _block_sparse_tunable(name: str) -> Tunable:
 register_tunable(_block_sparse_tunable("triton-sparse"))
 register_tunable(_block_sparse_tunable("triton-varblock"))
 
-
-# ---------------------------------------------------------------------------- the cache
-def cache_path() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "longca-triton" / "autotune.json"
-
-
-def device_key(device: torch.device | str) -> str:
-    import triton
-
-    device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-interpreter"
-    return f"{name}|triton-{triton.__version__}"
-
-
-def _uniform_pow2(mask: BlockSparseMask) -> int | None:
-    """The uniform block when it is a power of two >= 16 (what triton-sparse takes), else None."""
-    ub = mask.uniform_block
-    return int(ub) if ub and ub >= 16 and ub & (ub - 1) == 0 else None
-
-
-def mask_class(mask: Mask) -> str:
-    if isinstance(mask, BlockSparseMask):
-        return "uniform-sparse" if _uniform_pow2(mask) else "varblock-sparse"
-    return "full" if mask.area == mask.seqlen_q * mask.seqlen_k else "masked"
-
-
-SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")
-
-
-def seq_bucket(seqlen: int) -> str:
-    for limit in (4096, 16384, 65536):
-        if seqlen <= limit:
-            return f"S<={limit // 1024}K"
-    return "S>64K"
-
-
-def sparse_block(mask: Mask) -> int | None:
-    """The block a block-sparse mask is tuned under: its uniform block, or for variable blocks the
-    power of two nearest (in log scale) to its mean query block. None for range masks."""
-    if not isinstance(mask, BlockSparseMask):
-        return None
-    if _uniform_pow2(mask):
-        return _uniform_pow2(mask)
-    mean = mask.seqlen_q / max(1, len(mask.q_block_bounds) - 1)
-    return 1 << max(0, round(math.log2(max(mean, 1.0))))
-
-
-def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int) -> str:
-    """``kernel|D|dtype|G|mask class|S bucket|block``. For block-sparse masks ``block`` is the
-    mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at."""
-    dt = str(dtype).replace("torch.", "")
-    block = sparse_block(mask) or block
-    return f"{kernel}|D={head_dim}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
-
-
-_MEMO: dict[str, dict] = {}
-
-
-def load_cache(path: Path | None = None) -> dict:
-    path = path or cache_path()
-    key = str(path)
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        return {}
-    hit = _MEMO.get(key)
-    if hit and hit["mtime"] == mtime:
-        return hit["data"]
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        data = {}
-    _MEMO[key] = {"mtime": mtime, "data": data}
-    return data
-
-
-def _save_cache(data: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
-
-
-def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | None:
-    """The tuned config for this call's problem class, or None (use the kernel's defaults).
-
-    Range masks: the best over the tuned blocks. Block-sparse masks: the entry tuned at the mask's
-    own block only (``sparse_block``), at its sequence bucket or else the nearest tuned one."""
-    if q.device.type != "cuda":
-        return None
-    data = load_cache()
-    if not data:
-        return None
-    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask)
-
-
-def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask) -> dict | None:
-    """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
-    cls = problem_class(kernel, head_dim, dtype, group, mask, 0)
-    if isinstance(mask, BlockSparseMask):
-        entry = entries.get(cls)
-        if entry is None:
-            # no entry at this sequence bucket: the one tuned at the nearest bucket (the longer on a
-            # tie). Block-sparse tiles see the same block structure at every S, and the sparse study
-            # (32K-128K) is too slow to tune at full length.
-            head, bucket, tail = cls.split("|")[:5], cls.split("|")[5], cls.split("|")[6:]
-            target = SEQ_BUCKETS.index(bucket)
-            near = [(abs(i - target), -i, b) for i, b in enumerate(SEQ_BUCKETS)
-                    if "|".join(head + [b] + tail) in entries]
-            if near:
-                entry = entries["|".join(head + [min(near)[2]] + tail)]
-        return dict(entry["config"]) if entry else None
-    prefix = cls.rsplit("|block=", 1)[0]
-    best = None
-    for c, entry in entries.items():
-        if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
-            best = entry
-    return dict(best["config"]) if best else None
 
 
 # ---------------------------------------------------------------------------- tuning
@@ -460,7 +342,7 @@ def tune(
                 config=tuned, score=score, default_tflops=default_scores, tuned_tflops=tuned_scores,
                 cases=[c.label for c in members], when=time.strftime("%Y-%m-%dT%H:%M:%S"),
             )
-            _save_cache(data, path)
+            save_cache(data, path)
     return summaries
 
 

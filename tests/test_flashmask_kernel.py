@@ -6,21 +6,17 @@ dims 32/64, random expressible ``RangeMask``s and raw random ``FlashMaskColumns`
 rows, an lse gradient, uneven tiles, strided inputs. The run-time tile classification (the
 kernels' own ``_classify``) is checked against a NumPy mirror of FlashMask's rule and against
 the dense mask: a FULL tile allows every pair, an EMPTY tile none. Helpers and tolerances come
-from ``test_dense_kernel.py``.
+from ``tests/utils.py``.
 """
 
-import os
+import numpy as np
+import pytest
+import torch
+from utils import DEVICE, ODD_CONFIG, compare_to_reference, needs_triton, random_range_mask, small_mask
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from test_dense_kernel import DEVICE, ODD_CONFIG, compare_to_reference, random_range_mask, small_mask  # noqa: E402
-
-import longca_triton as lt  # noqa: E402
-from longca_triton.adapters import Problem, get_backend  # noqa: E402
-from longca_triton.kernels.flashmask import (  # noqa: E402
+import longca_triton as lt
+from longca_triton.adapters import Problem, get_backend
+from longca_triton.kernels.flashmask import (
     CONFIG_KEYS,
     EMPTY,
     FULL,
@@ -31,7 +27,7 @@ from longca_triton.kernels.flashmask import (  # noqa: E402
     flashmask_plan,
     tile_bounds,
 )
-from longca_triton.masks import (  # noqa: E402
+from longca_triton.masks import (
     STATIC_MASK_NAMES,
     FlashMaskColumns,
     NotExpressible,
@@ -39,10 +35,9 @@ from longca_triton.masks import (  # noqa: E402
     flashmask_columns,
     make_mask,
 )
-from longca_triton.reference.naive import naive_attention  # noqa: E402
+from longca_triton.reference.naive import naive_attention
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="needs TRITON_INTERPRET=1 or a CUDA GPU")
+pytestmark = needs_triton
 
 BACKEND = "flashmask-triton"
 SMALL = dict(BLOCK_M=16, BLOCK_N=16, DKDV_BLOCK_M=16, DKDV_BLOCK_N=16, DQ_BLOCK_M=16, DQ_BLOCK_N=16)

@@ -8,22 +8,19 @@ the interpreter), its outputs and the CLI; and, in a subprocess, that the GPU-on
 (TMA descriptors, pipelining, warp specialization) compile for sm_90.
 """
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import numpy as np
+import pytest
+import torch
 
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from longca_triton.kernels.ladder import STEPS, get_step, steps_for  # noqa: E402
-from longca_triton.masks import RangeMask, make_mask  # noqa: E402
-from longca_triton.reference.naive import naive_attention  # noqa: E402
+from longca_triton.kernels.ladder import STEPS, get_step, steps_for
+from longca_triton.masks import RangeMask, make_mask
+from longca_triton.reference.naive import naive_attention
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a CUDA GPU")

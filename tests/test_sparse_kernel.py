@@ -10,16 +10,13 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import numpy as np
+import pytest
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from longca_triton.kernels import block_sparse as BS  # noqa: E402
-from longca_triton.kernels.block_sparse_tables import build_side_tables, get_side_tables  # noqa: E402
-from longca_triton.masks import BlockSparseMask, make_mask  # noqa: E402
-from longca_triton.reference import naive_attention  # noqa: E402
+from longca_triton.kernels import block_sparse as BS
+from longca_triton.kernels.block_sparse_tables import build_side_tables, get_side_tables
+from longca_triton.masks import BlockSparseMask, make_mask
+from longca_triton.reference import naive_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -321,8 +318,8 @@ def test_backends_under_torch_compile(backend):
 
 
 def test_backend_reads_the_autotune_cache(monkeypatch):
-    """The backends take their launch config from ``autotune.lookup`` (an explicit one wins)."""
-    from longca_triton import autotune
+    """The backends take their launch config from ``kernels.tuned.lookup`` (an explicit one wins)."""
+    from longca_triton.kernels import tuned
     from longca_triton.adapters import Problem, get_backend
 
     seen = []
@@ -331,7 +328,7 @@ def test_backend_reads_the_autotune_cache(monkeypatch):
         seen.append(kernel)
         return {"NOT_A_KEY": 1}
 
-    monkeypatch.setattr(autotune, "lookup", fake_lookup)
+    monkeypatch.setattr(tuned, "lookup", fake_lookup)
     mask = make_mask("block_sparse", 64, block=32, density=0.5)
     q = torch.randn(1, 64, 2, 16, device=DEV)
     b = get_backend("triton-sparse")

@@ -53,7 +53,7 @@ class TritonDense(Backend):
         return True, ""
 
     def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
-        from longca_triton.autotune import lookup
+        from longca_triton.kernels.tuned import lookup
         from longca_triton.kernels.dense import dense_attention
 
         return dense_attention(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,

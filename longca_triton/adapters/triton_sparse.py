@@ -74,7 +74,7 @@ class _TritonBlockSparse(Backend):
         explicit = getattr(self, "config", None)
         if explicit is not None:
             return explicit
-        from longca_triton.autotune import lookup
+        from longca_triton.kernels.tuned import lookup
 
         return lookup(self.name, q, k, mask)
 

@@ -115,7 +115,7 @@ class TritonStep(StepKernel):
             cfg = self.config
             if cfg is None:
                 try:
-                    from longca_triton.autotune import lookup
+                    from longca_triton.kernels.tuned import lookup
 
                     cfg = lookup("triton", q, k, mask)
                 except Exception:  # noqa: BLE001 - no tuning cache: defaults

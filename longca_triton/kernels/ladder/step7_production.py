@@ -38,7 +38,7 @@ from longca_triton.kernels.dense import dense_attention
 def production_config(q, k, mask):
     """The config the ``triton`` backend would pick (autotune cache), or ``None`` for defaults."""
     try:
-        from longca_triton.autotune import lookup
+        from longca_triton.kernels.tuned import lookup
 
         return lookup("triton", q, k, mask)
     except Exception:  # no cache, or an unreadable one: the kernel's defaults

@@ -1,0 +1,161 @@
+"""The autotune cache as the kernels read it: path, keys, problem classes, lookup.
+
+``longca-triton autotune`` (``longca_triton.autotune``, the search) writes the cache; the kernels'
+``resolve_config`` reads it through :func:`lookup`. The file is read once per process (and again
+only after :func:`reload`, which the tuner calls after writing), so a launch never stats the file.
+No hardware is probed at import; :func:`device_key` asks the GPU's name once per device.
+
+The cache is JSON keyed by ``GPU name | Triton version`` and then by *problem class*
+(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from longca_triton.masks import BlockSparseMask, Mask
+
+__all__ = [
+    "CACHE_ENV", "SEQ_BUCKETS", "cache_path", "device_key", "mask_class", "seq_bucket", "sparse_block",
+    "problem_class", "load_cache", "save_cache", "reload", "lookup", "best_entry", "uniform_pow2",
+]
+
+CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
+
+
+def cache_path() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "longca-triton" / "autotune.json"
+
+
+def device_key(device: torch.device | str) -> str:
+    """``GPU name|triton-<version>`` (asked once per device and process)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _device_key(str(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_key(device: str) -> str:
+    import triton
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu-interpreter"
+    return f"{name}|triton-{triton.__version__}"
+
+
+def uniform_pow2(mask: BlockSparseMask) -> int | None:
+    """The uniform block when it is a power of two >= 16 (what triton-sparse takes), else None."""
+    ub = mask.uniform_block
+    return int(ub) if ub and ub >= 16 and ub & (ub - 1) == 0 else None
+
+
+def mask_class(mask: Mask) -> str:
+    if isinstance(mask, BlockSparseMask):
+        return "uniform-sparse" if uniform_pow2(mask) else "varblock-sparse"
+    return "full" if mask.area == mask.seqlen_q * mask.seqlen_k else "masked"
+
+
+SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")
+
+
+def seq_bucket(seqlen: int) -> str:
+    for limit in (4096, 16384, 65536):
+        if seqlen <= limit:
+            return f"S<={limit // 1024}K"
+    return "S>64K"
+
+
+def sparse_block(mask: Mask) -> int | None:
+    """The block a block-sparse mask is tuned under: its uniform block, or for variable blocks the
+    power of two nearest (in log scale) to its mean query block. None for range masks."""
+    if not isinstance(mask, BlockSparseMask):
+        return None
+    if uniform_pow2(mask):
+        return uniform_pow2(mask)
+    mean = mask.seqlen_q / max(1, len(mask.q_block_bounds) - 1)
+    return 1 << max(0, round(math.log2(max(mean, 1.0))))
+
+
+def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int) -> str:
+    """``kernel|D|dtype|G|mask class|S bucket|block``. For block-sparse masks ``block`` is the
+    mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at."""
+    dt = str(dtype).replace("torch.", "")
+    block = sparse_block(mask) or block
+    return f"{kernel}|D={head_dim}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
+
+
+_LOADED: dict[str, dict] = {}
+
+
+def load_cache(path: Path | None = None) -> dict:
+    """The cache's contents (``{}`` when missing or unreadable), read once per process and path."""
+    key = str(path or cache_path())
+    if key not in _LOADED:
+        try:
+            _LOADED[key] = json.loads(Path(key).read_text())
+        except (OSError, json.JSONDecodeError):
+            _LOADED[key] = {}
+    return _LOADED[key]
+
+
+def reload(path: Path | None = None) -> None:
+    """Forget what was read (the tuner calls this after writing; tests after pointing elsewhere)."""
+    if path is None:
+        _LOADED.clear()
+    else:
+        _LOADED.pop(str(path), None)
+
+
+def save_cache(data: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    reload(path)
+
+
+def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | None:
+    """The tuned config for this call's problem class, or None (use the kernel's defaults).
+
+    Range masks: the best over the tuned blocks. Block-sparse masks: the entry tuned at the mask's
+    own block only (``sparse_block``), at its sequence bucket or else the nearest tuned one."""
+    if q.device.type != "cuda":
+        return None
+    data = load_cache()
+    if not data:
+        return None
+    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask)
+
+
+def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask) -> dict | None:
+    """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
+    cls = problem_class(kernel, head_dim, dtype, group, mask, 0)
+    if isinstance(mask, BlockSparseMask):
+        entry = entries.get(cls)
+        if entry is None:
+            # no entry at this sequence bucket: the one tuned at the nearest bucket (the longer on a
+            # tie). Block-sparse tiles see the same block structure at every S, and the sparse study
+            # (32K-128K) is too slow to tune at full length.
+            head, bucket, tail = cls.split("|")[:5], cls.split("|")[5], cls.split("|")[6:]
+            target = SEQ_BUCKETS.index(bucket)
+            near = [(abs(i - target), -i, b) for i, b in enumerate(SEQ_BUCKETS)
+                    if "|".join(head + [b] + tail) in entries]
+            if near:
+                entry = entries["|".join(head + [min(near)[2]] + tail)]
+        return dict(entry["config"]) if entry else None
+    prefix = cls.rsplit("|block=", 1)[0]
+    best = None
+    for c, entry in entries.items():
+        if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
+            best = entry
+    return dict(best["config"]) if best else None
