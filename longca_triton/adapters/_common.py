@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -213,6 +212,21 @@ class PlannedBackend(Backend):
     needs_cuda: bool = True
     #: short description of how the adapter lowers the IR (shown by ``doctor``)
     lowering: str = ""
+    #: the module ``available`` imports (empty: none), and how to name it when it is missing
+    requires: str = ""
+    requires_label: str = ""
+
+    def available(self) -> tuple[bool, str]:
+        """The vendor module imports (``requires``) and, with ``needs_cuda``, a GPU is visible."""
+        if self.requires:
+            mod, why = try_import(self.requires)
+            if mod is None:
+                return False, (f"{self.requires_label} is not installed ({why})" if self.requires_label else why)
+        if self.needs_cuda:
+            why = cuda_reason()
+            if why:
+                return False, why
+        return True, ""
 
     # -- to override
     def static_checks(self, problem: Problem) -> str:
@@ -268,9 +282,7 @@ class PlannedBackend(Backend):
         return cache[key]
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
-        ok, why = self.check(problem)
-        if not ok:
-            raise Unsupported(why)
+        self.require(problem)
         plan = self.plan_for(problem, q.device)
         scale = problem.scale
 
@@ -280,14 +292,11 @@ class PlannedBackend(Backend):
         return fn
 
     def attention(self, q, k, v, mask: Mask, softmax_scale: float | None = None, return_lse: bool = False):
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        problem = Problem(
-            mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], dtype=q.dtype,
-            mode="fwd_bwd" if grad else "fwd", device=q.device.type, softmax_scale=softmax_scale,
-        )
-        ok, why = self.check(problem)
-        if not ok:
-            raise Unsupported(f"{self.name}: {why}")
+        problem = Problem.from_tensors(q, k, v, mask, softmax_scale)
+        self.require(problem)
+        return self.call(problem, q, k, v, return_lse)
+
+    def call(self, problem: Problem, q, k, v, return_lse: bool = False):
         out, lse = self.run(self.plan_for(problem, q.device), q, k, v, problem.scale)
         if return_lse:
             if lse is None:
@@ -295,6 +304,3 @@ class PlannedBackend(Backend):
             return out, lse
         return out
 
-
-def default_scale(head_dim: int, scale: float | None) -> float:
-    return scale if scale is not None else 1.0 / math.sqrt(head_dim)

@@ -52,14 +52,14 @@ class CudnnFrontend(PlannedBackend):
     lowering = "flash_args -> is_causal / diagonal band (left+1) / THD ragged offsets"
     head_dims = tuple(range(8, 257, 8))
 
+    requires, requires_label = "cudnn", "nvidia-cudnn-frontend"
+
     def available(self):
-        mod, why = try_import("cudnn")
-        if mod is None:
-            return False, f"nvidia-cudnn-frontend is not installed ({why})"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
+        ok, why = super().available()
+        if not ok:
+            return False, why
         try:
-            fn = mod.sdpa_torch  # lazy export: imports the op module, registers the torch ops
+            fn = try_import("cudnn")[0].sdpa_torch  # lazy export: imports the op module, registers the torch ops
         except Exception as e:
             ver = dist_version("nvidia-cudnn-frontend") or "?"
             return False, f"nvidia-cudnn-frontend {ver} has no usable cudnn.sdpa_torch ({type(e).__name__}: {e})"

@@ -69,8 +69,9 @@ class FlashFamily(PlannedBackend):
         for fn in ("flash_attn_func", "flash_attn_varlen_func"):
             if not hasattr(mod, fn):
                 return False, f"{self.module} has no {fn}"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
+        ok, why = super().available()
+        if not ok:
+            return False, why
         cap = torch.cuda.get_device_capability()
         if cap < self.min_capability:
             return False, f"needs compute capability >= {self.min_capability[0]}.{self.min_capability[1]}, GPU has {cap[0]}.{cap[1]}"

@@ -75,11 +75,9 @@ class SDPABackend(PlannedBackend):
             return False, f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel ({e})"
         if not hasattr(SDPBackend, self.sdp_backend):
             return False, f"torch {torch.__version__} has no SDPBackend.{self.sdp_backend}"
-        if self.needs_cuda and not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
         if self.sdp_backend == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
             return False, "PyTorch was built without cuDNN"
-        return True, ""
+        return super().available()
 
     def _backend_enum(self):
         from torch.nn.attention import SDPBackend

@@ -48,14 +48,7 @@ class TransformerEngine(PlannedBackend):
     description = "TransformerEngine DotProductAttention (THD layout for documents); no lse"
     lowering = "flash_args -> qkv_format bshd|thd, attn_mask_type, window_size, cu_seqlens"
     returns_lse = False
-
-    def available(self):
-        mod, why = try_import("transformer_engine.pytorch")
-        if mod is None:
-            return False, f"TransformerEngine (PyTorch) is not installed ({why})"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+    requires, requires_label = "transformer_engine.pytorch", "TransformerEngine (PyTorch)"
 
     def lower(self, problem: Problem) -> dict:
         return te_call_args(flash_args(problem.mask), problem.batch)

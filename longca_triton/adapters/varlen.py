@@ -66,9 +66,7 @@ class VarlenFA2(PlannedBackend):
             return False, f"torch {torch.__version__}: {why}"
         if not hasattr(mod, "varlen_attn"):
             return False, f"torch {torch.__version__} has no varlen_attn"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+        return super().available()
 
     def _params(self) -> set[str]:
         mod, _ = self._module()
@@ -77,7 +75,7 @@ class VarlenFA2(PlannedBackend):
         return set(inspect.signature(mod.varlen_attn).parameters)
 
     def lower(self, problem: Problem):
-        if "scale" not in self._params() and problem.softmax_scale is not None:
+        if "scale" not in self._params() and not problem.scale_is_default:
             raise Unsupported("this torch's varlen_attn takes no scale (only the default 1/sqrt(D))")
         fa = flash_args(problem.mask)
         return fa, varlen_call_args(fa, problem.batch, self._params())
