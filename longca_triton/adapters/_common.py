@@ -28,6 +28,7 @@ from .base import Backend, Problem, Unsupported
 
 __all__ = [
     "FlashArgs",
+    "FlashLowered",
     "PlannedBackend",
     "dense_mask",
     "dist_version",
@@ -35,8 +36,17 @@ __all__ = [
     "gqa_group",
     "lse_from_heads_tokens",
     "packed_cu_seqlens",
+    "pack_tokens",
+    "device_cu_seqlens",
     "try_import",
+    "HEAD_DIMS_MULT8",
+    "HOPPER_HEAD_DIMS",
 ]
+
+#: head dims of FlashAttention-2-family kernels (also cuDNN's SDPA): multiples of 8 up to 256
+HEAD_DIMS_MULT8 = tuple(range(8, 257, 8))
+#: head dims of the Hopper FlashAttention-3 / FlashAttention-4 builds
+HOPPER_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -137,6 +147,16 @@ def packed_cu_seqlens(fa: FlashArgs, batch: int) -> np.ndarray:
     if out[-1] >= 2**31:
         raise NotExpressible(f"{out[-1]} packed tokens overflow int32 cu_seqlens")
     return out.astype(np.int32)
+
+
+def device_cu_seqlens(cu, device) -> torch.Tensor | None:
+    """int32 document offsets on ``device`` (``None`` stays ``None``: one document, no varlen call)."""
+    return None if cu is None else torch.as_tensor(cu, dtype=torch.int32, device=device)
+
+
+def pack_tokens(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[B, S, H, D]`` -> ``[B*S, H, D]`` views of q, k, v: the batch packed end to end (varlen layout)."""
+    return tuple(t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3]) for t in (q, k, v))
 
 
 def lse_from_heads_tokens(lse: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
@@ -304,3 +324,13 @@ class PlannedBackend(Backend):
             return out, lse
         return out
 
+
+class FlashLowered(PlannedBackend):
+    """A backend of documents + window masks: ``lower`` is ``call_args(flash_args(mask), batch)``
+    (``flash_args`` raises ``NotExpressible`` for any other mask)."""
+
+    def call_args(self, fa: FlashArgs, batch: int) -> Any:
+        return fa
+
+    def lower(self, problem: Problem) -> Any:
+        return self.call_args(flash_args(problem.mask), problem.batch)
