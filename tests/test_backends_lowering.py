@@ -329,6 +329,25 @@ def _run_adapter(backend, m, q, k, v):
     return backend.run(plan, q, k, v, p.scale)
 
 
+def _install_fake(monkeypatch, name: str, module) -> None:
+    """Put a fake vendor module in ``sys.modules`` (for this test) and forget cached imports."""
+    from longca_triton.adapters import _common
+
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_common, "_IMPORTS", {})
+
+
+def _check_plumbing(backend, names, check_lse: bool = True) -> None:
+    """The adapter's lowering + call against the fake vendor matches the reference on these masks."""
+    for name in names:
+        m = build(name)
+        q, k, v = _inputs()
+        out, lse = _run_adapter(backend, m, q, k, v)
+        if not check_lse:
+            assert lse is None
+        _assert_close(out, lse, q, k, v, m, check_lse=check_lse)
+
+
 @pytest.fixture
 def fake_fa(monkeypatch):
     """A fake FlashAttention-2 module following the documented API and semantics."""
@@ -350,10 +369,7 @@ def fake_fa(monkeypatch):
         return (out, lse, None) if return_attn_probs else out  # lse [H, T]
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
-    monkeypatch.setitem(sys.modules, "flash_attn", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "flash_attn", mod)
     return calls
 
 
@@ -382,15 +398,8 @@ def test_fa4_plumbing_against_fake_vendor(monkeypatch):
         return out, (lse if return_lse else None)
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
-    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window_causal", "causal_document"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("fa4"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "flash_attn.cute.interface", mod)
+    _check_plumbing(get_backend("fa4"), ("sliding_window_causal", "causal_document"))
 
 
 def test_cudnn_plumbing_against_fake_vendor(monkeypatch):
@@ -407,19 +416,12 @@ def test_cudnn_plumbing_against_fake_vendor(monkeypatch):
         return out, lse.t()[..., None]  # (T, H, 1)
 
     mod.sdpa_torch = sdpa_torch
-    monkeypatch.setitem(sys.modules, "cudnn", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "cudnn", mod)
     b = get_backend("cudnn")
     monkeypatch.setattr(b, "_fn", None, raising=False)  # restored after the test
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert b.available() == (True, "") and b._fn is sdpa_torch  # binds the fake sdpa_torch
-    for name in ("sliding_window_causal", "causal_document", "sliding_window", "full"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(b, m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _check_plumbing(b, ("sliding_window_causal", "causal_document", "sliding_window", "full"))
 
 
 def test_varlen_plumbing_against_fake_torch_varlen(monkeypatch):
@@ -441,15 +443,8 @@ def test_varlen_plumbing_against_fake_torch_varlen(monkeypatch):
         return (out, lse.t()) if return_aux is not None and return_aux.lse else out  # lse [T, H]
 
     mod.varlen_attn, mod.AuxRequest = varlen_attn, AuxRequest
-    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window_causal", "causal_document"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("varlen-fa2"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "torch.nn.attention.varlen", mod)
+    _check_plumbing(get_backend("varlen-fa2"), ("sliding_window_causal", "causal_document"))
 
 
 def test_te_plumbing_against_fake_vendor(monkeypatch):
@@ -470,16 +465,8 @@ def test_te_plumbing_against_fake_vendor(monkeypatch):
             return out.reshape(q.shape[0], q.shape[1], -1)
 
     te.DotProductAttention = DotProductAttention
-    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window", "causal_document", "causal"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("te"), m, q, k, v)
-        assert lse is None
-        _assert_close(out, lse, q, k, v, m, check_lse=False)
+    _install_fake(monkeypatch, "transformer_engine.pytorch", te)
+    _check_plumbing(get_backend("te"), ("sliding_window", "causal_document", "causal"), check_lse=False)
 
 
 def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
@@ -492,15 +479,8 @@ def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
         return (out, lse) if return_softmax_lse else out
 
     mod.flashmask_attention = flashmask_attention
-    monkeypatch.setitem(sys.modules, "flashmask_interface", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("share_question", "prefix_lm_document", "global_sliding_window", "causal"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("flashmask"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "flashmask_interface", mod)
+    _check_plumbing(get_backend("flashmask"), ("share_question", "prefix_lm_document", "global_sliding_window", "causal"))
 
 
 # ---------------------------------------------------------------------------- real backends that run on the CPU
@@ -550,10 +530,7 @@ def test_varlen_plumbing_torch_2_10_signature(monkeypatch):
         return out
 
     mod.varlen_attn = varlen_attn
-    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "torch.nn.attention.varlen", mod)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     b = get_backend("varlen-fa2")
     m = build("causal_document")
