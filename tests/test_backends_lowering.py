@@ -490,27 +490,28 @@ def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- real backends that run on the CPU
+def _prepared_on_cpu(backend: str, mask_name: str):
+    """``backend``'s prepared call on the CPU for a small mask, checked against the reference."""
+    m = build(mask_name)
+    q, k, v = _inputs(B=1)
+    b = get_backend(backend)
+    p = _problem_cpu(m, q, k)
+    assert b.check(p) == (True, "")
+    out, lse = b.prepare(p, q, k, v)()
+    assert (lse is not None) == b.returns_lse
+    _assert_close(out, lse, q, k, v, m, check_lse=b.returns_lse)
+    return b, p
+
+
 @pytest.mark.parametrize("name", ["causal", "share_question", "block_sparse"])
 def test_sdpa_math_on_cpu(name):
-    m = build(name)
-    q, k, v = _inputs(B=1)
-    b = get_backend("sdpa-math")
-    p = _problem_cpu(m, q, k)
-    out, lse = b.prepare(p, q, k, v)()
-    assert lse is None
-    _assert_close(out, None, q, k, v, m, check_lse=False)
+    b, p = _prepared_on_cpu("sdpa-math", name)
     assert b.plan_for(p, "cpu").gqa == "native"
 
 
 @pytest.mark.parametrize("name", ["causal_document", "global_sliding_window", "block_sparse"])
 def test_flex_eager_on_cpu(name):
-    m = build(name)
-    q, k, v = _inputs(B=1)
-    b = get_backend("flex")
-    p = _problem_cpu(m, q, k)
-    assert b.check(p) == (True, "")
-    out, lse = b.prepare(p, q, k, v)()
-    _assert_close(out, lse, q, k, v, m)
+    _prepared_on_cpu("flex", name)
 
 
 def test_public_api_uses_adapters():
@@ -548,3 +549,42 @@ def test_varlen_plumbing_torch_2_10_signature(monkeypatch):
     _assert_close(out, None, q, k, v, m, check_lse=False)
     ok, why = b.supports(Problem(mask=build("sliding_window_causal"), heads_q=4, heads_kv=2, head_dim=16, dtype=torch.bfloat16))
     assert not ok and "window" in why
+
+
+# ---------------------------------------------------------------------------- registry contract
+def test_backend_names_and_aliases():
+    from longca_triton.adapters import ALIASES, canonical_name, list_backends
+
+    names = {b.name for b in list_backends()}
+    ours = {"triton", "triton-flashmask", "triton-sparse", "triton-varblock"}
+    assert ours <= names and not set(ALIASES) & names
+    assert {n for n in names if n.startswith("triton")} == ours  # vendors start with the vendor
+    assert get_backend("flashmask-triton") is get_backend("triton-flashmask")
+    assert canonical_name("flashmask-triton") == "triton-flashmask" and canonical_name("triton") == "triton"
+    for b in list_backends():
+        assert b.description, b.name
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("no-such-backend")
+
+
+def test_public_api_builds_the_problem_once(monkeypatch):
+    """``longca_triton.attention`` validates and resolves the scale, then hands the backend the Problem."""
+    from longca_triton.adapters import BACKENDS, Backend
+
+    seen = []
+
+    class Spy(Backend):
+        name, description = "spy", "records the problem it is called with"
+
+        def call(self, problem, q, k, v, return_lse=False):
+            seen.append(problem)
+            return q
+
+    monkeypatch.setitem(BACKENDS, "spy", Spy())
+    m = build("causal")
+    q, k, v = _inputs(B=1)
+    lt.attention(q, k, v, m, backend="spy")
+    lt.attention(q, k, v, m, backend="spy", softmax_scale=0.3)
+    assert [p.scale for p in seen] == [pytest.approx(q.shape[-1] ** -0.5), 0.3]
+    assert seen[0].scale_is_default and not seen[1].scale_is_default
+    assert (seen[0].heads_q, seen[0].heads_kv, seen[0].head_dim, seen[0].mode) == (q.shape[2], k.shape[2], q.shape[3], "fwd")
