@@ -126,7 +126,7 @@ class Backend:
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
         """Default: plan by running once (lowerings are cached on the mask), then time the call."""
-        mask, scale = problem.mask, problem.softmax_scale
+        mask, scale = problem.mask, problem.scale
 
         def fn():
             out = self.attention(q, k, v, mask, softmax_scale=scale, return_lse=self.returns_lse)
