@@ -59,16 +59,12 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     """
     from .adapters import Problem, get_backend
 
-    validate_inputs(q, k, v, mask)
+    validate_inputs(q, k, v, mask)  # the one check of the tensors; backends and kernels trust it
     impl = get_backend(backend or default_backend(mask))
-    problem = Problem(
-        mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
-        dtype=q.dtype, mode="fwd_bwd" if q.requires_grad or k.requires_grad or v.requires_grad else "fwd",
-        device=q.device.type, softmax_scale=softmax_scale,
-    )
+    problem = Problem.from_tensors(q, k, v, mask, softmax_scale)  # problem.scale: the resolved scale
     ok, why = impl.check(problem)
     if not ok:
         raise ValueError(f"backend {impl.name!r} cannot run this case: {why}")
     if return_lse and not impl.returns_lse:
         raise ValueError(f"backend {impl.name!r} does not return the log-sum-exp")
-    return impl.attention(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse)
+    return impl.call(problem, q, k, v, return_lse=return_lse)

@@ -115,15 +115,23 @@ def block_diag(dense: torch.Tensor, batch: int) -> torch.Tensor:
     return torch.block_diag(*([dense] * batch))
 
 
+def lower_or_refuse(lower, name: str, expressible):
+    """``(mask, lower(mask))`` for the mask ``name``; for a name outside ``expressible``, check that
+    ``lower`` refuses it with ``NotExpressible`` and return ``(mask, None)``."""
+    m = build(name)
+    if name in expressible:
+        return m, lower(m)
+    with pytest.raises(NotExpressible):
+        lower(m)
+    return m, None
+
+
 # ---------------------------------------------------------------------------- lowering -> dense
 @pytest.mark.parametrize("name", STATIC_MASK_NAMES)
 def test_flash_args_matches_dense(name):
-    m = build(name)
-    if name not in FLASH_EXPRESSIBLE:
-        with pytest.raises(NotExpressible):
-            flash_args(m)
+    m, fa = lower_or_refuse(flash_args, name, FLASH_EXPRESSIBLE)
+    if fa is None:
         return
-    fa = flash_args(m)
     assert torch.equal(fa_dense(fa.cu_seqlens, S, fa.causal, *fa.window), m.to_dense())
     # FA4 spells unbounded None: same set
     l4, r4 = fa_window(fa, none_for_unbounded=True)
@@ -198,12 +206,10 @@ def test_te_args_matches_dense(name):
 
 @pytest.mark.parametrize("name", STATIC_MASK_NAMES + ("block_sparse",))
 def test_flashmask_startend_matches_dense(name):
-    m = build(name)
-    if name not in FLASHMASK_EXPRESSIBLE:
-        with pytest.raises(NotExpressible):
-            flashmask_startend(m)
+    m, lowered = lower_or_refuse(flashmask_startend, name, FLASHMASK_EXPRESSIBLE)
+    if lowered is None:
         return
-    se, causal = flashmask_startend(m)
+    se, causal = lowered
     assert se.dtype == np.int32 and se.shape[0] == S and se.shape[1] in (1, 2, 4)
     assert torch.equal(flashmask_dense(se, causal, S), m.to_dense())
 
@@ -329,6 +335,25 @@ def _run_adapter(backend, m, q, k, v):
     return backend.run(plan, q, k, v, p.scale)
 
 
+def _install_fake(monkeypatch, name: str, module) -> None:
+    """Put a fake vendor module in ``sys.modules`` (for this test) and forget cached imports."""
+    from longca_triton.adapters import _common
+
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_common, "_IMPORTS", {})
+
+
+def _check_plumbing(backend, names, check_lse: bool = True) -> None:
+    """The adapter's lowering + call against the fake vendor matches the reference on these masks."""
+    for name in names:
+        m = build(name)
+        q, k, v = _inputs()
+        out, lse = _run_adapter(backend, m, q, k, v)
+        if not check_lse:
+            assert lse is None
+        _assert_close(out, lse, q, k, v, m, check_lse=check_lse)
+
+
 @pytest.fixture
 def fake_fa(monkeypatch):
     """A fake FlashAttention-2 module following the documented API and semantics."""
@@ -350,10 +375,7 @@ def fake_fa(monkeypatch):
         return (out, lse, None) if return_attn_probs else out  # lse [H, T]
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
-    monkeypatch.setitem(sys.modules, "flash_attn", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "flash_attn", mod)
     return calls
 
 
@@ -382,15 +404,8 @@ def test_fa4_plumbing_against_fake_vendor(monkeypatch):
         return out, (lse if return_lse else None)
 
     mod.flash_attn_func, mod.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
-    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window_causal", "causal_document"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("fa4"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "flash_attn.cute.interface", mod)
+    _check_plumbing(get_backend("fa4"), ("sliding_window_causal", "causal_document"))
 
 
 def test_cudnn_plumbing_against_fake_vendor(monkeypatch):
@@ -407,19 +422,12 @@ def test_cudnn_plumbing_against_fake_vendor(monkeypatch):
         return out, lse.t()[..., None]  # (T, H, 1)
 
     mod.sdpa_torch = sdpa_torch
-    monkeypatch.setitem(sys.modules, "cudnn", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "cudnn", mod)
     b = get_backend("cudnn")
     monkeypatch.setattr(b, "_fn", None, raising=False)  # restored after the test
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert b.available() == (True, "") and b._fn is sdpa_torch  # binds the fake sdpa_torch
-    for name in ("sliding_window_causal", "causal_document", "sliding_window", "full"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(b, m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _check_plumbing(b, ("sliding_window_causal", "causal_document", "sliding_window", "full"))
 
 
 def test_varlen_plumbing_against_fake_torch_varlen(monkeypatch):
@@ -441,15 +449,8 @@ def test_varlen_plumbing_against_fake_torch_varlen(monkeypatch):
         return (out, lse.t()) if return_aux is not None and return_aux.lse else out  # lse [T, H]
 
     mod.varlen_attn, mod.AuxRequest = varlen_attn, AuxRequest
-    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window_causal", "causal_document"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("varlen-fa2"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "torch.nn.attention.varlen", mod)
+    _check_plumbing(get_backend("varlen-fa2"), ("sliding_window_causal", "causal_document"))
 
 
 def test_te_plumbing_against_fake_vendor(monkeypatch):
@@ -470,16 +471,8 @@ def test_te_plumbing_against_fake_vendor(monkeypatch):
             return out.reshape(q.shape[0], q.shape[1], -1)
 
     te.DotProductAttention = DotProductAttention
-    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("sliding_window", "causal_document", "causal"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("te"), m, q, k, v)
-        assert lse is None
-        _assert_close(out, lse, q, k, v, m, check_lse=False)
+    _install_fake(monkeypatch, "transformer_engine.pytorch", te)
+    _check_plumbing(get_backend("te"), ("sliding_window", "causal_document", "causal"), check_lse=False)
 
 
 def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
@@ -492,39 +485,33 @@ def test_flashmask_plumbing_against_fake_vendor(monkeypatch):
         return (out, lse) if return_softmax_lse else out
 
     mod.flashmask_attention = flashmask_attention
-    monkeypatch.setitem(sys.modules, "flashmask_interface", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
-    for name in ("share_question", "prefix_lm_document", "global_sliding_window", "causal"):
-        m = build(name)
-        q, k, v = _inputs()
-        out, lse = _run_adapter(get_backend("flashmask"), m, q, k, v)
-        _assert_close(out, lse, q, k, v, m)
+    _install_fake(monkeypatch, "flashmask_interface", mod)
+    _check_plumbing(get_backend("flashmask"), ("share_question", "prefix_lm_document", "global_sliding_window", "causal"))
 
 
 # ---------------------------------------------------------------------------- real backends that run on the CPU
+def _prepared_on_cpu(backend: str, mask_name: str):
+    """``backend``'s prepared call on the CPU for a small mask, checked against the reference."""
+    m = build(mask_name)
+    q, k, v = _inputs(B=1)
+    b = get_backend(backend)
+    p = _problem_cpu(m, q, k)
+    assert b.check(p) == (True, "")
+    out, lse = b.prepare(p, q, k, v)()
+    assert (lse is not None) == b.returns_lse
+    _assert_close(out, lse, q, k, v, m, check_lse=b.returns_lse)
+    return b, p
+
+
 @pytest.mark.parametrize("name", ["causal", "share_question", "block_sparse"])
 def test_sdpa_math_on_cpu(name):
-    m = build(name)
-    q, k, v = _inputs(B=1)
-    b = get_backend("sdpa-math")
-    p = _problem_cpu(m, q, k)
-    out, lse = b.prepare(p, q, k, v)()
-    assert lse is None
-    _assert_close(out, None, q, k, v, m, check_lse=False)
+    b, p = _prepared_on_cpu("sdpa-math", name)
     assert b.plan_for(p, "cpu").gqa == "native"
 
 
 @pytest.mark.parametrize("name", ["causal_document", "global_sliding_window", "block_sparse"])
 def test_flex_eager_on_cpu(name):
-    m = build(name)
-    q, k, v = _inputs(B=1)
-    b = get_backend("flex")
-    p = _problem_cpu(m, q, k)
-    assert b.check(p) == (True, "")
-    out, lse = b.prepare(p, q, k, v)()
-    _assert_close(out, lse, q, k, v, m)
+    _prepared_on_cpu("flex", name)
 
 
 def test_public_api_uses_adapters():
@@ -550,10 +537,7 @@ def test_varlen_plumbing_torch_2_10_signature(monkeypatch):
         return out
 
     mod.varlen_attn = varlen_attn
-    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
-    from longca_triton.adapters import _common
-
-    monkeypatch.setattr(_common, "_IMPORTS", {})
+    _install_fake(monkeypatch, "torch.nn.attention.varlen", mod)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     b = get_backend("varlen-fa2")
     m = build("causal_document")
@@ -565,3 +549,42 @@ def test_varlen_plumbing_torch_2_10_signature(monkeypatch):
     _assert_close(out, None, q, k, v, m, check_lse=False)
     ok, why = b.supports(Problem(mask=build("sliding_window_causal"), heads_q=4, heads_kv=2, head_dim=16, dtype=torch.bfloat16))
     assert not ok and "window" in why
+
+
+# ---------------------------------------------------------------------------- registry contract
+def test_backend_names_and_aliases():
+    from longca_triton.adapters import ALIASES, canonical_name, list_backends
+
+    names = {b.name for b in list_backends()}
+    ours = {"triton", "triton-flashmask", "triton-sparse", "triton-varblock"}
+    assert ours <= names and not set(ALIASES) & names
+    assert {n for n in names if n.startswith("triton")} == ours  # vendors start with the vendor
+    assert get_backend("flashmask-triton") is get_backend("triton-flashmask")
+    assert canonical_name("flashmask-triton") == "triton-flashmask" and canonical_name("triton") == "triton"
+    for b in list_backends():
+        assert b.description, b.name
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("no-such-backend")
+
+
+def test_public_api_builds_the_problem_once(monkeypatch):
+    """``longca_triton.attention`` validates and resolves the scale, then hands the backend the Problem."""
+    from longca_triton.adapters import BACKENDS, Backend
+
+    seen = []
+
+    class Spy(Backend):
+        name, description = "spy", "records the problem it is called with"
+
+        def call(self, problem, q, k, v, return_lse=False):
+            seen.append(problem)
+            return q
+
+    monkeypatch.setitem(BACKENDS, "spy", Spy())
+    m = build("causal")
+    q, k, v = _inputs(B=1)
+    lt.attention(q, k, v, m, backend="spy")
+    lt.attention(q, k, v, m, backend="spy", softmax_scale=0.3)
+    assert [p.scale for p in seen] == [pytest.approx(q.shape[-1] ** -0.5), 0.3]
+    assert seen[0].scale_is_default and not seen[1].scale_is_default
+    assert (seen[0].heads_q, seen[0].heads_kv, seen[0].head_dim, seen[0].mode) == (q.shape[2], k.shape[2], q.shape[3], "fwd")

@@ -39,7 +39,7 @@ from longca_triton.reference.naive import naive_attention
 
 pytestmark = needs_triton
 
-BACKEND = "flashmask-triton"
+BACKEND = "triton-flashmask"
 SMALL = dict(BLOCK_M=16, BLOCK_N=16, DKDV_BLOCK_M=16, DKDV_BLOCK_N=16, DQ_BLOCK_M=16, DQ_BLOCK_N=16)
 
 

@@ -20,19 +20,11 @@ from longca_triton.masks import (
     make_mask,
     varlen_form,
 )
-from mask_definitions import definition
+from mask_definitions import SMALL_PARAMS, definition
 
 SEQLENS = [1, 7, 64, 239, 1000, 4096]
 SEEDS = [0, 1, 2]
-# small parameters so that the structure shows at small S (the defaults are tested too)
-SMALL = {
-    "sliding_window": {"window": 16},
-    "sliding_window_causal": {"window": 16},
-    "global_sliding_window": {"window": 16, "global_tokens": 5},
-    "block_causal_document": {"block": 16},
-    "block_sparse": {"block": 16, "patterns": 2},
-    "varblock_sparse": {"block": 48, "min_block": 16, "patterns": 3, "density": 0.3},
-}
+SMALL = SMALL_PARAMS
 VARLEN_NAMES = {"full", "causal", "full_document", "causal_document", "sliding_window", "sliding_window_causal"}
 
 

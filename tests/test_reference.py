@@ -6,14 +6,11 @@ import torch
 import longca_triton as lt
 from longca_triton.masks import MASK_NAMES, RangeMask, make_mask
 from longca_triton.reference import chunked_attention, naive_attention
+from mask_definitions import SMALL_PARAMS
 
 PARAMS = {
-    "sliding_window": {"window": 20},
-    "sliding_window_causal": {"window": 20},
-    "global_sliding_window": {"window": 20, "global_tokens": 7},
-    "block_causal_document": {"block": 16},
-    "block_sparse": {"block": 32, "patterns": 2},
-    "varblock_sparse": {"block": 40, "min_block": 24},
+    **SMALL_PARAMS,
+    "varblock_sparse": {"block": 40, "min_block": 24},  # one pattern: the heads here are 2 and 4
     "causal_document": {"doc_lens": [50, 3, 100, 86]},
     "share_question": {"doc_lens": [30, 70, 1, 60, 78]},
     "causal_blockwise": {"doc_lens": [60, 60, 60, 59]},

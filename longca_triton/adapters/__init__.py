@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import importlib
 
-from .base import BACKENDS, Backend, Problem, Unsupported, get_backend, list_backends, register
+from .base import ALIASES, BACKENDS, Backend, Problem, Unsupported, canonical_name, get_backend, list_backends, register
 
-__all__ = ["BACKENDS", "Backend", "Problem", "Unsupported", "get_backend", "list_backends", "register"]
+__all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "get_backend", "list_backends",
+           "register"]
 
 #: adapter modules, imported on first use of the registry
-ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_flashmask", "triton_sparse", "vsa", "flashinfer"]
+ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_flashmask", "triton_sparse", "vsa",
+                  "flashinfer"]
 
 _loaded = False
 

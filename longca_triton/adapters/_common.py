@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from .base import Backend, Problem, Unsupported
 
 __all__ = [
     "FlashArgs",
+    "FlashLowered",
     "PlannedBackend",
     "dense_mask",
     "dist_version",
@@ -36,8 +36,17 @@ __all__ = [
     "gqa_group",
     "lse_from_heads_tokens",
     "packed_cu_seqlens",
+    "pack_tokens",
+    "device_cu_seqlens",
     "try_import",
+    "HEAD_DIMS_MULT8",
+    "HOPPER_HEAD_DIMS",
 ]
+
+#: head dims of FlashAttention-2-family kernels (also cuDNN's SDPA): multiples of 8 up to 256
+HEAD_DIMS_MULT8 = tuple(range(8, 257, 8))
+#: head dims of the Hopper FlashAttention-3 / FlashAttention-4 builds
+HOPPER_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -140,6 +149,16 @@ def packed_cu_seqlens(fa: FlashArgs, batch: int) -> np.ndarray:
     return out.astype(np.int32)
 
 
+def device_cu_seqlens(cu, device) -> torch.Tensor | None:
+    """int32 document offsets on ``device`` (``None`` stays ``None``: one document, no varlen call)."""
+    return None if cu is None else torch.as_tensor(cu, dtype=torch.int32, device=device)
+
+
+def pack_tokens(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[B, S, H, D]`` -> ``[B*S, H, D]`` views of q, k, v: the batch packed end to end (varlen layout)."""
+    return tuple(t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3]) for t in (q, k, v))
+
+
 def lse_from_heads_tokens(lse: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
     """FlashAttention's packed lse ``[H, B*S]`` -> ``[B, H, S]``."""
     H = lse.shape[0]
@@ -213,6 +232,21 @@ class PlannedBackend(Backend):
     needs_cuda: bool = True
     #: short description of how the adapter lowers the IR (shown by ``doctor``)
     lowering: str = ""
+    #: the module ``available`` imports (empty: none), and how to name it when it is missing
+    requires: str = ""
+    requires_label: str = ""
+
+    def available(self) -> tuple[bool, str]:
+        """The vendor module imports (``requires``) and, with ``needs_cuda``, a GPU is visible."""
+        if self.requires:
+            mod, why = try_import(self.requires)
+            if mod is None:
+                return False, (f"{self.requires_label} is not installed ({why})" if self.requires_label else why)
+        if self.needs_cuda:
+            why = cuda_reason()
+            if why:
+                return False, why
+        return True, ""
 
     # -- to override
     def static_checks(self, problem: Problem) -> str:
@@ -268,9 +302,7 @@ class PlannedBackend(Backend):
         return cache[key]
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
-        ok, why = self.check(problem)
-        if not ok:
-            raise Unsupported(why)
+        self.require(problem)
         plan = self.plan_for(problem, q.device)
         scale = problem.scale
 
@@ -280,14 +312,11 @@ class PlannedBackend(Backend):
         return fn
 
     def attention(self, q, k, v, mask: Mask, softmax_scale: float | None = None, return_lse: bool = False):
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        problem = Problem(
-            mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], dtype=q.dtype,
-            mode="fwd_bwd" if grad else "fwd", device=q.device.type, softmax_scale=softmax_scale,
-        )
-        ok, why = self.check(problem)
-        if not ok:
-            raise Unsupported(f"{self.name}: {why}")
+        problem = Problem.from_tensors(q, k, v, mask, softmax_scale)
+        self.require(problem)
+        return self.call(problem, q, k, v, return_lse)
+
+    def call(self, problem: Problem, q, k, v, return_lse: bool = False):
         out, lse = self.run(self.plan_for(problem, q.device), q, k, v, problem.scale)
         if return_lse:
             if lse is None:
@@ -296,5 +325,12 @@ class PlannedBackend(Backend):
         return out
 
 
-def default_scale(head_dim: int, scale: float | None) -> float:
-    return scale if scale is not None else 1.0 / math.sqrt(head_dim)
+class FlashLowered(PlannedBackend):
+    """A backend of documents + window masks: ``lower`` is ``call_args(flash_args(mask), batch)``
+    (``flash_args`` raises ``NotExpressible`` for any other mask)."""
+
+    def call_args(self, fa: FlashArgs, batch: int) -> Any:
+        return fa
+
+    def lower(self, problem: Problem) -> Any:
+        return self.call_args(flash_args(problem.mask), problem.batch)

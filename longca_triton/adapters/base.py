@@ -7,8 +7,14 @@ cannot run:
 * ``supports(problem) -> (ok, reason)``: can it run this mask, dtype, head layout, mode;
 * ``prepare(problem, q, k, v) -> fn``: do all mask lowering and planning now (outside any timed
   region) and return a callable ``fn() -> (out, lse or None)`` running only the kernel;
-* ``attention(q, k, v, mask, softmax_scale, return_lse)``: the differentiable call behind
-  ``longca_triton.attention(..., backend=name)``.
+* ``attention(q, k, v, mask, softmax_scale, return_lse)``: the differentiable call;
+* ``call(problem, q, k, v, return_lse)``: the same call for a ``Problem`` already built and checked
+  (``longca_triton.attention`` validates the inputs and defaults the scale once, then calls this;
+  ``problem.scale`` is the resolved softmax scale).
+
+Names follow one pattern: our own kernels start with ``triton`` (``triton``, ``triton-flashmask``,
+``triton-sparse``, ``triton-varblock``); vendor kernels start with the vendor (``sdpa-cudnn``,
+``flex-fa4``, ``vsa-triton``...). Old names stay valid through ``ALIASES`` (``canonical_name``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch
 
 from longca_triton.masks import BlockSparseMask, Mask
 
-__all__ = ["Problem", "Backend", "register", "get_backend", "list_backends", "BACKENDS", "Unsupported"]
+__all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "get_backend", "list_backends",
+           "register"]
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 
@@ -64,6 +71,19 @@ class Problem:
     def flops(self) -> float:
         return self.batch * self.mask.flops(self.heads_q, self.head_dim, self.mode)
 
+    @classmethod
+    def from_tensors(cls, q, k, v, mask: Mask, softmax_scale: float | None = None) -> "Problem":
+        """The problem of one call on ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``; the mode is
+        ``fwd_bwd`` when autograd will record the call. ``scale`` is the resolved softmax scale."""
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return cls(mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
+                   dtype=q.dtype, mode="fwd_bwd" if grad else "fwd", device=q.device.type, softmax_scale=softmax_scale)
+
+    @property
+    def scale_is_default(self) -> bool:
+        """Whether the softmax scale is ``1/sqrt(D)`` (some vendor kernels fix it there)."""
+        return self.softmax_scale is None or math.isclose(self.softmax_scale, 1.0 / math.sqrt(self.head_dim))
+
 
 class Backend:
     """Base class. Subclasses set ``name`` and ``description`` and override what they need."""
@@ -93,9 +113,20 @@ class Backend:
     def attention(self, q, k, v, mask: Mask, softmax_scale: float | None = None, return_lse: bool = False):
         raise NotImplementedError
 
+    def call(self, problem: Problem, q, k, v, return_lse: bool = False):
+        """``attention`` for a problem already built from these tensors and checked (see
+        ``longca_triton.attention``): no second validation, the scale is ``problem.scale``."""
+        return self.attention(q, k, v, problem.mask, softmax_scale=problem.scale, return_lse=return_lse)
+
+    def require(self, problem: Problem) -> None:
+        """``check`` or raise ``Unsupported`` naming the backend and the reason."""
+        ok, why = self.check(problem)
+        if not ok:
+            raise Unsupported(f"{self.name}: {why}")
+
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
         """Default: plan by running once (lowerings are cached on the mask), then time the call."""
-        mask, scale = problem.mask, problem.softmax_scale
+        mask, scale = problem.mask, problem.scale
 
         def fn():
             out = self.attention(q, k, v, mask, softmax_scale=scale, return_lse=self.returns_lse)
@@ -105,6 +136,14 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {}
+
+#: old backend names -> current ones (committed result files and user scripts use the old ones)
+ALIASES: dict[str, str] = {"flashmask-triton": "triton-flashmask"}
+
+
+def canonical_name(name: str) -> str:
+    """The current name of a backend given by its current or an old name (``ALIASES``)."""
+    return ALIASES.get(name, name)
 
 
 def register(backend: Backend) -> Backend:
@@ -118,9 +157,10 @@ def get_backend(name: str) -> Backend:
     from . import _load_all  # noqa: F401 - registration happens on import of the adapters
 
     _load_all()
-    if name not in BACKENDS:
+    key = canonical_name(name)
+    if key not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name]
+    return BACKENDS[key]
 
 
 def list_backends() -> list[Backend]:

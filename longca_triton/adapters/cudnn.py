@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import FlashArgs, PlannedBackend, dist_version, flash_args, packed_cu_seqlens, try_import
+from ._common import (HEAD_DIMS_MULT8, FlashArgs, FlashLowered, device_cu_seqlens, dist_version, pack_tokens,
+                      packed_cu_seqlens, try_import)
 from .base import Problem, register
 
 __all__ = ["CudnnFrontend", "cudnn_call_args"]
@@ -46,33 +47,31 @@ class _CudnnPlan:
     max_seqlen: int
 
 
-class CudnnFrontend(PlannedBackend):
+class CudnnFrontend(FlashLowered):
     name = "cudnn"
     description = "cuDNN SDPA graphs (nvidia-cudnn-frontend): causal, sliding window, packed varlen; fwd+bwd"
     lowering = "flash_args -> is_causal / diagonal band (left+1) / THD ragged offsets"
-    head_dims = tuple(range(8, 257, 8))
+    head_dims = HEAD_DIMS_MULT8
+    requires, requires_label = "cudnn", "nvidia-cudnn-frontend"
 
     def available(self):
-        mod, why = try_import("cudnn")
-        if mod is None:
-            return False, f"nvidia-cudnn-frontend is not installed ({why})"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
+        ok, why = super().available()
+        if not ok:
+            return False, why
         try:
-            fn = mod.sdpa_torch  # lazy export: imports the op module, registers the torch ops
+            fn = try_import("cudnn")[0].sdpa_torch  # lazy export: imports the op module, registers the torch ops
         except Exception as e:
             ver = dist_version("nvidia-cudnn-frontend") or "?"
             return False, f"nvidia-cudnn-frontend {ver} has no usable cudnn.sdpa_torch ({type(e).__name__}: {e})"
         self._fn = fn
         return True, ""
 
-    def lower(self, problem: Problem):
-        return cudnn_call_args(flash_args(problem.mask), problem.batch)
+    call_args = staticmethod(cudnn_call_args)
 
     def materialize(self, problem: Problem, args: dict, device):
         kwargs = {k: args[k] for k in ("is_causal", "window_left", "window_right")}
-        cu = torch.as_tensor(args["cu_seqlens"], dtype=torch.int32, device=device) if "cu_seqlens" in args else None
-        return _CudnnPlan(fn=self._fn, kwargs=kwargs, cu=cu, max_seqlen=int(args.get("max_seqlen", 0)))
+        return _CudnnPlan(fn=self._fn, kwargs=kwargs, cu=device_cu_seqlens(args.get("cu_seqlens"), device),
+                          max_seqlen=int(args.get("max_seqlen", 0)))
 
     def run(self, plan: _CudnnPlan, q, k, v, scale: float):
         B, S, Hq, D = q.shape
@@ -81,7 +80,7 @@ class CudnnFrontend(PlannedBackend):
                                return_lse=True, **plan.kwargs)
             return out.transpose(1, 2), lse.reshape(B, Hq, S)
         out, lse = plan.fn(
-            q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D), scale=scale,
+            *pack_tokens(q, k, v), scale=scale,
             cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.max_seqlen, max_seqlen_kv=plan.max_seqlen,
             return_lse=True, **plan.kwargs,
         )

@@ -20,7 +20,8 @@ import torch
 
 from longca_triton.masks import NotExpressible
 
-from ._common import FlashArgs, PlannedBackend, dist_version, flash_args, lse_from_heads_tokens, packed_cu_seqlens, try_import
+from ._common import (HEAD_DIMS_MULT8, HOPPER_HEAD_DIMS, FlashArgs, PlannedBackend, device_cu_seqlens, dist_version, flash_args,
+                      lse_from_heads_tokens, pack_tokens, packed_cu_seqlens, try_import)
 from .base import Problem, register
 
 __all__ = ["FA2", "FA3", "FA3Fwd", "FA4", "fa_window"]
@@ -60,6 +61,7 @@ class FlashFamily(PlannedBackend):
     none_for_unbounded = False
     #: constant keywords of every call
     extra_kw: dict = {}
+    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size)"
 
     def available(self):
         mod, why = try_import(self.module)
@@ -69,8 +71,9 @@ class FlashFamily(PlannedBackend):
         for fn in ("flash_attn_func", "flash_attn_varlen_func"):
             if not hasattr(mod, fn):
                 return False, f"{self.module} has no {fn}"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
+        ok, why = super().available()
+        if not ok:
+            return False, why
         cap = torch.cuda.get_device_capability()
         if cap < self.min_capability:
             return False, f"needs compute capability >= {self.min_capability[0]}.{self.min_capability[1]}, GPU has {cap[0]}.{cap[1]}"
@@ -96,9 +99,7 @@ class FlashFamily(PlannedBackend):
         mod, _ = try_import(self.module)
         window = fa_window(fa, self.none_for_unbounded)
         common = {"causal": fa.causal, "window_size": window, **self.extra_kw}
-        cu = None
-        if fa.varlen:
-            cu = torch.as_tensor(packed_cu_seqlens(fa, problem.batch), dtype=torch.int32, device=device)
+        cu = device_cu_seqlens(packed_cu_seqlens(fa, problem.batch) if fa.varlen else None, device)
         return _FlashPlan(
             fa=fa, cu=cu, max_seqlen=fa.max_seqlen,
             dense_fn=mod.flash_attn_func, varlen_fn=mod.flash_attn_varlen_func,
@@ -117,7 +118,7 @@ class FlashFamily(PlannedBackend):
         if plan.cu is None:
             out, lse = self._split(plan.dense_fn(q, k, v, softmax_scale=scale, **plan.dense_kw))
             return out, (lse.float() if lse is not None else None)  # [B, H, S]
-        qp, kp, vp = q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D)
+        qp, kp, vp = pack_tokens(q, k, v)
         res = self._varlen(plan, qp, kp, vp, scale)
         out, lse = self._split(res)
         lse = lse_from_heads_tokens(lse, B, S).float() if lse is not None else None  # [H, T] -> [B, H, S]
@@ -132,45 +133,46 @@ class FA2(FlashFamily):
     description = "FlashAttention-2 (flash-attn 2.x package): documents via varlen, causal, sliding window"
     module = "flash_attn"
     dists = ("flash-attn", "flash_attn")
-    head_dims = tuple(range(8, 257, 8))
-    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size)"
+    head_dims = HEAD_DIMS_MULT8
     extra_kw = {"dropout_p": 0.0}
 
 
-class FA3(FlashFamily):
+class _HopperBuild(FlashFamily):
+    """FlashAttention-3 and -4 builds: compute capability 9.0 and up, Hopper head dims."""
+
+    min_capability = (9, 0)
+    head_dims = HOPPER_HEAD_DIMS
+
+
+class FA3(_HopperBuild):
     name = "fa3"
     description = "FlashAttention-3, official Hopper build (flash_attn_interface): fwd+bwd"
     module = "flash_attn_interface"
     dists = ("flash-attn-3", "flash_attn_3", "flashattn-hopper")
-    min_capability = (9, 0)
     max_capability = (9, 0)
-    head_dims = (64, 96, 128, 192, 256)
-    lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size)"
 
 
-class FA3Fwd(FlashFamily):
+class FA3Fwd(FA3):
+    """Same Hopper kernels and limits as ``fa3``, a different (forward-only) build."""
+
+
     name = "fa3-fwd"
     description = "FlashAttention-3 forward-only third-party build (fa3-fwd package, fa3_fwd_interface): no backward, no window, no fp16"
     module = "fa3_fwd_interface"
     dists = ("fa3-fwd", "fa3_fwd")
-    min_capability = (9, 0)
-    max_capability = (9, 0)
     modes = ("fwd",)
     windows = False
     dtypes = (torch.bfloat16,)
-    head_dims = (64, 96, 128, 192, 256)
     lowering = "flash_args -> flash_attn_(varlen_)func(causal); windows refused"
 
 
-class FA4(FlashFamily):
+class FA4(_HopperBuild):
     name = "fa4"
     description = "FlashAttention-4 (flash-attn-4, CuTe DSL, flash_attn.cute.interface): fwd+bwd"
     module = "flash_attn.cute.interface"
     dists = ("flash-attn-4", "flash_attn_4", "fa4")
-    min_capability = (9, 0)
     lse_flags = (("return_lse", True),)
     none_for_unbounded = True
-    head_dims = (64, 96, 128, 192, 256)
     lowering = "flash_args -> flash_attn_(varlen_)func(causal, window_size with None)"
 
     def _varlen(self, plan, qp, kp, vp, scale):

@@ -112,14 +112,7 @@ class _FlashInfer(PlannedBackend):
     modes = ("fwd",)
     dtypes = (torch.bfloat16, torch.float16)
     head_dims = (64, 128, 256)
-
-    def available(self):
-        mod, why = try_import("flashinfer")
-        if mod is None:
-            return False, why
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+    requires = "flashinfer"
 
     def version(self):
         return dist_version("flashinfer-python", "flashinfer")

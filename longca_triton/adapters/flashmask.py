@@ -87,9 +87,7 @@ class FlashMask(PlannedBackend):
             if paddle is not None:
                 return False, "only Paddle's FlashMask is installed; the Paddle-to-PyTorch bridge is not implemented"
             return False, f"FlashMask's PyTorch build is not installed ({why})"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+        return super().available()
 
     def lower(self, problem: Problem):
         return flashmask_startend(problem.mask)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from longca_triton.masks import NotExpressible
 
-from ._common import PlannedBackend, dense_mask, flash_args
+from ._common import HEAD_DIMS_MULT8, PlannedBackend, dense_mask, flash_args
 from .base import Problem, register
 
 __all__ = ["SDPABackend", "sdpa_lowering"]
@@ -66,7 +66,12 @@ class SDPABackend(PlannedBackend):
     returns_lse = False
     #: name of the ``torch.nn.attention.SDPBackend`` member
     sdp_backend: str = ""
-    takes_attn_mask: bool = False
+    #: whether the SDPA backend takes a dense ``attn_mask`` (all but flash)
+    takes_attn_mask: bool = True
+
+    @property
+    def lowering(self) -> str:
+        return "is_causal / none / dense bool attn_mask" if self.takes_attn_mask else "is_causal / none; no attn_mask"
 
     def available(self):
         try:
@@ -75,11 +80,9 @@ class SDPABackend(PlannedBackend):
             return False, f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel ({e})"
         if not hasattr(SDPBackend, self.sdp_backend):
             return False, f"torch {torch.__version__} has no SDPBackend.{self.sdp_backend}"
-        if self.needs_cuda and not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
         if self.sdp_backend == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
             return False, "PyTorch was built without cuDNN"
-        return True, ""
+        return super().available()
 
     def _backend_enum(self):
         from torch.nn.attention import SDPBackend
@@ -149,10 +152,8 @@ class SDPAMath(SDPABackend):
     name = "sdpa-math"
     description = "PyTorch SDPA, math backend (materialises the scores; any mask through a dense attn_mask)"
     sdp_backend = "MATH"
-    takes_attn_mask = True
     needs_cuda = False
     dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-    lowering = "is_causal / none / dense bool attn_mask"
 
 
 class SDPAFlash(SDPABackend):
@@ -160,26 +161,21 @@ class SDPAFlash(SDPABackend):
     description = "PyTorch SDPA, flash backend (FlashAttention-2 inside PyTorch): full and causal only"
     sdp_backend = "FLASH_ATTENTION"
     takes_attn_mask = False
-    head_dims = tuple(range(8, 257, 8))
-    lowering = "is_causal / none; no attn_mask"
+    head_dims = HEAD_DIMS_MULT8
 
 
 class SDPAEfficient(SDPABackend):
     name = "sdpa-efficient"
     description = "PyTorch SDPA, memory-efficient backend (xFormers kernel); any mask through a dense attn_mask"
     sdp_backend = "EFFICIENT_ATTENTION"
-    takes_attn_mask = True
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    lowering = "is_causal / none / dense bool attn_mask"
 
 
 class SDPACudnn(SDPABackend):
     name = "sdpa-cudnn"
     description = "PyTorch SDPA, cuDNN backend; any mask through a dense attn_mask"
     sdp_backend = "CUDNN_ATTENTION"
-    takes_attn_mask = True
-    head_dims = tuple(range(8, 257, 8))
-    lowering = "is_causal / none / dense bool attn_mask"
+    head_dims = HEAD_DIMS_MULT8
 
 
 for _cls in (SDPAMath, SDPAFlash, SDPAEfficient, SDPACudnn):

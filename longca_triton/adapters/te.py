@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import FlashArgs, PlannedBackend, flash_args, packed_cu_seqlens, try_import
+from ._common import FlashArgs, FlashLowered, device_cu_seqlens, pack_tokens, packed_cu_seqlens, try_import
 from .base import Problem, register
 
 __all__ = ["TransformerEngine", "te_call_args"]
@@ -43,22 +43,14 @@ class _TEPlan:
     cu: torch.Tensor | None
 
 
-class TransformerEngine(PlannedBackend):
+class TransformerEngine(FlashLowered):
     name = "te"
     description = "TransformerEngine DotProductAttention (THD layout for documents); no lse"
     lowering = "flash_args -> qkv_format bshd|thd, attn_mask_type, window_size, cu_seqlens"
     returns_lse = False
+    requires, requires_label = "transformer_engine.pytorch", "TransformerEngine (PyTorch)"
 
-    def available(self):
-        mod, why = try_import("transformer_engine.pytorch")
-        if mod is None:
-            return False, f"TransformerEngine (PyTorch) is not installed ({why})"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
-
-    def lower(self, problem: Problem) -> dict:
-        return te_call_args(flash_args(problem.mask), problem.batch)
+    call_args = staticmethod(te_call_args)
 
     def materialize(self, problem: Problem, args: dict, device) -> _TEPlan:
         te, _ = try_import("transformer_engine.pytorch")
@@ -67,8 +59,7 @@ class TransformerEngine(PlannedBackend):
             attention_dropout=0.0, qkv_format=args["qkv_format"], attn_mask_type=args["attn_mask_type"],
             window_size=args["window_size"], softmax_scale=problem.scale,
         ).to(device)
-        cu = torch.as_tensor(args["cu_seqlens"], dtype=torch.int32, device=device) if "cu_seqlens" in args else None
-        return _TEPlan(module=module, args=args, cu=cu)
+        return _TEPlan(module=module, args=args, cu=device_cu_seqlens(args.get("cu_seqlens"), device))
 
     def run(self, plan: _TEPlan, q, k, v, scale: float):
         B, S, Hq, D = q.shape
@@ -76,7 +67,7 @@ class TransformerEngine(PlannedBackend):
             out = plan.module(q, k, v)
         else:
             out = plan.module(
-                q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D),
+                *pack_tokens(q, k, v),
                 cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.args["max_seqlen"], max_seqlen_kv=plan.args["max_seqlen"],
             )
         return out.reshape(B, S, Hq, D), None

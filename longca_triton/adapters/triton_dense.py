@@ -2,62 +2,36 @@
 
 The kernel classifies tiles from the IR's block tables and masks partial tiles from per-row
 intervals. Launch configs come from the autotune cache when it has this problem class, else
-from the kernel's defaults.
+from the kernel's defaults (``TritonBackend``); ``prepare`` builds the tile plans untimed.
 """
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from longca_triton.masks import BlockSparseMask
 
-from .base import Backend, Problem, register
-
-_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _runs_here(device_type: str) -> tuple[bool, str]:
-    if device_type == "cuda":
-        return True, ""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True, ""
-    return False, "Triton kernels need a CUDA device (or TRITON_INTERPRET=1 on a CPU, for testing)"
+from .base import Problem, register
+from .triton_base import TritonBackend
 
 
-class TritonDense(Backend):
+class TritonDense(TritonBackend):
     name = "triton"
     description = "longca-triton's dense Triton kernel: block tables, full/partial tiles, GQA, fwd+bwd"
+    kernel = "dense"
 
-    def available(self):
-        try:
-            import triton  # noqa: F401
-        except ImportError as e:  # pragma: no cover - triton is a core dependency
-            return False, f"triton not importable: {e}"
-        return True, ""
-
-    def supports(self, problem: Problem):
-        from longca_triton.kernels.dense import SUPPORTED_HEAD_DIMS
-
+    def mask_reason(self, problem: Problem) -> str:
         if isinstance(problem.mask, BlockSparseMask):
-            return False, "block-sparse masks run on triton-sparse / triton-varblock"
-        ok, why = _runs_here(problem.device)
-        if not ok:
-            return False, why
-        interp = os.environ.get("TRITON_INTERPRET") == "1"
-        if problem.dtype not in _DTYPES and not (interp and problem.dtype == torch.float32):
-            return False, f"dtype {problem.dtype} (kernels take float16 and bfloat16)"
-        if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-            return False, f"head_dim {problem.head_dim} (supported: {SUPPORTED_HEAD_DIMS})"
-        return True, ""
+            return "block-sparse masks run on triton-sparse / triton-varblock"
+        return ""
 
-    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
-        from longca_triton.kernels.tuned import lookup
+    def launch(self, q, k, v, mask, scale, return_lse, config):
         from longca_triton.kernels.dense import dense_attention
 
-        return dense_attention(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
-                               config=lookup(self.name, q, k, mask))
+        return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
+
+    def plan(self, problem: Problem, q, config):
+        from longca_triton.kernels.dense import plans_for, resolve_config
+
+        plans_for(problem.mask, resolve_config(problem.head_dim, problem.dtype, config), q.device)
 
 
 register(TritonDense())

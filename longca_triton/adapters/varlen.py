@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import FlashArgs, PlannedBackend, flash_args, packed_cu_seqlens, try_import
+from ._common import HEAD_DIMS_MULT8, FlashArgs, PlannedBackend, device_cu_seqlens, flash_args, pack_tokens, packed_cu_seqlens, try_import
 from .base import Problem, Unsupported, register
 
 __all__ = ["VarlenFA2", "varlen_call_args"]
@@ -55,7 +55,7 @@ class VarlenFA2(PlannedBackend):
     name = "varlen-fa2"
     description = "torch.nn.attention.varlen.varlen_attn (FlashAttention-2 varlen inside PyTorch): documents and windows"
     lowering = "flash_args -> cu_seqlens + window_size"
-    head_dims = tuple(range(8, 257, 8))
+    head_dims = HEAD_DIMS_MULT8
 
     def _module(self):
         return try_import("torch.nn.attention.varlen")
@@ -66,9 +66,7 @@ class VarlenFA2(PlannedBackend):
             return False, f"torch {torch.__version__}: {why}"
         if not hasattr(mod, "varlen_attn"):
             return False, f"torch {torch.__version__} has no varlen_attn"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+        return super().available()
 
     def _params(self) -> set[str]:
         mod, _ = self._module()
@@ -77,7 +75,7 @@ class VarlenFA2(PlannedBackend):
         return set(inspect.signature(mod.varlen_attn).parameters)
 
     def lower(self, problem: Problem):
-        if "scale" not in self._params() and problem.softmax_scale is not None:
+        if "scale" not in self._params() and not problem.scale_is_default:
             raise Unsupported("this torch's varlen_attn takes no scale (only the default 1/sqrt(D))")
         fa = flash_args(problem.mask)
         return fa, varlen_call_args(fa, problem.batch, self._params())
@@ -92,7 +90,7 @@ class VarlenFA2(PlannedBackend):
             aux = mod.AuxRequest(lse=True)
         return _VarlenPlan(
             fn=mod.varlen_attn,
-            cu=torch.as_tensor(args["cu_seqlens"], dtype=torch.int32, device=device),
+            cu=device_cu_seqlens(args["cu_seqlens"], device),
             max_seqlen=int(args["max_seqlen"]),
             kwargs=kwargs,
             native_gqa="enable_gqa" in params,
@@ -114,7 +112,7 @@ class VarlenFA2(PlannedBackend):
 
     def run(self, plan: _VarlenPlan, q, k, v, scale: float):
         B, S, Hq, D = q.shape
-        qp, kp, vp = q.reshape(B * S, Hq, D), k.reshape(B * S, k.shape[2], D), v.reshape(B * S, v.shape[2], D)
+        qp, kp, vp = pack_tokens(q, k, v)
         kw = dict(plan.kwargs)
         if kp.shape[1] != Hq:
             if plan.native_gqa:

@@ -107,17 +107,10 @@ class _VsaPlan:
 class _Vsa(PlannedBackend):
     dtypes = (torch.bfloat16,)
     op_name = ""
-
-    def available(self):
-        mod, why = try_import("fastvideo_kernel.block_sparse_attn")
-        if mod is None:
-            return False, why
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (none visible)"
-        return True, ""
+    requires = "fastvideo_kernel.block_sparse_attn"
 
     def static_checks(self, problem: Problem) -> str:
-        if problem.softmax_scale is not None and not math.isclose(problem.softmax_scale, 1 / math.sqrt(problem.head_dim)):
+        if not problem.scale_is_default:
             return f"VSA fixes the softmax scale at 1/sqrt(D) = {1 / math.sqrt(problem.head_dim):.6g}"
         return ""
 

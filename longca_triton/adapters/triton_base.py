@@ -1,0 +1,113 @@
+"""What our Triton backends share (``triton``, ``triton-flashmask``, ``triton-sparse``,
+``triton-varblock``): where they run (a CUDA device, or a CPU under ``TRITON_INTERPRET=1``, where
+float32 is allowed too), the dtype / head-dim / GQA checks, the launch config (an explicit
+``self.config``, else the autotune cache's entry for the problem class via
+``longca_triton.kernels.tuned.lookup``, else the kernel's defaults), and a ``prepare`` that does
+the mask lowering / planning before returning the timed call.
+
+A subclass names its kernel module (``kernel``, under ``longca_triton.kernels``) and overrides
+``mask_reason`` (which masks it takes), ``launch`` (the kernel call) and ``plan`` (the device
+metadata built outside the timer).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Callable
+
+import torch
+
+from .base import Backend, Problem
+
+__all__ = ["TritonBackend", "interpreting", "runs_here"]
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_here(device_type: str) -> tuple[bool, str]:
+    if device_type == "cuda" or interpreting():
+        return True, ""
+    return False, f"Triton kernels need a CUDA device (or TRITON_INTERPRET=1 on a CPU, for testing); problem device: {device_type}"
+
+
+class TritonBackend(Backend):
+    """One of our Triton kernels behind the registry (see the module docstring)."""
+
+    #: kernel module under ``longca_triton.kernels`` (its ``SUPPORTED_HEAD_DIMS`` is checked)
+    kernel: str = ""
+    #: dtypes the kernels take on a GPU (the interpreter also takes float32)
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+    #: an explicit launch config (None: autotune cache, else the kernel's defaults)
+    config: dict | None = None
+
+    def kernel_module(self):
+        return importlib.import_module(f"longca_triton.kernels.{self.kernel}")
+
+    def available(self):
+        try:
+            importlib.import_module("triton")
+        except Exception as e:  # noqa: BLE001 - triton is a core dependency; say why if it breaks
+            return False, f"cannot import triton ({type(e).__name__}: {e})"
+        if not torch.cuda.is_available() and not interpreting():
+            return False, "needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)"
+        return True, ""
+
+    # -- to override
+    def mask_reason(self, problem: Problem) -> str:
+        """Why this backend cannot take ``problem.mask`` (empty when it can)."""
+        return ""
+
+    def launch(self, q, k, v, mask, scale, return_lse: bool, config: dict | None):
+        """The kernel call (differentiable); returns ``out`` or ``(out, lse)``."""
+        raise NotImplementedError
+
+    def plan(self, problem: Problem, q, config: dict | None) -> None:
+        """Build (and cache) the device metadata for ``problem`` now, outside any timer."""
+
+    # -- shared
+    def supports(self, problem: Problem):
+        why = self.mask_reason(problem)
+        if why:
+            return False, why
+        ok, why = runs_here(problem.device)
+        if not ok:
+            return False, why
+        allowed = self.dtypes + ((torch.float32,) if interpreting() else ())
+        if problem.dtype not in allowed:
+            return False, f"dtype {problem.dtype} not supported (kernels take float16 and bfloat16)"
+        head_dims = self.kernel_module().SUPPORTED_HEAD_DIMS
+        if problem.head_dim not in head_dims:
+            return False, f"head_dim {problem.head_dim} not supported (takes {head_dims})"
+        if problem.heads_kv < 1 or problem.heads_q % problem.heads_kv:
+            return False, f"heads_q {problem.heads_q} is not a multiple of heads_kv {problem.heads_kv}"
+        return True, ""
+
+    @torch.compiler.disable
+    def launch_config(self, q, k, mask) -> dict | None:
+        """``self.config``, else the autotune cache's entry for this problem class (keyed by the
+        backend's name: ``longca-triton autotune``), else None (the kernel's defaults)."""
+        if self.config is not None:
+            return self.config
+        from longca_triton.kernels.tuned import lookup
+
+        return lookup(self.name, q, k, mask)
+
+    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
+        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask))
+
+    def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
+        """Check, pick the launch config and plan now; the returned call runs the kernels only."""
+        self.require(problem)
+        config = problem.extra.get("config")
+        if config is None:
+            config = self.launch_config(q, k, problem.mask)
+        self.plan(problem, q, config)
+        mask, scale = problem.mask, problem.scale
+
+        def fn():
+            return self.launch(q, k, v, mask, scale, True, config)
+
+        return fn
