@@ -40,7 +40,7 @@ GPU): every block is processed in sub-tiles of a fixed size, each carrying its v
 Kernels
 -------
 * ``block_sparse_fwd_kernel``: one program per (row tile, head pack): online softmax over the list.
-* ``delta``: the dense kernels' preprocess (``dense.launch_bwd_preprocess``), shared.
+* ``delta``: the shared preprocess (``core.bwd_preprocess_kernel`` via ``dense.launch_bwd_preprocess``).
 * ``block_sparse_bwd_dkdv_kernel``: key-major. One program per (key tile, KV head) walks, for
   every query head of its group, the transposed list (kept query-block runs cut into ``BLOCK_M``
   sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
@@ -56,6 +56,10 @@ config=None)`` (alias ``varblock_attention``; autograd), the ``torch.library`` o
 ``block_sparse_attention_from_tables`` (``torch.compile``), the launchers ``block_sparse_fwd`` /
 ``block_sparse_bwd`` and ``tables_for`` / ``table_build_time`` for the GPU-built tables.
 Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
+
+Files: ``block_sparse_fwd.py`` / ``block_sparse_bwd.py`` (kernels), ``block_sparse_tables.py``
+(the GPU-built tables and their cache); shared pieces in ``core.py``; this file: configs,
+launchers, autograd, ``torch.library`` ops and the public functions.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Three launches, fp32 accumulation everywhere, no atomics:
 
-1. ``dense_bwd_preprocess_kernel``: ``delta_i = rowsum(dO_i * O_i) - dlse_i``.
+1. ``dense_bwd_preprocess_kernel`` (``core.bwd_preprocess_kernel``, the one all three kernels use):
+   ``delta_i = rowsum(dO_i * O_i) - dlse_i``.
 2. ``dense_bwd_dkdv_kernel`` (key-major): one program owns one key tile of one KV head and sweeps
    the query tiles of the key-major plan for *every* query head of its GQA group, so dK/dV of the
    group accumulate in registers and are written once.
@@ -14,7 +15,8 @@ Three launches, fp32 accumulation everywhere, no atomics:
    does; ``tl.atomic_add`` in the interpreter), so no tile pair is computed twice. dQ then depends
    on the order of fp32 additions: it is not bitwise deterministic.
 
-Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse.
+Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse; the tile bodies
+are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``.
 """
 
 import triton

@@ -43,8 +43,8 @@ Preprocessing (``tile_bounds``, torch ops on the device, ``O(Sk)``): for each ke
 ``BLOCK_N`` columns, the min and max of each vector: 8 int32 per tile
 ``[LTS_min, LTS_max, LTE_min, LTE_max, UTS_min, UTS_max, UTE_min, UTE_max]``.
 
-At run time (``_classify``), a query tile with rows ``[m0, m1)`` (``m1`` clipped to ``Sq``)
-against a key tile is
+At run time (``_classify``, ``flashmask_fwd.py``), a query tile with rows ``[m0, m1)`` (``m1``
+clipped to ``Sq``) against a key tile is
 
 * **EMPTY** (skipped: no load, no matmul) when one interval covers the rows in every column:
   ``m0 >= LTS_max and m1 <= LTE_min``, or the same with ``UTS/UTE``;
@@ -80,7 +80,7 @@ Tiling
 ------
 * forward (``flashmask_fwd_kernel``): one program per (query tile, query head), heaviest query
   tiles first (the last ones, for causal-like masks); online softmax in fp32.
-* backward: ``delta`` preprocess (shared with the dense kernel); key-major dK/dV
+* backward: ``delta`` preprocess (``core.bwd_preprocess_kernel``, shared); key-major dK/dV
   (``flashmask_bwd_dkdv_kernel``), one program per (key tile, KV head) looping over the ``G``
   query heads of the group and over all query tiles, so dK/dV accumulate in registers (no
   atomics); the program's column vectors are loaded once; query-major dQ
@@ -93,6 +93,10 @@ lse read as 0) contribute nothing to dK/dV; key columns past ``Sk`` are masked i
 Entry point: ``flashmask_attention(q, k, v, mask_or_columns, softmax_scale=None,
 return_lse=False, config=None)`` with a ``RangeMask`` (lowered by ``flashmask_columns``) or a
 ``FlashMaskColumns``. Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``.
+
+Files: ``flashmask_fwd.py`` (forward kernel, tile classification), ``flashmask_bwd.py`` (dK/dV,
+dQ), ``flashmask_plan.py`` (columns on the device, tile bounds, cache); shared pieces in
+``core.py``; this file: configs, launchers, autograd and the public function.
 """
 
 from __future__ import annotations
