@@ -132,3 +132,13 @@ def check_qkv(q, k, v, head_dims, what: str) -> None:
         raise ValueError(f"q, k, v on different devices: {q.device}, {k.device}, {v.device}")
     if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"{what} runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
+
+
+def resolve_scale(softmax_scale, head_dim: int) -> float:
+    """``softmax_scale`` as a float, ``1 / sqrt(head_dim)`` when None; it must be positive and finite."""
+    import math
+
+    scale = float(1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {scale}")
+    return scale

@@ -40,7 +40,7 @@ GPU): every block is processed in sub-tiles of a fixed size, each carrying its v
 Kernels
 -------
 * ``block_sparse_fwd_kernel``: one program per (row tile, head pack): online softmax over the list.
-* ``delta``: the dense kernels' preprocess (``dense.launch_bwd_preprocess``), shared.
+* ``delta``: the shared preprocess (``core.bwd_preprocess_kernel`` via ``dense.launch_bwd_preprocess``).
 * ``block_sparse_bwd_dkdv_kernel``: key-major. One program per (key tile, KV head) walks, for
   every query head of its group, the transposed list (kept query-block runs cut into ``BLOCK_M``
   sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
@@ -56,6 +56,10 @@ config=None)`` (alias ``varblock_attention``; autograd), the ``torch.library`` o
 ``block_sparse_attention_from_tables`` (``torch.compile``), the launchers ``block_sparse_fwd`` /
 ``block_sparse_bwd`` and ``tables_for`` / ``table_build_time`` for the GPU-built tables.
 Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
+
+Files: ``block_sparse_fwd.py`` / ``block_sparse_bwd.py`` (kernels), ``block_sparse_tables.py``
+(the GPU-built tables and their cache); shared pieces in ``core.py``; this file: configs,
+launchers, autograd, ``torch.library`` ops and the public functions.
 """
 
 from __future__ import annotations
@@ -64,14 +68,18 @@ import math
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
+from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
+from ._runtime import resolve_scale as _resolve_scale
+from .block_sparse_bwd import block_sparse_bwd_dkdv_kernel, block_sparse_bwd_dq_kernel
+from .block_sparse_fwd import block_sparse_fwd_kernel
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
+from .config import ConfigSpec
+from .config import resolve as _resolve
 from .dense import launch_bwd_preprocess
 
 __all__ = [
@@ -140,26 +148,16 @@ def default_config(mask, head_dim: int) -> dict:
                 DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2)
 
 
-def resolve_config(mask, head_dim: int, config: Optional[dict] = None) -> dict:
-    """``default_config`` overlaid with ``config``; unknown keys and bad tile sizes raise ValueError."""
-    cfg = default_config(mask, head_dim)
-    if config:
-        unknown = set(config) - set(CONFIG_KEYS)
-        if unknown:
-            raise ValueError(f"unknown block-sparse config keys {sorted(unknown)}; known: {list(CONFIG_KEYS)}")
-        cfg.update(config)
-    for key in ("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"):
-        val = int(cfg[key])
-        if val < 16 or val & (val - 1):
-            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {cfg[key]}")
-        cfg[key] = val
-    for key in ("HEADS", "DQ_HEADS", "DKDV_HEADS"):
-        val = int(cfg[key])
-        if val < 1 or val & (val - 1):
-            raise ValueError(f"config[{key!r}] must be a power of two >= 1, got {cfg[key]}")
-        cfg[key] = val
-    cfg["warp_specialize"] = bool(cfg["warp_specialize"])
-    return cfg
+_SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
+                   tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
+                   pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"), bool_keys=("warp_specialize",),
+                   tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
+
+
+def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None) -> dict:
+    """``config``, else (given ``q, k``) the autotune cache's entry, overlaid on ``default_config``;
+    unknown keys and bad tile sizes raise ValueError (``config.resolve``)."""
+    return _resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask)
 
 
 def tile_sizes(cfg: dict) -> dict:
@@ -167,240 +165,6 @@ def tile_sizes(cfg: dict) -> dict:
     return {"fwd": (cfg["BLOCK_M"], cfg["BLOCK_N"]), "dq": (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]),
             "dkdv": (cfg["DKDV_BLOCK_N"], cfg["DKDV_BLOCK_M"])}
 
-
-# ----------------------------------------------------------------------------------------------
-# Kernels
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def block_sparse_fwd_kernel(
-    Q, K, V, Out, Lse,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ob, stride_os, stride_oh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
-    qk_scale,  # softmax_scale * log2(e)
-    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
-):
-    # why: the head pack is the fastest-varying index, so programs running together share a row
-    # tile (heaviest first) and the heads of one GQA group read the same K/V tiles from L2.
-    pid = tl.program_id(0)
-    rank = pid // num_packs
-    pack = pid % num_packs
-    packs_per_batch = num_heads_q // HEADS
-    b = pack // packs_per_batch
-    h0 = (pack % packs_per_batch) * HEADS
-    h_kv = h0 // group_size
-    pat = h0 // heads_per_pattern
-    tile = tl.load(ORDER + rank)
-    m_start = tl.load(ROW_START + tile)
-    m_end = tl.load(ROW_END + tile)
-    blk = tl.load(ROW_BLOCK + tile)
-
-    # the tile's rows: HEADS heads x BLOCK_M positions, [HEADS * BLOCK_M]
-    offs_r = tl.arange(0, HEADS * BLOCK_M)
-    head = h0 + offs_r // BLOCK_M
-    pos = m_start + offs_r % BLOCK_M
-    row_ok = pos < m_end
-    offs_d = tl.arange(0, HEAD_DIM)
-    b64 = b.to(tl.int64)
-    pos64 = pos.to(tl.int64)
-    q_ptrs = Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs
-    q = tl.load(q_ptrs[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [HM, D]
-
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-
-    m_i = tl.full([HEADS * BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([HEADS * BLOCK_M], tl.float32)
-    acc = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
-    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
-    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
-        start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
-        if not EVEN_N:
-            # a ragged tile: keys past its end belong to another block (or lie past Sk)
-            end_n = tl.load(COL_END + e)
-            qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
-        # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
-
-    # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    o_ptrs = Out + b64 * stride_ob + head * stride_oh + pos64 * stride_os
-    tl.store(o_ptrs[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(Lse + (b64 * num_heads_q + head) * Sq + pos, lse, mask=row_ok)
-
-
-@triton.jit
-def block_sparse_bwd_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
-    softmax_scale, qk_scale,
-    Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    rank = pid // num_bkv
-    bkv = pid % num_bkv
-    b = bkv // num_heads_kv
-    h_kv = bkv % num_heads_kv
-    tile = tl.load(ORDER + rank)
-    n_start = tl.load(ROW_START + tile)
-    n_end = tl.load(ROW_END + tile)
-    blk = tl.load(ROW_BLOCK + tile)
-    b64 = b.to(tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM)
-
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
-    k = k_desc.load([n_start, 0])  # [BLOCK_N, D]
-    v = v_desc.load([n_start, 0])
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-
-    offs_r = tl.arange(0, HEADS * BLOCK_M)
-    r_head = offs_r // BLOCK_M
-    r_pos = offs_r % BLOCK_M
-    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
-    for g in range(0, group_size, HEADS):
-        h0 = h_kv * group_size + g
-        pat = h0 // heads_per_pattern
-        head = h0 + r_head  # [HM]
-        q_rows = Q + b64 * stride_qb + head * stride_qh
-        do_rows = DOut + b64 * stride_db + head * stride_dh
-        stat_rows = (b64 * num_heads_q + head) * Sq
-        e_lo = tl.load(PTR + pat * num_row_blocks + blk)
-        e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-        for e in tl.range(e_lo, e_hi):
-            pos = tl.load(COL_START + e) + r_pos  # [HM]
-            if EVEN_M:
-                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :])  # [HM, D]
-                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :])
-                lse = tl.load(Lse + stat_rows + pos)
-                delta = tl.load(Delta + stat_rows + pos)
-            else:
-                # rows past the sub-tile's end belong to another block: zero q / dO and
-                # lse = +inf make their p (and so every product) exactly zero
-                ok = pos < tl.load(COL_END + e)
-                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :],
-                            mask=ok[:, None], other=0.0)
-                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :],
-                             mask=ok[:, None], other=0.0)
-                lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
-                delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
-            qk_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, HM]
-            p_t = tl.math.exp2(qk_t * qk_scale - (lse * 1.4426950408889634)[None, :])
-            dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
-            dp_t = tl.dot(v, tl.trans(do))  # [BLOCK_N, HM]
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk = tl.dot(ds_t.to(q.dtype), q, dk)  # [BLOCK_N, D]
-
-    offs_n = n_start + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_end
-    # s = softmax_scale * q.k, so dK picks up the scale once here
-    dk_ptrs = DK + b64 * stride_dkb + h_kv * stride_dkh + offs_n.to(tl.int64) * stride_dks
-    dv_ptrs = DV + b64 * stride_dvb + h_kv * stride_dvh + offs_n.to(tl.int64) * stride_dvs
-    tl.store(dk_ptrs[:, None] + offs_d[None, :], (dk * softmax_scale).to(DK.dtype.element_ty),
-             mask=n_ok[:, None])
-    tl.store(dv_ptrs[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
-
-
-@triton.jit
-def block_sparse_bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dqb, stride_dqs, stride_dqh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
-    softmax_scale, qk_scale,
-    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    rank = pid // num_packs
-    pack = pid % num_packs
-    packs_per_batch = num_heads_q // HEADS
-    b = pack // packs_per_batch
-    h0 = (pack % packs_per_batch) * HEADS
-    h_kv = h0 // group_size
-    pat = h0 // heads_per_pattern
-    tile = tl.load(ORDER + rank)
-    m_start = tl.load(ROW_START + tile)
-    m_end = tl.load(ROW_END + tile)
-    blk = tl.load(ROW_BLOCK + tile)
-
-    offs_r = tl.arange(0, HEADS * BLOCK_M)
-    head = h0 + offs_r // BLOCK_M
-    pos = m_start + offs_r % BLOCK_M
-    row_ok = pos < m_end
-    offs_d = tl.arange(0, HEAD_DIM)
-    b64 = b.to(tl.int64)
-    pos64 = pos.to(tl.int64)
-    q = tl.load((Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs)[:, None] + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # [HM, D]
-    do = tl.load((DOut + b64 * stride_db + head * stride_dh + pos64 * stride_ds)[:, None]
-                 + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    stat = (b64 * num_heads_q + head) * Sq + pos
-    lse = tl.load(Lse + stat, mask=row_ok, other=float("inf"))
-    # rows outside the tile (and, defensively, rows that attend nothing) get lse2 = +inf: p = 0
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
-
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    dq = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
-    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
-    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    for e in tl.range(e_lo, e_hi):
-        start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-        v = v_desc.load([start_n, 0])
-        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        if not EVEN_N:
-            end_n = tl.load(COL_END + e)
-            p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
-        dp = tl.dot(do, v.T)  # [HM, BLOCK_N]
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)  # [HM, D]
-
-    dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
-    tl.store(dq_ptrs[:, None] + offs_d[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -544,24 +308,18 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
 # ----------------------------------------------------------------------------------------------
 
 
-class BlockSparseAttentionFunction(torch.autograd.Function):
-    """``(q, k, v) -> (out, lse)``; mask, tables and config ride along as non-tensor arguments."""
+def _bs_fwd(q, k, v, mask, tables, softmax_scale, cfg):
+    return block_sparse_fwd(q, k, v, mask, tables["fwd"], softmax_scale, cfg)
 
-    @staticmethod
-    def forward(ctx, q, k, v, mask, tables, softmax_scale, cfg):
-        out, lse = block_sparse_fwd(q, k, v, mask, tables["fwd"], softmax_scale, cfg)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.tables, ctx.softmax_scale, ctx.cfg = mask, tables, softmax_scale, cfg
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = block_sparse_bwd(dout, q, k, v, out, lse, ctx.mask, ctx.tables,
-                                      ctx.softmax_scale, ctx.cfg, dlse=dlse)
-        return dq, dk, dv, None, None, None, None
+def _bs_bwd(dout, dlse, q, k, v, out, lse, mask, tables, softmax_scale, cfg):
+    return block_sparse_bwd(dout, q, k, v, out, lse, mask, tables, softmax_scale, cfg, dlse=dlse)
+
+
+#: ``apply(q, k, v, mask, tables, softmax_scale, cfg) -> (out, lse)``
+BlockSparseAttentionFunction = attention_function(
+    "BlockSparseAttentionFunction", _bs_fwd, _bs_bwd,
+    """``(q, k, v) -> (out, lse)``; mask, tables and config ride along as non-tensor arguments.""")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -619,8 +377,7 @@ def _block_sparse_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_
 
 @_block_sparse_fwd_op.register_fake
 def _(q, k, v, fwd_tables, dq_tables, dkdv_tables, meta, softmax_scale, cfg):
-    b, sq, hq, d = q.shape
-    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+    return fake_fwd(q)
 
 
 @torch.library.custom_op("longca_triton::block_sparse_attention_bwd", mutates_args=())
@@ -635,30 +392,10 @@ def _block_sparse_bwd_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: to
 
 @_block_sparse_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, dq_tables, dkdv_tables, meta, softmax_scale, cfg):
-    # the real op returns contiguous tensors whatever the inputs' strides
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return fake_bwd(q, k, v)
 
 
-def _op_setup_context(ctx, inputs, output):
-    q, k, v, fwd_tables, dq_tables, dkdv_tables, meta, softmax_scale, cfg = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *dq_tables, *dkdv_tables)
-    ctx.meta, ctx.softmax_scale, ctx.cfg = meta, softmax_scale, cfg
-
-
-def _op_backward(ctx, dout, dlse):
-    q, k, v, out, lse, *tables = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = _block_sparse_bwd_op(dout, dlse, q, k, v, out, lse, list(tables[:_TABLE_LEN]),
-                                      list(tables[_TABLE_LEN:]), ctx.meta, ctx.softmax_scale, ctx.cfg)
-    # the gradient's structure must mirror the inputs': one None per table tensor
-    none = [None] * _TABLE_LEN
-    return dq, dk, dv, list(none), list(none), list(none), None, None, None
-
-
-torch.library.register_autograd("longca_triton::block_sparse_attention_fwd", _op_backward,
-                                setup_context=_op_setup_context)
+register_op_autograd("longca_triton::block_sparse_attention_fwd", _block_sparse_bwd_op, _TABLE_LEN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -677,10 +414,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     """
     _check_inputs(q, k, v, mask)
     d = q.shape[-1]
-    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
-    if not softmax_scale > 0 or math.isinf(softmax_scale):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    cfg = resolve_config(mask, d, config)
+    softmax_scale = _resolve_scale(softmax_scale, d)
+    cfg = resolve_config(mask, d, config, q=q, k=k)
     tables = tables_for(mask, cfg, q.device)
     out, lse = BlockSparseAttentionFunction.apply(q, k, v, mask, tables, softmax_scale, cfg)
     return (out, lse) if return_lse else out
@@ -700,10 +435,8 @@ def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=Fals
     """
     _check_inputs(q, k, v, mask)
     d = q.shape[-1]
-    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
-    if not softmax_scale > 0 or math.isinf(softmax_scale):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    cfg = resolve_config(mask, d, config)
+    softmax_scale = _resolve_scale(softmax_scale, d)
+    cfg = resolve_config(mask, d, config, q=q, k=k)
     tables = _tables_no_compile(mask, cfg, q.device)
     return block_sparse_attention_from_tables(q, k, v, tables, mask.num_patterns, softmax_scale, cfg, return_lse)
 

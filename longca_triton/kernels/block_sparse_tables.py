@@ -25,13 +25,13 @@ compile the tail mask away (``even_cols``). Everything is ``O(P · Nq · Nk)`` b
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 import time
 
 import numpy as np
 import torch
+
+from .plan_cache import PlanCache
 
 __all__ = ["SideTables", "build_side_tables", "get_side_tables", "table_build_ms"]
 
@@ -137,16 +137,7 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     return dataclasses.replace(out, build_ms=(time.perf_counter() - t0) * 1e3)
 
 
-_CACHE: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
-_CACHE_SIZE = 64
-_LOCK = threading.Lock()
-
-
-def _canonical(device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
+_CACHE = PlanCache(64)
 
 
 def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device) -> SideTables:
@@ -156,24 +147,15 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device) ->
     """
     if major not in ("q", "k"):
         raise ValueError(f"major must be 'q' or 'k', got {major!r}")
-    dev = _canonical(device)
-    key = (id(mask), major, int(tile_rows), int(tile_cols), str(dev))
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and hit[0] is mask:
-            _CACHE.move_to_end(key)
-            return hit[1]
-    if major == "q":
-        t = build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                              tile_rows, tile_cols, dev)
-    else:
-        t = build_side_tables(mask.k_block_bounds, mask.q_block_bounds,
-                              mask.block_map.transpose(1, 2).contiguous(), tile_rows, tile_cols, dev)
-    with _LOCK:
-        _CACHE[key] = (mask, t)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return t
+
+    def build(dev):
+        if major == "q":
+            return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
+                                     tile_rows, tile_cols, dev)
+        return build_side_tables(mask.k_block_bounds, mask.q_block_bounds,
+                                 mask.block_map.transpose(1, 2).contiguous(), tile_rows, tile_cols, dev)
+
+    return _CACHE.get(mask, (major, int(tile_rows), int(tile_cols)), device, build)
 
 
 def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5) -> dict:

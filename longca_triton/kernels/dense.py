@@ -57,16 +57,19 @@ Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, any strides with a unit 
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import triton
 
+from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
+from ._runtime import resolve_scale as _resolve_scale
+from .config import ConfigSpec
+from .config import resolve as _resolve
 from .dense_bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel, dense_bwd_preprocess_kernel
 from .dense_fwd import dense_fwd_kernel
 from .dense_tables import TilePlan, get_tile_plan
@@ -125,23 +128,16 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
                 DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2, fused_dq=False)
 
 
-def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None) -> dict:
-    """``default_config`` overlaid with ``config``; unknown keys and bad tiles raise ValueError."""
-    cfg = default_config(head_dim, dtype)
-    if config:
-        unknown = set(config) - set(CONFIG_KEYS)
-        if unknown:
-            raise ValueError(f"unknown dense-attention config keys {sorted(unknown)}; "
-                             f"known: {list(CONFIG_KEYS)}")
-        cfg.update(config)
-    for key in ("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"):
-        val = int(cfg[key])
-        if val < 16 or val & (val - 1):
-            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {cfg[key]}")
-        cfg[key] = val
-    cfg["warp_specialize"] = bool(cfg["warp_specialize"])
-    cfg["fused_dq"] = bool(cfg["fused_dq"])
-    return cfg
+_SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
+                   tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
+                   bool_keys=("warp_specialize", "fused_dq"), tuned_name="triton")
+
+
+def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
+                   mask=None) -> dict:
+    """``config``, else (given ``q, k, mask``) the autotune cache's entry, overlaid on
+    ``default_config``; unknown keys and bad tiles raise ValueError (``config.resolve``)."""
+    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,26 +291,18 @@ def plans_for(mask, cfg: dict, device):
 # ----------------------------------------------------------------------------------------------
 
 
-class DenseAttentionFunction(torch.autograd.Function):
-    """``(q, k, v) -> (out, lse)`` with the plans and config carried as non-tensor arguments."""
+def _dense_fwd3(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
+    return dense_fwd(q, k, v, fwd_plan, softmax_scale, cfg)
 
-    @staticmethod
-    def forward(ctx, q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
-        out, lse = dense_fwd(q, k, v, fwd_plan, softmax_scale, cfg)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plans = (dkdv_plan, dq_plan)
-        ctx.softmax_scale = softmax_scale
-        ctx.cfg = cfg
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = dense_bwd(dout, q, k, v, out, lse, *ctx.plans, ctx.softmax_scale, ctx.cfg,
-                               dlse=dlse)
-        return dq, dk, dv, None, None, None, None, None
+def _dense_bwd3(dout, dlse, q, k, v, out, lse, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
+    return dense_bwd(dout, q, k, v, out, lse, dkdv_plan, dq_plan, softmax_scale, cfg, dlse=dlse)
+
+
+#: ``apply(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg) -> (out, lse)``
+DenseAttentionFunction = attention_function(
+    "DenseAttentionFunction", _dense_fwd3, _dense_bwd3,
+    """``(q, k, v) -> (out, lse)`` with the plans and config carried as non-tensor arguments.""")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,8 +343,7 @@ def _dense_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_plan: lis
 
 @_dense_fwd_op.register_fake
 def _(q, k, v, q_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
-    b, sq, hq, d = q.shape
-    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+    return fake_fwd(q)
 
 
 @torch.library.custom_op("longca_triton::dense_attention_bwd", mutates_args=())
@@ -374,31 +361,10 @@ def _dense_bwd_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Ten
 
 @_dense_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, dkdv_plan, dq_plan, softmax_scale, cfg):
-    # the real op returns contiguous tensors whatever the inputs' strides
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return fake_bwd(q, k, v)
 
 
-def _op_setup_context(ctx, inputs, output):
-    q, k, v, q_plan, dkdv_plan, dq_plan, softmax_scale, cfg = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *dkdv_plan, *dq_plan)
-    ctx.softmax_scale = softmax_scale
-    ctx.cfg = cfg
-
-
-def _op_backward(ctx, dout, dlse):
-    q, k, v, out, lse, *plans = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = _dense_bwd_op(dout, dlse, q, k, v, out, lse, list(plans[:_PLAN_LEN]),
-                               list(plans[_PLAN_LEN:]), ctx.softmax_scale, ctx.cfg)
-    # the gradient's structure must mirror the inputs': one None per plan tensor
-    none = [None] * _PLAN_LEN
-    return dq, dk, dv, none, list(none), list(none), None, None
-
-
-torch.library.register_autograd("longca_triton::dense_attention_fwd", _op_backward,
-                                setup_context=_op_setup_context)
+register_op_autograd("longca_triton::dense_attention_fwd", _dense_bwd_op, _PLAN_LEN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,12 +383,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
     d = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    softmax_scale = float(softmax_scale)
-    if not softmax_scale > 0 or math.isinf(softmax_scale):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    cfg = resolve_config(d, q.dtype, config)
+    softmax_scale = _resolve_scale(softmax_scale, d)
+    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
     fwd_plan, dkdv_plan, dq_plan = plans_for(mask, cfg, q.device)
     out, lse = DenseAttentionFunction.apply(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale,
                                             cfg)
@@ -437,8 +399,8 @@ def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, conf
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
     d = q.shape[-1]
-    softmax_scale = float(1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale)
-    cfg = resolve_config(d, q.dtype, config)
+    softmax_scale = _resolve_scale(softmax_scale, d)
+    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
     fwd_plan, dkdv_plan, dq_plan = _plans_no_compile(mask, cfg, q.device)
     return dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg,
                                       return_lse)

@@ -2,7 +2,8 @@
 
 Three launches, fp32 accumulation everywhere, no atomics:
 
-1. ``dense_bwd_preprocess_kernel``: ``delta_i = rowsum(dO_i * O_i) - dlse_i``.
+1. ``dense_bwd_preprocess_kernel`` (``core.bwd_preprocess_kernel``, the one all three kernels use):
+   ``delta_i = rowsum(dO_i * O_i) - dlse_i``.
 2. ``dense_bwd_dkdv_kernel`` (key-major): one program owns one key tile of one KV head and sweeps
    the query tiles of the key-major plan for *every* query head of its GQA group, so dK/dV of the
    group accumulate in registers and are written once.
@@ -14,55 +15,29 @@ Three launches, fp32 accumulation everywhere, no atomics:
    does; ``tl.atomic_add`` in the interpreter), so no tile pair is computed twice. dQ then depends
    on the order of fp32 additions: it is not bitwise deterministic.
 
-Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse.
+Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse; the tile bodies
+are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``.
 """
 
 import triton
 import triton.language as tl
 
-from .dense_fwd import _interval_mask
+from .core import (
+    bwd_preprocess_kernel,
+    dkdv_update,
+    dq_update,
+    interval_mask,
+    key_program,
+    kv_descs,
+    load_row_stats,
+    query_program,
+    recompute_p,
+    tile_desc,
+)
 
-
-@triton.jit
-def dense_bwd_preprocess_kernel(
-    Out, DOut, DLse, Delta,
-    stride_ob, stride_os, stride_oh,
-    stride_db, stride_ds, stride_dh,
-    Sq, num_heads_q,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // num_heads_q).to(tl.int64)
-    h = bh % num_heads_q
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < Sq
-    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DOut + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, 1)  # [BLOCK]
-    row = bh.to(tl.int64) * Sq + offs_m
-    if HAS_DLSE:
-        # d lse_i / d s_ij = p_ij, so a gradient on lse enters exactly like -delta
-        delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
-    tl.store(Delta + row, delta, mask=row_ok)
-
-
-@triton.jit
-def _load_row_stats(Lse, Delta, row_base, offs_m, Sq):
-    """lse (to log2 domain) and delta for rows ``offs_m``; fully masked rows get lse2 = +inf.
-
-    why +inf: such a row has lse = -inf, and exp2(s - (-inf)) would be inf; with +inf every p of
-    the row is exp2(-inf) = 0, so it contributes nothing. Rows >= Sq read 0: finite, and their
-    zero-filled q / dO rows make every product vanish.
-    """
-    row_ok = offs_m < Sq
-    lse = tl.load(Lse + row_base + offs_m, mask=row_ok, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
-    return lse2, delta
+#: the one delta preprocess (``core.bwd_preprocess_kernel``), under its old name
+dense_bwd_preprocess_kernel = bwd_preprocess_kernel
+_load_row_stats = load_row_stats  # old name, kept importable
 
 
 @triton.jit
@@ -80,16 +55,12 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
         do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
-        lse2, delta = _load_row_stats(Lse, Delta, row_base, offs_m, Sq)
-        qk_t = tl.dot(k, q.T)  # [BLOCK_N, BLOCK_M]
-        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)
+        p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
-            allowed = _interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
+            allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
             p_t = tl.where(allowed.T, p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
-        dp_t = tl.dot(v, do.T)  # [BLOCK_N, BLOCK_M]
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)  # [BLOCK_N, BLOCK_M]
-        dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, D]
+        dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
         if FUSED_DQ:
             dq_part = tl.dot(ds_t.T, k) * softmax_scale  # [BLOCK_M, D]
             if DQ_TMA:
@@ -118,20 +89,14 @@ def dense_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rank = pid // num_bkv
-    bkv = pid % num_bkv
-    b = bkv // num_heads_kv
-    h_kv = bkv % num_heads_kv
+    rank, b, h_kv = key_program(num_bkv, num_heads_kv)
     tile_n = tl.load(ORDER + rank)
     start_n = tile_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     b64 = b.to(tl.int64)
 
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
     k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
     v = v_desc.load([start_n, 0])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -144,19 +109,13 @@ def dense_bwd_dkdv_kernel(
     # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
     for g in range(0, group_size):
         h = h_kv * group_size + g
-        q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh,
-                                           shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM])
-        do_desc = tl.make_tensor_descriptor(DOut + b64 * stride_db + h * stride_dh,
-                                            shape=[Sq, HEAD_DIM], strides=[stride_ds, 1],
-                                            block_shape=[BLOCK_M, HEAD_DIM])
+        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
         row_base = (b64 * num_heads_q + h) * Sq
         dq_target = DQAcc + b64 * stride_dqab + h * stride_dqah
         if FUSED_DQ:
             if DQ_TMA:
-                dq_target = tl.make_tensor_descriptor(dq_target, shape=[Sq, HEAD_DIM],
-                                                      strides=[stride_dqas, 1],
-                                                      block_shape=[BLOCK_M, HEAD_DIM])
+                dq_target = tile_desc(dq_target, Sq, stride_dqas, BLOCK_M, HEAD_DIM)
         for r in range(f_lo, f_hi):
             dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
@@ -169,12 +128,8 @@ def dense_bwd_dkdv_kernel(
                                    LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
                                    BLOCK_M, HEAD_DIM, True, NUM_IV, FUSED_DQ, DQ_TMA)
 
-    dk_desc = tl.make_tensor_descriptor(DK + b64 * stride_dkb + h_kv * stride_dkh,
-                                        shape=[Sk, HEAD_DIM], strides=[stride_dks, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM])
-    dv_desc = tl.make_tensor_descriptor(DV + b64 * stride_dvb + h_kv * stride_dvh,
-                                        shape=[Sk, HEAD_DIM], strides=[stride_dvs, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM])
+    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM)
+    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM)
     # s = softmax_scale * q.k, so dK picks up the scale once here
     dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
     dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
@@ -187,14 +142,11 @@ def _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
         start_n = n * BLOCK_N
         k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
         v = v_desc.load([start_n, 0])
-        qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            p = tl.where(_interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-        dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, D]
+            p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+        dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, D]
     return dq
 
 
@@ -213,28 +165,19 @@ def dense_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rank = pid // num_bh
-    bh = pid % num_bh
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
+    rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     b64 = b.to(tl.int64)
 
-    q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DOut + b64 * stride_db + h * stride_dh, shape=[Sq, HEAD_DIM],
-                                        strides=[stride_ds, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
     q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
     do = do_desc.load([start_m, 0])
-    lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
+    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
@@ -245,6 +188,5 @@ def dense_bwd_dq_kernel(
             dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
                          tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV)
 
-    dq_desc = tl.make_tensor_descriptor(DQ + b64 * stride_dqb + h * stride_dqh, shape=[Sq, HEAD_DIM],
-                                        strides=[stride_dqs, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))

@@ -9,26 +9,21 @@ log2 domain (scores pre-multiplied by ``softmax_scale * log2(e)``, then ``exp2``
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from .core import (
+    LN2,
+    LOG2E,
+    interval_mask,
+    kv_descs,
+    query_program,
+    softmax_finish,
+    softmax_init,
+    softmax_step,
+    tile_desc,
+)
 
+_interval_mask = interval_mask  # old name, kept importable
 
-@triton.jit
-def _interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV: tl.constexpr):
-    """``allowed[i, j] = OR_t lo[i, t] <= j < hi[i, t]`` for rows ``offs_m``, columns ``offs_n``.
-
-    Rows outside ``[0, Sq)`` read empty intervals, so they allow nothing; ``hi <= Sk`` keeps
-    out-of-range keys out. Shape ``[len(offs_m), len(offs_n)]``.
-    """
-    row_ok = offs_m < Sq
-    lo = tl.load(LO + offs_m * NUM_IV, mask=row_ok, other=0)
-    hi = tl.load(HI + offs_m * NUM_IV, mask=row_ok, other=0)
-    allowed = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])
-    for t in tl.static_range(1, NUM_IV):
-        lo = tl.load(LO + offs_m * NUM_IV + t, mask=row_ok, other=0)
-        hi = tl.load(HI + offs_m * NUM_IV + t, mask=row_ok, other=0)
-        allowed = allowed | ((offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]))
-    return allowed
+__all__ = ["dense_fwd_kernel", "LOG2E", "LN2"]
 
 
 @triton.jit
@@ -39,14 +34,7 @@ def _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale,
         start_n = n * BLOCK_N
         k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
         qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-        acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, D]
-        m_i = m_ij
+        acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
     return acc, m_i, l_i
 
 
@@ -59,19 +47,9 @@ def _fwd_part_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = k_desc.load([start_n, 0])
         qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
-        allowed = _interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)
+        allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)
         s = tl.where(allowed, qk * qk_scale, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(s, 1))
-        # why: a row with nothing allowed so far has m_ij = -inf, and -inf - -inf is NaN;
-        # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
-        m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = v_desc.load([start_n, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
+        acc, m_i, l_i = softmax_step(acc, m_i, l_i, s, v_desc, start_n, qk_scale, True, True)
     return acc, m_i, l_i
 
 
@@ -92,29 +70,18 @@ def dense_fwd_kernel(
     # why: batch*head is the fastest-varying index, so the programs running at the same time
     # share a query-tile rank (heaviest first) and the query heads of one GQA group sit next to
     # each other and read the same K/V tiles from L2.
-    pid = tl.program_id(0)
-    rank = pid // num_bh
-    bh = pid % num_bh
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
+    rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
 
     b64 = b.to(tl.int64)
-    q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(Out + b64 * stride_ob + h * stride_oh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_os, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc, m_i, l_i = softmax_init(BLOCK_M, HEAD_DIM)
     # rows >= Sq are zero-filled by the descriptor load: finite scores, never stored
     q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
 
@@ -131,9 +98,6 @@ def dense_fwd_kernel(
                                           offs_m, LO, HI, Sq, BLOCK_N, NUM_IV)
 
     # fully masked rows (l_i == 0): out = 0, lse = -inf
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    out, lse = softmax_finish(acc, m_i, l_i)
     o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
     tl.store(Lse + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)

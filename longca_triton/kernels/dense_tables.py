@@ -25,12 +25,12 @@ Two fix-ups make the kernels' inner loops cheaper:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 
 import numpy as np
 import torch
+
+from .plan_cache import PlanCache
 
 __all__ = ["TilePlan", "MaskArrays", "build_tile_plan", "get_tile_plan", "mask_arrays"]
 
@@ -191,9 +191,7 @@ def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device) -> T
     )
 
 
-_CACHE: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
-_CACHE_SIZE = 64
-_LOCK = threading.Lock()
+_CACHE = PlanCache(64)
 
 
 def get_tile_plan(mask, block_m: int, block_n: int, device) -> TilePlan:
@@ -202,18 +200,5 @@ def get_tile_plan(mask, block_m: int, block_n: int, device) -> TilePlan:
     The cache holds the mask itself, so its ``id`` cannot be reused while the entry lives. Call
     it once outside any timed region: the first call per key does host work and a copy.
     """
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    key = (id(mask), int(block_m), int(block_n), str(dev))
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and hit[0] is mask:
-            _CACHE.move_to_end(key)
-            return hit[1]
-    plan = build_tile_plan(mask_arrays(mask), int(block_m), int(block_n), dev)
-    with _LOCK:
-        _CACHE[key] = (mask, plan)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return plan
+    return _CACHE.get(mask, (int(block_m), int(block_n)), device,
+                      lambda dev: build_tile_plan(mask_arrays(mask), int(block_m), int(block_n), dev))

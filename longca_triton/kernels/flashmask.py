@@ -43,8 +43,8 @@ Preprocessing (``tile_bounds``, torch ops on the device, ``O(Sk)``): for each ke
 ``BLOCK_N`` columns, the min and max of each vector: 8 int32 per tile
 ``[LTS_min, LTS_max, LTE_min, LTE_max, UTS_min, UTS_max, UTE_min, UTE_max]``.
 
-At run time (``_classify``), a query tile with rows ``[m0, m1)`` (``m1`` clipped to ``Sq``)
-against a key tile is
+At run time (``_classify``, ``flashmask_fwd.py``), a query tile with rows ``[m0, m1)`` (``m1``
+clipped to ``Sq``) against a key tile is
 
 * **EMPTY** (skipped: no load, no matmul) when one interval covers the rows in every column:
   ``m0 >= LTS_max and m1 <= LTE_min``, or the same with ``UTS/UTE``;
@@ -80,7 +80,7 @@ Tiling
 ------
 * forward (``flashmask_fwd_kernel``): one program per (query tile, query head), heaviest query
   tiles first (the last ones, for causal-like masks); online softmax in fp32.
-* backward: ``delta`` preprocess (shared with the dense kernel); key-major dK/dV
+* backward: ``delta`` preprocess (``core.bwd_preprocess_kernel``, shared); key-major dK/dV
   (``flashmask_bwd_dkdv_kernel``), one program per (key tile, KV head) looping over the ``G``
   query heads of the group and over all query tiles, so dK/dV accumulate in registers (no
   atomics); the program's column vectors are loaded once; query-major dQ
@@ -93,33 +93,40 @@ lse read as 0) contribute nothing to dK/dV; key columns past ``Sk`` are masked i
 Entry point: ``flashmask_attention(q, k, v, mask_or_columns, softmax_scale=None,
 return_lse=False, config=None)`` with a ``RangeMask`` (lowered by ``flashmask_columns``) or a
 ``FlashMaskColumns``. Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``.
+
+Files: ``flashmask_fwd.py`` (forward kernel, tile classification), ``flashmask_bwd.py`` (dK/dV,
+dQ), ``flashmask_plan.py`` (columns on the device, tile bounds, cache); shared pieces in
+``core.py``; this file: configs, launchers, autograd and the public function.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 import triton
-import triton.language as tl
 
-from longca_triton.masks.ir import BlockSparseMask, RangeMask
-from longca_triton.masks.lowerings import FlashMaskColumns, NotExpressible, flashmask_columns
+from longca_triton.masks.ir import RangeMask
 
+from ._autograd import attention_function
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
+from ._runtime import resolve_scale as _resolve_scale
+from .config import ConfigSpec
+from .config import resolve as _resolve
 from .dense import SUPPORTED_HEAD_DIMS, launch_bwd_preprocess
-from .dense_bwd import _load_row_stats
+from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel
+from .flashmask_fwd import flashmask_classify_kernel, flashmask_fwd_kernel
+from .flashmask_plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
 
 __all__ = [
     "flashmask_attention", "FlashMaskAttentionFunction", "FlashMaskPlan", "flashmask_plan",
     "default_config", "resolve_config", "tile_bounds", "classify_tiles", "flashmask_fwd",
     "flashmask_bwd", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS", "EMPTY", "PARTIAL", "FULL",
+    "flashmask_fwd_kernel", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel",
+    "flashmask_classify_kernel",
 ]
 
 LOG2E = 1.4426950408889634
@@ -170,484 +177,16 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
                 DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=8, dq_num_stages=2)
 
 
-def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None) -> dict:
-    """``default_config`` overlaid with ``config``; unknown keys and bad tiles raise ValueError."""
-    cfg = default_config(head_dim, dtype)
-    if config:
-        unknown = set(config) - set(CONFIG_KEYS)
-        if unknown:
-            raise ValueError(f"unknown flashmask config keys {sorted(unknown)}; "
-                             f"known: {list(CONFIG_KEYS)}")
-        cfg.update(config)
-    for key in ("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"):
-        val = int(cfg[key])
-        if val < 16 or val & (val - 1):
-            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {cfg[key]}")
-        cfg[key] = val
-    return cfg
+_SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
+                   tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
+                   tuned_name="flashmask-triton")
 
 
-# ----------------------------------------------------------------------------------------------
-# Kernels: shared pieces
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _classify(Bounds, tile_m, tile_n, Sq, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
-    """``(run, masked)`` for query tile ``tile_m`` against key tile ``tile_n``: FlashMask's test.
-
-    ``run`` is False for an EMPTY tile (skip it); ``masked`` says a visited tile is PARTIAL.
-    ``Bounds`` holds the 8 per-key-tile min/max of ``LTS, LTE, UTS, UTE`` (module docstring).
-    """
-    m0 = tile_m * BLOCK_M
-    # rows past Sq do not exist: they must not stop a tile from being EMPTY
-    m1 = tl.minimum(m0 + BLOCK_M, Sq)
-    b = Bounds + tile_n * 8
-    # start from "not empty" (a tile always has a row), as a scalar tensor of the right type
-    empty = m1 <= m0
-    # a key tile running past Sk is never FULL: its padding keys need the element mask
-    masked = (tile_n + 1) * BLOCK_N > Sk
-    if HAS_LT:
-        lts_min = tl.load(b + 0)
-        lts_max = tl.load(b + 1)
-        lte_min = tl.load(b + 2)
-        lte_max = tl.load(b + 3)
-        empty = empty | ((m0 >= lts_max) & (m1 <= lte_min))
-        masked = masked | ((m1 > lts_min) & (m0 < lte_max))
-    if HAS_UT:
-        uts_min = tl.load(b + 4)
-        uts_max = tl.load(b + 5)
-        ute_min = tl.load(b + 6)
-        ute_max = tl.load(b + 7)
-        empty = empty | ((m0 >= uts_max) & (m1 <= ute_min))
-        masked = masked | ((m1 > uts_min) & (m0 < ute_max))
-    return ~empty, masked
-
-
-@triton.jit
-def _next_run(Bounds, start, num_tiles, fixed_tile, Sq, Sk,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEY_MAJOR: tl.constexpr,
-              HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
-    """``[lo, hi)``: the next run of non-EMPTY tiles at or after tile ``start``.
-
-    Walks the tiles one by one with ``_classify``: the EMPTY ones before the run are skipped
-    (never loaded), the run stops at the next EMPTY tile or at ``num_tiles``; ``lo == hi ==
-    num_tiles`` when nothing is left. The walk is over key tiles against query tile
-    ``fixed_tile``, or, with ``KEY_MAJOR`` (dK/dV), over query tiles against key tile
-    ``fixed_tile``.
-    """
-    lo = start
-    scanning = lo < num_tiles
-    while scanning:
-        if KEY_MAJOR:
-            run, _ = _classify(Bounds, lo, fixed_tile, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-        else:
-            run, _ = _classify(Bounds, fixed_tile, lo, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-        lo = tl.where(run, lo, lo + 1)
-        scanning = (~run) & (lo < num_tiles)
-    hi = lo
-    scanning = hi < num_tiles
-    while scanning:
-        if KEY_MAJOR:
-            run, _ = _classify(Bounds, hi, fixed_tile, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-        else:
-            run, _ = _classify(Bounds, fixed_tile, hi, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-        hi = tl.where(run, hi + 1, hi)
-        scanning = run & (hi < num_tiles)
-    return lo, hi
-
-
-@triton.jit
-def _load_columns(Cols, offs_n, Sk):
-    """The column vectors ``LTS, LTE, UTS, UTE`` (``Cols`` is int32 ``[4, Sk]``) and ``col_ok``."""
-    col_ok = offs_n < Sk
-    lts = tl.load(Cols + offs_n, mask=col_ok, other=0)
-    lte = tl.load(Cols + Sk + offs_n, mask=col_ok, other=0)
-    uts = tl.load(Cols + 2 * Sk + offs_n, mask=col_ok, other=0)
-    ute = tl.load(Cols + 3 * Sk + offs_n, mask=col_ok, other=0)
-    return lts, lte, uts, ute, col_ok
-
-
-@triton.jit
-def _allowed(rows, col_ok, lts, lte, uts, ute, HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
-    """FlashMask's element mask: row not in ``[LTS, LTE)`` nor in ``[UTS, UTE)`` of its column.
-
-    The arguments come pre-broadcast: ``rows`` along one axis, the column vectors along the
-    other (``[M, 1]`` and ``[1, N]`` in the forward and dQ, ``[1, M]`` and ``[N, 1]`` in the
-    transposed dK/dV), so the result is ``[M, N]`` or ``[N, M]``.
-    """
-    # rows >= 0 always holds: it only broadcasts col_ok to the full tile shape
-    allowed = col_ok & (rows >= 0)
-    if HAS_LT:
-        allowed = allowed & ((rows < lts) | (rows >= lte))
-    if HAS_UT:
-        allowed = allowed & ((rows < uts) | (rows >= ute))
-    return allowed
-
-
-# ----------------------------------------------------------------------------------------------
-# Forward
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def flashmask_fwd_kernel(
-    Q, K, V, Out, Lse, Cols, Bounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ob, stride_os, stride_oh,
-    qk_scale,  # softmax_scale * log2(e)
-    Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
-):
-    # why: batch*head is the fastest-varying index, so the query heads of one GQA group run side
-    # by side and read the same K/V tiles from L2; query tiles go last-first, because under
-    # causal-like masks the last query tiles have the most non-EMPTY key tiles.
-    pid = tl.program_id(0)
-    rank = pid // num_bh
-    bh = pid % num_bh
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
-    num_m = tl.cdiv(Sq, BLOCK_M)
-    num_n = tl.cdiv(Sk, BLOCK_N)
-    tile_m = num_m - 1 - rank
-    start_m = tile_m * BLOCK_M
-
-    b64 = b.to(tl.int64)
-    q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(Out + b64 * stride_ob + h * stride_oh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_os, 1], block_shape=[BLOCK_M, HEAD_DIM])
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # rows >= Sq are zero-filled by the descriptor load: finite scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-
-    # every key tile is classified; EMPTY ones are skipped, the others come in runs of
-    # consecutive tiles
-    # why runs: Triton pipelines the K/V loads of a loop only when they are not under an `if`,
-    # so the skip happens between the runs and each run is a plain pipelined loop
-    n_next = tl.full([], 0, tl.int32)
-    while n_next < num_n:
-        n_lo, n_hi = _next_run(Bounds, n_next, num_n, tile_m, Sq, Sk, BLOCK_M, BLOCK_N, False,
-                               HAS_LT, HAS_UT)
-        for n in tl.range(n_lo, n_hi):
-            _, masked = _classify(Bounds, tile_m, n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-            start_n = n * BLOCK_N
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-            qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
-            if masked:
-                # why here and not with K: loaded for every tile, the column vectors were
-                # pipelined into registers and spilled (sm_90, D >= 64); under the `if` only
-                # PARTIAL tiles load them (4 * BLOCK_N int32, unpipelined, from L2)
-                lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
-                allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
-                                   uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
-                qk = tl.where(allowed, qk, float("-inf"))
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
-            # why: a row with nothing allowed so far has m_ij = -inf, and -inf - -inf is NaN;
-            # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
-            m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-            p = tl.math.exp2(qk * qk_scale - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
-            alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-            acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, D]
-            m_i = m_ij
-        n_next = n_hi
-
-    # fully masked rows (l_i == 0): out = 0, lse = -inf
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    # back to the natural log: * ln(2) (a literal, since jit code reads no plain Python globals)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
-    tl.store(Lse + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-
-
-# ----------------------------------------------------------------------------------------------
-# Backward: dK/dV (key-major) and dQ (query-major); delta comes from the dense preprocess kernel
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def flashmask_bwd_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, Cols, Bounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    tile_n = pid // num_bkv
-    bkv = pid % num_bkv
-    b = bkv // num_heads_kv
-    h_kv = bkv % num_heads_kv
-    start_n = tile_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    num_m = tl.cdiv(Sq, BLOCK_M)
-    b64 = b.to(tl.int64)
-
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-    v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-    # the program's key tile is fixed: its column vectors are loaded once, as [BLOCK_N, 1]
-    # columns of the transposed [BLOCK_N, BLOCK_M] tiles below
-    lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)
-    lts = lts[:, None]
-    lte = lte[:, None]
-    uts = uts[:, None]
-    ute = ute[:, None]
-    col_ok = col_ok[:, None]
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-
-    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
-    for g in range(0, group_size):
-        h = h_kv * group_size + g
-        q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh,
-                                           shape=[Sq, HEAD_DIM], strides=[stride_qs, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM])
-        do_desc = tl.make_tensor_descriptor(DOut + b64 * stride_db + h * stride_dh,
-                                            shape=[Sq, HEAD_DIM], strides=[stride_ds, 1],
-                                            block_shape=[BLOCK_M, HEAD_DIM])
-        row_base = (b64 * num_heads_q + h) * Sq
-        # every query tile is classified against this key tile; EMPTY ones are skipped, the
-        # others run in pipelined loops (see the forward)
-        m_next = tl.full([], 0, tl.int32)
-        while m_next < num_m:
-            m_lo, m_hi = _next_run(Bounds, m_next, num_m, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, True,
-                                   HAS_LT, HAS_UT)
-            for mt in tl.range(m_lo, m_hi):
-                _, masked = _classify(Bounds, mt, tile_n, Sq, Sk, BLOCK_M, BLOCK_N,
-                                      HAS_LT, HAS_UT)
-                start_m = mt * BLOCK_M
-                offs_m = start_m + tl.arange(0, BLOCK_M)
-                q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-                do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
-                lse2, delta = _load_row_stats(Lse, Delta, row_base, offs_m, Sq)  # [BLOCK_M] each
-                qk_t = tl.dot(k, q.T)  # [BLOCK_N, BLOCK_M]
-                p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
-                if masked:
-                    allowed_t = _allowed(offs_m[None, :], col_ok, lts, lte, uts, ute,
-                                         HAS_LT, HAS_UT)  # [BLOCK_N, BLOCK_M]
-                    p_t = tl.where(allowed_t, p_t, 0.0)
-                dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
-                dp_t = tl.dot(v, do.T)  # [BLOCK_N, BLOCK_M]
-                ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)  # [BLOCK_N, BLOCK_M]
-                dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, D]
-            m_next = m_hi
-
-    dk_desc = tl.make_tensor_descriptor(DK + b64 * stride_dkb + h_kv * stride_dkh,
-                                        shape=[Sk, HEAD_DIM], strides=[stride_dks, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM])
-    dv_desc = tl.make_tensor_descriptor(DV + b64 * stride_dvb + h_kv * stride_dvh,
-                                        shape=[Sk, HEAD_DIM], strides=[stride_dvs, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM])
-    # s = softmax_scale * q.k, so dK picks up the scale once here
-    dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
-    dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
-
-
-@triton.jit
-def flashmask_bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, Cols, Bounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dqb, stride_dqs, stride_dqh,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    rank = pid // num_bh
-    bh = pid % num_bh
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
-    num_m = tl.cdiv(Sq, BLOCK_M)
-    num_n = tl.cdiv(Sk, BLOCK_N)
-    tile_m = num_m - 1 - rank  # heaviest (last) query tiles first, as in the forward
-    start_m = tile_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    b64 = b.to(tl.int64)
-
-    q_desc = tl.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, shape=[Sq, HEAD_DIM],
-                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DOut + b64 * stride_db + h * stride_dh, shape=[Sq, HEAD_DIM],
-                                        strides=[stride_ds, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, shape=[Sk, HEAD_DIM],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-    do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
-    lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-
-    # runs of non-EMPTY key tiles, as in the forward
-    n_next = tl.full([], 0, tl.int32)
-    while n_next < num_n:
-        n_lo, n_hi = _next_run(Bounds, n_next, num_n, tile_m, Sq, Sk, BLOCK_M, BLOCK_N, False,
-                               HAS_LT, HAS_UT)
-        for n in tl.range(n_lo, n_hi):
-            _, masked = _classify(Bounds, tile_m, n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-            start_n = n * BLOCK_N
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-            v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-            qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
-            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-            if masked:
-                lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
-                allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
-                                   uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
-                p = tl.where(allowed, p, 0.0)
-            dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
-            ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
-            dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, D]
-        n_next = n_hi
-
-    dq_desc = tl.make_tensor_descriptor(DQ + b64 * stride_dqb + h * stride_dqh, shape=[Sq, HEAD_DIM],
-                                        strides=[stride_dqs, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
-
-
-@triton.jit
-def flashmask_classify_kernel(Bounds, Out, Sq, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
-    """The classification alone (``classify_tiles``): one program per (query tile, key tile)."""
-    tile_m = tl.program_id(0)
-    tile_n = tl.program_id(1)
-    run, masked = _classify(Bounds, tile_m, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-    cls = tl.where(run, tl.where(masked, 1, 2), 0)  # EMPTY 0, PARTIAL 1, FULL 2
-    tl.store(Out + tile_m * tl.num_programs(1) + tile_n, cls.to(tl.int8))
-
-
-# ----------------------------------------------------------------------------------------------
-# Preprocessing: columns on the device and the per-tile min/max
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FlashMaskPlan:
-    """Device metadata of one mask: the normalised columns and, per ``BLOCK_N``, the tile bounds."""
-
-    seqlen_q: int
-    seqlen_k: int
-    cols: torch.Tensor  # int32 [4, Sk]: LTS, LTE, UTS, UTE
-    has_lt: bool
-    has_ut: bool
-    bounds: dict  # BLOCK_N -> int32 [cdiv(Sk, BLOCK_N), 8]
-
-    def bounds_for(self, block_n: int) -> torch.Tensor:
-        if block_n not in self.bounds:
-            self.bounds[block_n] = tile_bounds(self.cols, block_n)
-        return self.bounds[block_n]
-
-
-def _normalised_columns(cols: FlashMaskColumns, seqlen_q: int, device) -> torch.Tensor:
-    """int32 ``[4, Sk]`` on ``device``: clipped to ``[0, Sq]``; empty LT -> ``[Sq, Sq)``, empty UT
-    -> ``[0, 0)`` (the same mask; the tile min/max are then as tight as the mask allows)."""
-    t = torch.stack([torch.as_tensor(np.asarray(getattr(cols, n)), dtype=torch.int64)
-                     for n in ("lts", "lte", "uts", "ute")]).to(device)
-    t = t.clamp_(0, seqlen_q)
-    lts, lte, uts, ute = t.unbind(0)
-    lt_empty = lte <= lts
-    ut_empty = ute <= uts
-    lts = torch.where(lt_empty, seqlen_q, lts)
-    lte = torch.where(lt_empty, seqlen_q, lte)
-    uts = torch.where(ut_empty, 0, uts)
-    ute = torch.where(ut_empty, 0, ute)
-    return torch.stack([lts, lte, uts, ute]).to(torch.int32).contiguous()
-
-
-def tile_bounds(cols: torch.Tensor, block_n: int) -> torch.Tensor:
-    """FlashMask's preprocessing: per key tile of ``block_n`` columns, int32 ``[num_tiles, 8]``
-    ``[LTS_min, LTS_max, LTE_min, LTE_max, UTS_min, UTS_max, UTE_min, UTE_max]``.
-
-    ``cols`` is int32 ``[4, Sk]`` (LTS, LTE, UTS, UTE). Torch ops on ``cols``' device, ``O(Sk)``.
-    The ragged last tile is padded with its last real column, which leaves min and max unchanged.
-    """
-    sk = cols.shape[1]
-    num_n = triton.cdiv(sk, block_n)
-    if num_n == 0:
-        return torch.zeros((0, 8), dtype=torch.int32, device=cols.device)
-    pad = num_n * block_n - sk
-    if pad:
-        cols = torch.cat([cols, cols[:, -1:].expand(4, pad)], dim=1)
-    t = cols.reshape(4, num_n, block_n)
-    mm = torch.stack([t.amin(dim=2), t.amax(dim=2)], dim=2)  # [4, num_n, 2]
-    return mm.permute(1, 0, 2).reshape(num_n, 8).to(torch.int32).contiguous()
-
-
-def _columns_of(mask_or_columns) -> FlashMaskColumns:
-    if isinstance(mask_or_columns, FlashMaskColumns):
-        return mask_or_columns
-    if isinstance(mask_or_columns, BlockSparseMask):
-        raise NotExpressible("FlashMask columns need a RangeMask; block-sparse masks are not "
-                             "column intervals")
-    if isinstance(mask_or_columns, RangeMask):
-        return flashmask_columns(mask_or_columns)  # raises NotExpressible with the column
-    raise ValueError(f"mask_or_columns must be a RangeMask or FlashMaskColumns, got "
-                     f"{type(mask_or_columns).__name__}")
-
-
-def flashmask_plan(mask_or_columns, seqlen_q: int, device) -> FlashMaskPlan:
-    """The device metadata for a ``RangeMask`` or ``FlashMaskColumns``, cached on the columns
-    (so, for a mask, on the mask: its lowering is cached there) per device and ``Sq``."""
-    cols = _columns_of(mask_or_columns)
-    sk = len(cols.lts)
-    if not (len(cols.lte) == len(cols.uts) == len(cols.ute) == sk):
-        raise ValueError("FlashMaskColumns vectors have different lengths: "
-                         f"{len(cols.lts)}, {len(cols.lte)}, {len(cols.uts)}, {len(cols.ute)}")
-    # a frozen dataclass without slots still has a __dict__ to hang a cache on
-    cache = cols.__dict__.setdefault("_triton_plans", {})
-    key = (str(torch.device(device)), int(seqlen_q))
-    if key not in cache:
-        t = _normalised_columns(cols, int(seqlen_q), device)
-        has_lt = bool((t[1] > t[0]).any().item())
-        has_ut = bool((t[3] > t[2]).any().item())
-        cache[key] = FlashMaskPlan(int(seqlen_q), sk, t, has_lt, has_ut, {})
-    return cache[key]
-
-
-def classify_tiles(plan: FlashMaskPlan, block_m: int, block_n: int) -> torch.Tensor:
-    """int8 ``[cdiv(Sq, block_m), cdiv(Sk, block_n)]`` of ``EMPTY / PARTIAL / FULL``, computed by
-    the kernels' own ``_classify`` (a Triton launch: CUDA, or the interpreter on a CPU)."""
-    num_m, num_n = triton.cdiv(plan.seqlen_q, block_m), triton.cdiv(plan.seqlen_k, block_n)
-    out = torch.empty((num_m, num_n), dtype=torch.int8, device=plan.cols.device)
-    if num_m * num_n:
-        flashmask_classify_kernel[(num_m, num_n)](
-            plan.bounds_for(block_n), out, plan.seqlen_q, plan.seqlen_k, BLOCK_M=block_m,
-            BLOCK_N=block_n, HAS_LT=plan.has_lt, HAS_UT=plan.has_ut)
-    return out
+def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
+                   mask=None) -> dict:
+    """``config``, else (given ``q, k, mask``) the autotune cache's entry, overlaid on
+    ``default_config``; unknown keys and bad tiles raise ValueError (``config.resolve``)."""
+    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -741,26 +280,14 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
 # ----------------------------------------------------------------------------------------------
 
 
-class FlashMaskAttentionFunction(torch.autograd.Function):
-    """``(q, k, v) -> (out, lse)`` with the plan and config carried as non-tensor arguments."""
+def _fm_bwd(dout, dlse, q, k, v, out, lse, plan, softmax_scale, cfg):
+    return flashmask_bwd(dout, q, k, v, out, lse, plan, softmax_scale, cfg, dlse=dlse)
 
-    @staticmethod
-    def forward(ctx, q, k, v, plan, softmax_scale, cfg):
-        out, lse = flashmask_fwd(q, k, v, plan, softmax_scale, cfg)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan = plan
-        ctx.softmax_scale = softmax_scale
-        ctx.cfg = cfg
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = flashmask_bwd(dout, q, k, v, out, lse, ctx.plan, ctx.softmax_scale, ctx.cfg,
-                                   dlse=dlse)
-        return dq, dk, dv, None, None, None
+#: ``apply(q, k, v, plan, softmax_scale, cfg) -> (out, lse)``
+FlashMaskAttentionFunction = attention_function(
+    "FlashMaskAttentionFunction", flashmask_fwd, _fm_bwd,
+    """``(q, k, v) -> (out, lse)`` with the plan and config carried as non-tensor arguments.""")
 
 
 def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_or_columns,
@@ -781,12 +308,9 @@ def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_
         raise ValueError("mask and its columns disagree on Sk")  # pragma: no cover - IR invariant
     _check_inputs(q, k, v, sq_mask, len(cols.lts))
     d = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    softmax_scale = float(softmax_scale)
-    if not softmax_scale > 0 or math.isinf(softmax_scale):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    cfg = resolve_config(d, q.dtype, config)
+    softmax_scale = _resolve_scale(softmax_scale, d)
+    cfg = resolve_config(d, q.dtype, config, q=q, k=k,
+                         mask=mask_or_columns if isinstance(mask_or_columns, RangeMask) else None)
     plan = flashmask_plan(cols, q.shape[1], q.device)
     out, lse = FlashMaskAttentionFunction.apply(q, k, v, plan, softmax_scale, cfg)
     return (out, lse) if return_lse else out

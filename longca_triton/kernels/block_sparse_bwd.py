@@ -1,0 +1,134 @@
+"""Block-sparse backward kernels: key-major dK/dV and query-major dQ (see
+``longca_triton/kernels/block_sparse.py``); delta comes from ``core.bwd_preprocess_kernel``."""
+
+import triton
+import triton.language as tl
+
+from .block_sparse_fwd import _pack_program
+from .core import dkdv_update, dq_update, key_program, kv_descs, lse_log2, recompute_p
+
+__all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"]
+
+
+@triton.jit
+def block_sparse_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    rank, b, h_kv = key_program(num_bkv, num_heads_kv)
+    tile = tl.load(ORDER + rank)
+    n_start = tl.load(ROW_START + tile)
+    n_end = tl.load(ROW_END + tile)
+    blk = tl.load(ROW_BLOCK + tile)
+    b64 = b.to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+    # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
+    k = k_desc.load([n_start, 0])  # [BLOCK_N, D]
+    v = v_desc.load([n_start, 0])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    offs_r = tl.arange(0, HEADS * BLOCK_M)
+    r_head = offs_r // BLOCK_M
+    r_pos = offs_r % BLOCK_M
+    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+    for g in range(0, group_size, HEADS):
+        h0 = h_kv * group_size + g
+        pat = h0 // heads_per_pattern
+        head = h0 + r_head  # [HM]
+        q_rows = Q + b64 * stride_qb + head * stride_qh
+        do_rows = DOut + b64 * stride_db + head * stride_dh
+        stat_rows = (b64 * num_heads_q + head) * Sq
+        e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+        e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+        for e in tl.range(e_lo, e_hi):
+            pos = tl.load(COL_START + e) + r_pos  # [HM]
+            if EVEN_M:
+                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :])  # [HM, D]
+                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :])
+                lse = tl.load(Lse + stat_rows + pos)
+                delta = tl.load(Delta + stat_rows + pos)
+            else:
+                # rows past the sub-tile's end belong to another block: zero q / dO and
+                # lse = +inf make their p (and so every product) exactly zero
+                ok = pos < tl.load(COL_END + e)
+                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :],
+                            mask=ok[:, None], other=0.0)
+                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :],
+                             mask=ok[:, None], other=0.0)
+                lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
+                delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
+            p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
+            dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_end
+    # s = softmax_scale * q.k, so dK picks up the scale once here
+    dk_ptrs = DK + b64 * stride_dkb + h_kv * stride_dkh + offs_n.to(tl.int64) * stride_dks
+    dv_ptrs = DV + b64 * stride_dvb + h_kv * stride_dvh + offs_n.to(tl.int64) * stride_dvs
+    tl.store(dk_ptrs[:, None] + offs_d[None, :], (dk * softmax_scale).to(DK.dtype.element_ty),
+             mask=n_ok[:, None])
+    tl.store(dv_ptrs[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+
+
+@triton.jit
+def block_sparse_bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
+        BLOCK_M, HEADS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    pos64 = pos.to(tl.int64)
+    q = tl.load((Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs)[:, None] + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [HM, D]
+    do = tl.load((DOut + b64 * stride_db + head * stride_dh + pos64 * stride_ds)[:, None]
+                 + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    stat = (b64 * num_heads_q + head) * Sq + pos
+    lse = tl.load(Lse + stat, mask=row_ok, other=float("inf"))
+    # rows outside the tile (and, defensively, rows that attend nothing) get lse2 = +inf: p = 0
+    lse2 = lse_log2(lse)
+    delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
+
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+    dq = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
+    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    for e in tl.range(e_lo, e_hi):
+        start_n = tl.load(COL_START + e)
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        v = v_desc.load([start_n, 0])
+        p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
+        if not EVEN_N:
+            end_n = tl.load(COL_END + e)
+            p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
+        dq = dq_update(dq, p, do, v, k, delta)  # [HM, D]
+
+    dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
+    tl.store(dq_ptrs[:, None] + offs_d[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])

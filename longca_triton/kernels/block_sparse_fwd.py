@@ -1,0 +1,84 @@
+"""Block-sparse forward kernel (see ``longca_triton/kernels/block_sparse.py`` for the math and
+the tiling): one program per (row tile, head pack), online softmax over the tile's key list."""
+
+import triton
+import triton.language as tl
+
+from .core import kv_descs, softmax_finish, softmax_init, softmax_step
+
+__all__ = ["block_sparse_fwd_kernel", "_pack_program"]
+
+
+@triton.jit
+def _pack_program(ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size,
+                  heads_per_pattern, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
+    """A query-major program's row tile: ``(b, h0, h_kv, pat, head, pos, row_ok, blk)``.
+
+    The tile's rows are ``HEADS`` heads x ``BLOCK_M`` positions: ``head, pos, row_ok`` are
+    ``[HEADS * BLOCK_M]``; ``blk`` is the query block whose key list the tile walks.
+    why: the head pack is the fastest-varying index, so programs running together share a row
+    tile (heaviest first) and the heads of one GQA group read the same K/V tiles from L2.
+    """
+    pid = tl.program_id(0)
+    rank = pid // num_packs
+    pack = pid % num_packs
+    packs_per_batch = num_heads_q // HEADS
+    b = pack // packs_per_batch
+    h0 = (pack % packs_per_batch) * HEADS
+    h_kv = h0 // group_size
+    pat = h0 // heads_per_pattern
+    tile = tl.load(ORDER + rank)
+    m_start = tl.load(ROW_START + tile)
+    m_end = tl.load(ROW_END + tile)
+    blk = tl.load(ROW_BLOCK + tile)
+    offs_r = tl.arange(0, HEADS * BLOCK_M)
+    head = h0 + offs_r // BLOCK_M
+    pos = m_start + offs_r % BLOCK_M
+    row_ok = pos < m_end
+    return b, h0, h_kv, pat, head, pos, row_ok, blk
+
+
+@triton.jit
+def block_sparse_fwd_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+    qk_scale,  # softmax_scale * log2(e)
+    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
+):
+    b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
+        BLOCK_M, HEADS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
+    pos64 = pos.to(tl.int64)
+    q_ptrs = Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs
+    q = tl.load(q_ptrs[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [HM, D]
+
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+
+    acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, HEAD_DIM)
+    e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+    e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
+        start_n = tl.load(COL_START + e)
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
+        if not EVEN_N:
+            # a ragged tile: keys past its end belong to another block (or lie past Sk)
+            end_n = tl.load(COL_END + e)
+            qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
+        # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
+        acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
+
+    # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
+    out, lse = softmax_finish(acc, m_i, l_i)
+    o_ptrs = Out + b64 * stride_ob + head * stride_oh + pos64 * stride_os
+    tl.store(o_ptrs[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(Lse + (b64 * num_heads_q + head) * Sq + pos, lse, mask=row_ok)

@@ -1,0 +1,231 @@
+"""The ``@triton.jit`` pieces shared by the dense, FlashMask and block-sparse kernels.
+
+Triton inlines ``@triton.jit`` helper calls, so a kernel built from these compiles to the same
+code as one that spells them out: each helper is one stretch of a kernel's loop body, in the
+kernels' order of operations. Variants are switched by ``tl.constexpr`` arguments.
+
+Conventions (see ``dense.py`` for the math): scores in the log2 domain (``qk_scale =
+softmax_scale * log2(e)``, ``exp2``), fp32 accumulators, natural-log lse ``[B, Hq, Sq]``.
+Also here: the one ``delta`` preprocess kernel of the three backward passes.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def tile_desc(base, rows, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Tensor descriptor over the ``[rows, HEAD_DIM]`` matrix of one head at ``base`` (row
+    stride ``stride_s``, unit last stride), read or written in ``[BLOCK, HEAD_DIM]`` tiles."""
+    return tl.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[stride_s, 1],
+                                     block_shape=[BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def query_program(num_bh, num_heads_q, group_size):
+    """``(rank, bh, b, h, h_kv)`` of a query-major program (one query tile of one query head).
+
+    why: batch*head is the fastest-varying index, so the programs running at the same time share
+    a query-tile rank (heaviest first) and the query heads of one GQA group sit next to each
+    other and read the same K/V tiles from L2.
+    """
+    pid = tl.program_id(0)
+    rank = pid // num_bh
+    bh = pid % num_bh
+    b = bh // num_heads_q
+    h = bh % num_heads_q
+    h_kv = h // group_size
+    return rank, bh, b, h, h_kv
+
+
+@triton.jit
+def key_program(num_bkv, num_heads_kv):
+    """``(rank, b, h_kv)`` of a key-major dK/dV program (one key tile of one KV head)."""
+    pid = tl.program_id(0)
+    rank = pid // num_bkv
+    bkv = pid % num_bkv
+    b = bkv // num_heads_kv
+    h_kv = bkv % num_heads_kv
+    return rank, b, h_kv
+
+
+@triton.jit
+def kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
+             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The K and V descriptors of KV head ``h_kv`` of batch entry ``b64``, in ``[BLOCK_N, D]`` tiles."""
+    k_desc = tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM)
+    v_desc = tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM)
+    return k_desc, v_desc
+
+
+@triton.jit
+def interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV: tl.constexpr):
+    """``allowed[i, j] = OR_t lo[i, t] <= j < hi[i, t]`` for rows ``offs_m``, columns ``offs_n``.
+
+    Rows outside ``[0, Sq)`` read empty intervals, so they allow nothing; ``hi <= Sk`` keeps
+    out-of-range keys out. Shape ``[len(offs_m), len(offs_n)]``.
+    """
+    row_ok = offs_m < Sq
+    lo = tl.load(LO + offs_m * NUM_IV, mask=row_ok, other=0)
+    hi = tl.load(HI + offs_m * NUM_IV, mask=row_ok, other=0)
+    allowed = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])
+    for t in tl.static_range(1, NUM_IV):
+        lo = tl.load(LO + offs_m * NUM_IV + t, mask=row_ok, other=0)
+        hi = tl.load(HI + offs_m * NUM_IV + t, mask=row_ok, other=0)
+        allowed = allowed | ((offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]))
+    return allowed
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def softmax_init(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """``(acc [ROWS, D], m_i [ROWS], l_i [ROWS])`` of an online softmax: 0, -inf, 0 (fp32)."""
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale,
+                 PRESCALED: tl.constexpr, GUARD_EMPTY: tl.constexpr):
+    """One online-softmax step: fold the scores ``qk [BLOCK_M, BLOCK_N]`` of the key tile at
+    ``start_n`` into ``acc [BLOCK_M, D]``, row max ``m_i`` and row sum ``l_i`` (log2 domain).
+
+    ``qk`` is the raw ``q . k`` (masked entries ``-inf``), or, with ``PRESCALED``, already times
+    ``qk_scale``. ``GUARD_EMPTY`` (masked tiles): a row may have nothing allowed yet.
+    """
+    if PRESCALED:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+    else:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
+    if GUARD_EMPTY:
+        # why: a row with nothing allowed so far has m_ij = -inf, and -inf - -inf is NaN;
+        # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
+        m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+    else:
+        m_sub = m_ij
+    if PRESCALED:
+        p = tl.math.exp2(qk - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+    else:
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+    alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, D]
+    return acc, m_ij, l_i
+
+
+@triton.jit
+def softmax_finish(acc, m_i, l_i):
+    """``(out [BLOCK_M, D] fp32, lse [BLOCK_M] natural log)``; fully masked rows (``l_i == 0``)
+    give out = 0, lse = -inf."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    # back to the natural log: * ln(2) (a literal, since jit code reads no plain Python globals)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def bwd_preprocess_kernel(
+    Out, DOut, DLse, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_db, stride_ds, stride_dh,
+    Sq, num_heads_q,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """``delta_i = rowsum(dO_i * O_i) - dlse_i`` (float32 ``[B, Hq, Sq]``), for all three kernels."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // num_heads_q).to(tl.int64)
+    h = bh % num_heads_q
+    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Sq
+    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DOut + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)  # [BLOCK]
+    row = bh.to(tl.int64) * Sq + offs_m
+    if HAS_DLSE:
+        # d lse_i / d s_ij = p_ij, so a gradient on lse enters exactly like -delta
+        delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
+    tl.store(Delta + row, delta, mask=row_ok)
+
+
+@triton.jit
+def lse_log2(lse):
+    """lse to the log2 domain; fully masked rows (lse = -inf) get +inf.
+
+    why +inf: such a row has lse = -inf, and exp2(s - (-inf)) would be inf; with +inf every p of
+    the row is exp2(-inf) = 0, so it contributes nothing.
+    """
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@triton.jit
+def load_row_stats(Lse, Delta, row_base, offs_m, Sq):
+    """lse (to log2 domain, ``lse_log2``) and delta for rows ``offs_m``, ``[BLOCK_M]`` each.
+
+    Rows >= Sq read 0: finite, and their zero-filled q / dO rows make every product vanish.
+    """
+    row_ok = offs_m < Sq
+    lse = tl.load(Lse + row_base + offs_m, mask=row_ok, other=0.0)
+    lse2 = lse_log2(lse)
+    delta = tl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+    return lse2, delta
+
+
+@triton.jit
+def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.constexpr = False):
+    """``P`` recomputed from the forward's lse: ``exp2(a . b^T * qk_scale - lse2)``.
+
+    Query-major (dQ): ``a = q [M, D]``, ``b = k [N, D]``, result ``[M, N]``. ``KEY_MAJOR``
+    (dK/dV): ``a = k``, ``b = q``, result ``P^T [N, M]``. ``LSE_NATURAL``: ``lse2`` is still the
+    natural-log lse (no -inf rows: block-sparse dK/dV), converted here after the matmul.
+    """
+    qk = tl.dot(a, b.T)
+    if KEY_MAJOR:
+        if LSE_NATURAL:
+            p = tl.math.exp2(qk * qk_scale - (lse2 * 1.4426950408889634)[None, :])  # [BLOCK_N, BLOCK_M]
+        else:
+            p = tl.math.exp2(qk * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+    else:
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+    return p
+
+
+@triton.jit
+def dkdv_update(dk, dv, p_t, q, do, v, delta):
+    """Add one query tile into ``dk, dv [BLOCK_N, D]`` (unscaled dK) from the masked ``P^T``;
+    returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a fused dQ."""
+    dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
+    dp_t = tl.dot(v, do.T)  # [BLOCK_N, BLOCK_M]
+    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)  # [BLOCK_N, BLOCK_M]
+    dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, D]
+    return dk, dv, ds_t
+
+
+@triton.jit
+def dq_update(dq, p, do, v, k, delta):
+    """Add one key tile into ``dq [BLOCK_M, D]`` (unscaled) from the masked ``P``."""
+    dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
+    ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+    dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, D]
+    return dq

@@ -1,0 +1,144 @@
+"""FlashMask backward kernels: key-major dK/dV and query-major dQ (see
+``longca_triton/kernels/flashmask.py``); delta comes from ``core.bwd_preprocess_kernel``.
+"""
+
+import triton
+import triton.language as tl
+
+from .core import (
+    dkdv_update,
+    dq_update,
+    key_program,
+    kv_descs,
+    load_row_stats,
+    query_program,
+    recompute_p,
+    tile_desc,
+)
+from .flashmask_fwd import _allowed, _classify, _load_columns, _next_run
+
+__all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"]
+
+
+@triton.jit
+def flashmask_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, Cols, Bounds,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    softmax_scale, qk_scale,
+    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
+):
+    tile_n, b, h_kv = key_program(num_bkv, num_heads_kv)
+    start_n = tile_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    num_m = tl.cdiv(Sq, BLOCK_M)
+    b64 = b.to(tl.int64)
+
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+    k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+    # the program's key tile is fixed: its column vectors are loaded once, as [BLOCK_N, 1]
+    # columns of the transposed [BLOCK_N, BLOCK_M] tiles below
+    lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)
+    lts = lts[:, None]
+    lte = lte[:, None]
+    uts = uts[:, None]
+    ute = ute[:, None]
+    col_ok = col_ok[:, None]
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+    for g in range(0, group_size):
+        h = h_kv * group_size + g
+        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+        row_base = (b64 * num_heads_q + h) * Sq
+        # every query tile is classified against this key tile; EMPTY ones are skipped, the
+        # others run in pipelined loops (see the forward)
+        m_next = tl.full([], 0, tl.int32)
+        while m_next < num_m:
+            m_lo, m_hi = _next_run(Bounds, m_next, num_m, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, True,
+                                   HAS_LT, HAS_UT)
+            for mt in tl.range(m_lo, m_hi):
+                _, masked = _classify(Bounds, mt, tile_n, Sq, Sk, BLOCK_M, BLOCK_N,
+                                      HAS_LT, HAS_UT)
+                start_m = mt * BLOCK_M
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
+                do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
+                lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)  # [BLOCK_M] each
+                p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
+                if masked:
+                    allowed_t = _allowed(offs_m[None, :], col_ok, lts, lte, uts, ute,
+                                         HAS_LT, HAS_UT)  # [BLOCK_N, BLOCK_M]
+                    p_t = tl.where(allowed_t, p_t, 0.0)
+                dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+            m_next = m_hi
+
+    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM)
+    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM)
+    # s = softmax_scale * q.k, so dK picks up the scale once here
+    dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
+    dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def flashmask_bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ, Cols, Bounds,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    softmax_scale, qk_scale,
+    Sq, Sk, num_bh, num_heads_q, group_size,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
+):
+    rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
+    num_m = tl.cdiv(Sq, BLOCK_M)
+    num_n = tl.cdiv(Sk, BLOCK_N)
+    tile_m = num_m - 1 - rank  # heaviest (last) query tiles first, as in the forward
+    start_m = tile_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    b64 = b.to(tl.int64)
+
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
+    do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
+    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # runs of non-EMPTY key tiles, as in the forward
+    n_next = tl.full([], 0, tl.int32)
+    while n_next < num_n:
+        n_lo, n_hi = _next_run(Bounds, n_next, num_n, tile_m, Sq, Sk, BLOCK_M, BLOCK_N, False,
+                               HAS_LT, HAS_UT)
+        for n in tl.range(n_lo, n_hi):
+            _, masked = _classify(Bounds, tile_m, n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
+            start_n = n * BLOCK_N
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+            v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+            p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
+            if masked:
+                lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
+                allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
+                                   uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
+                p = tl.where(allowed, p, 0.0)
+            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, D]
+        n_next = n_hi
+
+    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM)
+    dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
