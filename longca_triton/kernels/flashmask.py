@@ -179,7 +179,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   tuned_name="flashmask-triton")
+                   tuned_name="triton-flashmask")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
