@@ -142,3 +142,10 @@ def resolve_scale(softmax_scale, head_dim: int) -> float:
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"softmax_scale must be a positive finite number, got {scale}")
     return scale
+
+
+def bsh_strides(*tensors: torch.Tensor) -> tuple:
+    """The batch, sequence and head strides of ``[B, S, H, D]`` tensors, flattened in order: what
+    every launcher passes before its tables (the head-dim stride is 1, checked by
+    ``descriptor_ready``)."""
+    return tuple(s for t in tensors for s in t.stride()[:3])

@@ -70,6 +70,7 @@ from typing import Optional
 import torch
 
 from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
+from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
@@ -229,10 +230,7 @@ def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: di
     num_packs = b * hq // heads
     block_sparse_fwd_kernel[(t.num_tiles * num_packs,)](
         q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        *_bsh_strides(q, k, v, out),
         *t.lists(),
         softmax_scale * LOG2E,
         sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
@@ -269,12 +267,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     if "dkdv" in passes:
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
             q, k, v, dout, lse, delta, dk, dv,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            dout.stride(0), dout.stride(1), dout.stride(2),
-            dk.stride(0), dk.stride(1), dk.stride(2),
-            dv.stride(0), dv.stride(1), dv.stride(2),
+            *_bsh_strides(q, k, v, dout, dk, dv),
             *tk.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
@@ -288,11 +281,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     if "dq" in passes:
         block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
             q, k, v, dout, lse, delta, dq,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            dout.stride(0), dout.stride(1), dout.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2),
+            *_bsh_strides(q, k, v, dout, dq),
             *tq.lists(),
             softmax_scale, qk_scale,
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,

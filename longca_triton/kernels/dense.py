@@ -63,6 +63,7 @@ import torch
 import triton
 
 from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
+from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
@@ -173,10 +174,7 @@ def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict, out_dtyp
     grid = (plan.num_m * b * hq,)
     dense_fwd_kernel[grid](
         q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        *_bsh_strides(q, k, v, out),
         plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
@@ -221,8 +219,7 @@ def launch_bwd_preprocess(out, dout, dlse=None, block: int = 64):
     has_dlse = dlse is not None
     dense_bwd_preprocess_kernel[(triton.cdiv(sq, block), b * hq)](
         out, dout, dlse.contiguous() if has_dlse else delta, delta,
-        out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
+        *_bsh_strides(out, dout),
         sq, hq, HEAD_DIM=d, BLOCK=block, HAS_DLSE=has_dlse,
     )
     return delta
@@ -241,12 +238,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
     dqa_strides = dq_acc.stride()[:3] if fused else (0, 0, 0)
     dense_bwd_dkdv_kernel[(plan.num_n * b * hkv,)](
         q, k, v, dout, lse, delta, dk, dv, dqa,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
+        *_bsh_strides(q, k, v, dout, dk, dv),
         *dqa_strides,
         plan.lo, plan.hi, plan.k_order, *plan.k_full, *plan.k_part,
         softmax_scale, softmax_scale * LOG2E,
@@ -264,11 +256,7 @@ def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, 
     sk, hkv = k.shape[1], k.shape[2]
     dense_bwd_dq_kernel[(plan.num_m * b * hq,)](
         q, k, v, dout, lse, delta, dq,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
+        *_bsh_strides(q, k, v, dout, dq),
         plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,

@@ -7,23 +7,10 @@ the same GPU, with the same online softmax and tensor-descriptor loads, as our `
 
 Math
 ----
-For a query head ``h`` (KV head ``h // G`` with ``G = Hq / Hkv``), query row ``i`` and key ``j``::
-
-    s_ij  = softmax_scale * q_i . k_j                      (only where allowed(i, j))
-    lse_i = log sum_{j allowed} exp(s_ij)                  (-inf when row i allows nothing)
-    p_ij  = exp(s_ij - lse_i)
-    o_i   = sum_j p_ij v_j                                 (0 when row i allows nothing)
-
-Backward, with ``dO`` (and optionally ``dlse``)::
-
-    delta_i = sum_d dO_id * o_id - dlse_i
-    dv_j   += sum_i p_ij dO_i
-    ds_ij   = p_ij * (dO_i . v_j - delta_i)
-    dq_i    = softmax_scale * sum_j ds_ij k_j
-    dk_j   += softmax_scale * sum_i ds_ij q_i              (summed over the G heads of a group)
-
-Scores are multiplied by ``softmax_scale * log2(e)`` and exponentiated with ``exp2``; the stored
-lse is the natural log (float32, ``[B, Hq, Sq]``).
+The same as ``dense.py``'s docstring (forward, lse, backward with ``delta = rowsum(dO * O) - dlse``,
+dK/dV summed over a GQA group, fully masked rows giving out 0 and lse ``-inf``); only *which*
+pairs ``(i, j)`` are allowed is described differently. Scores are multiplied by
+``softmax_scale * log2(e)`` and exponentiated with ``exp2``; the stored lse is the natural log.
 
 The column form
 ---------------
@@ -109,6 +96,7 @@ import triton
 from longca_triton.masks.ir import RangeMask
 
 from ._autograd import attention_function
+from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
@@ -218,10 +206,7 @@ def flashmask_fwd(q, k, v, plan: FlashMaskPlan, softmax_scale: float, cfg: dict)
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * b * hq,)
     flashmask_fwd_kernel[grid](
         q, k, v, out, lse, plan.cols, plan.bounds_for(cfg["BLOCK_N"]),
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        *_bsh_strides(q, k, v, out),
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -247,12 +232,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
     delta = launch_bwd_preprocess(out, dout, dlse)  # [B, Hq, Sq] float32
     flashmask_bwd_dkdv_kernel[(triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv,)](
         q, k, v, dout, lse, delta, dk, dv, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
+        *_bsh_strides(q, k, v, dout, dk, dv),
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
@@ -261,11 +241,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
     )
     flashmask_bwd_dq_kernel[(triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq,)](
         q, k, v, dout, lse, delta, dq, plan.cols, plan.bounds_for(cfg["DQ_BLOCK_N"]),
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
+        *_bsh_strides(q, k, v, dout, dq),
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
