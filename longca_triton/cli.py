@@ -288,8 +288,13 @@ def _make(name, seqlen, seed, params):
 
 # the other commands live beside the library code they drive
 from .bench.cli import bench, doctor, plot, report  # noqa: E402
-from .cp.cli import comm_command  # noqa: E402  (importing it also adds `cp` to the bench group)
 from .bench.ladder import ladder_command  # noqa: E402
+from .bench.plot import register_plotter  # noqa: E402
+from .cp.cli import comm_command, cp_bench_command  # noqa: E402
+from .cp.plot import make_cp_plots  # noqa: E402
+
+bench.add_command(cp_bench_command)  # `bench cp`: the CP bench lives beside the CP layer
+register_plotter("cp", make_cp_plots)  # CP rows in a results file get the CP views
 
 for _command in (bench, plot, report, doctor, comm_command, ladder_command):
     main.add_command(_command)
