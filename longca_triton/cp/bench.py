@@ -224,65 +224,27 @@ def _status(e: BaseException) -> str:
     return f"error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
 
 
-class _Timer:
-    def __init__(self, device, group=None):
-        import torch
-
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.torch = torch
-
-    def sync(self):
-        if self.cuda:
-            self.torch.cuda.synchronize(self.device)
-
-    def time_once(self, fn) -> float:
-        torch = self.torch
-        if self.cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize(self.device)
-            return s.elapsed_time(e)
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-
-
 def _measure(fn, warmup: int, rep: int, device) -> dict:
-    """Max-rank median time and the largest peak memory over ranks (every rank calls this)."""
-    import numpy as np
+    """Max-rank median time (the harness's timer over ranks) and the largest peak memory over ranks."""
     import torch
     import torch.distributed as dist
 
-    timer = _Timer(device)
+    from longca_triton.bench.timing import time_fn
+
+    cuda = device.type == "cuda"
     for _ in range(max(1, warmup)):
         fn()
-    timer.sync()
-    peak = None
-    if device.type == "cuda":
+    if cuda:
+        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    times = []
-    for _ in range(rep):
-        _barrier(device)
-        timer.sync()
-        times.append(timer.time_once(fn))
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    t = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    mx = t.cpu().numpy()
-    mine = np.asarray(times)
-    mem = torch.tensor([float(peak or 0), float((peak or 0) - (base if device.type == "cuda" else 0))], dtype=torch.float64, device=device)
+    res = time_fn(fn, rep=rep, flush_l2=False, device=device, warmup_calls=0, ranks=True)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    mem = torch.tensor([float(peak or 0), float((peak or 0) - (base if cuda else 0))], dtype=torch.float64, device=device)
     dist.all_reduce(mem, op=dist.ReduceOp.MAX)
-    return {
-        "median_ms": float(np.median(mx)), "p20_ms": float(np.percentile(mx, 20)), "p80_ms": float(np.percentile(mx, 80)),
-        "min_ms": float(mx.min()), "reps": int(mx.size), "rank_median_ms": float(np.median(mine)),
-        "peak_mem_bytes": int(mem[0].item()) if peak is not None else None,
-        "peak_mem_above_bytes": int(mem[1].item()) if peak is not None else None,
-    }
+    res["peak_mem_bytes"] = int(mem[0].item()) if peak is not None else None
+    res["peak_mem_above_bytes"] = int(mem[1].item()) if peak is not None else None
+    return res
 
 
 def _agree(ok: bool, device) -> bool:
@@ -310,11 +272,8 @@ def worker(cfg: dict) -> int:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=int(cfg.get("timeout_s", 600))))
     rank, N = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    try:
-        from longca_triton.bench.store import ResultStore, collect_env, row_key
-    except ImportError:  # the harness's store is not there: a plain JSONL writer
-        ResultStore = _PlainStore  # noqa: N806
-        collect_env, row_key = (lambda: {}), (lambda r: tuple(sorted((k, str(v)) for k, v in r.items() if k in _KEY)))
+    from longca_triton.bench.store import ResultStore, collect_env, row_key
+
     out = Path(cfg["out"])
     store = ResultStore(out / "results.jsonl")
     done = set()
@@ -406,12 +365,9 @@ def worker(cfg: dict) -> int:
 
 
 def _barrier(device) -> None:
-    import torch.distributed as dist
+    from longca_triton.bench.timing import barrier
 
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
+    barrier(device)
 
 
 def _finish(out, n_rows, say, device) -> int:
@@ -433,24 +389,6 @@ def _expired(cfg, device) -> bool:
     flag = torch.tensor([1.0 if (dist.get_rank() == 0 and time.time() > float(cfg["deadline"])) else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() > 0
-
-
-_KEY = ("backend", "mask", "seqlen", "mode", "world_size", "scheme", "plan", "ulysses_degree", "dtype")
-
-
-class _PlainStore:
-    def __init__(self, path):
-        self.path = Path(path)
-
-    def append(self, row):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
-
-    def rows(self):
-        if not self.path.exists():
-            return []
-        return [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
 
 
 def _stamp(row: dict, env: dict) -> None:
@@ -486,6 +424,8 @@ def _single_gpu(kernel, mask, B, Hq, Hkv, D, dtype, device, mode, cfg) -> dict:
     """Time of the step kernel on the whole sequence, one device (forward, or forward + backward)."""
     import torch
 
+    from longca_triton.bench.timing import time_fn
+
     from .kernels import default_scale
 
     S = mask.seqlen_q
@@ -499,17 +439,12 @@ def _single_gpu(kernel, mask, B, Hq, Hkv, D, dtype, device, mode, cfg) -> dict:
             if mode == "fwd_bwd":
                 kernel.backward(do, q, k, v, out, lse, mask, scale)
 
-        timer = _Timer(device)
         for _ in range(max(1, int(cfg["warmup"]))):
             fn()
-        timer.sync()
         if device.type == "cuda":
+            torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        times = [timer.time_once(fn) for _ in range(int(cfg["rep"]))]
-        import numpy as np
-
-        res = {"status": "ok", "median_ms": float(np.median(times)), "p20_ms": float(np.percentile(times, 20)),
-               "p80_ms": float(np.percentile(times, 80)), "reps": len(times)}
+        res = {"status": "ok", **time_fn(fn, rep=int(cfg["rep"]), flush_l2=False, device=device, warmup_calls=0)}
         if device.type == "cuda":
             res["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
         return res
