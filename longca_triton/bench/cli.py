@@ -150,8 +150,9 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
     from longca_triton.adapters import list_backends
 
-    from .config import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET, ConfigError, load_experiment
+    from .config import ConfigError, load_experiment
     from .config import preset as get_preset
+    from .presets import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET
 
     if config is None and preset is None:
         raise click.UsageError(f"give --config FILE (e.g. experiments/{kind}.toml) or --preset smoke")

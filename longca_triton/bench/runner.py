@@ -35,7 +35,8 @@ from longca_triton.adapters import Backend, Problem, Unsupported, get_backend, l
 from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group
-from .config import DTYPES, OPTIONAL_PRESET_BACKENDS, Experiment
+from .config import DTYPES, Experiment
+from .presets import OPTIONAL_PRESET_BACKENDS
 from .store import ResultStore, collect_env, params_digest, row_key, status_kind
 from .timing import peak_memory, time_fn
 
