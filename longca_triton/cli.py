@@ -162,7 +162,8 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     device, interpreted = select_device()
     from rich.console import Console
 
-    from . import autotune as at
+    from .bench import autotune as at
+    from .kernels import tuned
     from .masks import MASK_NAMES
 
     console = Console()
@@ -201,7 +202,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         if interpreted:
             _interpreter_check(console, tunable, mine, tblock)
             continue
-        console.print(f"tuning {name} at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} -> {at.cache_path()}")
+        console.print(f"tuning {name} at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} -> {tuned.cache_path()}")
         summaries = at.tune(tunable, mine, tblock, device, write=not no_write, progress=lambda s: console.log(s))
         _print_summary(console, summaries, mine, vendors or list(tunable.vendors), device)
         if out:
@@ -217,12 +218,12 @@ def _fmt_cfg(cfg: dict) -> str:
 
 
 def _print_dry_run(console, tunable, cases, block):
-    from . import autotune as at
+    from .kernels import tuned
 
     console.print(f"[bold]{tunable.name}[/bold] at {tunable.block_meaning} {block}: {len(cases)} cases")
     classes = {}
     for c in cases:
-        cls = at.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
+        cls = tuned.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
         classes.setdefault(cls, []).append(c.label)
     for cls, labels in classes.items():
         console.print(f"[bold]{cls}[/bold]  cases: {', '.join(labels)}")
@@ -263,7 +264,7 @@ def _interpreter_check(console, tunable, cases, block):
 def _print_summary(console, summaries, cases, vendors, device):
     from rich.table import Table
 
-    from . import autotune as at
+    from .bench import autotune as at
 
     by_label = {c.label: c for c in cases}
     table = Table(title="autotune: default vs tuned vs best vendor (TFLOP/s, MASKS.md §5)")
