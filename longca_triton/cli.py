@@ -7,6 +7,7 @@ import json
 import click
 import torch
 
+from .bench.cli import heads_callback
 from .masks import MASK_NAMES, MASK_SPECS
 
 
@@ -107,16 +108,6 @@ def _csv(kind):
     return parse
 
 
-def _heads(ctx, param, value):
-    try:
-        hq, hkv = (int(x) for x in value.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"expected Hq:Hkv such as 64:8, got {value!r}") from None
-    if hq < 1 or hkv < 1 or hq % hkv:
-        raise click.BadParameter(f"query heads must be a positive multiple of KV heads, got {value!r}")
-    return hq, hkv
-
-
 @main.command()
 @click.option("--block", type=click.Choice(["16", "32", "64", "128", "256"]), default="64", show_default=True,
               help="inner-loop tile / uniform sparse block size to tune for (triton, triton-sparse)")
@@ -132,7 +123,7 @@ def _heads(ctx, param, value):
 @click.option("--seqlens", default="4096,16384", show_default=True, callback=_csv(int))
 @click.option("--head-dims", default="128", show_default=True, callback=_csv(int))
 @click.option("--dtypes", default="bfloat16", show_default=True, callback=_csv(str))
-@click.option("--heads", default="64:8", show_default=True, callback=_heads, help="Hq:Hkv")
+@click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
 @click.option("--vendors", default=None, callback=_csv(str), help="backends to compare against (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex for the dense one)")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")

@@ -30,6 +30,7 @@ import time
 
 import click
 
+from .cli import heads_callback
 from .ladder_report import TOL_MULT, VENDOR, print_table, render_markdown, write_outputs
 
 __all__ = ["LadderProblem", "run_ladder", "ladder_command", "write_outputs", "render_markdown"]
@@ -356,22 +357,12 @@ def _env() -> dict:
 # ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
-def _parse_heads(ctx, param, value):
-    try:
-        hq, hkv = (int(x) for x in value.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"expected Hq:Hkv such as 64:8, got {value!r}") from None
-    if hq < 1 or hkv < 1 or hq % hkv:
-        raise click.BadParameter(f"query heads must be a positive multiple of KV heads, got {value!r}")
-    return hq, hkv
-
-
 @click.command("ladder")
 @click.option("--mask", default="causal", show_default=True, help="a static mask of MASKS.md (causal, causal_document, ...)")
 @click.option("-S", "--seqlen", type=click.IntRange(min=1), default=16384, show_default=True)
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "all"]), default="fwd", show_default=True,
               help="forward steps, backward steps, or both (one table each)")
-@click.option("--heads", default="64:8", show_default=True, callback=_parse_heads, help="Hq:Hkv")
+@click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
 @click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)

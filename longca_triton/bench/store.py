@@ -22,6 +22,7 @@ import datetime as _dt
 import hashlib
 import importlib.metadata as md
 import json
+import math
 import os
 import platform
 import socket
@@ -34,6 +35,7 @@ __all__ = [
     "VENDOR_DISTS",
     "ResultStore",
     "collect_env",
+    "jsonable",
     "params_digest",
     "row_key",
     "status_kind",
@@ -308,3 +310,16 @@ def collect_env(refresh: bool = False) -> dict:
     out = dict(_ENV_CACHE)
     out["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return out
+
+
+def jsonable(obj):
+    """``obj`` with dict keys as strings, tuples and arrays as lists, NaN/inf floats as strings (a row value)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return str(obj)
+    return obj

@@ -69,6 +69,7 @@ def worker(cfg: dict) -> int:
     rank, N = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     from longca_triton.bench.store import ResultStore, collect_env, row_key
+    from longca_triton.bench.store import jsonable as _jsonable
 
     out = Path(cfg["out"])
     store = ResultStore(out / "results.jsonl")
@@ -193,16 +194,6 @@ def _stamp(row: dict, env: dict) -> None:
     if row.get("peak_mem_bytes") is not None:
         row["peak_mem_gb"] = row["peak_mem_bytes"] / 1e9
     row.setdefault("status", "ok")
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return obj
 
 
 def _inputs(shape_q, shape_kv, dtype, device, seed, grad):
