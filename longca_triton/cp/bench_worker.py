@@ -43,6 +43,19 @@ def _measure(fn, warmup: int, rep: int, device) -> dict:
     return res
 
 
+def _timed_if_agreed(fn, ok: bool, res: dict, cfg, device) -> dict:
+    """``res`` with the timing of ``fn`` if its first call worked on every rank, else a status saying which failed."""
+    if not _agree(ok, device):
+        res.setdefault("status", "error: failed on another rank")
+        return res
+    try:
+        res.update(_measure(fn, int(cfg["warmup"]), int(cfg["rep"]), device))
+        res["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - may leave other ranks waiting; the timeout ends them
+        res["status"] = _status(e)
+    return res
+
+
 def _agree(ok: bool, device) -> bool:
     """True on every rank iff ``ok`` on every rank."""
     import torch
@@ -273,19 +286,12 @@ def _cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device
         res["status"] = _status(e)
         if res["status"].startswith("error"):
             res["traceback"] = traceback.format_exc()[-1500:]
-    if not _agree(ok, device):
-        res.setdefault("status", "error: failed on another rank")
-        return res
     try:
-        res.update(_measure(fn, int(cfg["warmup"]), int(cfg["rep"]), device))
-        res["status"] = "ok"
-    except Exception as e:  # noqa: BLE001 - may leave other ranks waiting; the timeout ends them
-        res["status"] = _status(e)
+        return _timed_if_agreed(fn, ok, res, cfg, device)
     finally:
         fn = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return res
 
 
 # ------------------------------------------------------------------------------------- peer
@@ -345,12 +351,4 @@ def _peer_point(mname, mask, mode, U, B, Hq, Hkv, D, dtype, device, cfg) -> dict
         ok = False
         res["status"] = _status(e) if not isinstance(e, ValueError) else f"error: {e}"
         res["traceback"] = traceback.format_exc()[-1500:]
-    if not _agree(ok, device):
-        res.setdefault("status", "error: failed on another rank")
-        return res
-    try:
-        res.update(_measure(fn, int(cfg["warmup"]), int(cfg["rep"]), device))
-        res["status"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        res["status"] = _status(e)
-    return res
+    return _timed_if_agreed(fn, ok, res, cfg, device)
