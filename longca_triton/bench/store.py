@@ -141,6 +141,17 @@ class ResultStore:
         for r in rows:
             self.append(r)
 
+    def rewrite(self, rows: Iterable[dict]) -> None:
+        """Replace the whole file by ``rows`` atomically (a temporary file renamed over it)."""
+        lines = [json.dumps(r, default=_json_default, separators=(",", ":"), allow_nan=True) + "\n" for r in rows]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
     def rows(self) -> list[dict]:
         self.skipped_lines = 0
         if not self.path.exists():
