@@ -7,6 +7,7 @@ import json
 import click
 import torch
 
+from .bench.cli import heads_callback
 from .masks import MASK_NAMES, MASK_SPECS
 
 
@@ -107,16 +108,6 @@ def _csv(kind):
     return parse
 
 
-def _heads(ctx, param, value):
-    try:
-        hq, hkv = (int(x) for x in value.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"expected Hq:Hkv such as 64:8, got {value!r}") from None
-    if hq < 1 or hkv < 1 or hq % hkv:
-        raise click.BadParameter(f"query heads must be a positive multiple of KV heads, got {value!r}")
-    return hq, hkv
-
-
 @main.command()
 @click.option("--block", type=click.Choice(["16", "32", "64", "128", "256"]), default="64", show_default=True,
               help="inner-loop tile / uniform sparse block size to tune for (triton, triton-sparse)")
@@ -132,7 +123,7 @@ def _heads(ctx, param, value):
 @click.option("--seqlens", default="4096,16384", show_default=True, callback=_csv(int))
 @click.option("--head-dims", default="128", show_default=True, callback=_csv(int))
 @click.option("--dtypes", default="bfloat16", show_default=True, callback=_csv(str))
-@click.option("--heads", default="64:8", show_default=True, callback=_heads, help="Hq:Hkv")
+@click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
 @click.option("--vendors", default=None, callback=_csv(str), help="backends to compare against (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex for the dense one)")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
@@ -162,7 +153,8 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     device, interpreted = select_device()
     from rich.console import Console
 
-    from . import autotune as at
+    from .bench import autotune as at
+    from .kernels import tuned
     from .masks import MASK_NAMES
 
     console = Console()
@@ -201,7 +193,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         if interpreted:
             _interpreter_check(console, tunable, mine, tblock)
             continue
-        console.print(f"tuning {name} at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} -> {at.cache_path()}")
+        console.print(f"tuning {name} at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} -> {tuned.cache_path()}")
         summaries = at.tune(tunable, mine, tblock, device, write=not no_write, progress=lambda s: console.log(s))
         _print_summary(console, summaries, mine, vendors or list(tunable.vendors), device)
         if out:
@@ -217,12 +209,12 @@ def _fmt_cfg(cfg: dict) -> str:
 
 
 def _print_dry_run(console, tunable, cases, block):
-    from . import autotune as at
+    from .kernels import tuned
 
     console.print(f"[bold]{tunable.name}[/bold] at {tunable.block_meaning} {block}: {len(cases)} cases")
     classes = {}
     for c in cases:
-        cls = at.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
+        cls = tuned.problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
         classes.setdefault(cls, []).append(c.label)
     for cls, labels in classes.items():
         console.print(f"[bold]{cls}[/bold]  cases: {', '.join(labels)}")
@@ -263,7 +255,7 @@ def _interpreter_check(console, tunable, cases, block):
 def _print_summary(console, summaries, cases, vendors, device):
     from rich.table import Table
 
-    from . import autotune as at
+    from .bench import autotune as at
 
     by_label = {c.label: c for c in cases}
     table = Table(title="autotune: default vs tuned vs best vendor (TFLOP/s, MASKS.md §5)")
@@ -288,8 +280,13 @@ def _make(name, seqlen, seed, params):
 
 # the other commands live beside the library code they drive
 from .bench.cli import bench, doctor, plot, report  # noqa: E402
-from .cp.cli import comm_command  # noqa: E402  (importing it also adds `cp` to the bench group)
 from .bench.ladder import ladder_command  # noqa: E402
+from .bench.plot import register_plotter  # noqa: E402
+from .cp.cli import comm_command, cp_bench_command  # noqa: E402
+from .cp.plot import make_cp_plots  # noqa: E402
+
+bench.add_command(cp_bench_command)  # `bench cp`: the CP bench lives beside the CP layer
+register_plotter("cp", make_cp_plots)  # CP rows in a results file get the CP views
 
 for _command in (bench, plot, report, doctor, comm_command, ladder_command):
     main.add_command(_command)

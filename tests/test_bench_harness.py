@@ -259,3 +259,14 @@ def test_sigint_subprocess_then_resume(tmp_path):
     assert len(after) == 32 and len(set(keys)) == 32 and store.skipped_lines == 0
     assert [row_key(r) for r in after[: len(before)]] == [row_key(r) for r in before]  # nothing redone
     assert (out / "report.md").exists()
+
+
+def test_time_fn_fixed_warmup_counts_calls():
+    """``warmup_calls``: exactly that many untimed calls, then ``rep`` calls timed one by one (host clock here)."""
+    from longca_triton.bench.timing import time_fn
+
+    calls = []
+    res = time_fn(lambda: calls.append(1), rep=4, flush_l2=False, device="cpu", warmup_calls=2)
+    assert len(calls) == 6 and res["reps"] == 4 and res["p20_ms"] <= res["median_ms"] <= res["p80_ms"]
+    with pytest.raises(ValueError):
+        time_fn(lambda: None, rep=2, device="cpu", ranks=True)  # over ranks needs a warm-up count

@@ -12,7 +12,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from longca_triton import autotune as at
+from longca_triton.bench import autotune as at
+from longca_triton.kernels import tuned
 from longca_triton.adapters import list_backends
 from longca_triton.bench.cli import bench
 from longca_triton.bench.config import ConfigError, Experiment, load_experiment, resolve_params
@@ -265,27 +266,27 @@ def test_cache_lookup_for_block_sparse_masks():
     dense = make_mask("causal", 4096)
     bf = torch.bfloat16
     entries = {
-        at.problem_class("triton-sparse", 128, bf, 8, m64, 64): entry(1.0, "s64"),
-        at.problem_class("triton-sparse", 128, bf, 8, m128, 128): entry(9.0, "s128"),
-        at.problem_class("triton-varblock", 128, bf, 8, var, 256): entry(1.0, "v256"),
-        at.problem_class("triton", 128, bf, 8, dense, 64): entry(1.0, "d64"),
-        at.problem_class("triton", 128, bf, 8, dense, 128): entry(2.0, "d128"),
+        tuned.problem_class("triton-sparse", 128, bf, 8, m64, 64): entry(1.0, "s64"),
+        tuned.problem_class("triton-sparse", 128, bf, 8, m128, 128): entry(9.0, "s128"),
+        tuned.problem_class("triton-varblock", 128, bf, 8, var, 256): entry(1.0, "v256"),
+        tuned.problem_class("triton", 128, bf, 8, dense, 64): entry(1.0, "d64"),
+        tuned.problem_class("triton", 128, bf, 8, dense, 128): entry(2.0, "d128"),
     }
-    assert at.sparse_block(m64) == 64 and at.sparse_block(var) == 256 and at.sparse_block(dense) is None
+    assert tuned.sparse_block(m64) == 64 and tuned.sparse_block(var) == 256 and tuned.sparse_block(dense) is None
     # block-sparse: only the entry of the mask's own block, never a better-scoring other block
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 8, m128) == {"tag": "s128"}
-    assert at.best_entry(entries, "triton-varblock", 128, bf, 8, var) == {"tag": "v256"}
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 1, m64) is None  # another GQA group
-    assert at.best_entry(entries, "triton", 128, bf, 8, dense) == {"tag": "d128"}  # range masks: best block
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m128) == {"tag": "s128"}
+    assert tuned.best_entry(entries, "triton-varblock", 128, bf, 8, var) == {"tag": "v256"}
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 1, m64) is None  # another GQA group
+    assert tuned.best_entry(entries, "triton", 128, bf, 8, dense) == {"tag": "d128"}  # range masks: best block
     # no entry at S<=64K: the nearest tuned bucket (S<=4K here), same block only
     m64_long = make_mask("block_sparse", 32768, block=64, density=0.5, patterns=8)
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64"}
-    entries[at.problem_class("triton-sparse", 128, bf, 8, make_mask("block_sparse", 16384, block=64), 64)] = entry(0.5, "s64-16K")
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64-16K"}
-    assert at.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64"}
+    entries[tuned.problem_class("triton-sparse", 128, bf, 8, make_mask("block_sparse", 16384, block=64), 64)] = entry(0.5, "s64-16K")
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64-16K"}
+    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
     q = torch.zeros(1, 4096, 8, 128, dtype=bf)
-    assert at.lookup("triton-sparse", q, q[:, :, :1], m64) is None  # no cache off the GPU
+    assert tuned.lookup("triton-sparse", q, q[:, :, :1], m64) is None  # no cache off the GPU
 
 
 def test_interpreted_autotune_command_checks_the_sparse_kernels(runner):

@@ -146,3 +146,13 @@ def test_time_fn_cuda():  # pragma: no cover
     x = torch.randn(4096, 4096, device="cuda")
     t = time_fn(lambda: x @ x, warmup_ms=5, rep=5)
     assert t["median_ms"] > 0
+
+
+def test_rewrite_replaces_the_file(tmp_path):
+    from longca_triton.bench.store import ResultStore
+
+    store = ResultStore(tmp_path / "r.jsonl")
+    store.extend([{"a": 1}, {"a": 2}])
+    store.rewrite([r for r in store.rows() if r["a"] != 1] + [{"a": 3}])
+    assert store.rows() == [{"a": 2}, {"a": 3}]
+    assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]  # no temporary left behind

@@ -1,7 +1,9 @@
 """CP plots from a results file: efficiency bars per world size, scaling against N with the comm model."""
 
-from longca_triton.bench.plot import make_plots
-from longca_triton.cp.plot import latest_cp_rows
+from longca_triton.bench.plot import make_plots, register_plotter
+from longca_triton.cp.plot import latest_cp_rows, make_cp_plots
+
+register_plotter("cp", make_cp_plots)  # as longca_triton.cli does
 
 
 def _row(mask, scheme, plan, N, ms, mode="fwd", status="ok", backend="triton"):

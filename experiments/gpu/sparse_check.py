@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))  # a plain checkout runs without installing
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
+from longca_triton.bench.timing import time_fn  # noqa: E402
 from longca_triton.kernels import block_sparse as BS  # noqa: E402
 from longca_triton.masks import BlockSparseMask, make_mask  # noqa: E402
 from longca_triton.reference.naive import naive_attention  # noqa: E402
@@ -74,13 +74,8 @@ def rel(x, ref) -> float:
 
 
 def time_ms(fn, reps: int = 5) -> float:
-    """do_bench median with its warm-up and repeat sized from one timed call (long kernels)."""
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    est = max((time.perf_counter() - t) * 1e3, 0.01)
-    return float(do_bench(fn, warmup=est, rep=reps * est, return_mode="median"))
+    """Median ms (the harness's timer: CUDA events, L2 flushed): about one call of warm-up, ``reps`` timed calls."""
+    return time_fn(fn, warmup_ms=0.0, rep=reps, min_rep=reps)["median_ms"]
 
 
 def sparse_mask(kind: str, S: int, density: float, patterns: int, seed: int = 0) -> BlockSparseMask:

@@ -16,7 +16,18 @@ from pathlib import Path
 
 import click
 
-__all__ = ["COMMANDS", "bench", "doctor", "plot", "report"]
+__all__ = ["COMMANDS", "bench", "doctor", "heads_callback", "plot", "report"]
+
+
+def heads_callback(ctx, param, value):
+    """click callback of a ``--heads Hq:Hkv`` option: ``(Hq, Hkv)``, Hq a positive multiple of Hkv."""
+    try:
+        hq, hkv = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected Hq:Hkv such as 64:8, got {value!r}") from None
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise click.BadParameter(f"query heads must be a positive multiple of KV heads, got {value!r}")
+    return hq, hkv
 
 
 def _console():
@@ -150,8 +161,9 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
     from longca_triton.adapters import list_backends
 
-    from .config import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET, ConfigError, load_experiment
+    from .config import ConfigError, load_experiment
     from .config import preset as get_preset
+    from .presets import OPTIONAL_PRESET_BACKENDS, SMOKE_PRESET
 
     if config is None and preset is None:
         raise click.UsageError(f"give --config FILE (e.g. experiments/{kind}.toml) or --preset smoke")

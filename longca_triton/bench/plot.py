@@ -17,7 +17,16 @@ from pathlib import Path
 from .report import latest_rows, mask_label, short_status, slices
 from .store import status_kind
 
-__all__ = ["make_plots"]
+__all__ = ["make_plots", "register_plotter", "PLOTTERS"]
+
+# rows of another ``kind`` (e.g. "cp") are drawn by a plotter registered for that kind:
+# ``fn(rows, out_dir) -> list[Path]``. The harness knows no such kind; the CLI (or a caller) registers them.
+PLOTTERS: dict = {}
+
+
+def register_plotter(kind: str, fn) -> None:
+    """Draw rows with ``row["kind"] == kind`` with ``fn(rows, out_dir)`` instead of the attention views."""
+    PLOTTERS[kind] = fn
 
 
 def _slice_tag(key) -> str:
@@ -61,14 +70,13 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    cp_rows = [r for r in rows if r.get("kind") == "cp"]
-    if cp_rows:  # context-parallel rows have their own views (scheme x plan x world size)
-        from longca_triton.cp.plot import make_cp_plots
-
-        written += make_cp_plots(cp_rows, out)
-        rows = [r for r in rows if r.get("kind") != "cp"]
-        if not rows:
-            return written
+    for kind, plotter in PLOTTERS.items():  # e.g. context-parallel rows: scheme x plan x world size views
+        kind_rows = [r for r in rows if r.get("kind") == kind]
+        if kind_rows:
+            written += plotter(kind_rows, out)
+            rows = [r for r in rows if r.get("kind") != kind]
+    if not rows:
+        return written
     rows = latest_rows(rows)
     all_backends = _order(r["backend"] for r in rows)
     cmap = plt.get_cmap("tab10" if len(all_backends) <= 10 else "tab20")

@@ -21,7 +21,6 @@ resumes where it stopped: points whose key is already in the store are skipped.
 from __future__ import annotations
 
 import gc
-import math
 import time
 import traceback
 import uuid
@@ -35,7 +34,9 @@ from longca_triton.adapters import Backend, Problem, Unsupported, get_backend, l
 from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group
-from .config import DTYPES, OPTIONAL_PRESET_BACKENDS, Experiment
+from .config import DTYPES, Experiment
+from .presets import OPTIONAL_PRESET_BACKENDS
+from .store import jsonable as _jsonable
 from .store import ResultStore, collect_env, params_digest, row_key, status_kind
 from .timing import peak_memory, time_fn
 
@@ -405,16 +406,4 @@ def run_experiment(
     finally:
         result.elapsed_s = time.monotonic() - t0
     return result
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return str(obj)
-    return obj
 

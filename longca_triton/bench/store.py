@@ -22,6 +22,7 @@ import datetime as _dt
 import hashlib
 import importlib.metadata as md
 import json
+import math
 import os
 import platform
 import socket
@@ -34,6 +35,7 @@ __all__ = [
     "VENDOR_DISTS",
     "ResultStore",
     "collect_env",
+    "jsonable",
     "params_digest",
     "row_key",
     "status_kind",
@@ -138,6 +140,17 @@ class ResultStore:
     def extend(self, rows: Iterable[dict]) -> None:
         for r in rows:
             self.append(r)
+
+    def rewrite(self, rows: Iterable[dict]) -> None:
+        """Replace the whole file by ``rows`` atomically (a temporary file renamed over it)."""
+        lines = [json.dumps(r, default=_json_default, separators=(",", ":"), allow_nan=True) + "\n" for r in rows]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def rows(self) -> list[dict]:
         self.skipped_lines = 0
@@ -308,3 +321,16 @@ def collect_env(refresh: bool = False) -> dict:
     out = dict(_ENV_CACHE)
     out["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return out
+
+
+def jsonable(obj):
+    """``obj`` with dict keys as strings, tuples and arrays as lists, NaN/inf floats as strings (a row value)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return str(obj)
+    return obj

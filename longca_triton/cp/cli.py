@@ -156,12 +156,3 @@ def cp_bench_command(config, preset, worlds, masks, schemes, plans, modes, backe
 
 if __name__ == "__main__":  # python -m longca_triton.cp.cli [bench cp options] (no install needed)
     cp_bench_command()
-
-# the harness's ``bench`` group gets ``cp`` when this module is imported (the lead's cli imports it)
-try:  # pragma: no cover - depends on the harness being present
-    from longca_triton.bench.cli import bench as _bench_group
-
-    if "cp" not in _bench_group.commands:
-        _bench_group.add_command(cp_bench_command)
-except ImportError:
-    pass

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .mesh import SCHEMES, resolve_dims
+
 __all__ = ["CommCounter", "COUNTER", "Comm", "comm_model", "CommRow", "SCHEMES"]
 
-SCHEMES = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain")
 
 
 class CommCounter:
@@ -145,8 +146,6 @@ class CommRow:
 
 
 def _mesh_dims(scheme: str, world: int, ulysses_degree: int | None, window: int | None, heads_q: int) -> tuple[int, int, int]:
-    from .mesh import resolve_dims
-
     return resolve_dims(scheme, world, heads_q, ulysses_degree, window)
 
 

@@ -21,6 +21,8 @@ import math
 import torch
 import torch.distributed as dist
 
+SCHEMES = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain")
+
 __all__ = ["resolve_dims", "CPMesh", "get_mesh"]
 
 
@@ -61,8 +63,6 @@ def resolve_dims(scheme: str, world: int, heads_q: int, ulysses_degree: int | No
             raise ValueError(f"loongtrain: window {W} must divide the ring size {R} (= world {N} / ulysses {U})")
         O = R // W
     else:
-        from .comm import SCHEMES
-
         raise ValueError(f"unknown scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
     if heads_q % U:
         raise ValueError(

@@ -1,4 +1,5 @@
-"""Autotuning our kernels' launch configs, and the cache the kernels read at run time.
+"""Autotuning our kernels' launch configs (the search; the cache the kernels read at run time is
+:mod:`longca_triton.kernels.tuned`).
 
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
@@ -22,24 +23,19 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .kernels.tuned import (  # noqa: F401 - re-exported for the tuner's users
-    CACHE_ENV, SEQ_BUCKETS, best_entry, cache_path, device_key, load_cache, lookup, mask_class,
-    problem_class, save_cache, seq_bucket, sparse_block, uniform_pow2,
+from ..kernels.tuned import (
+    cache_path, device_key, load_cache, problem_class, save_cache, uniform_pow2,
 )
-from .masks import BlockSparseMask, Mask
+from ..masks import BlockSparseMask, Mask
+from .timing import time_fn
 
-__all__ = [
-    "Tunable", "TUNABLES", "register_tunable", "cache_path", "device_key", "problem_class", "lookup",
-    "best_entry", "sparse_block", "TuneCase", "tune", "load_cache", "cases_for",
-]
+__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases", "best_vendor"]
 
 
 
@@ -101,12 +97,12 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
 
 def _dense_tunable() -> Tunable:
     def run(q, k, v, mask, config):
-        from .kernels.dense import dense_attention
+        from ..kernels.dense import dense_attention
 
         return dense_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None):
-        from .kernels.dense import default_config
+        from ..kernels.dense import default_config
 
         return default_config(head_dim, dtype)
 
@@ -173,7 +169,7 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
 
 def _sparse_cases(mask_name: str):
     def make(block, seqlens, head_dims, dtypes, heads, densities, seed=0) -> list[TuneCase]:
-        from .masks import make_mask
+        from ..masks import make_mask
 
         hq, hkv = heads
         extra = dict(min_block=max(1, block // 2)) if mask_name == "varblock_sparse" else {}
@@ -190,12 +186,12 @@ def _sparse_cases(mask_name: str):
 
 def _block_sparse_tunable(name: str) -> Tunable:
     def run(q, k, v, mask, config):
-        from .kernels.block_sparse import block_sparse_attention
+        from ..kernels.block_sparse import block_sparse_attention
 
         return block_sparse_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None):
-        from .kernels.block_sparse import default_config
+        from ..kernels.block_sparse import default_config
 
         return default_config(mask, head_dim)
 
@@ -251,12 +247,8 @@ class TuneCase:
 def _time(fn, device) -> float:
     """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter)."""
     if torch.device(device).type == "cuda":
-        from .bench.timing import time_fn
-
         return time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+    return time_fn(fn, rep=1, flush_l2=False, device=device, warmup_calls=0)["median_ms"]  # one call, host clock
 
 
 def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device) -> float:
@@ -352,7 +344,7 @@ DEFAULT_VENDORS = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
 
 
 def build_cases(masks, seqlens, head_dims, dtypes, heads, seed=0) -> list[TuneCase]:
-    from .masks import make_mask
+    from ..masks import make_mask
 
     hq, hkv = heads
     return [
@@ -375,7 +367,7 @@ def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, h
 
 def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:
     """The fastest available vendor backend on this case (name, TFLOP/s), or ("none", 0)."""
-    from .adapters import Problem, get_backend
+    from ..adapters import Problem, get_backend
 
     best = ("none", 0.0)
     q, k, v, do = case.inputs(device)
