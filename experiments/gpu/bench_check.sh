@@ -21,13 +21,13 @@ bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install
 source experiments/gpu/wheels.sh env
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.txt 2>&1 || { echo "pip install -e . failed"; cat /tmp/pip.txt; }
 echo "setup: $(( $(date +%s) - T0 )) s"
-timeout 60 python3 -m longca_triton.bench.cli doctor > "$OUT/doctor.txt" 2>&1
-CMD=(python3 -m longca_triton.bench.cli bench "${BENCH_KIND:-dense}" --config "$CONFIG" --out "$OUTDIR" --no-plots "$@")
+timeout 60 python3 -m longca_triton.cli doctor > "$OUT/doctor.txt" 2>&1
+CMD=(python3 -m longca_triton.cli bench "${BENCH_KIND:-dense}" --config "$CONFIG" --out "$OUTDIR" --no-plots "$@")
 echo "${CMD[*]}" > "$OUT/command.txt"
 timeout -s TERM "${BENCH_TIMEOUT:-480}" "${CMD[@]}" 2>&1 | tee "$OUT/bench_log.txt"
 echo "bench rc=$? at $(( $(date +%s) - T0 )) s"
-python3 -m longca_triton.bench.cli report "$OUTDIR/results.jsonl" --out "$OUTDIR/report.md"
-timeout 60 python3 -m longca_triton.bench.cli plot "$OUTDIR/results.jsonl" --out "$OUTDIR/plots" > /dev/null
+python3 -m longca_triton.cli report "$OUTDIR/results.jsonl" --out "$OUTDIR/report.md"
+timeout 60 python3 -m longca_triton.cli plot "$OUTDIR/results.jsonl" --out "$OUTDIR/plots" > /dev/null
 cp "$OUTDIR/results.jsonl" "$OUTDIR/report.md" "$OUT/"
 tar czf "$OUT/plots_meta.tgz" -C "$OUTDIR" plots commands.txt experiment.json
 echo "done: $(( $(date +%s) - T0 )) s"; ls -la "$OUT"

@@ -231,7 +231,7 @@ def summary(out: Path, crow, mrows, env):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/dense-acceptance")
-    p.add_argument("--backends", default="triton,flashmask-triton")
+    p.add_argument("--backends", default="triton,triton-flashmask")
     p.add_argument("-S", "--seqlen", type=int, default=32768)
     p.add_argument("--mem-seqlens", default="16384,32768,65536,131072")
     p.add_argument("--max-minutes", type=float, default=6.0)

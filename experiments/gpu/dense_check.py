@@ -74,6 +74,18 @@ def emit(out_dir: Path, row: dict):
     print(json.dumps(row), flush=True)
 
 
+def time_variant(out_dir: Path, kind: str, time_one, flops: float, **row) -> float:
+    """``time_one()`` in ms, emitted as a ``kind`` row with its TFLOP/s; a failure is emitted as an
+    error row and counts as inf (the variant loses, the sweep goes on)."""
+    try:
+        t = time_one()
+    except Exception as e:  # noqa: BLE001
+        emit(out_dir, dict(kind=kind, **row, status=f"error: {e!r}"[:400]))
+        return float("inf")
+    emit(out_dir, dict(kind=kind, **row, ms=t, tflops=flops / t * 1e-9))
+    return t
+
+
 def bench_mask(name: str, S: int):
     """Masks as in ANCHORS.md (S=16K): docs from the histogram, window 1024, prefix S/3 / 512."""
     params = {}
@@ -212,14 +224,10 @@ def time_cudnn(p: Problem, causal: bool):
 def time_flex(p: Problem):
     from torch.nn.attention.flex_attention import flex_attention
 
+    from longca_triton.adapters.flex import raise_recompile_limits
     from longca_triton.masks import flex_block_mask
 
-    for attr in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, attr):
-            setattr(torch._dynamo.config, attr, 256)
-    for attr in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(torch._dynamo.config, attr):
-            setattr(torch._dynamo.config, attr, 4096)
+    raise_recompile_limits()
     bm = flex_block_mask(p.mask, 128, device="cuda")
     q = p.q.transpose(1, 2).contiguous()
     k = p.k.transpose(1, 2).contiguous()
@@ -293,25 +301,13 @@ def explore(out_dir: Path, S: int, base: dict, budget: float):
         fwd_t, bwd_t = [], []
         for var in EXPLORE_FWD:
             cfg = {**base, **var}
-            try:
-                t = time_ours_fwd(p, cfg)
-            except Exception as e:  # noqa: BLE001
-                emit(out_dir, dict(kind="explore_fwd", mask=mname, variant=var, status=f"error: {e!r}"[:300]))
-                t = float("inf")
-            fwd_t.append(t)
-            emit(out_dir, dict(kind="explore_fwd", mask=mname, S=S, variant=var, ms=t,
-                               tflops=p.fwd_flops / t * 1e-9))
+            fwd_t.append(time_variant(out_dir, "explore_fwd", lambda: time_ours_fwd(p, cfg), p.fwd_flops,
+                                      mask=mname, S=S, variant=var))
         out, lse = fwd_once(p, base)
         for var in EXPLORE_BWD:
             cfg = {**base, **var, "fused_dq": False}
-            try:
-                t = time_ours_bwd(p, cfg, out, lse)
-            except Exception as e:  # noqa: BLE001
-                emit(out_dir, dict(kind="explore_bwd", mask=mname, variant=var, status=f"error: {e!r}"[:300]))
-                t = float("inf")
-            bwd_t.append(t)
-            emit(out_dir, dict(kind="explore_bwd", mask=mname, S=S, variant=var, ms=t,
-                               tflops=p.bwd_flops / t * 1e-9))
+            bwd_t.append(time_variant(out_dir, "explore_bwd", lambda: time_ours_bwd(p, cfg, out, lse), p.bwd_flops,
+                                      mask=mname, S=S, variant=var))
         table.append((mname, [p.fwd_flops / t * 1e-9 for t in fwd_t], [p.bwd_flops / t * 1e-9 for t in bwd_t]))
         del out, lse, p
         torch.cuda.empty_cache()
@@ -378,45 +374,25 @@ def main():
     if "sweep" not in skip:
         for mname in ("full", "causal"):
             probs[mname] = Problem(bench_mask(mname, S))
-        best_fwd, best_kv, best_q = None, None, None
-        scores = {}
-        for i, var in enumerate(FWD_VARIANTS):
-            if elapsed() > args.budget * 0.45:
-                break
-            cfg = {**base, **var}
-            tot = 0.0
-            for mname, p in probs.items():
-                try:
-                    t = time_ours_fwd(p, cfg)
-                except Exception as e:  # noqa: BLE001
-                    emit(out_dir, dict(kind="sweep_fwd", variant=var, mask=mname, status=f"error: {e!r}"[:400]))
-                    t = float("inf")
-                tot += t
-                emit(out_dir, dict(kind="sweep_fwd", variant=var, mask=mname, S=S, ms=t,
-                                   tflops=p.fwd_flops / t * 1e-9))
-            scores[i] = tot
-        if scores:
-            best_fwd = FWD_VARIANTS[min(scores, key=scores.get)]
-            base.update(best_fwd)
+
+        def sweep(kind, variants, budget_frac, time_one, flops_of):
+            """Total ms over the masks of each variant (inf where one failed), until the budget."""
+            scores = {}
+            for i, var in enumerate(variants):
+                if elapsed() > args.budget * budget_frac:
+                    break
+                cfg = {**base, **var}
+                tot = 0.0
+                for mname, p in probs.items():
+                    tot += time_variant(out_dir, kind, lambda: time_one(mname, p, cfg), flops_of(p),
+                                        variant=var, mask=mname, S=S)
+                scores[i] = tot
+            if scores and min(scores.values()) < float("inf"):
+                base.update(variants[min(scores, key=scores.get)])
+
+        sweep("sweep_fwd", FWD_VARIANTS, 0.45, lambda m, p, cfg: time_ours_fwd(p, cfg), lambda p: p.fwd_flops)
         fo = {m: fwd_once(p, base) for m, p in probs.items()}
-        bwd_scores = {}
-        for i, var in enumerate(BWD_VARIANTS):
-            if elapsed() > args.budget * 0.6:
-                break
-            cfg = {**base, **var}
-            tot = 0.0
-            for mname, p in probs.items():
-                try:
-                    t = time_ours_bwd(p, cfg, *fo[mname])
-                except Exception as e:  # noqa: BLE001
-                    emit(out_dir, dict(kind="sweep_bwd", variant=var, mask=mname, status=f"error: {e!r}"[:400]))
-                    t = float("inf")
-                tot += t
-                emit(out_dir, dict(kind="sweep_bwd", variant=var, mask=mname, S=S, ms=t,
-                                   tflops=p.bwd_flops / t * 1e-9))
-            bwd_scores[i] = tot
-        if bwd_scores and min(bwd_scores.values()) < float("inf"):
-            base.update(BWD_VARIANTS[min(bwd_scores, key=bwd_scores.get)])
+        sweep("sweep_bwd", BWD_VARIANTS, 0.6, lambda m, p, cfg: time_ours_bwd(p, cfg, *fo[m]), lambda p: p.bwd_flops)
         emit(out_dir, dict(kind="chosen_config", config=base, elapsed_s=elapsed()))
         print(f"[{elapsed():.0f}s] sweep done: {base}", flush=True)
 

@@ -3,16 +3,7 @@
 # full mask at 64K (the denominator of the sparse targets), and a retry of dense_16k's flex-fa4
 # points. Every part goes through bench_check.sh; all outputs are tarred into $OUT/all.tgz (only a
 # few files may come back from a call). Carry the vendor wheels (vsa, flashinfer, fa4 staged first).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-FINAL=$OUT
-mkdir -p /tmp/o /tmp/b
-part() {  # name kind config timeout [bench args...]
-  local name=$1 kind=$2 cfg=$3 to=$4; shift 4
-  mkdir -p "/tmp/o/$name"
-  OUT=/tmp/o/$name BENCH_OUT=/tmp/b/$name BENCH_KIND=$kind BENCH_TIMEOUT=$to \
-    bash experiments/gpu/bench_check.sh "$cfg" "$@" 2>&1 | grep -E "^\[|rc=|setup|^done" | tail -40
-}
+source experiments/gpu/parts.sh
 part s64 sparse experiments/sparse_64k.toml 240 --max-minutes 3.9
 part v64 varblock experiments/varblock_64k.toml 100 --max-minutes 1.5
 part d64 dense experiments/dense_16k.toml 50 --masks full --seqlens 64K --backends triton --max-minutes 0.7

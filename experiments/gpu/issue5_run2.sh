@@ -1,22 +1,13 @@
 #!/usr/bin/env bash
 # Second device call for issues 4 and 5 (carry .whl/flashinfer):
-#  p16: triton (with the HAS_PARTIAL_TILES switch) next to sdpa-cudnn, flashmask-triton and flex on full,
+#  p16: triton (with the HAS_PARTIAL_TILES switch) next to sdpa-cudnn, triton-flashmask and flex on full,
 #       causal and full_document at 16K;
 #  v64: resume varblock_64k (FlashInfer's variable-block forward and Flex rows);
 #  tune: autotune --block 128 for triton-sparse at density 0.5, S = 16K (the cache serves 64K), then
 #  s64t: sparse_64k's triton-sparse rows again with that cache.
 # Everything is tarred into $OUT/all.tgz.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-FINAL=$OUT
-mkdir -p /tmp/o /tmp/b
-part() {  # name kind config timeout [bench args...]
-  local name=$1 kind=$2 cfg=$3 to=$4; shift 4
-  mkdir -p "/tmp/o/$name"
-  OUT=/tmp/o/$name BENCH_OUT=/tmp/b/$name BENCH_KIND=$kind BENCH_TIMEOUT=$to \
-    bash experiments/gpu/bench_check.sh "$cfg" "$@" 2>&1 | grep -E "^\[|rc=|setup|^done" | tail -40
-}
-part p16 dense experiments/dense_16k.toml 80 --masks full,causal,full_document --backends triton,flashmask-triton,sdpa-cudnn,flex --max-minutes 1.2
+source experiments/gpu/parts.sh
+part p16 dense experiments/dense_16k.toml 80 --masks full,causal,full_document --backends triton,triton-flashmask,sdpa-cudnn,flex --max-minutes 1.2
 mkdir -p /tmp/b/v64 && cp experiments/results/h100/sparse_64k/v64/results.jsonl /tmp/b/v64/
 part v64 varblock experiments/varblock_64k.toml 170 --max-minutes 2.7
 mkdir -p /tmp/o/tune

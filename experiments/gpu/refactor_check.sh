@@ -65,5 +65,5 @@ for round in ${ROUNDS:-1}; do
 done
 # at most 8 files come back: results and logs travel as one archive
 python3 "$REPO/experiments/gpu/compare_runs.py" /tmp/r/res/*.jsonl | tee "$OUT/compare.md"
-tar czf "$OUT/run_r${ROUNDS:-1}.tgz" -C /tmp/r res $(cd /tmp/r && ls log_*.txt) $(cd /tmp/r && ls -d accept 2>/dev/null)
+tar czf "$OUT/run_r$(echo ${ROUNDS:-1} | tr " " -).tgz" -C /tmp/r res $(cd /tmp/r && ls log_*.txt) $(cd /tmp/r && ls -d accept 2>/dev/null)
 echo "done: $(( $(date +%s) - T0 )) s"

@@ -170,14 +170,10 @@ def bench_ours(x, mask, label, fwd_variants, bwd_variants):
 def bench_flex(x: Inputs, mask, label, block_sizes=(128,)):
     from torch.nn.attention.flex_attention import flex_attention
 
+    from longca_triton.adapters.flex import raise_recompile_limits
     from longca_triton.masks import flex_block_mask
 
-    for attr in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, attr):
-            setattr(torch._dynamo.config, attr, 256)
-    for attr in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(torch._dynamo.config, attr):
-            setattr(torch._dynamo.config, attr, 4096)
+    raise_recompile_limits()
     q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (x.q, x.k, x.v, x.dout))
     best = {}
     for bs in block_sizes:

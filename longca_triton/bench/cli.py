@@ -159,7 +159,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
-    from longca_triton.adapters import list_backends
+    from longca_triton.adapters import canonical_name, list_backends
 
     from .config import ConfigError, load_experiment
     from .config import preset as get_preset
@@ -192,10 +192,10 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
                 con.print(f"[dim]not registered in this build, skipped: {', '.join(missing)}[/]")
             exp.backends = [b for b in exp.backends if b in known]
         elif config is not None and not backends:
-            missing = [b for b in exp.backends if b not in known]
+            missing = [b for b in exp.backends if canonical_name(b) not in known]
             if missing:
                 con.print(f"[yellow]backends listed in {config} but not registered here, skipped: {', '.join(missing)}[/]")
-                exp.backends = [b for b in exp.backends if b in known]
+                exp.backends = [b for b in exp.backends if canonical_name(b) in known]
         exp.validate(known_backends=known)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None

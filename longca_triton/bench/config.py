@@ -188,6 +188,10 @@ class Experiment:
             raise ConfigError("no modes given")
         if not self.backends:
             raise ConfigError("no backends given")
+        # renamed backends (adapters.ALIASES) run, and are recorded, under their current name
+        from longca_triton.adapters.base import canonical_name
+
+        self.backends = list(dict.fromkeys(canonical_name(b) for b in self.backends))
         if known_backends is not None:
             known = set(known_backends)
             for b in self.backends:

@@ -204,18 +204,12 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
     if U > 1:
         frac = lambda m: (U - 1) * (m // U)  # noqa: E731
         qb, kvb = B * L * Hq * D * b, B * L * hkv * D * b
-        add("fwd", "all_to_all", "q", 1, frac(qb))
-        add("fwd", "all_to_all", "k", 1, frac(kvb))
-        add("fwd", "all_to_all", "v", 1, frac(kvb))
-        add("fwd", "all_to_all", "out", 1, frac(qb))
-        if return_lse:
-            add("fwd", "all_to_all", "lse", 1, frac(B * L * Hq * g))
-        add("bwd", "all_to_all", "dout", 1, frac(qb))
-        add("bwd", "all_to_all", "dq", 1, frac(qb))
-        add("bwd", "all_to_all", "dk", 1, frac(kvb))
-        add("bwd", "all_to_all", "dv", 1, frac(kvb))
-        if return_lse:
-            add("bwd", "all_to_all", "dlse", 1, frac(B * L * Hq * g))
+        # forward: q, k, v in, out back; backward: dout in, dq, dk, dv back (lse / dlse with them)
+        for phase, tensors, lse in (("fwd", ("q", "k", "v", "out"), "lse"), ("bwd", ("dout", "dq", "dk", "dv"), "dlse")):
+            for name in tensors:
+                add(phase, "all_to_all", name, 1, frac(kvb if name in ("k", "v", "dk", "dv") else qb))
+            if return_lse:
+                add(phase, "all_to_all", lse, 1, frac(B * L * Hq * g))
     # ring over super-shards of U L tokens with hkv / U heads: the same bytes as L tokens, hkv heads
     kv = 2 * B * L * hkv * D
     inner, outer = O * (W - 1), O - 1

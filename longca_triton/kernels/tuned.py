@@ -1,6 +1,6 @@
 """The autotune cache as the kernels read it: path, keys, problem classes, lookup.
 
-``longca-triton autotune`` (``longca_triton.autotune``, the search) writes the cache; the kernels'
+``longca-triton autotune`` (``longca_triton.bench.autotune``, the search) writes the cache; the kernels'
 ``resolve_config`` reads it through :func:`lookup`. The file is read once per process (and again
 only after :func:`reload`, which the tuner calls after writing), so a launch never stats the file.
 No hardware is probed at import; :func:`device_key` asks the GPU's name once per device.
