@@ -4,8 +4,8 @@
 
 * ``table`` on a terminal: a rich table whose cells fold (a long name wraps onto the next line,
   it is never replaced by ``…``);
-* ``table`` into a pipe or a file: a markdown table as wide as its content, so ``grep`` finds
-  every name whole whatever ``COLUMNS`` says;
+* ``table`` into a pipe or a file: space-separated columns as wide as their content, so ``grep``
+  finds every name whole and verbatim whatever ``COLUMNS`` says;
 * ``json``: a list of objects (one per row, keys = column names), for scripts;
 * ``csv``: a header line and one line per row.
 
@@ -73,8 +73,9 @@ def render(rows: Sequence[dict], columns: Sequence[str], *, title: str | None = 
 
     headers = headers or {}
     target = file or sys.stdout
-    # into a pipe or a file: a markdown table (greppable, pastes into docs); on a terminal: boxes
-    table = Table(title=title, box=box.HEAVY_HEAD if target.isatty() else box.MARKDOWN)
+    # into a pipe or a file: columns separated by spaces, no rules inside cells, so every value
+    # stands verbatim on its line (grep, awk); on a terminal: boxes
+    table = Table(title=title, box=box.HEAVY_HEAD if target.isatty() else box.SIMPLE_HEAD)
     for c in columns:
         # fold: a cell too long for its column continues on the next line, whole
         table.add_column(headers.get(c, c), overflow="fold")

@@ -28,7 +28,7 @@ def test_pipe_keeps_names_whole_at_80_columns(monkeypatch):
     emit(ROWS, ["name", "kind", "tflops"], title="masks", file=out)
     text = out.getvalue()
     for n in LONG:
-        assert any(n == cell.strip() for cell in text.split("|")), n
+        assert any(n in line.split() for line in text.splitlines()), n
     assert "…" not in text
 
 

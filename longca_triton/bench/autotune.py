@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,9 +32,11 @@ from ..kernels.tuned import (
     cache_path, device_key, load_cache, problem_class, save_cache, uniform_pow2,
 )
 from ..masks import BlockSparseMask, Mask
+from .search import geomean, halving_search, planned_measurements
 from .timing import time_fn
 
-__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases", "best_vendor"]
+__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases", "best_vendor",
+           "vendor_tflops", "record_vendors", "planned_work", "group_classes", "cached_entry"]
 
 
 
@@ -244,27 +245,54 @@ class TuneCase:
         return self.batch * self.mask.flops(self.heads_q, self.head_dim, mode)
 
 
-def _time(fn, device) -> float:
-    """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter)."""
+def _time(fn, device, quick: bool = False) -> float:
+    """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter).
+    ``quick``: the screening round's short timing (a few repetitions: ranks, not measures)."""
     if torch.device(device).type == "cuda":
-        return time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
+        return time_fn(fn, warmup_ms=10, rep=5)["median_ms"] if quick else time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
     return time_fn(fn, rep=1, flush_l2=False, device=device, warmup_calls=0)["median_ms"]  # one call, host clock
 
 
-def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device) -> float:
+def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device, quick: bool = False) -> float:
     """TFLOP/s of one config on one case (``mode`` fwd: forward; bwd: backward alone)."""
     q, k, v, do = case.inputs(device)
     if mode == "fwd":
         with torch.no_grad():
-            ms = _time(lambda: tunable.run(q, k, v, case.mask, config), device)
+            ms = _time(lambda: tunable.run(q, k, v, case.mask, config), device, quick)
     else:
         out = tunable.run(q, k, v, case.mask, config)
-        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device)
+        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device, quick)
     return case.flops(mode) / (ms * 1e-3) / 1e12
 
 
-def _geomean(xs):
-    return math.exp(sum(math.log(max(x, 1e-9)) for x in xs) / len(xs)) if xs else 0.0
+def group_classes(tunable: Tunable, cases: list[TuneCase], block: int) -> dict[str, list[TuneCase]]:
+    """The cases by problem class (what one cache entry serves)."""
+    by_class: dict[str, list[TuneCase]] = {}
+    for c in cases:
+        cls = problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
+        by_class.setdefault(cls, []).append(c)
+    return by_class
+
+
+def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive: bool = False) -> int:
+    """How many timed runs :func:`tune` makes for these cases (a progress bar's total; classes
+    reused from the cache make fewer)."""
+    total = 0
+    for members in group_classes(tunable, cases, block).values():
+        n, modes = len(members), len(set(tunable.groups.values()))
+        total += 2 * modes * n  # the default before, the tuned combination after
+        for group in tunable.groups:
+            total += planned_measurements(len(tunable.candidates(group, block, members[0].head_dim)), n,
+                                          exhaustive=exhaustive)
+    return total
+
+
+def cached_entry(tunable: Tunable, cls: str, members: list[TuneCase], device) -> dict | None:
+    """This class's cache entry when it was tuned on exactly these cases on this GPU, else None."""
+    entry = load_cache().get(device_key(device), {}).get(cls)
+    if entry and entry.get("cases") == [c.label for c in members] and "search" in entry:
+        return entry
+    return None
 
 
 def tune(
@@ -273,69 +301,101 @@ def tune(
     block: int,
     device="cuda",
     groups: list[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    *,
+    exhaustive: bool = False,
+    deadline: float | None = None,
+    force: bool = False,
+    on_measure: Callable | None = None,
     write: bool = True,
 ) -> list[dict]:
-    """Tune every problem class the cases fall in; return one summary row per class and mode.
+    """Tune every problem class the cases fall in; return one summary per class.
 
-    Candidates are scored by the geometric mean of TFLOP/s over the class's cases; a candidate that
-    fails to compile or run (too much shared memory, say) is recorded and skipped.
+    Each key group (forward, dK/dV, dQ) is searched by successive halving (``bench/search.py``:
+    every candidate screened on the heaviest case with a short timing, the best quarter timed on
+    every case; ``exhaustive=True`` times all of them on all cases), candidates scored by the
+    geometric mean of TFLOP/s over the class's cases; a candidate that fails to compile or run is
+    recorded and skipped. A class already in the cache, tuned on the same cases on this GPU, is
+    reused as it is (``force=True`` tunes it again). ``deadline`` (``time.monotonic()``) caps the
+    search: past it every group decides among what it measured.
     """
     groups = groups or list(tunable.groups)
-    by_class: dict[str, list[TuneCase]] = {}
-    for c in cases:
-        cls = problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
-        by_class.setdefault(cls, []).append(c)
     summaries = []
     path = cache_path()
-    for cls, members in by_class.items():
+    for cls, members in group_classes(tunable, cases, block).items():
+        labels = [c.label for c in members]
+        entry = None if force else cached_entry(tunable, cls, members, device)
+        if entry is not None:
+            summaries.append(dict(problem_class=cls, cases=labels, default=entry.get("default", {}),
+                                  tuned=entry["config"], default_tflops=entry["default_tflops"],
+                                  tuned_tflops=entry["tuned_tflops"], failures=[], reused=True,
+                                  search=entry["search"], vendors=entry.get("vendors", {})))
+            continue
+        t0 = time.monotonic()
         head_dim, dtype = members[0].head_dim, members[0].dtype
         default = tunable.default(head_dim, dtype, members[0].mask)
         tuned = dict(default)
-        default_scores, tuned_scores, failures = {}, {}, []
+        default_scores, tuned_scores, failures, measured = {}, {}, [], 0
+
+        def note(round_, cand, case, tf, err, cls=cls):
+            if on_measure:
+                on_measure(cls, round_, cand, case, tf, err)
+
         for group in groups:
             mode = tunable.groups[group]
             if mode not in default_scores:
-                default_scores[mode] = _geomean([measure(tunable, c, default, mode, device) for c in members])
-            best_cfg, best = None, -1.0
-            for cand in tunable.candidates(group, block, head_dim):
-                cfg = {**tuned, **cand}
-                try:
-                    score = _geomean([measure(tunable, c, cfg, mode, device) for c in members])
-                except Exception as e:  # a config that cannot compile or launch is skipped, not fatal
-                    failures.append(f"{cand}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-                    continue
-                if progress:
-                    progress(f"{cls} {group} {cand} -> {score:.1f} TFLOP/s")
-                if score > best:
-                    best, best_cfg = score, cand
-            if best_cfg is not None:
-                tuned.update(best_cfg)
-                tuned_scores[mode] = best
+                default_scores[mode] = geomean([measure(tunable, c, default, mode, device) for c in members])
+                measured += len(members)
+                for c in members:
+                    note("default", {}, c, None, "")
+            res = halving_search(
+                tunable.candidates(group, block, head_dim), members,
+                lambda cand, case, quick, mode=mode: measure(tunable, case, {**tuned, **cand}, mode, device, quick),
+                weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
+                on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
+            measured += res.measurements
+            failures += res.failures
+            if res.best is not None:
+                tuned.update(res.best)
+                tuned_scores[mode] = res.score
         for mode in sorted(set(tunable.groups.values())):
             if mode not in tuned_scores:
                 continue
             # re-measure the final combination; where it does not beat the default, keep the default
-            tuned_scores[mode] = _geomean([measure(tunable, c, tuned, mode, device) for c in members])
+            tuned_scores[mode] = geomean([measure(tunable, c, tuned, mode, device) for c in members])
+            measured += len(members)
             if tuned_scores[mode] <= default_scores[mode]:
                 for group, m in tunable.groups.items():
                     if m == mode:
                         for key in tunable.candidates(group, block, head_dim)[0]:
                             tuned[key] = default[key]
                 tuned_scores[mode] = default_scores[mode]
-        summaries.append(
-            dict(problem_class=cls, cases=[c.label for c in members], default=default, tuned=tuned,
-                 default_tflops=default_scores, tuned_tflops=tuned_scores, failures=failures)
-        )
-        if write and torch.device(device).type == "cuda":
+        search = dict(method="exhaustive" if exhaustive else "successive halving", measurements=measured,
+                      seconds=round(time.monotonic() - t0, 1),
+                      stopped_by_deadline=bool(deadline is not None and time.monotonic() > deadline))
+        summaries.append(dict(problem_class=cls, cases=labels, default=default, tuned=tuned,
+                              default_tflops=default_scores, tuned_tflops=tuned_scores, failures=failures,
+                              reused=False, search=search, vendors={}))
+        if write:  # keyed by the device: interpreter timings never serve a GPU
             data = json.loads(json.dumps(load_cache(path)))  # a private copy
-            score = _geomean([tuned_scores.get(m, 0.0) for m in tuned_scores]) if tuned_scores else 0.0
+            score = geomean([tuned_scores.get(m, 0.0) for m in tuned_scores]) if tuned_scores else 0.0
             data.setdefault(device_key(device), {})[cls] = dict(
-                config=tuned, score=score, default_tflops=default_scores, tuned_tflops=tuned_scores,
-                cases=[c.label for c in members], when=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                config=tuned, default=default, score=score, default_tflops=default_scores,
+                tuned_tflops=tuned_scores, cases=labels, search=search,
+                when=time.strftime("%Y-%m-%dT%H:%M:%S"),
             )
             save_cache(data, path)
     return summaries
+
+
+def record_vendors(summary: dict, vendors: dict, device) -> None:
+    """Keep a class's vendor numbers in its cache entry (a warm rerun prints them without timing)."""
+    summary["vendors"] = vendors
+    path = cache_path()
+    data = json.loads(json.dumps(load_cache(path)))
+    entry = data.get(device_key(device), {}).get(summary["problem_class"])
+    if entry is not None:
+        entry["vendors"] = vendors
+        save_cache(data, path)
 
 
 # ---------------------------------------------------------------------------- the command's work
@@ -363,6 +423,45 @@ def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, h
     if tunable.make_cases is not None:
         return tunable.make_cases(block, seqlens, head_dims, dtypes, heads, densities, seed)
     return [c for c in build_cases(masks, seqlens, head_dims, dtypes, heads, seed) if tunable.accepts(c.mask)]
+
+
+def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device) -> dict[str, float | str]:
+    """Each vendor backend on the same cases: the geometric mean of its TFLOP/s, or why not
+    (``unsupported: ...`` when it cannot run one of them, ``error: ...`` when it failed)."""
+    from ..adapters import Problem, get_backend
+
+    out: dict[str, float | str] = {}
+    for name in vendors:
+        try:
+            backend = get_backend(name)
+        except ValueError as e:
+            out[name] = f"unknown: {e}"
+            continue
+        scores = []
+        for case in cases:
+            q, k, v, do = case.inputs(device)
+            problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
+                              head_dim=case.head_dim, dtype=case.dtype, mode=mode,
+                              device=torch.device(device).type)
+            ok, why = backend.check(problem)
+            if not ok:
+                out[name] = f"unsupported: {why}"
+                break
+            try:
+                fn = backend.prepare(problem, q, k, v)
+                if mode == "fwd":
+                    with torch.no_grad():
+                        ms = _time(fn, device)
+                else:
+                    res = fn()[0]
+                    ms = _time(lambda: torch.autograd.grad(res, (q, k, v), do, retain_graph=True), device)
+            except Exception as e:  # a vendor failing here is reported, not fatal
+                out[name] = f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"
+                break
+            scores.append(case.flops(mode) / (ms * 1e-3) / 1e12)
+        else:
+            out[name] = geomean(scores)
+    return out
 
 
 def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:

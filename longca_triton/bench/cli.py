@@ -16,6 +16,8 @@ from pathlib import Path
 
 import click
 
+from ..output import emit, format_option
+
 __all__ = ["COMMANDS", "bench", "doctor", "heads_callback", "plot", "report"]
 
 
@@ -85,7 +87,7 @@ def _grid_options(kind: str, example_config: str):
     def deco(f):
         for o in reversed(opts):
             f = o(f)
-        return f
+        return format_option(f)  # the closing table of this run (the results file is JSONL either way)
 
     return deco
 
@@ -152,7 +154,7 @@ def bench_varblock(**opts):
 
 
 def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed,
-               warmup_ms, rep, max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run):
+               warmup_ms, rep, max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
     import torch
 
     con = _console()
@@ -226,7 +228,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
     # as ignored, and Python then never installs its KeyboardInterrupt handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
     result = _run_with_progress(con, exp, store, device, retry_errors, max_minutes)
-    _summary_table(con, result.rows)
+    _summary_table(con, result.rows, fmt)
     if result.interrupted:
         con.print(f"[bold red]Interrupted[/]: {len(result.rows)} points written this run, {result.remaining} left. "
                   f"Rerun the same command to resume; finished points are not redone.")
@@ -293,12 +295,10 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
                               max_minutes=max_minutes, progress=progress, on_row=on_row)
 
 
-def _summary_table(con, rows):
+def _summary_table(con, rows, fmt="table"):
     if not rows:
         con.print("[dim]nothing new was run (every point was already in the results file)[/]")
         return
-    from rich.table import Table
-
     from rich.markup import escape
 
     from .report import mask_label, short_status
@@ -308,23 +308,15 @@ def _summary_table(con, rows):
     for r in rows:
         if r["backend"] not in backends:
             backends.append(r["backend"])
-    t = Table(title="this run: TFLOP/s (or status)", show_lines=False)
-    for c in ("mask", "S", "heads", "mode"):
-        t.add_column(c)
-    for b in backends:
-        t.add_column(b, justify="right")
     cells, order = {}, []
     for r in rows:
-        k = (escape(mask_label(r)), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["mode"])
+        k = (mask_label(r), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["mode"])
         if k not in cells:
-            cells[k] = {}
+            cells[k] = dict(mask=k[0], S=k[1], heads=k[2], mode=k[3])
             order.append(k)
-        s = short_status(r)
-        style = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red"}.get(status_kind(r), "")
-        cells[k][r["backend"]] = f"[{style}]{s}[/]" if style else s
-    for k in order:
-        t.add_row(k[0], str(k[1]), k[2], k[3], *[cells[k].get(b, "") for b in backends])
-    con.print(t)
+        cells[k][r["backend"]] = short_status(r)
+    emit([cells[k] for k in order], ["mask", "S", "heads", "mode", *backends], fmt=fmt,
+         title="this run: TFLOP/s (or status)")
     errors = [r for r in rows if status_kind(r) == "error"]
     for r in errors[:10]:
         con.print(f"[red]{r['backend']} {escape(mask_label(r))} S={r['seqlen']} {r['mode']}[/]: {escape(r['status'][:300])}")
@@ -398,14 +390,16 @@ def report(results, out, title):
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def doctor(as_json):
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (everything doctor knows).")
+@format_option
+def doctor(as_json, fmt):
     """Show the GPU, driver, CUDA, torch, Triton, cuDNN and vendor versions, and every backend:
     available or why not.
 
     \b
-    Example:
+    Examples:
       longca-triton doctor
+      longca-triton doctor --format csv      # the backends table, for scripts
     """
     import torch
 
@@ -417,25 +411,19 @@ def doctor(as_json):
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
-    from rich.table import Table
-
-    con = _console()
     env = info["env"]
-    t = Table(title="environment", show_header=False)
-    t.add_column("")
-    t.add_column("")
-    for k in ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python", "git_commit", "hostname"):
-        t.add_row(k, str(env.get(k)))
-    t.add_row("vendors", ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items())) or "none")
-    t.add_row("interpreted", str(env.get("interpreted")))
-    con.print(t)
-    bt = Table(title="backends")
-    for c in ("backend", "available", "modes", "lse", "why not / what"):
-        bt.add_column(c)
-    for b in info["backends"]:
-        bt.add_row(b["name"], "[green]yes[/]" if b["available"] else "[red]no[/]", ",".join(b["modes"]),
-                   "yes" if b["returns_lse"] else "no", b["reason"] if not b["available"] else b["description"])
-    con.print(bt)
+    if fmt == "table":
+        keys = ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python",
+                "git_commit", "hostname")
+        rows = [{"what": k, "value": env.get(k)} for k in keys]
+        rows.append({"what": "vendors", "value": ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items())) or "none"})
+        rows.append({"what": "interpreted", "value": env.get("interpreted")})
+        emit(rows, ["what", "value"], title="environment")
+    rows = [{"backend": b["name"], "available": "yes" if b["available"] else "no", "modes": ",".join(b["modes"]),
+             "lse": "yes" if b["returns_lse"] else "no",
+             "why_not_or_what": b["reason"] if not b["available"] else b["description"]} for b in info["backends"]]
+    emit(rows, ["backend", "available", "modes", "lse", "why_not_or_what"], fmt=fmt, title="backends",
+         headers={"why_not_or_what": "why not / what"})
 
 
 COMMANDS = [bench, plot, report, doctor]

@@ -31,6 +31,7 @@ import time
 import click
 
 from .cli import heads_callback
+from ..output import format_option
 from .ladder_report import TOL_MULT, VENDOR, print_table, render_markdown, write_outputs
 
 __all__ = ["LadderProblem", "run_ladder", "ladder_command", "write_outputs", "render_markdown"]
@@ -358,6 +359,7 @@ def _env() -> dict:
 # CLI
 # ----------------------------------------------------------------------------------------------
 @click.command("ladder")
+@format_option
 @click.option("--mask", default="causal", show_default=True, help="a static mask of MASKS.md (causal, causal_document, ...)")
 @click.option("-S", "--seqlen", type=click.IntRange(min=1), default=16384, show_default=True)
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "all"]), default="fwd", show_default=True,
@@ -372,7 +374,7 @@ def _env() -> dict:
 @click.option("--steps", default=None, help="comma-separated step names to run (default: all of the mode)")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="directory for ladder.jsonl, ladder.md and ladder_<mode>.png")
-def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, check_seqlen, steps, out):
+def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, check_seqlen, steps, out, fmt):
     """The kernel ladder: every step from the naive formula to our production kernel, checked and timed.
 
     Each step of longca_triton/kernels/ladder/ adds one idea (tiles, online softmax, mask-aware tile skipping,
@@ -422,7 +424,7 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
             p = interpreter_problem(p)
         rows = run_ladder(p, steps=mine, log=lambda s: console.log(s))
         title = f"kernel ladder — {p.label()}" + ("" if on_gpu else " [INTERPRETER: correctness only]")
-        print_table(rows, title, console)
+        print_table(rows, title, console, fmt)
         failed |= any(r.get("status") in ("wrong", "error") for r in rows if r.get("kind") == "ladder")
         if out:
             for path in write_outputs(rows, out, command):

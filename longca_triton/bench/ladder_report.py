@@ -62,20 +62,13 @@ def _columns(rows: list[dict]) -> list[tuple[str, str]]:
     return COLUMNS if any(r.get("median_ms") is not None for r in rows) else CHECK_COLUMNS
 
 
-def print_table(rows: list[dict], title: str, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def print_table(rows: list[dict], title: str, console=None, fmt: str = "table") -> None:
+    """The ladder's table (``fmt`` table, json or csv: ``output.emit``); ``console`` is unused
+    and kept for callers that pass one."""
+    from ..output import emit
 
-    console = console or Console()
-    table = Table(title=title)
     cols = _columns(rows)
-    for _, head in cols:
-        table.add_column(head, overflow="fold")
-    for row in rows:
-        c = _cells(row)
-        style = "bold red" if row.get("status") in ("wrong", "error") else None
-        table.add_row(*[c[k] for k, _ in cols], style=style)
-    console.print(table)
+    emit([_cells(r) for r in rows], [k for k, _ in cols], fmt=fmt, title=title, headers=dict(cols))
 
 
 def _group_key(row: dict) -> tuple:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import click
 
+from longca_triton.output import emit, format_option
+
 from .comm import SCHEMES
 
 __all__ = ["comm_command", "cp_bench_command"]
@@ -51,7 +53,8 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, 
 @click.option("--mask", default=None, help="mask name (MASKS.md); adds the fraction of ring transfers some pair uses")
 @click.option("--plan", type=click.Choice(["contiguous", "zigzag", "balanced"]), default="zigzag", show_default=True)
 @click.option("--return-lse", is_flag=True, help="count the lse all-to-all of the Ulysses schemes")
-def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype, batch, mask, plan, return_lse):
+@format_option
+def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype, batch, mask, plan, return_lse, fmt):
     """Per-device bytes sent / received per collective, forward and backward (closed form).
 
     \b
@@ -59,9 +62,9 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
       longca-triton comm --scheme ring_p2p --world 8 --seqlen 65536 --heads 64:8 --head-dim 128
       longca-triton comm --scheme usp --world 8 --ulysses 2 --seqlen 65536 --heads 64:8 --mask causal
       longca-triton comm --scheme loongtrain --world 16 --window 4 --seqlen 131072
+      longca-triton comm --scheme ring_p2p --world 8 --format csv     # bytes as integers
     """
     from rich.console import Console
-    from rich.table import Table
 
     from .comm import comm_model
     from .mesh import resolve_dims
@@ -81,17 +84,20 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
     con = Console()
     title = (f"{scheme}: N={world} (U={U} x ring {W * O}" + (f" = {O} windows x {W}" if O > 1 else "") + f"), "
              f"T={seqlen}, heads {hq}:{hkv}, D={head_dim}, {dtype}, B={batch}")
-    t = Table(title=title)
-    for col in ("phase", "collective", "tensor", "calls", "sent / device", "received / device"):
-        t.add_column(col, justify="right" if col in ("calls", "sent / device", "received / device") else "left")
-    tot = {"fwd": [0, 0], "bwd": [0, 0]}
+    # a table shows sizes in words; json / csv keep the integers
+    size = _fmt_bytes if fmt == "table" else int
+    out, tot = [], {"fwd": [0, 0], "bwd": [0, 0]}
     for r in rows:
-        t.add_row(r.phase, r.collective, r.tensor, str(r.calls), _fmt_bytes(r.bytes_sent), _fmt_bytes(r.bytes_received))
+        out.append(dict(phase=r.phase, collective=r.collective, tensor=r.tensor, calls=r.calls,
+                        sent=size(r.bytes_sent), received=size(r.bytes_received)))
         tot[r.phase][0] += r.bytes_sent
         tot[r.phase][1] += r.bytes_received
-    for phase, (s, rcv) in tot.items():
-        t.add_row(f"[bold]{phase} total", "", "", "", f"[bold]{_fmt_bytes(s)}", f"[bold]{_fmt_bytes(rcv)}")
-    con.print(t)
+    for phase, (sent, rcv) in tot.items():
+        out.append(dict(phase=f"{phase} total", collective="", tensor="", calls="", sent=size(sent), received=size(rcv)))
+    emit(out, ["phase", "collective", "tensor", "calls", "sent", "received"], fmt=fmt, title=title,
+         headers={"sent": "sent / device", "received": "received / device"})
+    if fmt != "table":
+        return
     if m is not None and scheme != "ulysses":
         from .plan import make_plan
 
