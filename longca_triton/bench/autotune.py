@@ -265,6 +265,15 @@ def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device, q
     return case.flops(mode) / (ms * 1e-3) / 1e12
 
 
+def search_space(tunable: Tunable, group: str, block: int, head_dim: int, switches: bool = False) -> list[dict]:
+    """The candidates searched for one key group. ``switches=False`` leaves out
+    ``warp_specialize=True``: on sm_90 with Triton 3.6 it changes nothing (the pass does not apply
+    to these loops), no tuned class ever chose it, and some of its configs fail to compile
+    (experiments/results/h100/autotune_search/). ``--search-switches`` puts them back."""
+    cands = tunable.candidates(group, block, head_dim)
+    return cands if switches else [c for c in cands if not c.get("warp_specialize")]
+
+
 def group_classes(tunable: Tunable, cases: list[TuneCase], block: int) -> dict[str, list[TuneCase]]:
     """The cases by problem class (what one cache entry serves)."""
     by_class: dict[str, list[TuneCase]] = {}
@@ -274,7 +283,8 @@ def group_classes(tunable: Tunable, cases: list[TuneCase], block: int) -> dict[s
     return by_class
 
 
-def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive: bool = False) -> int:
+def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive: bool = False,
+                 switches: bool = False) -> int:
     """How many timed runs :func:`tune` makes for these cases (a progress bar's total; classes
     reused from the cache make fewer)."""
     total = 0
@@ -282,7 +292,7 @@ def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive
         n, modes = len(members), len(set(tunable.groups.values()))
         total += 2 * modes * n  # the default before, the tuned combination after
         for group in tunable.groups:
-            total += planned_measurements(len(tunable.candidates(group, block, members[0].head_dim)), n,
+            total += planned_measurements(len(search_space(tunable, group, block, members[0].head_dim, switches)), n,
                                           exhaustive=exhaustive)
     return total
 
@@ -305,6 +315,7 @@ def tune(
     exhaustive: bool = False,
     deadline: float | None = None,
     force: bool = False,
+    switches: bool = False,
     on_measure: Callable | None = None,
     write: bool = True,
 ) -> list[dict]:
@@ -316,7 +327,8 @@ def tune(
     geometric mean of TFLOP/s over the class's cases; a candidate that fails to compile or run is
     recorded and skipped. A class already in the cache, tuned on the same cases on this GPU, is
     reused as it is (``force=True`` tunes it again). ``deadline`` (``time.monotonic()``) caps the
-    search: past it every group decides among what it measured.
+    search: past it every group decides among what it measured. ``switches``: search the kernels'
+    on/off switches too (:func:`search_space`).
     """
     groups = groups or list(tunable.groups)
     summaries = []
@@ -348,7 +360,7 @@ def tune(
                 for c in members:
                     note("default", {}, c, None, "")
             res = halving_search(
-                tunable.candidates(group, block, head_dim), members,
+                search_space(tunable, group, block, head_dim, switches), members,
                 lambda cand, case, quick, mode=mode: measure(tunable, case, {**tuned, **cand}, mode, device, quick),
                 weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))

@@ -92,6 +92,8 @@ SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "defa
 @click.option("--budget-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="stop searching after this long; every key group then decides among what it measured")
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
+@click.option("--search-switches", "switches", is_flag=True,
+              help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
 @click.option("--force", is_flag=True, help="tune classes the cache already holds for these cases again")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
@@ -99,7 +101,7 @@ SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "defa
 @click.option("-v", "--verbose", is_flag=True, help="a line per timed candidate")
 @format_option
 def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, head_dims, dtypes, heads, vendors,
-             budget_minutes, exhaustive, force, dry_run, no_write, out, verbose, fmt):
+             budget_minutes, exhaustive, switches, force, dry_run, no_write, out, verbose, fmt):
     """Tune our kernels' launch configs for one tile/block size and cache the winners.
 
     `--block N` tunes the dense kernel (triton: inner tile N) and the uniform block-sparse kernel
@@ -164,7 +166,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         if dry_run or interpreted:
             con.print(f"{name} at {tunable.block_meaning} {tblock}: {len(mine)} cases")
         if dry_run:
-            _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table")
+            _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table", switches)
             continue
         if interpreted:
             _interpreter_rows(table, tunable, mine, tblock)
@@ -174,7 +176,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                   f"({len(mine)} cases) -> {tuned.cache_path()}")
         t0 = time.monotonic()
         summaries = _tune_with_progress(con, at, tunable, mine, tblock, device, exhaustive, deadline, force,
-                                        no_write, verbose)
+                                        no_write, verbose, switches)
         t_search = time.monotonic() - t0
         reused = [s for s in summaries if s.get("reused")]
         if reused:
@@ -198,12 +200,13 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         con.print(f"autotune done in {time.monotonic() - t_start:.0f} s")
 
 
-def _tune_with_progress(con, at, tunable, cases, block, device, exhaustive, deadline, force, no_write, verbose):
+def _tune_with_progress(con, at, tunable, cases, block, device, exhaustive, deadline, force, no_write, verbose,
+                        switches):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     todo = {cls: m for cls, m in at.group_classes(tunable, cases, block).items()
             if force or at.cached_entry(tunable, cls, m, device) is None}
-    total = sum(at.planned_work(tunable, m, block, exhaustive) for m in todo.values())
+    total = sum(at.planned_work(tunable, m, block, exhaustive, switches) for m in todo.values())
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("timed runs"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=con, transient=False, disable=total == 0) as bar:
@@ -216,7 +219,7 @@ def _tune_with_progress(con, at, tunable, cases, block, device, exhaustive, dead
                 bar.console.print(f"  {round_:<14} {case.label:<40} {_fmt_cfg(cand)} -> {result}")
 
         return at.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=deadline, force=force,
-                       on_measure=on_measure, write=not no_write)
+                       switches=switches, on_measure=on_measure, write=not no_write)
 
 
 def _measure_vendors(con, at, summaries, cases, vendor_names, device):
@@ -234,13 +237,13 @@ def _measure_vendors(con, at, summaries, cases, vendor_names, device):
         at.record_vendors(s, got, device)
 
 
-def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs):
+def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs, switches):
     from . import autotune as at
     from .search import planned_measurements
 
     for cls, members in at.group_classes(tunable, cases, block).items():
         for group, mode in tunable.groups.items():
-            cands = tunable.candidates(group, block, members[0].head_dim)
+            cands = at.search_space(tunable, group, block, members[0].head_dim, switches)
             table["rows"].append(dict(
                 problem_class=cls, cases="; ".join(c.label for c in members), group=group, timed_on=mode,
                 candidates=len(cands), timed_runs=planned_measurements(len(cands), len(members), exhaustive=exhaustive),
