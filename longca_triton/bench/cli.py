@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from ..cli_errors import OneLineErrors
 from ..output import emit, format_option
 
 __all__ = ["COMMANDS", "bench", "doctor", "heads_callback", "plot", "report"]
@@ -429,7 +430,7 @@ def doctor(as_json, fmt):
 COMMANDS = [bench, plot, report, doctor]
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 def cli():
     """Stand-alone entry for the benchmark commands (the package's `longca-triton` adds them too)."""
 
