@@ -6,7 +6,6 @@ imported). There bf16 ``tl.dot`` is unreliable and autotuning is off, so the che
 gradient flowing into lse too (the ``dlse`` path).
 """
 
-import os
 
 import torch
 

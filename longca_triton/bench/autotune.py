@@ -35,7 +35,7 @@ from ..masks import BlockSparseMask, Mask
 from .search import geomean, halving_search, planned_measurements
 from .timing import time_fn
 
-__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases", "best_vendor",
+__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases",
            "vendor_tflops", "record_vendors", "planned_work", "group_classes", "cached_entry"]
 
 
@@ -474,35 +474,3 @@ def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device) -> dict[str
         else:
             out[name] = geomean(scores)
     return out
-
-
-def best_vendor(case: TuneCase, mode: str, vendors, device) -> tuple[str, float]:
-    """The fastest available vendor backend on this case (name, TFLOP/s), or ("none", 0)."""
-    from ..adapters import Problem, get_backend
-
-    best = ("none", 0.0)
-    q, k, v, do = case.inputs(device)
-    problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
-                      head_dim=case.head_dim, dtype=case.dtype, mode=mode, device=torch.device(device).type)
-    for name in vendors:
-        try:
-            backend = get_backend(name)
-        except ValueError:
-            continue
-        ok, _ = backend.check(problem)
-        if not ok:
-            continue
-        try:
-            fn = backend.prepare(problem, q, k, v)
-            if mode == "fwd":
-                with torch.no_grad():
-                    ms = _time(fn, device)
-            else:
-                out = fn()[0]
-                ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device)
-        except Exception:  # a vendor failing here is not the tuner's business
-            continue
-        tflops = case.flops(mode) / (ms * 1e-3) / 1e12
-        if tflops > best[1]:
-            best = (name, tflops)
-    return best

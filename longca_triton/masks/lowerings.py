@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ir import BlockSparseMask, Mask, RangeMask, _cached
+from .ir import BlockSparseMask, Mask, RangeMask
 
 __all__ = ["NotExpressible", "FlashMaskColumns", "VarlenForm", "flashmask_columns", "varlen_form", "flex_block_mask", "flex_mask_mod"]
 
