@@ -92,6 +92,50 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
         click.echo(f"wrote {out}", err=fmt != "table")
 
 
+@main.command("recommend")
+@click.option("--mask", required=True, type=click.Choice(MASK_NAMES), help="the mask of MASKS.md")
+@click.option("--seqlen", "-S", required=True, help="sequence length, e.g. 131072 or 128K or 1M")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs the sequence is spread over")
+@click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
+@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default="fwd_bwd", show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
+              help="results JSONL files (repeatable; default: experiments/results/**/results.jsonl of this checkout)")
+@format_option
+def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results, fmt):
+    """The best kernel and context-parallel scheme for a mask, a length and a GPU count, from the
+    measured results; says when it extrapolates (another length, another GPU count) or models
+    (comm bytes plus measured kernel time) instead of measuring, and when nothing supports the case.
+
+    \b
+    Examples:
+      longca-triton recommend --mask causal_document --seqlen 128K --gpus 8
+      longca-triton recommend --mask full -S 16K --gpus 2 --mode fwd --format json
+      longca-triton recommend --mask share_question -S 1M --gpus 64 --results my/results.jsonl
+    """
+    from dataclasses import asdict
+
+    from .bench.cli import heads_callback
+    from .bench.params import parse_seqlen
+    from .study.recommend import default_results, load_rows, recommend
+
+    hq_hkv = heads_callback(None, None, heads)
+    paths = list(results) or default_results()
+    if not paths:
+        raise click.UsageError("no results: pass --results FILE (a bench results.jsonl), or run from a checkout "
+                               "with experiments/results/")
+    rec = recommend(load_rows(paths), mask, parse_seqlen(seqlen), gpus, heads=hq_hkv, head_dim=head_dim,
+                    mode=mode, dtype=dtype)
+    if fmt == "table":
+        click.echo("\n".join(rec.lines()))
+    elif fmt == "json":
+        click.echo(json.dumps(asdict(rec), indent=1, default=str))
+    else:  # csv: the two rankings, best first
+        rows = [dict(choice="kernel", name=b, score=round(t, 1), unit="TFLOP/s") for b, t in rec.kernel_ranking]
+        rows += [dict(choice="cp", name=n, score=round(e, 3), unit="efficiency") for n, e in rec.cp_ranking]
+        emit(rows, ["choice", "name", "score", "unit"], fmt="csv")
+
 def _make(name, seqlen, seed, params):
     from .masks import make_mask
 

@@ -1,0 +1,1 @@
+"""The study built on the results: recommendations (and, next, generated findings)."""

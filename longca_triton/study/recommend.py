@@ -1,0 +1,219 @@
+"""``recommend``: which kernel and which context-parallel scheme for a mask, a length and a GPU count,
+answered from measured results, and saying so whenever it extrapolates.
+
+Kernel: among the result rows of this mask, heads, head dim and dtype, the measured sequence length
+nearest to the request (in log scale) is taken and its backends ranked by TFLOP/s of the requested
+mode (``fwd_bwd`` = forward and backward time added, or a measured ``fwd_bwd`` row). A different
+length is an extrapolation and is said to be one; backends that could not run the case are listed
+with their reason.
+
+CP (more than one GPU): measured efficiency (``bench cp`` rows of this mask at this GPU count,
+nearest tokens per GPU) when there is any. Otherwise a model: the kernel's measured time scaled to
+the request (attention work grows with the mask's area; time per FLOP kept), split over the GPUs,
+plus each scheme's bytes from ``longca-triton comm`` (``cp.comm.comm_model``) over an assumed link
+bandwidth; ring schemes hide their transfers behind compute, all-to-alls do not. The answer names
+the model, its bandwidth and what it leaves out.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Recommendation", "load_rows", "recommend", "default_results", "LINK_GBPS"]
+
+#: assumed per-GPU link bandwidth (GB/s, one direction) for the CP model: NVLink inside an 8-GPU
+#: node, InfiniBand (one 400 Gb/s NIC per GPU) beyond it
+LINK_GBPS = {"intra-node (NVLink)": 400.0, "inter-node (InfiniBand)": 50.0}
+DENSE_KINDS = ("dense", "sparse", "varblock", None)
+
+
+@dataclass
+class Recommendation:
+    mask: str
+    seqlen: int
+    gpus: int
+    mode: str
+    kernel: dict | None = None  # backend, tflops, ms, measured_seqlen, extrapolated, gpu, file
+    kernel_ranking: list = field(default_factory=list)  # [(backend, tflops)]
+    cannot_run: dict = field(default_factory=dict)  # backend -> status
+    cp: dict | None = None  # scheme, plan, efficiency, source, ...
+    cp_ranking: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.mask}, S = {self.seqlen:,}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {self.mode}:"]
+        if self.kernel is None:
+            out.append("  kernel: nothing measured supports this case (no ok row for this mask, heads, head dim, dtype)")
+        else:
+            k = self.kernel
+            where = (f"measured at S = {k['measured_seqlen']:,}" if not k["extrapolated"] else
+                     f"nearest measured S = {k['measured_seqlen']:,} (requested {self.seqlen:,}: extrapolated, "
+                     f"the ranking may change with length)")
+            out.append(f"  kernel: {k['backend']} at {k['tflops']:.0f} TFLOP/s ({where}, {k['gpu']})")
+            if len(self.kernel_ranking) > 1:
+                out.append("    then: " + ", ".join(f"{b} {t:.0f}" for b, t in self.kernel_ranking[1:6]))
+            if self.cannot_run:
+                out.append("    cannot run it: " + "; ".join(f"{b} ({s})" for b, s in sorted(self.cannot_run.items())))
+        if self.cp is not None:
+            c = self.cp
+            out.append(f"  context parallelism: {c['scheme']} ({c['plan']}) at efficiency {c['efficiency']:.2f} "
+                       f"[{c['source']}]")
+            if len(self.cp_ranking) > 1:
+                out.append("    then: " + ", ".join(f"{s} {e:.2f}" for s, e in self.cp_ranking[1:6]))
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def default_results() -> list[Path]:
+    """The committed results of a checkout (``experiments/results/**/results.jsonl``), if here."""
+    return [Path(p) for p in sorted(glob.glob("experiments/results/**/results.jsonl", recursive=True))]
+
+
+def load_rows(paths) -> list[dict]:
+    """Every row of the JSONL files (a cut last line is skipped); each row remembers its file."""
+    rows = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"results file {p} not found")
+        for line in p.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(r, dict):
+                r["_file"] = str(p)
+                rows.append(r)
+    return rows
+
+
+def _log_dist(a: float, b: float) -> float:
+    return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
+
+
+def _same_problem(r: dict, mask, heads, head_dim, dtype) -> bool:
+    return (r.get("mask") == mask and r.get("heads_q") == heads[0] and r.get("heads_kv") == heads[1]
+            and r.get("head_dim") == head_dim and r.get("dtype") == dtype)
+
+
+def _label(r: dict) -> str:
+    """The backend under its current name, with the mask variant when the row has one (block-sparse
+    rows of several blocks / densities are told apart, not pooled)."""
+    from longca_triton.adapters.base import canonical_name
+
+    name = canonical_name(r["backend"])
+    variant = r.get("mask_label")
+    return f"{name} [{variant}]" if variant and variant != r.get("mask") else name
+
+
+def _kernel_times(rows: list[dict], mode: str) -> dict[tuple, dict]:
+    """``{(backend, seqlen): {tflops, ms, gpu, file}}`` for ok rows of the mode (fwd_bwd: fwd + bwd)."""
+    by: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get("status") != "ok" or not r.get("time_ms"):
+            continue
+        by.setdefault((_label(r), r["seqlen"]), {})[r["mode"]] = r
+    out = {}
+    for key, modes in by.items():
+        if mode in modes:
+            r = modes[mode]
+            out[key] = dict(tflops=r["tflops"], ms=r["time_ms"], gpu=r.get("gpu"), file=r["_file"], flops=r["flops"])
+        elif mode == "fwd_bwd" and "fwd" in modes and "bwd" in modes:
+            f, b = modes["fwd"], modes["bwd"]
+            ms = f["time_ms"] + b["time_ms"]
+            flops = f["flops"] + b["flops"]
+            out[key] = dict(tflops=flops / (ms * 1e-3) / 1e12, ms=ms, gpu=f.get("gpu"), file=f["_file"], flops=flops)
+    return out
+
+
+def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=(64, 8), head_dim: int = 128,
+              mode: str = "fwd_bwd", dtype: str = "bfloat16") -> Recommendation:
+    """The best kernel and (for ``gpus > 1``) the best CP scheme x plan; see the module docstring."""
+    if mode not in ("fwd", "bwd", "fwd_bwd"):
+        raise ValueError(f"unknown mode {mode!r}; use fwd, bwd or fwd_bwd")
+    if seqlen < 1 or gpus < 1:
+        raise ValueError(f"sequence length and GPU count must be positive, got S={seqlen}, gpus={gpus}")
+    rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode)
+    mine = [r for r in rows if r.get("kind") in DENSE_KINDS and _same_problem(r, mask, heads, head_dim, dtype)]
+    times = _kernel_times(mine, mode)
+    if times:
+        lengths = sorted({s for _, s in times})
+        near = min(lengths, key=lambda s: (_log_dist(s, seqlen), -s))
+        ranking = sorted(((b, t["tflops"]) for (b, s), t in times.items() if s == near), key=lambda x: -x[1])
+        best = times[(ranking[0][0], near)]
+        rec.kernel = dict(backend=ranking[0][0], tflops=ranking[0][1], ms=best["ms"], measured_seqlen=near,
+                          extrapolated=near != seqlen, gpu=best["gpu"], file=best["file"], flops=best["flops"])
+        rec.kernel_ranking = ranking
+        rec.cannot_run = {_label(r): r["status"][:80] for r in mine if r.get("seqlen") == near
+                          and r.get("status") != "ok" and _label(r) not in dict(ranking)}
+    if gpus > 1:
+        _recommend_cp(rec, rows, heads, head_dim, dtype)
+    return rec
+
+
+def _recommend_cp(rec: Recommendation, rows, heads, head_dim, dtype) -> None:
+    cp_mode = "fwd" if rec.mode == "fwd" else "fwd_bwd"
+    if rec.mode == "bwd":
+        rec.notes.append("CP is measured and modelled for fwd_bwd; its answer stands for the backward")
+    tokens = rec.seqlen / rec.gpus
+    cp_rows = [r for r in rows if r.get("kind") == "cp" and _same_problem(r, rec.mask, heads, head_dim, dtype)
+               and r.get("world_size") == rec.gpus and r.get("mode") == cp_mode and r.get("status") == "ok"
+               and r.get("scheme") not in ("single", None) and r.get("efficiency")]
+    if cp_rows:
+        near = min({r["tokens_per_gpu"] for r in cp_rows}, key=lambda t: (_log_dist(t, tokens), -t))
+        at = sorted((r for r in cp_rows if r["tokens_per_gpu"] == near), key=lambda r: -r["efficiency"])
+        best = at[0]
+        src = (f"measured on {best.get('gpu')} x {rec.gpus}, {near:,} tokens per GPU"
+               + ("" if near == tokens else f" (requested {tokens:,.0f}: extrapolated)"))
+        rec.cp = dict(scheme=best["scheme"], plan=best["plan"], efficiency=best["efficiency"], source=src)
+        rec.cp_ranking = [(f"{r['scheme']}/{r['plan']}", r["efficiency"]) for r in at]
+        return
+    if rec.kernel is None:
+        rec.notes.append("no CP measurement and no kernel measurement for this case: no CP answer")
+        return
+    _model_cp(rec, heads, head_dim)
+
+
+def _model_cp(rec: Recommendation, heads, head_dim) -> None:
+    from longca_triton.cp.comm import comm_model
+    from longca_triton.cp.mesh import SCHEMES
+    from longca_triton.masks import make_mask
+
+    k = rec.kernel
+    # the kernel's time per FLOP at its measured length, applied to the requested length's FLOPs
+    # (FLOPs of the mask with its default parameters; the area ratio is what matters)
+    try:
+        area_ratio = (make_mask(rec.mask, rec.seqlen).flops(1, 1, "fwd")
+                      / make_mask(rec.mask, k["measured_seqlen"]).flops(1, 1, "fwd"))
+    except (ValueError, MemoryError):
+        area_ratio = (rec.seqlen / k["measured_seqlen"]) ** 2
+    compute_ms = k["ms"] * area_ratio / rec.gpus
+    link = "intra-node (NVLink)" if rec.gpus <= 8 else "inter-node (InfiniBand)"
+    bw = LINK_GBPS[link] * 1e9
+    ranking, skipped = [], []
+    for scheme in SCHEMES:
+        try:
+            crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2)
+        except ValueError as e:
+            skipped.append(f"{scheme}: {e}")
+            continue
+        phases = ("fwd",) if rec.mode == "fwd" else ("fwd", "bwd")
+        comm_ms = sum(r.bytes_sent for r in crows if r.phase in phases) / bw * 1e3
+        exposed = comm_ms if scheme in ("ulysses",) else max(0.0, comm_ms - compute_ms)
+        ranking.append((scheme, compute_ms / (compute_ms + exposed), comm_ms))
+    ranking.sort(key=lambda x: -x[1])
+    if not ranking:
+        rec.notes.append("no CP scheme fits these sizes: " + "; ".join(skipped))
+        return
+    best = ranking[0]
+    rec.cp = dict(scheme=best[0], plan="zigzag" if best[0] != "ulysses" else "contiguous", efficiency=best[1],
+                  source=(f"model, not measured: {k['backend']}'s measured time scaled to S = {rec.seqlen:,} "
+                          f"(x{area_ratio:.3g} of the mask's area) over {rec.gpus} GPUs, {best[2]:.1f} ms of "
+                          f"transfers at {LINK_GBPS[link]:.0f} GB/s {link}; ignores load imbalance and kernel "
+                          f"efficiency at the shorter per-GPU blocks"))
+    rec.cp_ranking = [(s, e) for s, e, _ in ranking]
+    rec.notes += [f"not applicable: {s}" for s in skipped]

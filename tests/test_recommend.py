@@ -1,0 +1,115 @@
+"""recommend on small results files: the measured answer, the nearest length said to be an
+extrapolation, failed and unsupported rows named, CP measured or modelled (and said so), every
+static mask at 4K-1M tokens and 1-64 GPUs without a traceback (issue 14)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from longca_triton.cli import main
+from longca_triton.masks import STATIC_MASK_NAMES
+from longca_triton.study.recommend import load_rows, recommend
+
+
+def row(backend, mask, S, mode, tflops, status="ok", **kw):
+    flops = 4.0 * S * S * 64 * 128 * (2.5 if mode == "bwd" else 1.0) * (0.5 if mask == "causal" else 1.0)
+    r = dict(kind="dense", backend=backend, mask=mask, seqlen=S, heads_q=64, heads_kv=8, head_dim=128,
+             dtype="bfloat16", mode=mode, status=status, gpu="GPU-X", flops=flops)
+    if status == "ok":
+        r.update(tflops=tflops, time_ms=flops / (tflops * 1e12) * 1e3)
+    r.update(kw)
+    return r
+
+
+def cp_row(scheme, plan, eff, mask="causal", world=2, tokens=8192, mode="fwd_bwd"):
+    return dict(kind="cp", backend="triton", mask=mask, seqlen=tokens * world, tokens_per_gpu=tokens, heads_q=64,
+                heads_kv=8, head_dim=128, dtype="bfloat16", mode=mode, status="ok", scheme=scheme, plan=plan,
+                world_size=world, efficiency=eff, gpu="GPU-Y")
+
+
+@pytest.fixture
+def results(tmp_path):
+    rows = [
+        row("triton", "causal", 16384, "fwd", 500), row("triton", "causal", 16384, "bwd", 400),
+        row("fa4", "causal", 16384, "fwd", 650), row("fa4", "causal", 16384, "bwd", 600),
+        row("flex", "causal", 16384, "fwd", 430), row("flex", "causal", 16384, "bwd", 0, status="error: boom"),
+        row("sdpa-flash", "causal", 16384, "fwd", 0, status="unsupported: no mask"),
+        row("triton", "causal", 4096, "fwd", 420), row("triton", "causal", 4096, "bwd", 300),
+        row("flashmask-triton", "full", 16384, "fwd", 530),
+        cp_row("ring_p2p", "zigzag", 0.95), cp_row("ulysses", "contiguous", 0.90),
+        cp_row("single", "none", 1.0),
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"cut line")  # a cut last line is skipped
+    return path
+
+
+def test_measured_kernel_and_ranking(results):
+    rec = recommend(load_rows([results]), "causal", 16384, 1)
+    assert rec.kernel["backend"] == "fa4" and not rec.kernel["extrapolated"]
+    # fwd_bwd = forward + backward time; flex has no ok backward, so it is not ranked
+    assert [b for b, _ in rec.kernel_ranking] == ["fa4", "triton"]
+    assert rec.cannot_run["flex"].startswith("error: boom") and "sdpa-flash" in rec.cannot_run
+    assert rec.cp is None
+    text = "\n".join(rec.lines())
+    assert "measured at S = 16,384" in text and "extrapolated" not in text
+
+
+def test_fwd_only_ranks_flex(results):
+    rec = recommend(load_rows([results]), "causal", 16384, 1, mode="fwd")
+    assert [b for b, _ in rec.kernel_ranking] == ["fa4", "triton", "flex"]
+
+
+def test_nearest_length_is_an_extrapolation(results):
+    rec = recommend(load_rows([results]), "causal", 6000, 1)
+    assert rec.kernel["measured_seqlen"] == 4096 and rec.kernel["extrapolated"]
+    assert "extrapolated" in "\n".join(rec.lines())
+
+
+def test_renamed_backend_is_reported_under_its_current_name(results):
+    rec = recommend(load_rows([results]), "full", 16384, 1, mode="fwd")
+    assert rec.kernel["backend"] == "triton-flashmask"
+
+
+def test_cp_measured_then_modelled(results):
+    rows = load_rows([results])
+    rec = recommend(rows, "causal", 16384, 2)
+    assert rec.cp["scheme"] == "ring_p2p" and rec.cp["source"].startswith("measured")
+    assert [n for n, _ in rec.cp_ranking] == ["ring_p2p/zigzag", "ulysses/contiguous"]  # "single" is the baseline
+    rec = recommend(rows, "causal", 65536, 4)
+    assert rec.cp["source"].startswith("model, not measured") and 0 < rec.cp["efficiency"] <= 1
+
+
+def test_nothing_supports_the_case(results):
+    rec = recommend(load_rows([results]), "share_question", 16384, 8)
+    assert rec.kernel is None and rec.cp is None
+    assert "nothing measured supports this case" in "\n".join(rec.lines())
+
+
+def test_every_static_mask_length_and_gpu_count_answers(results):
+    rows = load_rows([results])
+    for mask in STATIC_MASK_NAMES:
+        for S in (4096, 131072, 1 << 20):
+            for gpus in (1, 3, 8, 64):
+                assert recommend(rows, mask, S, gpus).lines()
+
+
+def test_bad_arguments(results):
+    rows = load_rows([results])
+    with pytest.raises(ValueError, match="unknown mode"):
+        recommend(rows, "causal", 4096, 1, mode="both")
+    with pytest.raises(ValueError, match="positive"):
+        recommend(rows, "causal", 4096, 0)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_rows(["nope.jsonl"])
+
+
+def test_cli(results):
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K", "--gpus", "2", "--results", str(results)])
+    assert r.exit_code == 0, r.output
+    assert "kernel: fa4" in r.output and "ring_p2p (zigzag)" in r.output
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K", "--results", str(results), "--format", "json"])
+    assert json.loads(r.stdout)["kernel"]["backend"] == "fa4"
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K", "--results", "missing.jsonl"])
+    assert r.exit_code != 0 and r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
