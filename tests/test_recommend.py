@@ -113,3 +113,19 @@ def test_cli(results):
     assert json.loads(r.stdout)["kernel"]["backend"] == "fa4"
     r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K", "--results", "missing.jsonl"])
     assert r.exit_code != 0 and r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
+
+
+def test_block_sparse_model_scales_without_building_the_mask(tmp_path):
+    """At the measured block and density a block-sparse mask's work grows as S^2: the model must not
+    build a million-token block map to learn that (it took tens of seconds)."""
+    import time
+
+    rows = [row("triton-sparse", "block_sparse", 4096, m, 400, mask_label="block_sparse[block=64,density=0.5]")
+            for m in ("fwd", "bwd")]
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    t0 = time.perf_counter()
+    rec = recommend(load_rows([path]), "block_sparse", 1 << 20, 8)
+    assert time.perf_counter() - t0 < 5
+    assert rec.kernel["backend"] == "triton-sparse [block_sparse[block=64,density=0.5]]" and rec.kernel["extrapolated"]
+    assert "x6.55e+04" in rec.cp["source"]  # (2^20 / 4096)^2

@@ -28,7 +28,8 @@ __all__ = ["Recommendation", "load_rows", "recommend", "default_results", "LINK_
 #: assumed per-GPU link bandwidth (GB/s, one direction) for the CP model: NVLink inside an 8-GPU
 #: node, InfiniBand (one 400 Gb/s NIC per GPU) beyond it
 LINK_GBPS = {"intra-node (NVLink)": 400.0, "inter-node (InfiniBand)": 50.0}
-DENSE_KINDS = ("dense", "sparse", "varblock", None)
+#: result kinds that time one kernel on one GPU (CP rows are kind "cp")
+KERNEL_KINDS = ("dense", "sparse", "varblock", None)
 
 
 @dataclass
@@ -138,7 +139,7 @@ def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=
     if seqlen < 1 or gpus < 1:
         raise ValueError(f"sequence length and GPU count must be positive, got S={seqlen}, gpus={gpus}")
     rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode)
-    mine = [r for r in rows if r.get("kind") in DENSE_KINDS and _same_problem(r, mask, heads, head_dim, dtype)]
+    mine = [r for r in rows if r.get("kind") in KERNEL_KINDS and _same_problem(r, mask, heads, head_dim, dtype)]
     times = _kernel_times(mine, mode)
     if times:
         lengths = sorted({s for _, s in times})
@@ -181,16 +182,17 @@ def _recommend_cp(rec: Recommendation, rows, heads, head_dim, dtype) -> None:
 def _model_cp(rec: Recommendation, heads, head_dim) -> None:
     from longca_triton.cp.comm import comm_model
     from longca_triton.cp.mesh import SCHEMES
-    from longca_triton.masks import make_mask
+    from longca_triton.masks import MASK_SPECS, make_mask
 
     k = rec.kernel
     # the kernel's time per FLOP at its measured length, applied to the requested length's FLOPs
-    # (FLOPs of the mask with its default parameters; the area ratio is what matters)
-    try:
-        area_ratio = (make_mask(rec.mask, rec.seqlen).flops(1, 1, "fwd")
-                      / make_mask(rec.mask, k["measured_seqlen"]).flops(1, 1, "fwd"))
-    except (ValueError, MemoryError):
+    # range masks: the ratio of their areas (from intervals, cheap at 1M tokens; default parameters);
+    # block-sparse masks keep the measured block and density, so their area grows as S^2 (building
+    # a million-token block map just to count it would take tens of seconds)
+    if MASK_SPECS[rec.mask].kind == "dynamic":
         area_ratio = (rec.seqlen / k["measured_seqlen"]) ** 2
+    else:
+        area_ratio = make_mask(rec.mask, rec.seqlen).area / make_mask(rec.mask, k["measured_seqlen"]).area
     compute_ms = k["ms"] * area_ratio / rec.gpus
     link = "intra-node (NVLink)" if rec.gpus <= 8 else "inter-node (InfiniBand)"
     bw = LINK_GBPS[link] * 1e9
