@@ -59,7 +59,9 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     """
     from .adapters import Problem, get_backend
 
-    validate_inputs(q, k, v, mask)  # the one check of the tensors; backends and kernels trust it
+    # the backend-independent check (shapes, GQA, the mask fitting); our kernels' public entries add
+    # their own (head dims, dtypes, devices), since users call them directly too
+    validate_inputs(q, k, v, mask)
     impl = get_backend(backend or default_backend(mask))
     problem = Problem.from_tensors(q, k, v, mask, softmax_scale)  # problem.scale: the resolved scale
     ok, why = impl.check(problem)
