@@ -11,7 +11,7 @@ __all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonica
            "register"]
 
 #: adapter modules, imported on first use of the registry
-ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_flashmask", "triton_sparse", "vsa",
+ADAPTER_MODULES = ["reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask", "triton_flashmask", "triton_sparse", "triton_gluon", "vsa",
                   "flashinfer"]
 
 _loaded = False

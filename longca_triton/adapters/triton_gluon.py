@@ -1,0 +1,69 @@
+"""Our warp-specialized Gluon forward (``longca_triton/kernels/gluon/``) as the ``triton-gluon`` backend.
+
+The forward is Gluon (FlashAttention-3's design on sm_90: TMA producer warp, two ping-ponging
+consumer warpgroups, async wgmma); the backward is our plain-Triton dense backward, and the
+description says so. It runs on sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case
+is ``unsupported`` with the reason, never a crash.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from longca_triton.masks import BlockSparseMask
+
+from .base import Problem, register
+from .triton_base import TritonBackend
+
+
+class TritonGluon(TritonBackend):
+    name = "triton-gluon"
+    description = ("longca-triton's Gluon forward (FA3 design: warp-specialized TMA producer, ping-pong "
+                   "consumer warpgroups, async wgmma; sm_90 only) + the plain-Triton dense backward")
+    kernel = "gluon.attention"
+
+    def available(self):
+        try:
+            import triton.experimental.gluon  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - say why the Gluon module cannot load
+            return False, f"cannot import triton.experimental.gluon ({type(e).__name__}: {e})"
+        if not torch.cuda.is_available():
+            return False, "needs an sm_90 (Hopper) GPU; the CPU interpreter cannot run Gluon"
+        from longca_triton.kernels.gluon.attention import device_reason
+
+        why = device_reason(torch.device("cuda"))
+        return (not why), why
+
+    def mask_reason(self, problem: Problem) -> str:
+        if isinstance(problem.mask, BlockSparseMask):
+            return "block-sparse masks run on triton-sparse / triton-varblock"
+        return ""
+
+    def supports(self, problem: Problem):
+        if problem.device != "cuda":
+            return False, f"needs an sm_90 (Hopper) GPU; problem device: {problem.device} (no Gluon in the interpreter)"
+        ok, why = super().supports(problem)
+        if not ok:
+            return ok, why
+        from longca_triton.kernels.gluon.attention import device_reason
+
+        why = device_reason(torch.device("cuda"))
+        return (not why), why
+
+    def launch(self, q, k, v, mask, scale, return_lse, config):
+        from longca_triton.kernels.gluon.attention import gluon_attention
+
+        return gluon_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
+
+    def plan(self, problem: Problem, q, config):
+        from longca_triton.kernels.dense import resolve_config as dense_cfg
+        from longca_triton.kernels.gluon.attention import (
+            plans_for_gluon,
+            resolve_config,
+        )
+
+        plans_for_gluon(problem.mask, resolve_config(problem.head_dim, problem.dtype, config),
+                        dense_cfg(problem.head_dim, problem.dtype), q.device)
+
+
+register(TritonGluon())

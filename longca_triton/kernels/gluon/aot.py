@@ -1,0 +1,122 @@
+"""Ahead-of-time compilation of the Gluon kernels for sm_90a, on any machine (no GPU needed).
+
+Tests use it on the CPU to check that every variant compiles, what the compiler made of it
+(async wgmma, ``setmaxnreg`` per partition, TMA) and that ``ptxas`` reports no spills; people
+reading the kernel can dump its TTGIR / PTX the same way::
+
+    python -m longca_triton.kernels.gluon.aot --head-dim 128 --dump /tmp/fwd
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+
+__all__ = ["Compiled", "compile_fwd", "ptxas_info"]
+
+
+@dataclasses.dataclass
+class Compiled:
+    ttgir: str
+    ptx: str
+    shared: int  # bytes of shared memory the compiler allocated
+
+    def count(self, pattern: str) -> int:
+        return len(re.findall(pattern, self.ptx))
+
+    def setmaxnreg(self) -> list[int]:
+        """Every ``setmaxnreg`` target in the PTX (increase and decrease)."""
+        return [int(x) for x in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", self.ptx)]
+
+
+def _signature(fn, consts: dict, dtype: str) -> dict:
+    sig = {}
+    for a in fn.arg_names:
+        if a in consts:
+            sig[a] = "constexpr"
+        elif a in ("Q", "K", "V"):
+            sig[a] = f"*{dtype}"
+        elif a == "Out":
+            sig[a] = f"*{dtype}" if consts.get("STORE_TMA", True) else "*fp32"
+        elif a == "Lse":
+            sig[a] = "*fp32"
+        elif a.isupper():
+            sig[a] = "*i32"  # plan tables
+        elif a == "qk_scale":
+            sig[a] = "fp32"
+        else:
+            sig[a] = "i32"
+    return sig
+
+
+def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
+                has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16") -> Compiled:
+    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)."""
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+    if os.environ["TRITON_INTERPRET"] == "1":
+        raise RuntimeError("compile_fwd needs TRITON_INTERPRET unset (run it in a subprocess)")
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .attention import _regs, resolve_config
+    from .attention_fwd import gluon_fwd_kernel
+
+    c = resolve_config(head_dim, torch.bfloat16, cfg)
+    producer, maxnreg = _regs(c["consumer_regs"])
+    consts = dict(HEAD_DIM=head_dim, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
+                  HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
+                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer)
+    src = GluonASTSource(gluon_fwd_kernel, _signature(gluon_fwd_kernel, consts, dtype), consts)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    return Compiled(ttgir=k.asm["ttgir"], ptx=k.asm["ptx"], shared=int(k.metadata.shared))
+
+
+def ptxas_info(ptx: str) -> dict:
+    """``ptxas -v`` on ``ptx`` for sm_90a: ``{"registers", "spill_stores", "spill_loads"}``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    log = res.stderr + res.stdout
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "spill_stores": int(spill.group(1)) if spill else -1,
+            "spill_loads": int(spill.group(2)) if spill else -1}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-n", type=int, default=None)
+    ap.add_argument("--stages", type=int, default=None)
+    ap.add_argument("--no-pingpong", action="store_true")
+    ap.add_argument("--dump", help="write <DUMP>.ttgir and <DUMP>.ptx")
+    a = ap.parse_args(argv)
+    cfg = {k: v for k, v in (("BLOCK_N", a.block_n), ("num_stages", a.stages)) if v is not None}
+    if a.no_pingpong:
+        cfg["pingpong"] = False
+    c = compile_fwd(a.head_dim, cfg or None)
+    info = ptxas_info(c.ptx)
+    print(f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
+          f"wgmma {c.count('wgmma.mma_async')}, registers {info['registers']}, "
+          f"spills {info['spill_stores']}/{info['spill_loads']} B")
+    if a.dump:
+        for ext, text in (("ttgir", c.ttgir), ("ptx", c.ptx)):
+            with open(f"{a.dump}.{ext}", "w") as f:
+                f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+r"""Dense structured-mask attention with a warp-specialized Gluon forward (sm_90 only).
+
+The forward is ``attention_fwd.gluon_fwd_kernel`` (FlashAttention-3's design in Gluon: a TMA
+producer warp, two consumer warpgroups that ping-pong, async wgmma with the softmax of one key
+tile overlapping the ``P V`` of the previous one). The backward is, for now, our plain-Triton
+dense backward (``kernels/dense_bwd.py``) on the ``out`` and ``lse`` this forward wrote: both
+kernels implement the same math, so gradients are exact to the same tolerance.
+
+Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
+
+* ``BLOCK_N``: key-tile rows (64 or 128); the query tile is fixed at 128 rows (two warpgroups of 64).
+* ``num_stages``: depth of the K/V shared-memory ring (each stage holds one K and one V tile).
+* ``pingpong``: hand a token between the consumers so their GEMMs alternate (FA3's schedule).
+* ``consumer_regs``: registers per thread of each consumer warpgroup (``setmaxnreg``). The SM's
+  65536 registers over three warpgroups of 128 threads allow 504 per thread summed over the three;
+  the producer gets ``504 - 2 * consumer_regs`` (240 / 240 / 24 is FA3's split).
+
+Backward keys are the dense kernel's (``kernels.dense.CONFIG_KEYS``), resolved separately.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._autograd import attention_function
+from .._runtime import (
+    bsh_strides,
+    check_qkv,
+    descriptor_ready,
+    ensure_allocator,
+    resolve_scale,
+)
+from ..config import ConfigSpec
+from ..config import resolve as _resolve
+from ..dense import dense_bwd, plans_for
+from ..dense import resolve_config as dense_resolve_config
+from .plan import WsPlan, get_ws_plan
+
+__all__ = [
+    "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
+    "smem_bytes", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS", "BLOCK_M", "SMEM_LIMIT",
+]
+
+LOG2E = 1.4426950408889634
+#: query-tile rows per CTA: two consumer warpgroups of 64 rows
+BLOCK_M = 128
+SUPPORTED_HEAD_DIMS = (64, 128)
+#: dynamic shared memory one CTA may use on sm_90 (227 KB)
+SMEM_LIMIT = 232448
+#: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
+REG_BUDGET = 504
+
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs")
+_SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS, tile_keys=("BLOCK_N",), bool_keys=("pingpong",),
+                   tuned_name="triton-gluon")
+
+
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """FA3's choice for these head dims: 128-row key tiles; the ring as deep as fits."""
+    stages = 2 if head_dim > 64 else 3
+    return dict(BLOCK_N=128, num_stages=stages, pingpong=True, consumer_regs=240)
+
+
+def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> int:
+    """Shared memory of one CTA, an upper bound: Q (two 64-row tiles, reused to stage O), the K/V
+    ring, and 1 KB for the mbarriers and the allocator's alignment."""
+    q = BLOCK_M * head_dim * elem
+    ring = num_stages * 2 * block_n * head_dim * elem
+    return q + ring + 1024
+
+
+def _regs(consumer_regs: int) -> tuple[int, int]:
+    """``(producer_regs, maxnreg)``: the producer gets what the consumers leave of the budget."""
+    return REG_BUDGET - 2 * consumer_regs, REG_BUDGET // 3
+
+
+def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None,
+                   k=None, mask=None) -> dict:
+    """``config`` (else the autotune cache's ``triton-gluon`` entry) over :func:`default_config`,
+    validated: tiles, ring depth against shared memory, the register split."""
+    cfg = _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
+    if cfg["BLOCK_N"] not in (64, 128):
+        raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
+    stages = int(cfg["num_stages"])
+    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1))
+    if stages < 1 or need > SMEM_LIMIT:
+        raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
+                         f"{need} B of shared memory at D={head_dim}, BLOCK_N={cfg['BLOCK_N']} "
+                         f"(limit {SMEM_LIMIT} B); use >= 1 stage and fewer than that")
+    regs = int(cfg["consumer_regs"])
+    producer, _ = _regs(regs)
+    if regs % 8 or not 24 <= producer <= regs <= 256:
+        raise ValueError(f"config['consumer_regs'] must be a multiple of 8 in [168, 240] (the producer "
+                         f"gets {REG_BUDGET} - 2 * consumer_regs >= 24); got {cfg['consumer_regs']}")
+    cfg["num_stages"], cfg["consumer_regs"] = stages, regs
+    return cfg
+
+
+def device_reason(device) -> str:
+    """Why the Gluon kernel cannot run on ``device`` (empty when it can): sm_90 (Hopper) only."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return (f"the Gluon kernel needs an sm_90 (Hopper) GPU; device is {dev.type} "
+                "(Triton's CPU interpreter cannot run Gluon)")
+    cap = torch.cuda.get_device_capability(dev)
+    if cap != (9, 0):
+        return f"the Gluon kernel is written for sm_90 (Hopper: wgmma, setmaxnreg); this GPU is sm_{cap[0]}{cap[1]}"
+    return ""
+
+
+def check_inputs(q, k, v, mask=None) -> None:
+    """Shapes, dtypes, head dims, device: clear errors before any kernel runs."""
+    check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "the Gluon attention kernel")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the Gluon kernel takes float16 or bfloat16, got {q.dtype}")
+    if mask is not None and (int(mask.seqlen_q) != q.shape[1] or int(mask.seqlen_k) != k.shape[1]):
+        raise ValueError(f"mask is {mask.seqlen_q} x {mask.seqlen_k} but q/k have Sq={q.shape[1]}, "
+                         f"Sk={k.shape[1]}")
+    why = device_reason(q.device)
+    if why:
+        raise ValueError(why)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------------------------
+
+def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=None):
+    """Launch the warp-specialized forward. Returns ``out [B, Sq, Hq, D]`` (q's dtype, or
+    ``out_dtype``) and ``lse [B, Hq, Sq]`` float32."""
+    from .attention_fwd import gluon_fwd_kernel
+
+    tiles = plan.tiles
+    if tiles.block_m != BLOCK_M or tiles.block_n != cfg["BLOCK_N"]:
+        raise ValueError(f"plan is for tiles {tiles.block_m}x{tiles.block_n}, the Gluon forward "
+                         f"needs {BLOCK_M}x{cfg['BLOCK_N']}")
+    q, k, v = (descriptor_ready(t) for t in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    out = torch.empty((b, sq, hq, d), device=q.device, dtype=out_dtype or q.dtype)
+    lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
+    if b * hq * sq == 0:
+        return out, lse
+    ensure_allocator(q.device)
+    producer_regs, maxnreg = _regs(cfg["consumer_regs"])
+    grid = (tiles.num_m * b * hq,)
+    gluon_fwd_kernel[grid](
+        q, k, v, out, lse,
+        *bsh_strides(q, k, v, out),
+        tiles.lo, tiles.hi, tiles.q_order, *plan.tensors(),
+        softmax_scale * LOG2E,
+        sq, sk, b * hq, hq, hq // hkv,
+        HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
+        HAS_PARTIAL_TILES=plan.has_partial, PINGPONG=cfg["pingpong"],
+        STORE_TMA=out.dtype == q.dtype, CONSUMER_REGS=cfg["consumer_regs"],
+        PRODUCER_REGS=producer_regs,
+        num_warps=4, maxnreg=maxnreg,
+    )
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd: Gluon forward, plain-Triton dense backward
+# ----------------------------------------------------------------------------------------------
+
+def _fwd(q, k, v, plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg):
+    return gluon_fwd(q, k, v, plan, softmax_scale, cfg)
+
+
+def _bwd(dout, dlse, q, k, v, out, lse, plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg):
+    return dense_bwd(dout, q, k, v, out, lse, dkdv_plan, dq_plan, softmax_scale, bwd_cfg, dlse=dlse)
+
+
+#: ``apply(q, k, v, ws_plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg) -> (out, lse)``
+GluonAttentionFunction = attention_function(
+    "GluonAttentionFunction", _fwd, _bwd,
+    """``(q, k, v) -> (out, lse)``: Gluon forward, plain-Triton dense backward.""")
+
+
+def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
+    """The forward's merged-run plan and the backward's two dense plans (all cached)."""
+    _, dkdv, dq = plans_for(mask, bwd_cfg, device)
+    return get_ws_plan(mask, BLOCK_M, cfg["BLOCK_N"], device), dkdv, dq
+
+
+def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
+                    return_lse: bool = False, config: Optional[dict] = None,
+                    bwd_config: Optional[dict] = None):
+    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``RangeMask`` on an
+    sm_90 GPU: the warp-specialized Gluon forward, the plain-Triton backward.
+
+    ``config`` sets the forward's launch (``CONFIG_KEYS``), ``bwd_config`` the backward's (the
+    dense kernel's keys). Returns ``out`` or ``(out, lse)`` like ``dense_attention``.
+    """
+    check_inputs(q, k, v, mask)
+    d = q.shape[-1]
+    softmax_scale = resolve_scale(softmax_scale, d)
+    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
+    bwd_cfg = dense_resolve_config(d, q.dtype, bwd_config, q=q, k=k, mask=mask)
+    plan, dkdv_plan, dq_plan = plans_for_gluon(mask, cfg, bwd_cfg, q.device)
+    out, lse = GluonAttentionFunction.apply(q, k, v, plan, dkdv_plan, dq_plan, softmax_scale, cfg,
+                                            bwd_cfg)
+    return (out, lse) if return_lse else out
+

@@ -1,0 +1,321 @@
+r"""Forward of the dense structured-mask attention in Gluon, FlashAttention-3's design on sm_90.
+
+Math: the same as ``longca_triton/kernels/dense.py`` (online softmax in the log2 domain, fp32
+accumulators, natural-log lse, a fully masked row gives out 0 and lse -inf).
+
+Tiling
+------
+One CTA owns a query tile of ``BLOCK_M = 2 * M_WG`` rows (``M_WG = 64``, one wgmma row block) of
+one query head and walks that tile's key tiles (``BLOCK_N`` rows of K and V) from the tile plan:
+the *full* runs first (no mask math), then the *partial* runs (element mask from the per-row
+intervals). The plan's two run lists are merged per query tile on the host (``plan.py``), so
+every partition walks one list with the same three-scalar cursor.
+
+Warp specialization (``gl.warp_specialize``), three partitions::
+
+    producer   1 warp, 24 registers     TMA: Q once, then K_j, V_j into a NUM_STAGES ring
+    consumer 0 4 warps (default)        rows [0, 64) of the tile:  S = Q K^T, softmax, O += P V
+    consumer 1 4 warps, 240 registers   rows [64, 128)
+
+Shared-memory ring: stage ``s = j % NUM_STAGES`` holds K_j and V_j, each guarded by a *ready*
+mbarrier (the TMA's transaction count completes it) and an *empty* mbarrier (count 2: both
+consumers arrive when done with the buffer). A barrier's phase flips each time it completes, so
+the j-th use of a stage waits for parity ``(j // NUM_STAGES) & 1``; the producer waits on *empty*
+with the opposite parity, which passes at once the first time round (a fresh barrier counts as
+having completed phase "-1").
+
+Inside a consumer (FA3's intra-warpgroup overlap): at step ``j`` it issues ``S_j = Q K_j^T`` and
+``O += P_{j-1} V_{j-1}`` back to back as asynchronous wgmma, waits for the first only
+(``warpgroup_mma_wait(1)``), runs the softmax of ``S_j`` while the tensor cores still compute
+``P_{j-1} V_{j-1}``, then waits for that and rescales ``O`` by ``alpha_j``. Step 0 (no ``P``
+yet) and the last ``P V`` are peeled out of the loop.
+
+Between consumers (FA3's ping-pong, ``PINGPONG``): two mbarriers hand a token back and forth, so a
+consumer issues its GEMMs only after the other one has issued its own: the GEMMs of one
+warpgroup then run while the other computes its softmax.
+
+Out-of-range rows: Q rows >= Sq and K/V rows >= Sk are zero-filled by the TMA loads; the plan
+puts a ragged last key tile in the partial list, whose mask (``hi <= Sk``) removes those keys;
+the O store is clipped by the descriptor and the lse store is masked.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["gluon_fwd_kernel", "M_WG"]
+
+#: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
+M_WG = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _advance(r, n, e, RUN_START, RUN_END):
+    """The key tile after ``n`` on the CTA's run list: ``(run r, tile n, run end e)``.
+
+    The run arrays carry one sentinel run at the end, so the load after the last tile is in
+    bounds (its value is never used)."""
+    n = n + 1
+    if n == e:
+        r = r + 1
+        n = gl.load(RUN_START + r)
+        e = gl.load(RUN_END + r)
+    return r, n, e
+
+
+@gluon.jit
+def _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr):
+    """``s`` with ``-inf`` where key ``j`` is outside every interval ``[lo[i,t], hi[i,t])`` of
+    row ``i``. Rows >= Sq read empty intervals."""
+    offs_n = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    cols = gl.expand_dims(offs_n, 0)  # [1, BLOCK_N]
+    row_ok = offs_m < Sq
+    lo = gl.load(LO + offs_m * NUM_IV, mask=row_ok, other=0)
+    hi = gl.load(HI + offs_m * NUM_IV, mask=row_ok, other=0)
+    allowed = (cols >= gl.expand_dims(lo, 1)) & (cols < gl.expand_dims(hi, 1))  # [M_WG, BLOCK_N]
+    for t in gl.static_range(1, NUM_IV):
+        lo = gl.load(LO + offs_m * NUM_IV + t, mask=row_ok, other=0)
+        hi = gl.load(HI + offs_m * NUM_IV + t, mask=row_ok, other=0)
+        allowed = allowed | ((cols >= gl.expand_dims(lo, 1)) & (cols < gl.expand_dims(hi, 1)))
+    return gl.where(allowed, s, float("-inf"))
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, qk_scale):
+    """Fold raw scores ``s [M_WG, BLOCK_N]`` (masked entries -inf) into the row max ``m_i`` and
+    row sum ``l_i`` (log2 domain). Returns ``(m_new, l_new, p, alpha)``."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [M_WG]
+    # why: a row with nothing allowed so far has m_new = -inf, and -inf - -inf is NaN;
+    # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
+    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+    # one FFMA + EX2 per score: the scale is folded into the exponent
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub, 1))  # [M_WG, BLOCK_N]
+    alpha = gl.exp2(m_i - m_sub)  # [M_WG]
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_new, p, alpha
+
+
+@gluon.jit
+def _sched_wait(sched, WG: gl.constexpr, k, PINGPONG: gl.constexpr):
+    """Ping-pong: wait for the token before issuing this warpgroup's GEMMs (its ``k``-th time)."""
+    if PINGPONG:
+        mbarrier.wait(sched.index(WG), k & 1)
+
+
+@gluon.jit
+def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: hand the token to the other warpgroup once this one's GEMMs are issued."""
+    if PINGPONG:
+        mbarrier.arrive(sched.index(1 - WG))
+
+
+@gluon.jit
+def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, Lse, LO, HI,
+                  RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+                  NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
+                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr):
+    """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile."""
+    q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
+    start_m, bh, r0, num_full, num_tiles = plan
+    dtype: gl.constexpr = q_smem.dtype
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    # P goes to the second GEMM from registers: the accumulator of S and the A operand of P V
+    # hold the same elements in the same threads (k_width = 2 bf16 per 32-bit register)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    row0 = start_m + WG * M_WG
+    offs_m = row0 + gl.arange(0, M_WG, layout=row_s)  # [M_WG]
+    m_i = gl.full([M_WG], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([M_WG], gl.float32, row_s)
+    acc = gl.zeros([M_WG, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
+    q = q_smem.index(WG)  # [M_WG, D]
+    if WG == 1:
+        if PINGPONG:
+            # the token starts with consumer 0
+            mbarrier.arrive(sched.index(0))
+    mbarrier.wait(q_bar, 0)
+
+    if num_tiles > 0:
+        r = r0
+        n = gl.load(RUN_START + r)
+        e = gl.load(RUN_END + r)
+        # ---- step 0: S_0 and its softmax; there is no P V yet
+        _sched_wait(sched, WG, 0, PINGPONG)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _sched_pass(sched, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_empty.index(0))
+        if HAS_PARTIAL_TILES:
+            if r >= r0 + num_full:
+                s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+        m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)  # [M_WG, BLOCK_N]
+        r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+
+        # ---- steps 1 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
+        for j in range(1, num_tiles):
+            st = j % NUM_STAGES
+            pst = (j - 1) % NUM_STAGES
+            _sched_wait(sched, WG, j, PINGPONG)
+            mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            _sched_pass(sched, WG, PINGPONG)
+            # S_j is done when at most one group (the P V) is still in flight
+            s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_empty.index(st))
+            if HAS_PARTIAL_TILES:
+                if r >= r0 + num_full:
+                    s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(pst))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+
+        # ---- the last P V
+        lst = (num_tiles - 1) % NUM_STAGES
+        _sched_wait(sched, WG, num_tiles, PINGPONG)
+        mbarrier.wait(v_ready.index(lst), ((num_tiles - 1) // NUM_STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
+        _sched_pass(sched, WG, PINGPONG)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(lst))
+
+    # ---- epilogue: fully masked rows (l_i == 0) give out = 0, lse = -inf
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+    out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)  # [M_WG, D]
+    if STORE_TMA:
+        # Q is no longer read: its buffer stages O for a TMA store (clipped at Sq)
+        q.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+        tma.store_wait(0)
+    else:
+        # another output dtype (float32 partial outputs for context parallelism)
+        rows = row0 + gl.arange(0, M_WG, layout=row_o)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows < Sq, 1))
+
+
+@gluon.jit
+def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
+                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer warp: Q once, then K_j and V_j of every key tile into the ring."""
+    q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
+    start_m, bh, r0, num_full, num_tiles = plan
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [start_m + M_WG, 0], q_bar, q_smem.index(1))
+
+    r = r0
+    n = gl.load(RUN_START + r)
+    e = gl.load(RUN_END + r)
+    for j in range(num_tiles):
+        st = j % NUM_STAGES
+        # the first round passes at once: a fresh barrier has "completed" the phase before 0
+        ph = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(st), ph)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [n * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.wait(v_empty.index(st), ph)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [n * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+        r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+
+
+@gluon.jit
+def gluon_fwd_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    LO, HI, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, RUN_START, RUN_END,
+    qk_scale,  # softmax_scale * log2(e)
+    Sq, Sk, num_bh, num_heads_q, group_size,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+    NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
+    STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
+    # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
+    pid = gl.program_id(0)
+    rank = pid // num_bh
+    bh = pid % num_bh
+    b = bh // num_heads_q
+    h = bh % num_heads_q
+    h_kv = h // group_size
+    tile_m = gl.load(ORDER + rank)
+    start_m = tile_m * (2 * M_WG)
+    r0 = gl.load(RUN_PTR + tile_m)
+    plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    b64 = b.to(gl.int64)
+    q_desc = tma.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, [Sq, HEAD_DIM],
+                                        [stride_qs, 1], [M_WG, HEAD_DIM], q_layout)
+    k_desc = tma.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, [Sk, HEAD_DIM],
+                                        [stride_ks, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, [Sk, HEAD_DIM],
+                                        [stride_vs, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    o_desc = tma.make_tensor_descriptor(Out + b64 * stride_ob + h * stride_oh, [Sq, HEAD_DIM],
+                                        [stride_os, 1], [M_WG, HEAD_DIM], q_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    sched = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        # both consumers release a buffer before the producer refills it
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(sched.index(0), count=1)
+    mbarrier.init(sched.index(1), count=1)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, sched)
+
+    o_base = Out + b64 * stride_ob + h * stride_oh
+    gl.warp_specialize([
+        (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM, BLOCK_N, NUM_IV,
+                         NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
+        (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM, BLOCK_N, NUM_IV,
+                         NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END,
+                         plan, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -1,0 +1,106 @@
+"""The Gluon forward's view of a tile plan: per query tile one list of key-tile runs.
+
+The plain-Triton forward loops over a tile's *full* runs, then over its *partial* runs, in two
+loops. The warp-specialized forward cannot: its producer and its two consumers must walk the same
+key tiles in the same order with a software-pipelined step that crosses run boundaries. So the
+two CSR run lists of :class:`~longca_triton.kernels.dense_tables.TilePlan` are merged per query
+tile (full runs first), and every partition walks the merged list with one cursor
+``(run r, tile n, run end e)``. A run ``r`` is partial when ``r >= run_ptr[m] + run_nfull[m]``.
+
+Arrays (int32, on the plan's device), all ``O(number of runs)``:
+
+* ``run_ptr [num_m + 1]``: CSR offsets into the run arrays;
+* ``run_nfull [num_m]``: how many of a tile's runs are full;
+* ``run_count [num_m]``: how many key tiles the tile visits (the loop trip count);
+* ``run_start, run_end [R + 1]``: the runs, plus one sentinel ``(0, 0)`` so the cursor's read
+  after the last tile stays in bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..dense_tables import TilePlan, get_tile_plan
+from ..plan_cache import PlanCache
+
+__all__ = ["WsPlan", "merge_runs", "get_ws_plan", "walk"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WsPlan:
+    """A dense :class:`TilePlan` (intervals, launch order) plus the merged run lists."""
+
+    tiles: TilePlan
+    run_ptr: torch.Tensor
+    run_nfull: torch.Tensor
+    run_count: torch.Tensor
+    run_start: torch.Tensor
+    run_end: torch.Tensor
+    has_partial: bool
+
+    def tensors(self) -> list:
+        """What the kernel reads, in its argument order after ``LO, HI, ORDER``."""
+        return [self.run_ptr, self.run_nfull, self.run_count, self.run_start, self.run_end]
+
+
+def merge_runs(full: tuple, part: tuple, num_m: int):
+    """Merge per-tile CSR run lists ``(ptr, start, end)`` (numpy), full runs first.
+
+    Returns numpy ``(run_ptr, run_nfull, run_count, run_start, run_end)``; the run arrays end
+    with one sentinel run ``(0, 0)``.
+    """
+    fp, fs, fe = (np.asarray(a, dtype=np.int64) for a in full)
+    pp, ps, pe = (np.asarray(a, dtype=np.int64) for a in part)
+    nf, npart = np.diff(fp), np.diff(pp)
+    ptr = np.zeros(num_m + 1, np.int64)
+    np.cumsum(nf + npart, out=ptr[1:])
+    total = int(ptr[-1])
+    start = np.zeros(total + 1, np.int64)
+    end = np.zeros(total + 1, np.int64)
+    # run i of tile m's full list goes to ptr[m] + i; of its partial list to ptr[m] + nf[m] + i
+    f_tile = np.repeat(np.arange(num_m), nf)
+    f_pos = ptr[f_tile] + (np.arange(len(fs)) - fp[f_tile])
+    p_tile = np.repeat(np.arange(num_m), npart)
+    p_pos = ptr[p_tile] + nf[p_tile] + (np.arange(len(ps)) - pp[p_tile])
+    start[f_pos], end[f_pos] = fs, fe
+    start[p_pos], end[p_pos] = ps, pe
+    tiles_before = np.concatenate([[0], np.cumsum(end[:-1] - start[:-1])])  # per run, exclusive
+    count = tiles_before[ptr[1:]] - tiles_before[ptr[:-1]]
+    i32 = lambda a: np.ascontiguousarray(a).astype(np.int32)  # noqa: E731
+    return i32(ptr), i32(nf), i32(count), i32(start), i32(end)
+
+
+def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tuple[int, bool]]:
+    """The key tiles query tile ``m`` visits, as ``(tile, partial)``, stepping the kernel's cursor
+    (``attention_fwd._advance``) exactly: a host mirror for tests and for reading a plan."""
+    r0 = int(run_ptr[m])
+    r, n, e = r0, int(run_start[r0]), int(run_end[r0])
+    out = []
+    for _ in range(int(run_count[m])):
+        out.append((n, r >= r0 + int(run_nfull[m])))
+        n += 1
+        if n == e:
+            r += 1
+            n, e = int(run_start[r]), int(run_end[r])
+    return out
+
+
+def build_ws_plan(tiles: TilePlan) -> WsPlan:
+    host = [tuple(t.cpu().numpy() for t in lst) for lst in (tiles.q_full, tiles.q_part)]
+    arrays = merge_runs(host[0], host[1], tiles.num_m)
+    dev = tiles.lo.device
+    ptr, nfull, count, start, end = (torch.from_numpy(a).to(dev) for a in arrays)
+    return WsPlan(tiles=tiles, run_ptr=ptr, run_nfull=nfull, run_count=count, run_start=start,
+                  run_end=end, has_partial=bool(len(host[1][1])))
+
+
+_CACHE = PlanCache(64)
+
+
+def get_ws_plan(mask, block_m: int, block_n: int, device) -> WsPlan:
+    """Cached :class:`WsPlan` for ``mask`` and tiles ``block_m x block_n`` (host work once)."""
+    return _CACHE.get(mask, ("ws", int(block_m), int(block_n)), device,
+                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev)))

@@ -1,0 +1,172 @@
+"""The Gluon tier's host side on the CPU (``longca_triton/kernels/gluon/``).
+
+Gluon kernels cannot run in the interpreter, so this file checks what can be checked without a
+GPU: the merged run lists every partition walks (against the mask's own block tables), the
+kernel's cursor mirrored on the host, config validation, the backend's ``unsupported`` answers,
+and (slow) that every kernel variant compiles for sm_90a with what the design needs: async
+wgmma with one group left in flight, per-partition ``setmaxnreg``, TMA, no spills, the shared
+memory the host expects. Numerics: ``tests/test_gluon_gpu.py`` (``-m gpu``).
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from utils import random_range_mask, small_mask
+
+import longca_triton as lt
+from longca_triton.adapters import Problem, get_backend
+from longca_triton.kernels.dense_tables import get_tile_plan
+from longca_triton.kernels.gluon import attention as G
+from longca_triton.kernels.gluon.plan import build_ws_plan, merge_runs, walk
+from longca_triton.masks import STATIC_MASK_NAMES
+
+
+def _expected(mask, bm, bn):
+    """Per query tile: the (tile, partial) list the plain-Triton forward visits (full runs, then
+    partial runs), from the dense plan's own CSR run lists."""
+    plan = get_tile_plan(mask, bm, bn, "cpu")
+    out = []
+    for m in range(plan.num_m):
+        seq = []
+        for (ptr, start, end), partial in ((plan.q_full, False), (plan.q_part, True)):
+            for r in range(int(ptr[m]), int(ptr[m + 1])):
+                seq += [(n, partial) for n in range(int(start[r]), int(end[r]))]
+        out.append(seq)
+    return plan, out
+
+
+MASKS = [pytest.param(name, 300, 300, id=f"S=300-{name}") for name in STATIC_MASK_NAMES]
+MASKS += [pytest.param("random", sq, sk, id=f"Sq={sq}-Sk={sk}-random") for sq, sk in ((257, 129), (64, 500))]
+
+
+@pytest.mark.parametrize("bn", [64, 128], ids=lambda b: f"BLOCK_N={b}")
+@pytest.mark.parametrize("name,sq,sk", MASKS)
+def test_merged_runs_visit_the_plans_tiles(name, sq, sk, bn):
+    mask = random_range_mask(sq, sk, seed=sq) if name == "random" else small_mask(name, sq, seed=1)
+    plan, expected = _expected(mask, G.BLOCK_M, bn)
+    ws = build_ws_plan(plan)
+    arrays = [t.numpy() for t in ws.tensors()]
+    ptr, nfull, count, start, end = arrays
+    assert len(start) == len(end) == int(ptr[-1]) + 1, "one sentinel run after the last"
+    for m, seq in enumerate(expected):
+        assert int(count[m]) == len(seq)
+        assert walk(*arrays, m) == seq, f"query tile {m}"
+    # what the tiles cover is the block tables' touched set (nothing skipped, nothing extra)
+    bt = mask.block_tables(G.BLOCK_M, bn)
+    for m, seq in enumerate(expected):
+        touched = set(bt.q_full_idx[bt.q_full_ptr[m]:bt.q_full_ptr[m + 1]].tolist())
+        touched |= set(bt.q_part_idx[bt.q_part_ptr[m]:bt.q_part_ptr[m + 1]].tolist())
+        assert {n for n, _ in seq} == touched
+    assert ws.has_partial == any(p for seq in expected for _, p in seq)
+
+
+def test_merge_runs_empty_tiles_and_no_runs():
+    # tile 0: nothing; tile 1: a full run and a partial run; tile 2: nothing
+    full = (np.array([0, 0, 1, 1]), np.array([2]), np.array([5]))
+    part = (np.array([0, 0, 1, 1]), np.array([7]), np.array([8]))
+    ptr, nfull, count, start, end = merge_runs(full, part, 3)
+    assert ptr.tolist() == [0, 0, 2, 2] and nfull.tolist() == [0, 1, 0] and count.tolist() == [0, 4, 0]
+    assert walk(ptr, nfull, count, start, end, 1) == [(2, False), (3, False), (4, False), (7, True)]
+    assert walk(ptr, nfull, count, start, end, 0) == [] == walk(ptr, nfull, count, start, end, 2)
+    z = np.zeros(1, np.int64)
+    ptr, nfull, count, start, end = merge_runs((np.zeros(3, np.int64), z[:0], z[:0]),
+                                               (np.zeros(3, np.int64), z[:0], z[:0]), 2)
+    assert count.tolist() == [0, 0] and start.tolist() == [0] == end.tolist()
+
+
+# ------------------------------------------------------------------ configs
+def test_default_configs_validate_and_fit():
+    for d in G.SUPPORTED_HEAD_DIMS:
+        cfg = G.resolve_config(d, torch.bfloat16)
+        assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"]) <= G.SMEM_LIMIT
+        producer, maxnreg = G._regs(cfg["consumer_regs"])
+        assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(BLOCK_N=32), "64 or 128"),
+    (dict(BLOCK_N=96), "power of two"),
+    (dict(num_stages=4), "does not fit"),
+    (dict(num_stages=0), "does not fit"),
+    (dict(consumer_regs=248), "consumer_regs"),
+    (dict(consumer_regs=236), "consumer_regs"),
+    (dict(nope=1), "unknown gluon-attention config keys"),
+], ids=lambda x: json.dumps(x) if isinstance(x, dict) else x)
+def test_bad_configs_are_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        G.resolve_config(128, torch.bfloat16, bad)
+
+
+# ------------------------------------------------------------------ backend on a CPU
+def test_backend_says_why_it_cannot_run_here():
+    b = get_backend("triton-gluon")
+    assert "Gluon" in b.description and "plain-Triton dense backward" in b.description
+    mask = lt.make_mask("causal", 256)
+    for dev in ("cpu", "cuda"):
+        ok, why = b.check(Problem(mask=mask, device=dev, dtype=torch.bfloat16, head_dim=128))
+        assert not ok and "sm_90" in why
+    q = k = v = torch.randn(1, 256, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="sm_90"):
+        lt.attention(q, k, v, mask, backend="triton-gluon")
+
+
+def test_kernel_entry_checks_inputs_before_any_launch():
+    mask = lt.make_mask("causal", 64)
+    q = torch.randn(1, 64, 2, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head dim 96 not supported"):
+        G.gluon_attention(q, q, q, mask)
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_90"):
+        G.gluon_attention(q, q, q, mask)
+    with pytest.raises(ValueError, match="mask is 64 x 64"):
+        G.check_inputs(q[:, :32], q[:, :32], q[:, :32], mask)
+
+
+# ------------------------------------------------------------------ sm_90a compilation (no GPU)
+_COMPILE = textwrap.dedent("""
+    import json, os
+    os.environ["TRITON_INTERPRET"] = "0"
+    from longca_triton.kernels.gluon.aot import compile_fwd, ptxas_info
+    cases = [("d128", 128, None, {}), ("d64", 64, None, {}),
+             ("nopp-n64", 128, dict(pingpong=False, BLOCK_N=64, num_stages=3), {}),
+             ("full-only", 128, None, dict(has_partial=False, num_iv=1)),
+             ("fp32-out", 128, None, dict(store_tma=False, dtype="fp16")),
+             ("regs232", 128, dict(consumer_regs=232), {})]
+    for name, d, cfg, kw in cases:
+        c = compile_fwd(d, cfg, **kw)
+        info = ptxas_info(c.ptx)
+        print(json.dumps(dict(name=name, d=d, shared=c.shared, regs=sorted(set(c.setmaxnreg())),
+                              wgmma=c.count(r"wgmma\\.mma_async"),
+                              wait1=c.count(r"wgmma\\.wait_group\\.sync\\.aligned 1;"),
+                              tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
+                              tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
+                              **info)))
+""")
+
+
+@pytest.mark.slow
+def test_every_variant_compiles_for_sm90a():
+    res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
+    assert set(rows) == {"d128", "d64", "nopp-n64", "full-only", "fp32-out", "regs232"}
+    for name, r in rows.items():
+        if name != "regs232":  # a tighter split may spill; the defaults must not
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["wgmma"] > 0 and r["wait1"] >= 1, f"{name}: S_j and P V in flight together: {r}"
+        assert r["tma_load"] >= 3, r
+        assert r["shared"] <= G.SMEM_LIMIT, r
+    # the register split reached the partitions: consumers 240 (or the config's), producer 24
+    assert {240, 24} <= set(rows["d128"]["regs"]), rows["d128"]
+    assert {232, 40} <= set(rows["regs232"]["regs"]), rows["regs232"]
+    # O leaves through TMA unless the output dtype differs from the inputs'
+    assert rows["d128"]["tma_store"] >= 1 and rows["fp32-out"]["tma_store"] == 0
+    # the host's shared-memory bound holds, and is tight to 1 KB
+    for name, d, bn, st in (("d128", 128, 128, 2), ("d64", 64, 128, 3), ("nopp-n64", 128, 64, 3)):
+        est = G.smem_bytes(d, bn, st)
+        assert est - 1024 <= rows[name]["shared"] <= est, (name, rows[name]["shared"], est)

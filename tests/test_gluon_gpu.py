@@ -1,0 +1,110 @@
+"""Numerics of the Gluon forward on an sm_90 GPU (``-m gpu``; the CPU interpreter cannot run Gluon).
+
+bf16 at awkward sizes against a float32 reference (the chunked reference, TF32 off): random
+overlapping ``RangeMask``s with fully masked rows, ``Sq != Sk``, GQA, every static mask, head dims
+64 and 128, both ping-pong settings, 64- and 128-row key tiles, fwd and bwd (the backward is the
+plain-Triton one, fed this forward's out and lse). The bar is PyTorch's own bf16 attention on the
+same inputs (SDPA with the boolean mask): our error must stay within 2x of its error (plus 1e-3
+for cases where PyTorch is near-exact). Rows that attend nothing must be exactly 0 with lse -inf.
+The log of a run is committed under experiments/results/h100/gluon/.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from utils import random_range_mask, small_mask
+
+from longca_triton.masks import STATIC_MASK_NAMES
+from longca_triton.reference import chunked_attention
+
+pytestmark = pytest.mark.gpu
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+
+
+def _rel(x, ref, rows=None):
+    x, ref = x.float(), ref.float()
+    if rows is not None:
+        x, ref = x[:, rows], ref[:, rows]
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _check(mask, Hq, Hkv, D, config=None, seed=0):
+    from longca_triton.kernels.gluon.attention import gluon_attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sq, sk = mask.seqlen_q, mask.seqlen_k
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = gluon_attention(qg, kg, vg, mask, return_lse=True, config=config)
+    out.backward(dout)
+    assert torch.isfinite(out).all() and not torch.isnan(lse).any()
+
+    q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = chunked_attention(q32, k32, v32, mask, return_lse=True, chunk=1024)
+    ref.backward(dout.float())
+
+    dense = mask.to_dense().cuda()  # [Sq, Sk] bool (small sizes only)
+    rows = dense.any(1)
+    # PyTorch's bf16 attention on the same inputs: the bar (rows with nothing allowed excluded)
+    G = Hq // Hkv
+    qt, kt, vt = (t.detach().clone().transpose(1, 2).requires_grad_() for t in
+                  (q, k.repeat_interleave(G, 2), v.repeat_interleave(G, 2)))
+    pt = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense)
+    pt.backward(dout.transpose(1, 2))
+    pt = pt.transpose(1, 2)
+
+    assert torch.all(out[:, ~rows] == 0), "rows that attend nothing must be 0"
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "lse -inf pattern"
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 2e-2
+    bar = _rel(pt, ref, rows)
+    err = _rel(out, ref, rows)
+    assert err <= 2 * bar + 1e-3, f"out rel err {err:.2e} vs PyTorch bf16 {bar:.2e}"
+    # gradients (the plain-Triton backward on this forward's out and lse)
+    for name, x, r in (("dq", qg.grad, q32.grad), ("dk", kg.grad, k32.grad), ("dv", vg.grad, v32.grad)):
+        e = _rel(x, r)
+        assert e <= 5e-2, f"{name} rel err {e:.2e}"
+    return err, bar
+
+
+RANDOM = [(1000, 1000, 0), (777, 2049, 1), (2048, 300, 2), (129, 4000, 3)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D={d}")
+@pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
+def test_random_overlapping_masks(sq, sk, seed, D):
+    mask = random_range_mask(sq, sk, seed, n_slices=6)
+    _check(mask, 8, 2, D, seed=seed)
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", STATIC_MASK_NAMES)
+def test_static_masks_gqa(name):
+    _check(small_mask(name, 3001, seed=7), 8, 2, 128)
+
+
+CONFIGS = [dict(pingpong=False), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),
+           dict(BLOCK_N=64, pingpong=False, num_stages=2)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_configs(config):
+    _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 4, 128, config=config)
+
+
+@needs_sm90
+def test_long_causal_document_mha():
+    _check(small_mask("causal_document", 8192, seed=3), 4, 4, 128)
