@@ -78,8 +78,13 @@ def _check(name, x, ref, dtype):
     assert err <= TOL[dtype], f"{name}: normalised max error {err:.3e} > {TOL[dtype]:.1e}"
 
 
+def _cannot_run_here(step) -> str:
+    return step.device_reason(torch.device(DEVICE)) if step.device_reason else ""
+
+
 def _params(mode):
-    return [pytest.param(step.name, case_id, id=f"{step.name}-{case_id}")
+    return [pytest.param(step.name, case_id, id=f"{step.name}-{case_id}",
+                         marks=pytest.mark.skipif(bool(_cannot_run_here(step)), reason=_cannot_run_here(step)))
             for step in steps_for(mode) for case_id in CASES]
 
 
@@ -123,7 +128,7 @@ def test_non_contiguous_inputs():
     q, k, v = (torch.randn(1, h, 50, 32, generator=g).to(dtype).to(DEVICE).transpose(1, 2) for h in (4, 2, 2))
     ref = naive_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask)
     for step in steps_for("fwd"):
-        if step.name != "step1_row_program":
+        if step.name != "step1_row_program" and not _cannot_run_here(step):
             _check(step.name, step.fn(q, k, v, mask), ref, dtype)
 
 
@@ -132,7 +137,8 @@ def test_registry_shape():
     names = [s.name for s in STEPS]
     assert len(names) == len(set(names))
     fwd, bwd = steps_for("fwd"), steps_for("bwd")
-    assert fwd[0].name == "step0_naive" and fwd[-1].name == "step7_production"
+    assert fwd[0].name == "step0_naive" and fwd[-2].name == "step7_production"
+    assert fwd[-1].name == "step8_warp_specialized" and fwd[-1].device_reason is not None
     assert [int(s.name[4]) for s in fwd] == list(range(len(fwd)))
     assert len(bwd) >= 3 and bwd[-1].name.endswith("production")
     for s in STEPS:
@@ -207,6 +213,20 @@ def test_run_ladder_interpreter_checks_every_step():
         assert r["status"] == "checked" and r["check"] == "ok", r
         assert r["check_err"] <= r["check_tol"]
         assert "median_ms" not in r
+
+
+def test_gluon_step_is_skipped_with_its_reason_where_it_cannot_run():
+    from longca_triton.bench.ladder import run_ladder
+
+    step = get_step("step8_warp_specialized")
+    if not _cannot_run_here(step):
+        pytest.skip("this machine can run the Gluon step")
+    p = _tiny("fwd", mask="causal", seqlen=60, heads=(8, 2), head_dim=32)
+    rows = {r["step"]: r for r in run_ladder(p, steps=["step7_production", "step8_warp_specialized"],
+                                             log=lambda s: None)}
+    assert rows["step7_production"]["check"] == "ok"
+    assert rows["step8_warp_specialized"]["status"] == "skipped"
+    assert "sm_90" in rows["step8_warp_specialized"]["reason"]
 
 
 @interpreter_only

@@ -240,6 +240,12 @@ def run_ladder(p: LadderProblem, steps=None, log=print, timed: bool | None = Non
     for step in all_steps:
         row = {**base, "step": step.name, "idea": step.idea, "file": step.file, "triton": step.triton,
                "torch_err": chk.torch_err, "check_tol": chk.tol}
+        why = step.device_reason(torch.device(p.device)) if step.device_reason else ""
+        if why:  # e.g. a Gluon step on a CPU or a non-Hopper GPU: said, not crashed
+            row.update(check="skipped", status="skipped", reason=why)
+            rows.append(row)
+            log(f"  {step.name}: skipped ({why})")
+            continue
         try:
             err = _max_err(chk.run(step, p), chk.refs)
             row["check_err"] = err
@@ -266,11 +272,13 @@ def run_ladder(p: LadderProblem, steps=None, log=print, timed: bool | None = Non
         with torch.no_grad():
             out, lse = dense_attention(q, k, v, mask, return_lse=True)
     prod = None
-    order = [all_steps[-1]] + all_steps[:-1] if all_steps else []
+    # the production step first: every other step is compared with its result at full size
+    production = [s for s in all_steps if s.name.endswith("production")]
+    order = production + [s for s in all_steps if s not in production]
     by_name = {r["step"]: r for r in rows}
     for step in order:
         row = by_name[step.name]
-        if row.get("status") == "error":
+        if row.get("status") in ("error", "skipped"):
             continue
         why = step.limit(p.batch, p.heads_q, p.heads_kv, p.seqlen, p.seqlen, p.head_dim) if step.limit else None
         if why:
@@ -293,7 +301,7 @@ def run_ladder(p: LadderProblem, steps=None, log=print, timed: bool | None = Non
             if any(torch.isnan(t).any().item() for t in res):
                 row.update(status="wrong", reason=f"NaN at S={p.seqlen}")
                 continue
-            if step is all_steps[-1] and step.name.endswith("production"):
+            if step in production:
                 prod = res  # the reference for every other step at full size
                 row["vs_production"] = 0.0
             elif prod is not None:

@@ -16,7 +16,7 @@ Measured on one H100 (causal, ``S = 16K``, ``B = 1``, ``Hq:Hkv = 64:8``, ``D = 1
 ``experiments/results/h100/ladder/ladder.md``), TFLOP/s over allowed pairs:
 
     forward   22.7 -> 1.9 -> 100.9 -> 160.8 -> 358.3 -> 358.8 -> 459.4 -> 492.9
-              (step 7: 84% of sdpa-cudnn's 589.2 in the same run)
+              (step 7: 84% of sdpa-cudnn's 589.2 in the same run; step 8, Gluon, not yet timed)
     backward  16.6 -> 120.8 -> 294.2 -> 293.2 -> 397.8
               (bwd5: 75% of sdpa-cudnn's 529.8 in the same run)
 
@@ -48,6 +48,7 @@ from . import (
     step5_gqa,
     step6_hopper,
     step7_production,
+    step8_warp_specialized,
 )
 
 __all__ = ["Step", "STEPS", "steps_for", "get_step"]
@@ -71,6 +72,8 @@ class Step:
     prepare: Optional[Callable] = None
     #: ``notes() -> str``: what happened at run time worth a line in the table (e.g. features off)
     notes: Optional[Callable] = None
+    #: ``device_reason(torch.device) -> str``: why the step cannot run on that device ("" if it can)
+    device_reason: Optional[Callable] = None
 
     @property
     def file(self) -> str:
@@ -105,6 +108,9 @@ STEPS: list[Step] = [
          step6_hopper.forward, step6_hopper, notes=step6_hopper.notes),
     Step("step7_production", "the production kernel (dense_attention)", "fwd",
          step7_production.forward, step7_production),
+    Step("step8_warp_specialized", "Gluon: producer warp, ping-pong consumers, softmax over async wgmma",
+         "fwd", step8_warp_specialized.forward, step8_warp_specialized,
+         device_reason=step8_warp_specialized.device_reason),
     Step("bwd1_naive", "PyTorch, materialised P and dS", "bwd", bwd1_naive.backward, bwd1_naive,
          triton=False, limit=bwd1_naive.limit),
     Step("bwd2_two_kernels", "FA2 backward: recompute P, key-major dK/dV + query-major dQ", "bwd",

@@ -1,0 +1,62 @@
+r"""Step 8 — warp specialization, written by hand: the Gluon forward (``kernels/gluon/``).
+
+The one idea
+------------
+Give the three kinds of work in the loop their own warps and let them run at the same time:
+
+* a **producer** warp only issues TMA copies of K and V into a ring of shared-memory stages and
+  waits on *empty* mbarriers; it holds 24 registers;
+* two **consumer** warpgroups (64 query rows each, 240 registers each, ``setmaxnreg``) only
+  compute: ``S = Q K^T``, the softmax, ``O += P V``;
+* inside a consumer the next ``S_j`` and the previous ``P_{j-1} V_{j-1}`` are issued as
+  asynchronous wgmma back to back and the softmax of ``S_j`` runs while ``P_{j-1} V_{j-1}`` is
+  still on the tensor cores (``warpgroup_mma_wait(1)``);
+* between the consumers a token (two mbarriers) makes their GEMMs alternate, so one warpgroup's
+  softmax fills the time the other's GEMMs use the tensor cores ("ping-pong").
+
+Why it should help
+------------------
+Step 7 is one warpgroup pair doing everything in program order: Triton 3.6 on sm_90 waits for
+every wgmma (``wgmma.wait_group 0``) before the softmax, so the exp2 units and the tensor cores
+take turns. On an H100 the softmax of a 128x128 tile (MUFU ex2 at 16 per clock per SM quarter)
+costs about half of the two GEMMs' time; hiding it is worth up to 1.3-1.5x, which is the gap
+between step 7 (0.84x cuDNN) and FlashAttention-3 / cuDNN. ``tl.range(warp_specialize=True)`` in
+plain Triton does not apply here (step 6's notes): Gluon states the partitions, barriers and
+register split explicitly.
+
+What it takes
+-------------
+The design and the schedule are in ``longca_triton/kernels/gluon/attention_fwd.py``; the plan's
+full and partial runs are merged per query tile so all partitions walk one list
+(``gluon/plan.py``); ``docs/ladder.md`` explains mbarrier phases and the ping-pong in prose with
+a timeline. sm_90 only; elsewhere the ladder says ``skipped`` with the reason.
+
+Measured (H100, causal, S=16K)
+------------------------------
+Not yet: the step was written and compiled for sm_90a (no spills, 240/240/24 registers, one wgmma
+group kept in flight) in a session without a GPU. Run
+``longca-triton ladder --mask causal -S 16384 --mode fwd`` on an H100 and put the number here.
+(B=1, Hq:Hkv=64:8, D=128, bf16.)
+"""
+
+from __future__ import annotations
+
+from longca_triton.kernels.gluon.attention import device_reason, gluon_attention
+
+
+def production_config(q, k, mask):
+    """The config the ``triton-gluon`` backend would pick (autotune cache), or ``None`` for defaults."""
+    try:
+        from longca_triton.kernels.tuned import lookup
+
+        return lookup("triton-gluon", q, k, mask)
+    except Exception:  # no cache, or an unreadable one: the kernel's defaults
+        return None
+
+
+def forward(q, k, v, mask, softmax_scale=None):
+    """``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, a ``RangeMask`` -> ``out [B, Sq, Hq, D]``."""
+    return gluon_attention(q, k, v, mask, softmax_scale=softmax_scale, config=production_config(q, k, mask))
+
+
+__all__ = ["forward", "device_reason"]
