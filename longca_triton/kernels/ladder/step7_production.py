@@ -35,12 +35,12 @@ from __future__ import annotations
 from longca_triton.kernels.dense import dense_attention
 
 
-def production_config(q, k, mask):
-    """The config the ``triton`` backend would pick (autotune cache), or ``None`` for defaults."""
+def production_config(q, k, mask, backend: str = "triton"):
+    """The config ``backend`` would pick (its autotune cache entry), or ``None`` for defaults."""
     try:
         from longca_triton.kernels.tuned import lookup
 
-        return lookup("triton", q, k, mask)
+        return lookup(backend, q, k, mask)
     except Exception:  # no cache, or an unreadable one: the kernel's defaults
         return None
 

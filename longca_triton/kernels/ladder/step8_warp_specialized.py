@@ -43,20 +43,12 @@ from __future__ import annotations
 
 from longca_triton.kernels.gluon.attention import device_reason, gluon_attention
 
-
-def production_config(q, k, mask):
-    """The config the ``triton-gluon`` backend would pick (autotune cache), or ``None`` for defaults."""
-    try:
-        from longca_triton.kernels.tuned import lookup
-
-        return lookup("triton-gluon", q, k, mask)
-    except Exception:  # no cache, or an unreadable one: the kernel's defaults
-        return None
+from .step7_production import production_config
 
 
 def forward(q, k, v, mask, softmax_scale=None):
     """``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, a ``RangeMask`` -> ``out [B, Sq, Hq, D]``."""
-    return gluon_attention(q, k, v, mask, softmax_scale=softmax_scale, config=production_config(q, k, mask))
+    return gluon_attention(q, k, v, mask, softmax_scale=softmax_scale, config=production_config(q, k, mask, "triton-gluon"))
 
 
 __all__ = ["forward", "device_reason"]
