@@ -170,3 +170,40 @@ def test_every_variant_compiles_for_sm90a():
     for name, d, bn, st in (("d128", 128, 128, 2), ("d64", 64, 128, 3), ("nopp-n64", 128, 64, 3)):
         est = G.smem_bytes(d, bn, st)
         assert est - 1024 <= rows[name]["shared"] <= est, (name, rows[name]["shared"], est)
+
+
+# ------------------------------------------------------------------ the default backend rule
+def test_default_backend_takes_gluon_only_when_it_runs_and_was_measured_faster(monkeypatch):
+    from longca_triton import api
+    from longca_triton.kernels import tuned
+
+    mask = lt.make_mask("causal", 256)
+    q = k = torch.randn(1, 256, 2, 64, dtype=torch.float16)
+    assert api.default_backend(mask, q, k) == "triton"  # a CPU: Gluon cannot run, never chosen
+    gluon = get_backend("triton-gluon")
+    scores = {}
+    monkeypatch.setattr(tuned, "measured_tflops", lambda name, q, k, mask, mode="fwd": scores.get(name))
+    monkeypatch.setattr(gluon, "check", lambda problem: (False, "needs sm_90"))
+    scores.update({"triton-gluon": 600.0, "triton": 500.0})
+    assert not api._gluon_measured_faster(mask, q, k), "faster but cannot run: not chosen"
+    monkeypatch.setattr(gluon, "check", lambda problem: (True, ""))
+    assert api._gluon_measured_faster(mask, q, k)
+    scores["triton"] = 650.0
+    assert not api._gluon_measured_faster(mask, q, k), "measured slower: not chosen"
+    del scores["triton"]
+    assert not api._gluon_measured_faster(mask, q, k), "triton never measured: the stated rule keeps triton"
+    assert api.default_backend(lt.make_mask("block_sparse", 256, block=64, density=0.5), q, k) == "triton-sparse"
+
+
+def test_gluon_tunable_search_space_fits_and_skips_off_gpu():
+    from longca_triton.bench import autotune as at
+
+    t = at.TUNABLES["triton-gluon"]
+    assert list(t.groups) == ["fwd"]
+    for block, d in ((64, 128), (128, 128), (128, 64)):
+        cands = t.candidates("fwd", block, d)
+        assert cands and all(c["BLOCK_N"] == block for c in cands)
+        for c in cands:
+            G.resolve_config(d, torch.bfloat16, c)  # every candidate is a valid config
+        assert {c["pingpong"] for c in cands} == {True, False}
+    assert "sm_90" in t.device_reason(torch.device("cpu"))

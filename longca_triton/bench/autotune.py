@@ -59,6 +59,8 @@ class Tunable:
     vendors: tuple[str, ...] = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
     #: what ``block`` means for it: "block" (tile = block) or "mean block" (variable blocks)
     block_meaning: str = "block"
+    #: ``device_reason(torch.device) -> str``: why it cannot run on that device ("" if it can)
+    device_reason: Callable | None = None
 
 
 TUNABLES: dict[str, Tunable] = {}
@@ -118,6 +120,45 @@ def _dense_tunable() -> Tunable:
 
 
 register_tunable(_dense_tunable())
+
+
+def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
+    """The Gluon forward's knobs: key tile = the block (64 or 128), every ring depth that fits in
+    shared memory, ping-pong on/off. The register split stays at FA3's 240/240/24 (232/232/40
+    spills at D=128, tests/test_gluon.py)."""
+    from ..kernels.gluon.attention import SMEM_LIMIT, smem_bytes
+
+    if group != "fwd":
+        raise ValueError(f"unknown key group {group!r}")
+    bn = block if block in (64, 128) else 128
+    return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240)
+            for pp, st in itertools.product([True, False], [2, 1, 3, 4])
+            if smem_bytes(head_dim, bn, st) <= SMEM_LIMIT]
+
+
+def _gluon_tunable() -> Tunable:
+    def run(q, k, v, mask, config):
+        from ..kernels.gluon.attention import gluon_attention
+
+        return gluon_attention(q, k, v, mask, config=config)
+
+    def default(head_dim, dtype, mask=None):
+        from ..kernels.gluon.attention import default_config
+
+        return default_config(head_dim, dtype)
+
+    def device_reason(device):
+        from ..kernels.gluon.attention import device_reason as why
+
+        return why(device)
+
+    # only the forward is Gluon: the backward is the dense kernel's, tuned under "triton"
+    return Tunable(name="triton-gluon", groups={"fwd": "fwd"}, candidates=_gluon_candidates, run=run,
+                   default=default, accepts=lambda mask: not isinstance(mask, BlockSparseMask),
+                   device_reason=device_reason)
+
+
+register_tunable(_gluon_tunable())
 
 
 def _sparse_outer(block: int, head_dim: int) -> list[int]:

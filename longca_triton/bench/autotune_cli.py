@@ -77,7 +77,7 @@ SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "defa
 @click.option("--mean-block", type=click.IntRange(min=16), default=256, show_default=True,
               help="mean block of the variable-block masks triton-varblock is tuned on")
 @click.option("--kernel", "kernels", default=None, callback=csv_option(str),
-              help="comma-separated tunable kernels (default: triton,triton-sparse; with --varblock: triton-varblock)")
+              help="comma-separated tunable kernels (default: triton,triton-sparse, plus triton-gluon on an sm_90 GPU; with --varblock: triton-varblock)")
 @click.option("--masks", default=None, callback=csv_option(str),
               help="comma-separated masks for the dense kernel (default: a mix of full, causal, documents, window)")
 @click.option("--densities", default="0.2,0.5,0.8", show_default=True, callback=csv_option(float),
@@ -131,7 +131,12 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     device, interpreted = select_device()
     con = make_console(click.get_text_stream("stderr") if fmt != "table" else None)
     block = int(block)
-    kernels = kernels or (["triton-varblock"] if varblock else ["triton", "triton-sparse"])
+    if not kernels:
+        kernels = ["triton-varblock"] if varblock else ["triton", "triton-sparse"]
+        # the Gluon forward joins by default where it runs (sm_90); elsewhere it is not asked for
+        gluon = at.TUNABLES["triton-gluon"]
+        if not varblock and not interpreted and not gluon.device_reason(torch.device(device)):
+            kernels.append("triton-gluon")
     for name in kernels:
         if name not in at.TUNABLES:
             raise click.BadParameter(f"unknown kernel {name!r}; tunable: {', '.join(at.TUNABLES)}", param_hint="--kernel")
@@ -162,6 +167,10 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         mine = at.cases_for(tunable, tblock, masks, seqlens, head_dims, dts, heads, densities)
         if not mine:
             con.print(f"[yellow]{name}: none of the masks {', '.join(masks)} runs on it; skipped[/yellow]")
+            continue
+        why = tunable.device_reason(torch.device(device)) if tunable.device_reason and not dry_run else ""
+        if why:
+            con.print(f"[yellow]{name}: skipped ({why})[/yellow]")
             continue
         if dry_run or interpreted:
             con.print(f"{name} at {tunable.block_meaning} {tblock}: {len(mine)} cases")

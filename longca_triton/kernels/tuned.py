@@ -24,6 +24,7 @@ from longca_triton.masks import BlockSparseMask, Mask
 __all__ = [
     "CACHE_ENV", "SEQ_BUCKETS", "cache_path", "device_key", "mask_class", "seq_bucket", "sparse_block",
     "problem_class", "load_cache", "save_cache", "reload", "lookup", "best_entry", "uniform_pow2",
+    "measured_tflops",
 ]
 
 CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
@@ -159,3 +160,15 @@ def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, gr
         if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
             best = entry
     return dict(best["config"]) if best else None
+
+
+def measured_tflops(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, mode: str = "fwd") -> float | None:
+    """The tuned TFLOP/s the cache recorded for ``kernel`` on this call's problem class (the best
+    block's entry) in ``mode``, or None when it was never tuned here (range masks only)."""
+    if q.device.type != "cuda" or isinstance(mask, BlockSparseMask):
+        return None
+    entries = load_cache().get(device_key(q.device), {})
+    prefix = problem_class(kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, 0).rsplit("|block=", 1)[0]
+    scores = [e.get("tuned_tflops", {}).get(mode) for c, e in entries.items() if c.startswith(prefix + "|block=")]
+    scores = [x for x in scores if isinstance(x, (int, float)) and x > 0]
+    return max(scores) if scores else None
