@@ -50,7 +50,7 @@ def test_merged_runs_visit_the_plans_tiles(name, sq, sk, bn):
     mask = random_range_mask(sq, sk, seed=sq) if name == "random" else small_mask(name, sq, seed=1)
     plan, expected = _expected(mask, G.BLOCK_M, bn)
     ws = build_ws_plan(plan)
-    arrays = [t.numpy() for t in ws.tensors()]
+    arrays = [t.numpy() for t in ws.tensors()[3:]]
     ptr, nfull, count, start, end = arrays
     assert len(start) == len(end) == int(ptr[-1]) + 1, "one sentinel run after the last"
     for m, seq in enumerate(expected):
@@ -63,6 +63,15 @@ def test_merged_runs_visit_the_plans_tiles(name, sq, sk, bn):
         touched |= set(bt.q_part_idx[bt.q_part_ptr[m]:bt.q_part_ptr[m + 1]].tolist())
         assert {n for n, _ in seq} == touched
     assert ws.has_partial == any(p for seq in expected for _, p in seq)
+    # the key-major merge (dK/dV) visits each key tile's query tiles, full runs first
+    wk = build_ws_plan(plan, "k")
+    karr = [t.numpy() for t in wk.tensors()[3:]]
+    for n in range(plan.num_n):
+        seq = []
+        for (ptr, start, end), partial in ((plan.k_full, False), (plan.k_part, True)):
+            for r in range(int(ptr[n]), int(ptr[n + 1])):
+                seq += [(m, partial) for m in range(int(start[r]), int(end[r]))]
+        assert walk(*karr, n) == seq, f"key tile {n}"
 
 
 def test_merge_runs_empty_tiles_and_no_runs():
@@ -86,6 +95,8 @@ def test_default_configs_validate_and_fit():
         assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"]) <= G.SMEM_LIMIT
         producer, maxnreg = G._regs(cfg["consumer_regs"])
         assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
+        assert G.bwd_smem_bytes("dq", d, cfg["dq_block_n"], cfg["dq_stages"]) <= G.SMEM_LIMIT
+        assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -96,6 +107,10 @@ def test_default_configs_validate_and_fit():
     (dict(consumer_regs=248), "consumer_regs"),
     (dict(consumer_regs=236), "consumer_regs"),
     (dict(nope=1), "unknown gluon-attention config keys"),
+    (dict(dq_stages=1), "dq_stages"),
+    (dict(dkdv_stages=20), "dkdv_stages"),
+    (dict(dkdv_block_mq=128), "dkdv_block_mq"),
+    (dict(bwd_consumer_regs=100), "bwd_consumer_regs"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else x)
 def test_bad_configs_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -105,7 +120,7 @@ def test_bad_configs_are_named(bad, match):
 # ------------------------------------------------------------------ backend on a CPU
 def test_backend_says_why_it_cannot_run_here():
     b = get_backend("triton-gluon")
-    assert "Gluon" in b.description and "plain-Triton dense backward" in b.description
+    assert "Gluon" in b.description and "backward" in b.description
     mask = lt.make_mask("causal", 256)
     for dev in ("cpu", "cuda"):
         ok, why = b.check(Problem(mask=mask, device=dev, dtype=torch.bfloat16, head_dim=128))
@@ -131,12 +146,21 @@ def test_kernel_entry_checks_inputs_before_any_launch():
 _COMPILE = textwrap.dedent("""
     import json, os
     os.environ["TRITON_INTERPRET"] = "0"
-    from longca_triton.kernels.gluon.aot import compile_fwd, ptxas_info
+    from longca_triton.kernels.gluon.aot import compile_bwd, compile_fwd, ptxas_info
     cases = [("d128", 128, None, {}), ("d64", 64, None, {}),
              ("nopp-n64", 128, dict(pingpong=False, BLOCK_N=64, num_stages=3), {}),
              ("full-only", 128, None, dict(has_partial=False, num_iv=1)),
              ("fp32-out", 128, None, dict(store_tma=False, dtype="fp16")),
              ("regs232", 128, dict(consumer_regs=232), {})]
+    bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
+           ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
+           ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
+           ("dkdv-skew", "dkdv", 128, dict(dkdv_skew=True), {})]
+    for name, kind, d, cfg, kw in bwd:
+        c = compile_bwd(kind, d, cfg, **kw)
+        info = ptxas_info(c.ptx)
+        print(json.dumps(dict(name=name, d=d, shared=c.shared, regs=sorted(set(c.setmaxnreg())),
+                              wgmma=c.count(r"wgmma\\.mma_async"), **info)))
     for name, d, cfg, kw in cases:
         c = compile_fwd(d, cfg, **kw)
         info = ptxas_info(c.ptx)
@@ -154,6 +178,14 @@ def test_every_variant_compiles_for_sm90a():
     res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
+    bwd = {n: rows.pop(n) for n in [n for n in rows if n.startswith(("dq", "dkdv"))]}
+    assert set(bwd) == {"dq-d128", "dkdv-d128", "dq-d64", "dkdv-d64", "dkdv-full-only", "dkdv-skew"}
+    for name, r in bwd.items():
+        assert r["wgmma"] > 0 and {240, 24} <= set(r["regs"]) and r["shared"] <= G.SMEM_LIMIT, r
+        # the default backward configs stay within 240 registers (a few bytes at most: measured
+        # 4 B for dK/dV at D=128); the skewed dK/dV variant trades spills for overlap
+        if name != "dkdv-skew":
+            assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
     assert set(rows) == {"d128", "d64", "nopp-n64", "full-only", "fp32-out", "regs232"}
     for name, r in rows.items():
         if name != "regs232":  # a tighter split may spill; the defaults must not

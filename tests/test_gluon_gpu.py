@@ -1,9 +1,9 @@
-"""Numerics of the Gluon forward on an sm_90 GPU (``-m gpu``; the CPU interpreter cannot run Gluon).
+"""Numerics of the Gluon kernels on an sm_90 GPU (``-m gpu``; the CPU interpreter cannot run Gluon).
 
 bf16 at awkward sizes against a float32 reference (the chunked reference, TF32 off): random
 overlapping ``RangeMask``s with fully masked rows, ``Sq != Sk``, GQA, every static mask, head dims
-64 and 128, both ping-pong settings, 64- and 128-row key tiles, fwd and bwd (the backward is the
-plain-Triton one, fed this forward's out and lse). The bar is PyTorch's own bf16 attention on the
+64 and 128, both ping-pong settings, 64- and 128-row key tiles, fwd and bwd (the Gluon dQ and
+dK/dV kernels, and the plain-Triton backward with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
 same inputs (SDPA with the boolean mask): our error must stay within 2x of its error (plus 1e-3
 for cases where PyTorch is near-exact). Rows that attend nothing must be exactly 0 with lse -inf.
 The log of a run is committed under experiments/results/h100/gluon/.
@@ -71,7 +71,7 @@ def _check(mask, Hq, Hkv, D, config=None, seed=0):
     bar = _rel(pt, ref, rows)
     err = _rel(out, ref, rows)
     assert err <= 2 * bar + 1e-3, f"out rel err {err:.2e} vs PyTorch bf16 {bar:.2e}"
-    # gradients (the plain-Triton backward on this forward's out and lse)
+    # gradients (the Gluon backward, or the plain-Triton one with gluon_bwd=False)
     for name, x, r in (("dq", qg.grad, q32.grad), ("dk", kg.grad, k32.grad), ("dv", vg.grad, v32.grad)):
         e = _rel(x, r)
         assert e <= 5e-2, f"{name} rel err {e:.2e}"
@@ -96,7 +96,9 @@ def test_static_masks_gqa(name):
 
 
 CONFIGS = [dict(pingpong=False), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),
-           dict(BLOCK_N=64, pingpong=False, num_stages=2)]
+           dict(BLOCK_N=64, pingpong=False, num_stages=2), dict(gluon_bwd=False),
+           dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128, dq_stages=2),
+           dict(dkdv_stages=2, dq_stages=3)]
 
 
 @needs_sm90

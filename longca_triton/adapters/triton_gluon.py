@@ -1,9 +1,9 @@
-"""Our warp-specialized Gluon forward (``longca_triton/kernels/gluon/``) as the ``triton-gluon`` backend.
+"""Our warp-specialized Gluon kernels (``longca_triton/kernels/gluon/``) as the ``triton-gluon`` backend.
 
-The forward is Gluon (FlashAttention-3's design on sm_90: TMA producer warp, two ping-ponging
-consumer warpgroups, async wgmma); the backward is our plain-Triton dense backward, and the
-description says so. It runs on sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case
-is ``unsupported`` with the reason, never a crash.
+Forward and backward are Gluon (FlashAttention-3's design on sm_90: TMA producer warp,
+consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). It runs on
+sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case is ``unsupported`` with the
+reason, never a crash. A config with ``gluon_bwd=False`` runs our plain-Triton backward instead.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from .triton_base import TritonBackend
 
 class TritonGluon(TritonBackend):
     name = "triton-gluon"
-    description = ("longca-triton's Gluon forward (FA3 design: warp-specialized TMA producer, ping-pong "
-                   "consumer warpgroups, async wgmma; sm_90 only) + the plain-Triton dense backward")
+    description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
+                   "producer, ping-pong consumer warpgroups, async wgmma) and warp-specialized dQ + dK/dV "
+                   "backward kernels")
     kernel = "gluon.attention"
 
     def available(self):

@@ -16,7 +16,7 @@ import re
 import subprocess
 import tempfile
 
-__all__ = ["Compiled", "compile_fwd", "ptxas_info"]
+__all__ = ["Compiled", "compile_fwd", "compile_bwd", "ptxas_info"]
 
 
 @dataclasses.dataclass
@@ -38,31 +38,38 @@ def _signature(fn, consts: dict, dtype: str) -> dict:
     for a in fn.arg_names:
         if a in consts:
             sig[a] = "constexpr"
-        elif a in ("Q", "K", "V"):
+        elif a in ("Q", "K", "V", "DO", "DQ", "DK", "DV"):
             sig[a] = f"*{dtype}"
         elif a == "Out":
             sig[a] = f"*{dtype}" if consts.get("STORE_TMA", True) else "*fp32"
-        elif a == "Lse":
+        elif a in ("Lse", "Delta"):
             sig[a] = "*fp32"
         elif a.isupper():
             sig[a] = "*i32"  # plan tables
-        elif a == "qk_scale":
+        elif a in ("qk_scale", "softmax_scale"):
             sig[a] = "fp32"
         else:
             sig[a] = "i32"
     return sig
 
 
-def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
-                has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16") -> Compiled:
-    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)."""
+def _compile(fn, consts: dict, dtype: str, maxnreg: int) -> Compiled:
     os.environ.setdefault("TRITON_INTERPRET", "0")
     if os.environ["TRITON_INTERPRET"] == "1":
-        raise RuntimeError("compile_fwd needs TRITON_INTERPRET unset (run it in a subprocess)")
-    import torch
+        raise RuntimeError("compiling for sm_90a needs TRITON_INTERPRET unset (run it in a subprocess)")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    src = GluonASTSource(fn, _signature(fn, consts, dtype), consts)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    return Compiled(ttgir=k.asm["ttgir"], ptx=k.asm["ptx"], shared=int(k.metadata.shared))
+
+
+def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
+                has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16") -> Compiled:
+    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)."""
+    import torch
 
     from .attention import _regs, resolve_config
     from .attention_fwd import gluon_fwd_kernel
@@ -72,9 +79,29 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
     consts = dict(HEAD_DIM=head_dim, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer)
-    src = GluonASTSource(gluon_fwd_kernel, _signature(gluon_fwd_kernel, consts, dtype), consts)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
-    return Compiled(ttgir=k.asm["ttgir"], ptx=k.asm["ptx"], shared=int(k.metadata.shared))
+    return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
+
+
+def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
+                has_partial: bool = True, dtype: str = "bf16") -> Compiled:
+    """Compile the backward's ``"dq"`` or ``"dkdv"`` kernel for sm_90a (``attention.CONFIG_KEYS``)."""
+    import torch
+
+    from .attention import _regs, resolve_config
+    from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
+
+    c = resolve_config(head_dim, torch.bfloat16, cfg)
+    producer, maxnreg = _regs(c["bwd_consumer_regs"])
+    common = dict(HEAD_DIM=head_dim, NUM_IV=num_iv, HAS_PARTIAL_TILES=has_partial,
+                  CONSUMER_REGS=c["bwd_consumer_regs"], PRODUCER_REGS=producer)
+    if kind == "dq":
+        return _compile(gluon_bwd_dq_kernel, dict(common, BLOCK_N=c["dq_block_n"], NUM_STAGES=c["dq_stages"]),
+                        dtype, maxnreg)
+    if kind == "dkdv":
+        return _compile(gluon_bwd_dkdv_kernel, dict(common, BLOCK_MQ=c["dkdv_block_mq"], NUM_STAGES=c["dkdv_stages"],
+                                                        SKEW=c["dkdv_skew"]),
+                        dtype, maxnreg)
+    raise ValueError(f"kind must be 'dq' or 'dkdv', got {kind!r}")
 
 
 def ptxas_info(ptx: str) -> dict:
@@ -102,12 +129,13 @@ def main(argv=None) -> None:
     ap.add_argument("--block-n", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--no-pingpong", action="store_true")
+    ap.add_argument("--kernel", choices=("fwd", "dq", "dkdv"), default="fwd")
     ap.add_argument("--dump", help="write <DUMP>.ttgir and <DUMP>.ptx")
     a = ap.parse_args(argv)
     cfg = {k: v for k, v in (("BLOCK_N", a.block_n), ("num_stages", a.stages)) if v is not None}
     if a.no_pingpong:
         cfg["pingpong"] = False
-    c = compile_fwd(a.head_dim, cfg or None)
+    c = compile_fwd(a.head_dim, cfg or None) if a.kernel == "fwd" else compile_bwd(a.kernel, a.head_dim, cfg or None)
     info = ptxas_info(c.ptx)
     print(f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
           f"wgmma {c.count('wgmma.mma_async')}, registers {info['registers']}, "

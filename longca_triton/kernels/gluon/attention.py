@@ -1,10 +1,11 @@
-r"""Dense structured-mask attention with a warp-specialized Gluon forward (sm_90 only).
+r"""Dense structured-mask attention in Gluon, warp-specialized for sm_90 (Hopper) only.
 
 The forward is ``attention_fwd.gluon_fwd_kernel`` (FlashAttention-3's design in Gluon: a TMA
 producer warp, two consumer warpgroups that ping-pong, async wgmma with the softmax of one key
-tile overlapping the ``P V`` of the previous one). The backward is, for now, our plain-Triton
-dense backward (``kernels/dense_bwd.py``) on the ``out`` and ``lse`` this forward wrote: both
-kernels implement the same math, so gradients are exact to the same tolerance.
+tile overlapping the ``P V`` of the previous one). The backward (``gluon_bwd=True``) is
+``attention_bwd.py``: a delta preprocess, then a warp-specialized dQ kernel and a warp-specialized
+dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring); with
+``gluon_bwd=False`` it is our plain-Triton dense backward on this forward's ``out`` and ``lse``.
 
 Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
 
@@ -15,7 +16,11 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   65536 registers over three warpgroups of 128 threads allow 504 per thread summed over the three;
   the producer gets ``504 - 2 * consumer_regs`` (240 / 240 / 24 is FA3's split).
 
-Backward keys are the dense kernel's (``kernels.dense.CONFIG_KEYS``), resolved separately.
+* ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
+  ``bwd_config``); ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
+  rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
+  ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
+  overlap, more registers), ``bwd_consumer_regs``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .._runtime import (
 )
 from ..config import ConfigSpec
 from ..config import resolve as _resolve
-from ..dense import dense_bwd, plans_for
+from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
 from .plan import WsPlan, get_ws_plan
 
@@ -52,15 +57,21 @@ SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
 REG_BUDGET = 504
 
-CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs")
-_SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS, tile_keys=("BLOCK_N",), bool_keys=("pingpong",),
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "gluon_bwd",
+               "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs")
+_SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS, tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq"),
+                   bool_keys=("pingpong", "dkdv_skew", "gluon_bwd"),
                    tuned_name="triton-gluon")
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """FA3's choice for these head dims: 128-row key tiles; the ring as deep as fits."""
     stages = 2 if head_dim > 64 else 3
-    return dict(BLOCK_N=128, num_stages=stages, pingpong=True, consumer_regs=240)
+    # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
+    # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py)
+    return dict(BLOCK_N=128, num_stages=stages, pingpong=True, consumer_regs=240, gluon_bwd=True,
+                dq_block_n=64, dq_stages=2, dkdv_block_mq=32 if head_dim > 64 else 64, dkdv_stages=3,
+                dkdv_skew=False, bwd_consumer_regs=240)
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> int:
@@ -69,6 +80,13 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> i
     q = BLOCK_M * head_dim * elem
     ring = num_stages * 2 * block_n * head_dim * elem
     return q + ring + 1024
+
+
+def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: int = 2) -> int:
+    """Shared memory of a backward CTA (upper bound, 1 KB for barriers): ``"dq"`` holds Q and dO
+    (128 rows each) and a ring of K, V tiles of ``tile`` rows; ``"dkdv"`` holds K and V (128 rows)
+    and a ring of Q, dO tiles of ``tile`` rows."""
+    return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
 def _regs(consumer_regs: int) -> tuple[int, int]:
@@ -89,12 +107,26 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim}, BLOCK_N={cfg['BLOCK_N']} "
                          f"(limit {SMEM_LIMIT} B); use >= 1 stage and fewer than that")
-    regs = int(cfg["consumer_regs"])
+    regs_fwd = regs = int(cfg["consumer_regs"])
     producer, _ = _regs(regs)
     if regs % 8 or not 24 <= producer <= regs <= 256:
         raise ValueError(f"config['consumer_regs'] must be a multiple of 8 in [168, 240] (the producer "
                          f"gets {REG_BUDGET} - 2 * consumer_regs >= 24); got {cfg['consumer_regs']}")
-    cfg["num_stages"], cfg["consumer_regs"] = stages, regs
+    if cfg["dq_block_n"] not in (64, 128) or cfg["dkdv_block_mq"] not in (32, 64):
+        raise ValueError(f"config['dq_block_n'] must be 64 or 128 and config['dkdv_block_mq'] 32 or 64; got "
+                         f"{cfg['dq_block_n']}, {cfg['dkdv_block_mq']}")
+    for key, need in (("dq_stages", lambda st: bwd_smem_bytes("dq", head_dim, cfg["dq_block_n"], st)),
+                      ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st))):
+        st = int(cfg[key])
+        # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise)
+        if st < 2 or need(st) > SMEM_LIMIT:
+            raise ValueError(f"config[{key!r}]={cfg[key]} does not fit: needs >= 2 stages and "
+                             f"{need(max(st, 2))} B <= {SMEM_LIMIT} B of shared memory")
+        cfg[key] = st
+    regs = int(cfg["bwd_consumer_regs"])
+    if regs % 8 or not 24 <= _regs(regs)[0] <= regs <= 256:
+        raise ValueError(f"config['bwd_consumer_regs'] must be a multiple of 8 in [168, 240]; got {regs}")
+    cfg["num_stages"], cfg["consumer_regs"], cfg["bwd_consumer_regs"] = stages, regs_fwd, regs
     return cfg
 
 
@@ -149,7 +181,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     gluon_fwd_kernel[grid](
         q, k, v, out, lse,
         *bsh_strides(q, k, v, out),
-        tiles.lo, tiles.hi, tiles.q_order, *plan.tensors(),
+        *plan.tensors(),
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
@@ -161,28 +193,86 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     return out, lse
 
 
+def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softmax_scale: float,
+              cfg: dict, dlse=None):
+    """Launch delta preprocess, the Gluon dQ kernel and the Gluon dK/dV kernel. Returns
+    ``dq, dk, dv`` in the inputs' dtype."""
+    from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
+
+    if dq_plan.tiles.block_m != BLOCK_M or dq_plan.tiles.block_n != cfg["dq_block_n"]:
+        raise ValueError(f"dQ plan is for tiles {dq_plan.tiles.block_m}x{dq_plan.tiles.block_n}, "
+                         f"config says {BLOCK_M}x{cfg['dq_block_n']}")
+    if dkdv_plan.tiles.block_m != cfg["dkdv_block_mq"] or dkdv_plan.tiles.block_n != BLOCK_M:
+        raise ValueError(f"dK/dV plan is for tiles {dkdv_plan.tiles.block_m}x{dkdv_plan.tiles.block_n}, "
+                         f"config says {cfg['dkdv_block_mq']}x{BLOCK_M}")
+    b, sq, hq, d = q.shape
+    # the dK/dV kernel reads a group's Q and dO as one [Sq, G * D] matrix: heads must be contiguous
+    q, dout = (t if t.stride(3) == 1 and t.stride(2) == d else t.contiguous() for t in (q, dout))
+    q, k, v, out, dout = (descriptor_ready(t) for t in (q, k, v, out, dout))
+    sk, hkv = k.shape[1], k.shape[2]
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
+    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    if b * hq * d == 0 or sq == 0 or sk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    ensure_allocator(q.device)
+    lse = lse.contiguous()
+    delta = launch_bwd_preprocess(out, dout, dlse)
+    producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
+    regs = dict(CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
+                maxnreg=maxnreg)
+    gluon_bwd_dq_kernel[(dq_plan.tiles.num_m * b * hq,)](
+        q, k, v, dout, dq, lse, delta,
+        *bsh_strides(q, k, v, dout, dq),
+        *dq_plan.tensors(),
+        softmax_scale * LOG2E, softmax_scale,
+        sq, sk, b * hq, hq, hq // hkv,
+        HEAD_DIM=d, BLOCK_N=cfg["dq_block_n"], NUM_IV=dq_plan.tiles.num_iv, NUM_STAGES=cfg["dq_stages"],
+        HAS_PARTIAL_TILES=dq_plan.has_partial, **regs,
+    )
+    gluon_bwd_dkdv_kernel[(dkdv_plan.tiles.num_n * b * hkv,)](
+        q, k, v, dout, dk, dv, lse, delta,
+        q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
+        *bsh_strides(k, v, dk, dv),
+        *dkdv_plan.tensors(),
+        softmax_scale * LOG2E, softmax_scale,
+        sq, sk, b * hkv, hq, hkv, hq // hkv,
+        HEAD_DIM=d, BLOCK_MQ=cfg["dkdv_block_mq"], NUM_IV=dkdv_plan.tiles.num_iv,
+        NUM_STAGES=cfg["dkdv_stages"], HAS_PARTIAL_TILES=dkdv_plan.has_partial, SKEW=cfg["dkdv_skew"],
+        **regs,
+    )
+    return dq, dk, dv
+
+
 # ----------------------------------------------------------------------------------------------
-# Autograd: Gluon forward, plain-Triton dense backward
+# Autograd: Gluon forward; Gluon backward (``gluon_bwd``) or the plain-Triton dense backward
 # ----------------------------------------------------------------------------------------------
 
-def _fwd(q, k, v, plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg):
+def _fwd(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg):
     return gluon_fwd(q, k, v, plan, softmax_scale, cfg)
 
 
-def _bwd(dout, dlse, q, k, v, out, lse, plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg):
-    return dense_bwd(dout, q, k, v, out, lse, dkdv_plan, dq_plan, softmax_scale, bwd_cfg, dlse=dlse)
+def _bwd(dout, dlse, q, k, v, out, lse, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg):
+    if cfg["gluon_bwd"]:
+        return gluon_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, cfg, dlse=dlse)
+    return dense_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, bwd_cfg, dlse=dlse)
 
 
-#: ``apply(q, k, v, ws_plan, dkdv_plan, dq_plan, softmax_scale, cfg, bwd_cfg) -> (out, lse)``
+#: ``apply(q, k, v, ws_plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg) -> (out, lse)``; the
+#: backward plans are the Gluon dQ and dK/dV plans, or the dense dK/dV and dQ plans
 GluonAttentionFunction = attention_function(
     "GluonAttentionFunction", _fwd, _bwd,
-    """``(q, k, v) -> (out, lse)``: Gluon forward, plain-Triton dense backward.""")
+    """``(q, k, v) -> (out, lse)``: Gluon forward; Gluon or plain-Triton backward.""")
 
 
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
-    """The forward's merged-run plan and the backward's two dense plans (all cached)."""
+    """The forward's merged-run plan and the backward's two plans (all cached)."""
+    fwd = get_ws_plan(mask, BLOCK_M, cfg["BLOCK_N"], device)
+    if cfg["gluon_bwd"]:
+        return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
+                get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k"))
     _, dkdv, dq = plans_for(mask, bwd_cfg, device)
-    return get_ws_plan(mask, BLOCK_M, cfg["BLOCK_N"], device), dkdv, dq
+    return fwd, dkdv, dq
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
@@ -199,8 +289,7 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     softmax_scale = resolve_scale(softmax_scale, d)
     cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
     bwd_cfg = dense_resolve_config(d, q.dtype, bwd_config, q=q, k=k, mask=mask)
-    plan, dkdv_plan, dq_plan = plans_for_gluon(mask, cfg, bwd_cfg, q.device)
-    out, lse = GluonAttentionFunction.apply(q, k, v, plan, dkdv_plan, dq_plan, softmax_scale, cfg,
-                                            bwd_cfg)
+    plan, bwd_a, bwd_b = plans_for_gluon(mask, cfg, bwd_cfg, q.device)
+    out, lse = GluonAttentionFunction.apply(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)
     return (out, lse) if return_lse else out
 

@@ -71,6 +71,58 @@ def _advance(r, n, e, RUN_START, RUN_END):
 
 
 @gluon.jit
+def _tile_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
+    """TMA descriptor over the ``[rows, HEAD_DIM]`` matrix of one head at ``base`` (row stride
+    ``stride_s``), in ``[BLOCK, HEAD_DIM]`` tiles: rows >= ``rows`` load as zeros, stores clip."""
+    return tma.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, HEAD_DIM], layout)
+
+
+@gluon.jit
+def _program(num_bh, num_heads_q, group_size):
+    """``(rank, bh, b, h, h_kv)`` of a query-major CTA: batch*head is the fastest-varying index, so
+    the query heads of one GQA group run side by side and share K/V tiles in L2."""
+    pid = gl.program_id(0)
+    rank = pid // num_bh
+    bh = pid % num_bh
+    b = bh // num_heads_q
+    h = bh % num_heads_q
+    return rank, bh, b, h, h // group_size
+
+
+@gluon.jit
+def _ring(NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """``(ready, empty)`` mbarriers of a NUM_STAGES ring: *ready* completes when the TMA bytes land,
+    *empty* when all CONSUMERS warpgroups have released the buffer."""
+    layout: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], layout)
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], layout)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
+    return ready, empty
+
+
+@gluon.jit
+def _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
+                  RUN_END, r0, num_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer's loop: K_j and V_j of every key tile on the run list into the ring."""
+    r = r0
+    n = gl.load(RUN_START + r)
+    e = gl.load(RUN_END + r)
+    for j in range(num_tiles):
+        st = j % NUM_STAGES
+        # the first round passes at once: a fresh barrier has "completed" the phase before 0
+        ph = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(st), ph)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [n * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.wait(v_empty.index(st), ph)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [n * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+        r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+
+
+@gluon.jit
 def _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout: gl.constexpr,
                    BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr):
     """``s`` with ``-inf`` where key ``j`` is outside every interval ``[lo[i,t], hi[i,t])`` of
@@ -231,20 +283,8 @@ def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_STAR
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [start_m + M_WG, 0], q_bar, q_smem.index(1))
 
-    r = r0
-    n = gl.load(RUN_START + r)
-    e = gl.load(RUN_END + r)
-    for j in range(num_tiles):
-        st = j % NUM_STAGES
-        # the first round passes at once: a fresh barrier has "completed" the phase before 0
-        ph = ((j // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(st), ph)
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [n * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
-        mbarrier.wait(v_empty.index(st), ph)
-        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [n * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
-        r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+    _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
+                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit
@@ -263,12 +303,7 @@ def gluon_fwd_kernel(
 ):
     # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
     # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
-    pid = gl.program_id(0)
-    rank = pid // num_bh
-    bh = pid % num_bh
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
+    rank, bh, b, h, h_kv = _program(num_bh, num_heads_q, group_size)
     tile_m = gl.load(ORDER + rank)
     start_m = tile_m * (2 * M_WG)
     r0 = gl.load(RUN_PTR + tile_m)
@@ -278,32 +313,21 @@ def gluon_fwd_kernel(
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     b64 = b.to(gl.int64)
-    q_desc = tma.make_tensor_descriptor(Q + b64 * stride_qb + h * stride_qh, [Sq, HEAD_DIM],
-                                        [stride_qs, 1], [M_WG, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K + b64 * stride_kb + h_kv * stride_kh, [Sk, HEAD_DIM],
-                                        [stride_ks, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + b64 * stride_vb + h_kv * stride_vh, [Sk, HEAD_DIM],
-                                        [stride_vs, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    o_desc = tma.make_tensor_descriptor(Out + b64 * stride_ob + h * stride_oh, [Sq, HEAD_DIM],
-                                        [stride_os, 1], [M_WG, HEAD_DIM], q_layout)
+    q_desc = _tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM, q_layout)
+    k_desc = _tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = _tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM, kv_layout)
+    o_desc = _tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM, q_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    sched = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        # both consumers release a buffer before the producer refills it
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+    # both consumers release a buffer before the producer refills it
+    k_ready, k_empty = _ring(NUM_STAGES, 2)
+    v_ready, v_empty = _ring(NUM_STAGES, 2)
+    sched = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     mbarrier.init(sched.index(0), count=1)
     mbarrier.init(sched.index(1), count=1)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, sched)

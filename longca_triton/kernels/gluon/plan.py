@@ -1,4 +1,4 @@
-"""The Gluon forward's view of a tile plan: per query tile one list of key-tile runs.
+"""The Gluon kernels' view of a tile plan: per major tile one list of minor-tile runs.
 
 The plain-Triton forward loops over a tile's *full* runs, then over its *partial* runs, in two
 loops. The warp-specialized forward cannot: its producer and its two consumers must walk the same
@@ -14,6 +14,9 @@ Arrays (int32, on the plan's device), all ``O(number of runs)``:
 * ``run_count [num_m]``: how many key tiles the tile visits (the loop trip count);
 * ``run_start, run_end [R + 1]``: the runs, plus one sentinel ``(0, 0)`` so the cursor's read
   after the last tile stays in bounds.
+
+The forward and the dQ kernel merge the query-major lists (per query tile, its key tiles); the
+dK/dV kernel merges the key-major lists (per key tile, its query tiles).
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ class WsPlan:
     run_start: torch.Tensor
     run_end: torch.Tensor
     has_partial: bool
+    order: torch.Tensor  # launch order of the major tiles (heaviest first)
 
     def tensors(self) -> list:
-        """What the kernel reads, in its argument order after ``LO, HI, ORDER``."""
-        return [self.run_ptr, self.run_nfull, self.run_count, self.run_start, self.run_end]
+        """What the kernels read: ``LO, HI, ORDER`` and the merged runs, in argument order."""
+        return [self.tiles.lo, self.tiles.hi, self.order, self.run_ptr, self.run_nfull,
+                self.run_count, self.run_start, self.run_end]
 
 
 def merge_runs(full: tuple, part: tuple, num_m: int):
@@ -88,19 +93,26 @@ def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tupl
     return out
 
 
-def build_ws_plan(tiles: TilePlan) -> WsPlan:
-    host = [tuple(t.cpu().numpy() for t in lst) for lst in (tiles.q_full, tiles.q_part)]
-    arrays = merge_runs(host[0], host[1], tiles.num_m)
+def build_ws_plan(tiles: TilePlan, major: str = "q") -> WsPlan:
+    """Merge ``tiles``' query-major (``major="q"``: forward, dQ) or key-major (``"k"``: dK/dV) run
+    lists; ``order`` is the matching launch order (heaviest first)."""
+    if major not in ("q", "k"):
+        raise ValueError(f"major must be 'q' or 'k', got {major!r}")
+    lists = (tiles.q_full, tiles.q_part) if major == "q" else (tiles.k_full, tiles.k_part)
+    num = tiles.num_m if major == "q" else tiles.num_n
+    host = [tuple(t.cpu().numpy() for t in lst) for lst in lists]
+    arrays = merge_runs(host[0], host[1], num)
     dev = tiles.lo.device
     ptr, nfull, count, start, end = (torch.from_numpy(a).to(dev) for a in arrays)
     return WsPlan(tiles=tiles, run_ptr=ptr, run_nfull=nfull, run_count=count, run_start=start,
-                  run_end=end, has_partial=bool(len(host[1][1])))
+                  run_end=end, has_partial=bool(len(host[1][1])),
+                  order=tiles.q_order if major == "q" else tiles.k_order)
 
 
 _CACHE = PlanCache(64)
 
 
-def get_ws_plan(mask, block_m: int, block_n: int, device) -> WsPlan:
+def get_ws_plan(mask, block_m: int, block_n: int, device, major: str = "q") -> WsPlan:
     """Cached :class:`WsPlan` for ``mask`` and tiles ``block_m x block_n`` (host work once)."""
-    return _CACHE.get(mask, ("ws", int(block_m), int(block_n)), device,
-                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev)))
+    return _CACHE.get(mask, ("ws", major, int(block_m), int(block_n)), device,
+                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev), major))
