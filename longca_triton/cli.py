@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -135,6 +136,59 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
         rows = [dict(choice="kernel", name=b, score=round(t, 1), unit="TFLOP/s") for b, t in rec.kernel_ranking]
         rows += [dict(choice="cp", name=n, score=round(e, 3), unit="efficiency") for n, e in rec.cp_ranking]
         emit(rows, ["choice", "name", "score", "unit"], fmt="csv")
+
+
+@main.command("findings")
+@click.argument("results", nargs=-1, type=click.Path(path_type=str))
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="the markdown file to write")
+@click.option("--plots-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where the PNGs go (default: a folder named after --out, next to it)")
+@click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default=None, help="only this mode (default: all)")
+@click.option("--no-plots", is_flag=True, help="the markdown only")
+def findings_command(results, out, plots_dir, mode, no_plots):
+    """Generate the study's findings from result rows: per mask the winner at each length and its
+    margin, crossovers, where our kernels lose, memory walls, the support matrix, block-sparse
+    TFLOP/s against density, CP efficiency; with plots. RESULTS are JSONL files or folders
+    (searched for *.jsonl); none given: the committed experiments/results/**/results.jsonl.
+
+    \b
+    Examples:
+      longca-triton findings --out docs/findings.md
+      longca-triton findings experiments/results/h100/dense_16k experiments/results/h200x2 --out /tmp/f.md
+      longca-triton findings results/dense-h100/results.jsonl --out f.md --mode bwd --no-plots
+    """
+    import os
+    import shlex
+
+    from .study.findings import collect_paths, compute, load_results, render_markdown
+    from .study.recommend import default_results
+
+    paths = collect_paths(results) if results else default_results()
+    if not paths:
+        raise click.UsageError("no results: give RESULTS (JSONL files or folders), or run from a checkout with "
+                               "experiments/results/")
+    rows, files = load_results(paths)
+    if not rows:
+        raise click.UsageError(f"no bench result rows in {', '.join(str(p) for p in paths)[:300]}")
+    f = compute(rows, files, mode=mode)
+    if not f.rows:
+        raise click.UsageError(f"no rows of mode {mode} in the results")
+    plots = {}
+    if not no_plots:
+        from .study.findings_plots import make_findings_plots
+
+        pdir = plots_dir or out.with_suffix("")
+        written = make_findings_plots(f, pdir)
+        rel = Path(os.path.relpath(pdir, out.parent or Path(".")))
+        plots = {k: [(sk, (rel / p.name).as_posix()) for sk, p in v] for k, v in written.items()}
+    argv = list(results) + ["--out", str(out)] + (["--plots-dir", str(plots_dir)] if plots_dir else []) + \
+        (["--mode", mode] if mode else []) + (["--no-plots"] if no_plots else [])
+    text = render_markdown(f, "longca-triton findings " + shlex.join(argv), plots)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    n = sum(len(v) for v in plots.values())
+    click.echo(f"wrote {out}" + (f" and {n} plots in {pdir}" if n else "") + f" from {len(f.rows)} rows of {len(paths)} files")
+
 
 def _make(name, seqlen, seed, params):
     from .masks import make_mask

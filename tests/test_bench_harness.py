@@ -50,8 +50,9 @@ def test_parsers():
 def test_experiment_files_load_and_match_the_study():
     e = load_experiment(REPO / "experiments" / "dense.toml").validate()
     assert set(e.masks) == set(lt.masks.STATIC_MASK_NAMES) and len(e.masks) == 12
-    assert e.seqlens[0] == 1024 and e.seqlens[-1] == 48 * 1024
-    assert (64, 8) in e.heads and (64, 64) in e.heads and e.head_dims == [128] and e.dtypes == ["bfloat16"]
+    # issue 14: 1K..48K for every backend, 64K and 128K for those that fit ([backend_max_seqlen])
+    assert e.seqlens[0] == 1024 and e.seqlens[-1] == 128 * 1024 and e.backend_max_seqlen["sdpa-cudnn"] == 48 * 1024
+    assert (64, 8) in e.heads and (64, 64) in e.heads and e.head_dims == [128, 64] and e.dtypes == ["bfloat16"]
     assert {"fwd", "bwd"} <= set(e.modes)
     assert e.params_for("prefix_lm_causal", 16384) == {"prefix": 5461}
     q = load_experiment(REPO / "experiments" / "dense_quick.toml").validate()

@@ -28,6 +28,14 @@ A TOML experiment (see ``experiments/dense.toml``)::
     [mask_params.prefix_lm_causal]
     prefix = "S/3"         # arithmetic in S (the sequence length) is allowed
 
+Per-backend length limits (``[backend_max_seqlen]``): points of a backend above its limit are
+left out of the plan (not run, no row; the findings list them as not measured), so one grid can
+extend S for the backends that fit::
+
+    [backend_max_seqlen]
+    sdpa-math = "8K"       # materialises the S x S scores
+    sdpa-cudnn = "48K"
+
 Mask parameters (``[mask_params.<mask>]``):
 
 * a string naming ``S`` (sequence length), ``Hq`` / ``Hkv`` (the point's query / key-value heads)
@@ -91,6 +99,8 @@ class Experiment:
     batch: int = 1
     seed: int = 0
     mask_params: dict[str, dict] = field(default_factory=dict)
+    #: backend -> the largest S it runs in this experiment (points above are not planned)
+    backend_max_seqlen: dict[str, int] = field(default_factory=dict)
     warmup_ms: float = 25.0
     rep: int = 30
     max_ms: float | None = 1500.0
@@ -148,6 +158,11 @@ class Experiment:
         and, where they use ``Hq`` / ``Hkv``, at ``heads = (Hq, Hkv)``."""
         return resolve_params(self.variants(mask)[variant], seqlen, heads)
 
+    def runs(self, backend: str, seqlen: int) -> bool:
+        """Whether ``backend`` runs at ``seqlen`` in this experiment (``backend_max_seqlen``)."""
+        limit = self.backend_max_seqlen.get(backend)
+        return limit is None or seqlen <= limit
+
     # -- validation
     def validate(self, known_backends: Iterable[str] | None = None) -> "Experiment":
         if self.kind not in KINDS:
@@ -192,9 +207,16 @@ class Experiment:
         from longca_triton.adapters.base import canonical_name
 
         self.backends = list(dict.fromkeys(canonical_name(b) for b in self.backends))
+        limits = {}
+        for b, v in self.backend_max_seqlen.items():
+            try:
+                limits[canonical_name(b)] = parse_seqlen(v)
+            except ConfigError as e:
+                raise ConfigError(f"[backend_max_seqlen] {b}: {e}") from None
+        self.backend_max_seqlen = limits
         if known_backends is not None:
             known = set(known_backends)
-            for b in self.backends:
+            for b in [*self.backends, *limits]:
                 if b not in known:
                     raise ConfigError(f"unknown backend {b!r}; valid backends: {', '.join(sorted(known))}")
         built = set()
@@ -244,16 +266,20 @@ class Experiment:
         seen.add(key)
 
     def num_points(self) -> int:
-        return (sum(len(self.variants(m)) for m in self.masks) * len(self.seqlens) * len(self.heads)
-                * len(self.head_dims) * len(self.dtypes) * len(self.modes) * len(self.backends))
+        """Points of the plan: every combination, less those above a backend's ``backend_max_seqlen``."""
+        pairs = sum(self.runs(b, S) for S in self.seqlens for b in self.backends)
+        return (sum(len(self.variants(m)) for m in self.masks) * pairs * len(self.heads)
+                * len(self.head_dims) * len(self.dtypes) * len(self.modes))
 
     def grid_summary(self) -> str:
         """``504 points (6 mask variants × 3 S × ...)``."""
         nv = sum(len(self.variants(m)) for m in self.masks)
         what = f"{len(self.masks)} masks" if nv == len(self.masks) else f"{nv} mask variants"
+        left = sum(not self.runs(b, S) for S in self.seqlens for b in self.backends)
         return (f"{self.num_points()} points ({what} × {len(self.seqlens)} S × {len(self.heads)} heads × "
                 f"{len(self.head_dims)} D × {len(self.dtypes)} dtypes × {len(self.modes)} modes × "
-                f"{len(self.backends)} backends)")
+                f"{len(self.backends)} backends" + (f"; {left} (S, backend) pairs above the backend's "
+                                                   f"max_seqlen left out" if left else "") + ")")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -343,11 +369,22 @@ def _load_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
 
 
+def _limits(table: dict, path: Path) -> dict[str, int]:
+    """``[backend_max_seqlen]``: backend -> S (ints or "48K")."""
+    out = {}
+    for b, v in table.items():
+        try:
+            out[b] = parse_seqlen(v)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: [backend_max_seqlen] {b}: {e}") from None
+    return out
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Read a TOML experiment (unknown keys are errors, so typos never pass silently)."""
     path = Path(path)
     data = _load_toml(path)
-    allowed_top = {"experiment", "grid", "timing", "mask_params"}
+    allowed_top = {"experiment", "grid", "timing", "mask_params", "backend_max_seqlen"}
     bad = sorted(set(data) - allowed_top)
     if bad:
         raise ConfigError(f"{path}: unknown table(s) {', '.join(bad)}; valid: {', '.join(sorted(allowed_top))}")
@@ -376,6 +413,7 @@ def load_experiment(path: str | Path) -> Experiment:
         batch=grid.get("batch", 1),
         seed=grid.get("seed", 0),
         mask_params={k: dict(v) for k, v in data.get("mask_params", {}).items()},
+        backend_max_seqlen=_limits(data.get("backend_max_seqlen", {}), path),
         warmup_ms=float(timing.get("warmup_ms", 25.0)),
         rep=timing.get("rep", 30),
         max_ms=None if timing.get("max_ms", 1500.0) in (None, 0) else float(timing.get("max_ms", 1500.0)),

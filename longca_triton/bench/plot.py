@@ -17,7 +17,7 @@ from pathlib import Path
 from .report import latest_rows, mask_label, short_status, slices
 from .store import status_kind
 
-__all__ = ["make_plots", "register_plotter", "PLOTTERS"]
+__all__ = ["VIEWS", "make_plots", "register_plotter", "PLOTTERS"]
 
 # rows of another ``kind`` (e.g. "cp") are drawn by a plotter registered for that kind:
 # ``fn(rows, out_dir) -> list[Path]``. The harness knows no such kind; the CLI (or a caller) registers them.
@@ -61,7 +61,14 @@ def _short_labels(labels: list[str]) -> tuple[list[str], str | None]:
     return list(labels), None
 
 
-def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
+VIEWS = ("tflops", "memory", "heatmap")
+
+
+def make_plots(rows: list[dict], out_dir: str | Path, views=VIEWS) -> list[Path]:
+    """Write the views (``VIEWS``, or the ones named) of every slice; returns the files."""
+    bad = sorted(set(views) - set(VIEWS))
+    if bad:
+        raise ValueError(f"unknown plot view(s) {', '.join(bad)}; valid: {', '.join(VIEWS)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +101,7 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
         n = len(masks)
         ncols = min(4, n)
         nrows = math.ceil(n / ncols)
-        for what in ("tflops", "memory"):
+        for what in [v for v in ("tflops", "memory") if v in views]:
             fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False)
             any_line = False
             for i, m in enumerate(masks):
@@ -144,6 +151,8 @@ def make_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             plt.close(fig)
             written.append(path)
 
+        if "heatmap" not in views:
+            continue
         # heat map at the largest S of the slice
         S = max(r["seqlen"] for r in srows)
         cell = {(r["backend"], mask_label(r)): r for r in srows if r["seqlen"] == S}

@@ -124,7 +124,7 @@ def plan_points(exp: Experiment):
     """``[(problem_key, [Point...])]`` in sweep order: sequence length outermost (in the order the
     experiment lists them, so a time-budgeted run covers every mask at the first S), then mask,
     mask variant (swept parameters), heads, head dim, dtype; backends and modes innermost, sharing
-    the problem's inputs. ``problem_key = (mask, S, Hq, Hkv, D, dtype, variant)``."""
+    the problem's inputs. A backend above its ``backend_max_seqlen`` is left out of that length. ``problem_key = (mask, S, Hq, Hkv, D, dtype, variant)``."""
     groups = []
     for S in exp.seqlens:
         for mname in exp.masks:
@@ -132,8 +132,10 @@ def plan_points(exp: Experiment):
                 for hq, hkv in exp.heads:
                     for D in exp.head_dims:
                         for dt in exp.dtypes:
-                            pts = [Point(mname, S, hq, hkv, D, dt, mode, b, vi) for b in exp.backends for mode in exp.modes]
-                            groups.append(((mname, S, hq, hkv, D, dt, vi), pts))
+                            pts = [Point(mname, S, hq, hkv, D, dt, mode, b, vi) for b in exp.backends
+                                   if exp.runs(b, S) for mode in exp.modes]
+                            if pts:
+                                groups.append(((mname, S, hq, hkv, D, dt, vi), pts))
     return groups
 
 

@@ -1,0 +1,130 @@
+"""The findings' figures (matplotlib, Agg backend), written next to the markdown.
+
+* ``tflops_<slice>.png``: TFLOP/s against S, a panel per mask, a line per backend: the harness's
+  own view (``bench.plot.make_plots``, TFLOP/s only) on the dense rows;
+* ``winners_<slice>.png``: the winner by (mask, S): colour = the winning backend, text = its name
+  and its margin over the runner-up (grey: nothing measured there);
+* ``sparse_density_<slice>.png``: block-sparse TFLOP/s against density, a panel per (mask, block,
+  S), a line per backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from longca_triton.bench.plot import _slice_tag, make_plots
+
+from .findings import Findings, fmt_s, slice_title
+
+__all__ = ["make_findings_plots"]
+
+
+def make_findings_plots(f: Findings, out_dir: str | Path) -> dict[str, list[tuple[tuple, Path]]]:
+    """Write every figure; returns ``{"tflops" | "winners" | "sparse": [(slice key, path)]}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list] = {"tflops": [], "winners": [], "sparse": []}
+    dense = [r for r in f.rows if r.get("kind") == "dense"]
+    if dense:
+        paths = make_plots(dense, out, views=("tflops",))
+        for sk in f.cells:
+            p = out / f"tflops_{_slice_tag(sk)}.png"
+            if p in paths:
+                written["tflops"].append((sk, p))
+    for sk, masks in f.cells.items():
+        p = _winner_map(sk, masks, out)
+        if p:
+            written["winners"].append((sk, p))
+    for sk in dict.fromkeys(d["slice"] for d in f.sparse):
+        p = _sparse_density(sk, [d for d in f.sparse if d["slice"] == sk], out)
+        if p:
+            written["sparse"].append((sk, p))
+    return written
+
+
+def _backend_colors(names):
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {b: cmap(i % cmap.N) for i, b in enumerate(names)}
+
+
+def _winner_map(sk, masks: dict, out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    names = list(masks)
+    lengths = sorted({c.seqlen for cells in masks.values() for c in cells})
+    winners = list(dict.fromkeys(c.winner[0] for cells in masks.values() for c in cells if c.winner))
+    if not winners:
+        return None
+    color = _backend_colors(winners)
+    data = np.full((len(names), len(lengths)), np.nan)
+    text = [["" for _ in lengths] for _ in names]
+    for mi, m in enumerate(names):
+        for c in masks[m]:
+            si = lengths.index(c.seqlen)
+            if c.winner:
+                data[mi, si] = winners.index(c.winner[0])
+                text[mi][si] = c.winner[0] + (f"\n×{c.margin:.2f}" if c.margin else "\n(alone)")
+            else:
+                text[mi][si] = "none ok"
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.5 + 1.25 * len(lengths)), 1.6 + 0.5 * len(names)))
+    cm = ListedColormap([color[w] for w in winners]).with_extremes(bad="#dddddd")
+    ax.imshow(np.ma.masked_invalid(data), cmap=cm, vmin=-0.5, vmax=len(winners) - 0.5, aspect="auto")
+    for mi in range(len(names)):
+        for si in range(len(lengths)):
+            ax.text(si, mi, text[mi][si], ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(lengths)))
+    ax.set_xticklabels([fmt_s(s) for s in lengths], fontsize=8)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlabel("sequence length")
+    ax.set_title(f"winner by (mask, S), × = margin over the runner-up\n{slice_title(sk)}", fontsize=9)
+    fig.tight_layout()
+    path = out / f"winners_{_slice_tag(sk)}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _sparse_density(sk, items: list[dict], out: Path) -> Path | None:
+    import math
+
+    import matplotlib.pyplot as plt
+
+    ok = [d for d in items if d["tflops"] is not None and d["nominal"] is not None]
+    if not ok:
+        return None
+    panels = list(dict.fromkeys((d["mask"], d["block"], d["S"]) for d in ok))
+    backends = list(dict.fromkeys(d["backend"] for d in ok))
+    color = _backend_colors(backends)
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.4 * nrows), squeeze=False)
+    for i, (m, block, S) in enumerate(panels):
+        ax = axes[i // ncols][i % ncols]
+        for b in backends:
+            pts = sorted((d["nominal"], d["tflops"]) for d in ok if (d["mask"], d["block"], d["S"], d["backend"]) == (m, block, S, b))
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=color[b], label=b, lw=1.5, ms=5)
+        ax.set_title(f"{m}, block {block}, S = {fmt_s(S)}", fontsize=9)
+        ax.set_xlabel("density (kept fraction of blocks)", fontsize=8)
+        ax.set_xlim(0, 1)
+        ax.grid(True, alpha=0.3)
+        if i % ncols == 0:
+            ax.set_ylabel("TFLOP/s (kept area)", fontsize=8)
+    for j in range(len(panels), nrows * ncols):
+        axes[j // ncols][j % ncols].axis("off")
+    handles = [plt.Line2D([], [], color=color[b], marker="o", label=b) for b in backends]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(backends), 5), fontsize=8, frameon=False)
+    fig.suptitle(f"block-sparse TFLOP/s against density — {slice_title(sk)}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.94))
+    path = out / f"sparse_density_{_slice_tag(sk)}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

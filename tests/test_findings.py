@@ -1,0 +1,219 @@
+"""findings on small results files written through the real ResultStore: winner and margin,
+crossovers (and changes of winner that are not crossovers), memory walls, the support matrix with
+reasons, missing / failed / NaN rows, block-sparse density, CP efficiency, the CLI end to end; and
+`recommend` answering for every static mask, 4K-1M tokens, 1-64 GPUs on the committed results
+(issue 14)."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from longca_triton.bench.store import ResultStore
+from longca_triton.cli import main
+from longca_triton.masks import STATIC_MASK_NAMES
+from longca_triton.study.findings import (
+    collect_paths,
+    compute,
+    load_results,
+    render_markdown,
+)
+
+ENV = {"gpu": "GPU-X", "torch": "9.9", "triton": "3.6.0", "cuda": "13.0", "cudnn": 91900, "git_commit": "abcdef0123",
+       "vendors": {"flash-attn-4": "4.0"}}
+_clock = [0]
+
+
+def row(backend, mask, S, mode, tflops=None, status="ok", kind="dense", **kw):
+    _clock[0] += 1
+    r = {"schema": 1, "kind": kind, "experiment": "t", "backend": backend, "mask": mask, "mask_params": {"seed": 0},
+         "seqlen": S, "batch": 1, "heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16", "mode": mode,
+         "status": status, "gpu": "GPU-X", "flops": 1e12, "tflops": tflops, "time_ms": 1.0 if tflops else None,
+         "env": ENV, "time": f"2026-11-22T00:00:{_clock[0] % 60:02d}+00:00"}
+    r.update(kw)
+    return r
+
+
+def write(path: Path, rows) -> Path:
+    ResultStore(path).extend(rows)
+    return path
+
+
+@pytest.fixture
+def dense(tmp_path):
+    rows = [
+        # causal: triton wins at 4K, fa4 at 16K (both measured at both): a crossover
+        row("triton", "causal", 4096, "fwd", 500), row("fa4", "causal", 4096, "fwd", 450),
+        row("flex", "causal", 4096, "fwd", 900, status="error: RuntimeError: boom"),  # failed: never a winner
+        row("triton", "causal", 16384, "fwd", 520), row("fa4", "causal", 16384, "fwd", 650),
+        row("flex", "causal", 16384, "fwd", float("nan")),  # ok but NaN: not a measurement
+        row("sdpa-flash", "causal", 16384, "fwd", 0.0),  # ok but zero: not a measurement
+        # full: fa4 wins at 4K by 600/500; at 16K fa4 has no row and triton wins alone-ish: not a crossover
+        row("fa4", "full", 4096, "fwd", 600), row("triton", "full", 4096, "fwd", 500),
+        row("triton", "full", 16384, "fwd", 510), row("flex", "full", 16384, "fwd", 480),
+        # memory wall: sdpa-math ok at 4K, out of memory from 16K on (an oom row and an error saying so)
+        row("sdpa-math", "full", 4096, "fwd", 50),
+        row("sdpa-math", "full", 16384, "fwd", status="oom", detail="CUDA out of memory. Tried to allocate 64 GiB"),
+        row("sdpa-math", "full", 65536, "fwd", status="error: OutOfMemoryError: CUDA out of memory"),
+        # unsupported with its reason
+        row("cudnn", "share_question", 16384, "fwd", status="unsupported: row 545 attends more than one key interval"),
+        row("triton", "share_question", 16384, "fwd", 380),
+    ]
+    return write(tmp_path / "dense" / "results.jsonl", rows)
+
+
+def test_winner_margin_and_failed_rows(dense):
+    rows, files = load_results([dense])
+    f = compute(rows, files)
+    (sk,) = f.cells
+    cells = {c.seqlen: c for c in f.cells[sk]["full"]}
+    assert cells[4096].winner == ("fa4", 600) and cells[4096].margin == pytest.approx(1.2)
+    causal = {c.seqlen: c for c in f.cells[sk]["causal"]}
+    # flex's error row (900 TFLOP/s recorded) and its NaN row, sdpa-flash's zero: never ranked
+    assert [b for b, _ in causal[4096].ranking] == ["triton", "fa4"]
+    assert [b for b, _ in causal[16384].ranking] == ["fa4", "triton"]
+    assert causal[4096].failed["flex"].startswith("error: RuntimeError: boom")
+    assert "NaN" in causal[16384].failed["flex"] or "nan" in causal[16384].failed["flex"]
+    assert "sdpa-flash" in causal[16384].failed and "sdpa-flash" not in dict(causal[16384].ranking)
+
+
+def test_crossover_and_not_a_crossover(dense):
+    f = compute(*load_results([dense]))
+    (sk,) = f.cells
+    assert f.crossovers[(sk, "causal")] == [(4096, 16384, "triton", "fa4")]
+    full = f.crossovers[(sk, "full")]
+    # the winner changes (fa4 -> triton) only because fa4 has no row at 16K: said so, no crossover
+    assert isinstance(full, str) and "fa4 at 16384" in full and "not measured" in full
+    c16 = {c.seqlen: c for c in f.cells[sk]["full"]}[16384]
+    assert "fa4" in c16.not_measured
+    assert f.crossovers[(sk, "share_question")] == "one length measured (16384): no crossover can be stated"
+
+
+def test_memory_wall_losses_and_support(dense):
+    f = compute(*load_results([dense]))
+    walls = [w for w in f.walls if w["backend"] == "sdpa-math"]
+    assert len(walls) == 1 and walls[0]["first_fail"] == 16384 and walls[0]["last_ok"] == 4096
+    assert "out of memory" in walls[0]["why"]
+    assert not [w for w in f.walls if w["backend"] != "sdpa-math"]
+    losses = {(d["mask"], d["S"]): d for d in f.losses}
+    assert losses[("full", 4096)]["ratio"] == pytest.approx(500 / 600) and losses[("full", 4096)]["best"] == "fa4"
+    assert ("causal", 4096) not in losses  # triton won there
+    summary, reasons = f.support[("cudnn", "share_question")]["fwd"]
+    assert summary == "unsupported" and "more than one key interval" in reasons[0]
+    assert f.support[("sdpa-math", "full")]["fwd"][0].startswith("ok at 4K; memory at 16K,64K")
+    text = render_markdown(f, "longca-triton findings test")
+    assert "unsupported: row 545 attends more than one key interval" in text
+    assert "between S = 4096 and 16384 the winner changes from triton to fa4" in text
+    assert "| sdpa-math | fwd | 64:8, D 128 | 16384 | 4096 | full |" in text
+    assert "GPU-X" in text and "abcdef0" in text and "flash-attn-4 4.0" in text
+    assert "No block-sparse rows" in text and "No CP rows" in text
+
+
+def test_latest_row_wins_across_files(tmp_path):
+    a = write(tmp_path / "a.jsonl", [row("flex", "causal", 4096, "bwd", status="error: donated buffers", time="2026-11-22T01:00:00+00:00")])
+    b = write(tmp_path / "b.jsonl", [row("flex", "causal", 4096, "bwd", 300, time="2026-11-22T02:00:00+00:00"),
+                                     row("triton", "causal", 4096, "bwd", 250, time="2026-11-22T02:00:01+00:00")])
+    rows, files = load_results([b, a])  # file order must not matter: the later row wins
+    f = compute(rows, files)
+    (sk,) = f.cells
+    assert f.cells[sk]["causal"][0].winner == ("flex", 300)
+    assert files[str(a)]["used"] == 0 and files[str(b)]["used"] == 2
+
+
+def test_sparse_density_and_cp(tmp_path):
+    sp = []
+    for dens, t_ours, t_flex in ((0.2, 380, 300), (0.5, 440, 400)):
+        v = {"block": 128, "density": dens}
+        label = f"block_sparse[block=128,density={dens}]"
+        sp += [row("triton-sparse", "block_sparse", 65536, "fwd", t_ours, kind="sparse", variant=v, mask_label=label,
+                   density=dens, mask_params={"density": dens}),
+               row("flex", "block_sparse", 65536, "fwd", t_flex, kind="sparse", variant=v, mask_label=label,
+                   density=dens, mask_params={"density": dens}),
+               row("flashinfer-bsr", "block_sparse", 65536, "fwd", kind="sparse", variant=v, mask_label=label, density=dens,
+                   mask_params={"density": dens}, status="unsupported: one pattern only")]
+    cp = [dict(row("triton", "causal", 16384, "fwd_bwd", 400, kind="cp"), scheme=s, plan=p, world_size=2,
+               tokens_per_gpu=8192, efficiency=e) for s, p, e in
+          (("ring_p2p", "zigzag", 0.9), ("ring_p2p", "balanced", 0.95), ("ulysses", "contiguous", 0.8),
+           ("single", "none", 1.0))]
+    path = write(tmp_path / "s.jsonl", sp + cp)
+    f = compute(*load_results([path]))
+    assert {(d["backend"], d["nominal"]) for d in f.sparse if d["tflops"]} == {
+        ("triton-sparse", 0.2), ("triton-sparse", 0.5), ("flex", 0.2), ("flex", 0.5)}
+    best = {d["scheme"]: d for d in f.cp}
+    assert set(best) == {"ring_p2p", "ulysses"} and best["ring_p2p"]["plan"] == "balanced"
+    assert best["ring_p2p"]["efficiency"] == pytest.approx(0.95)
+    text = render_markdown(f, "x")
+    assert "no trend against density" not in text and "0.95 (balanced)" in text
+    assert "Best scheme per mask: ring_p2p on causal" in text
+
+
+def test_cli_end_to_end(dense, tmp_path):
+    out = tmp_path / "docs" / "findings.md"
+    r = CliRunner().invoke(main, ["findings", str(dense.parent), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert text.startswith("# Findings") and f"longca-triton findings {dense.parent} --out {out}" in text
+    pngs = sorted(p.name for p in (tmp_path / "docs" / "findings").glob("*.png"))
+    assert pngs == ["tflops_fwd_h64-8_d128_bfloat16.png", "winners_fwd_h64-8_d128_bfloat16.png"]
+    assert "](findings/winners_fwd_h64-8_d128_bfloat16.png)" in text
+    # --mode keeps only that mode: no fwd rows for bwd
+    r = CliRunner().invoke(main, ["findings", str(dense), "--out", str(out), "--mode", "bwd", "--no-plots"])
+    assert r.exit_code != 0 and r.output.strip().startswith("error:") and "bwd" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["missing.jsonl"], "does not exist"),
+    (["EMPTY_DIR"], "no *.jsonl"),
+    (["NOT_BENCH"], "no bench result rows"),
+])
+def test_cli_errors_are_one_line(tmp_path, args, needle):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other.jsonl").write_text(json.dumps({"kind": "correctness", "x": 1}) + "\n")
+    args = [{"EMPTY_DIR": str(tmp_path / "empty"), "NOT_BENCH": str(tmp_path / "other.jsonl")}.get(a, a) for a in args]
+    r = CliRunner().invoke(main, ["findings", *args, "--out", str(tmp_path / "f.md")])
+    assert r.exit_code != 0
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+    with pytest.raises(FileNotFoundError):
+        collect_paths([tmp_path / "nope"])
+
+
+def test_findings_on_the_committed_results(tmp_path):
+    """The committed results give a page that says how thin they are, without inventing trends."""
+    from longca_triton.study.recommend import default_results
+
+    paths = default_results()
+    if not paths:
+        pytest.skip("not run from a checkout with experiments/results/")
+    f = compute(*load_results(paths))
+    text = render_markdown(f, "x")
+    assert "one length measured (16384): no crossover can be stated" in text
+    for cells in f.cells.values():
+        for m in cells.values():
+            for c in m:
+                assert all(math.isfinite(t) and t > 0 for _, t in c.ranking)
+
+
+def test_recommend_answers_every_static_mask_on_the_committed_results():
+    """No traceback for any static mask at 4K, 64K, 1M tokens on 1, 8, 64 GPUs: exit 0 with an
+    answer (the library on every case, the CLI on a few)."""
+    from longca_triton.study.recommend import default_results, load_rows, recommend
+
+    paths = default_results()
+    if not paths:
+        pytest.skip("not run from a checkout with experiments/results/")
+    t0 = time.perf_counter()
+    rows = load_rows(paths)
+    for mask in STATIC_MASK_NAMES:
+        for S in (4096, 65536, 1 << 20):
+            for gpus in (1, 8, 64):
+                rec = recommend(rows, mask, S, gpus)
+                assert rec.kernel is not None, (mask, S, gpus)  # every static mask has measured rows
+                assert rec.lines() and (gpus == 1 or rec.cp is not None), (mask, S, gpus)
+    for mask, S, gpus in (("causal_document", "128K", 8), ("sliding_window", "1M", 64), ("full", "4K", 1)):
+        r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", S, "--gpus", str(gpus)])
+        assert r.exit_code == 0 and "kernel:" in r.output, r.output
+    assert time.perf_counter() - t0 < 20
