@@ -231,7 +231,12 @@ def test_gluon_tunable_search_space_fits_and_skips_off_gpu():
     from longca_triton.bench import autotune as at
 
     t = at.TUNABLES["triton-gluon"]
-    assert list(t.groups) == ["fwd"]
+    assert t.groups == {"fwd": "fwd", "bwd": "bwd"}
+    for d in (64, 128):
+        bwd = t.candidates("bwd", 64, d)
+        assert len(bwd) >= 8
+        for c in bwd:
+            G.resolve_config(d, torch.bfloat16, c)
     for block, d in ((64, 128), (128, 128), (128, 64)):
         cands = t.candidates("fwd", block, d)
         assert cands and all(c["BLOCK_N"] == block for c in cands)

@@ -123,17 +123,24 @@ register_tunable(_dense_tunable())
 
 
 def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    """The Gluon forward's knobs: key tile = the block (64 or 128), every ring depth that fits in
-    shared memory, ping-pong on/off. The register split stays at FA3's 240/240/24 (232/232/40
+    """The Gluon kernels' knobs. Forward: key tile = the block (64 or 128), every ring depth that
+    fits in shared memory, ping-pong on/off. Backward: the dQ kernel's key tile and ring, the dK/dV
+    kernel's query tile, ring and skew. The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py)."""
-    from ..kernels.gluon.attention import SMEM_LIMIT, smem_bytes
+    from ..kernels.gluon.attention import SMEM_LIMIT, bwd_smem_bytes, smem_bytes
 
-    if group != "fwd":
-        raise ValueError(f"unknown key group {group!r}")
-    bn = block if block in (64, 128) else 128
-    return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240)
-            for pp, st in itertools.product([True, False], [2, 1, 3, 4])
-            if smem_bytes(head_dim, bn, st) <= SMEM_LIMIT]
+    if group == "fwd":
+        bn = block if block in (64, 128) else 128
+        return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240)
+                for pp, st in itertools.product([True, False], [2, 1, 3, 4])
+                if smem_bytes(head_dim, bn, st) <= SMEM_LIMIT]
+    if group == "bwd":
+        mq = [32] if head_dim > 64 else [64, 32]
+        return [dict(dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks, dkdv_skew=skew)
+                for bn, qs, m, ks, skew in itertools.product([64, 128], [2, 3], mq, [3, 2, 4], [False, True])
+                if bwd_smem_bytes("dq", head_dim, bn, qs) <= SMEM_LIMIT
+                and bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT]
+    raise ValueError(f"unknown key group {group!r}")
 
 
 def _gluon_tunable() -> Tunable:
@@ -152,8 +159,7 @@ def _gluon_tunable() -> Tunable:
 
         return why(device)
 
-    # only the forward is Gluon: the backward is the dense kernel's, tuned under "triton"
-    return Tunable(name="triton-gluon", groups={"fwd": "fwd"}, candidates=_gluon_candidates, run=run,
+    return Tunable(name="triton-gluon", groups={"fwd": "fwd", "bwd": "bwd"}, candidates=_gluon_candidates, run=run,
                    default=default, accepts=lambda mask: not isinstance(mask, BlockSparseMask),
                    device_reason=device_reason)
 
