@@ -556,7 +556,7 @@ def test_backend_names_and_aliases():
     from longca_triton.adapters import ALIASES, canonical_name, list_backends
 
     names = {b.name for b in list_backends()}
-    ours = {"triton", "triton-flashmask", "triton-sparse", "triton-varblock"}
+    ours = {"triton", "triton-flashmask", "triton-sparse", "triton-varblock", "triton-gluon"}
     assert ours <= names and not set(ALIASES) & names
     assert {n for n in names if n.startswith("triton")} == ours  # vendors start with the vendor
     assert get_backend("flashmask-triton") is get_backend("triton-flashmask")
