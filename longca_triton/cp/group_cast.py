@@ -66,7 +66,8 @@ class GroupCastAttention(torch.autograd.Function):
         acc = acc_dtype(q.dtype)
         work = recv = None
         if lay.any_traffic:
-            send = torch.stack([k, v]).permute(2, 0, 1, 3, 4).index_select(0, _index(plan, me, k.device))
+            idx = _index(plan, me, k.device)  # gather only what leaves: [n_send, 2, B, Hkv, D]
+            send = torch.stack([k.index_select(1, idx).transpose(0, 1), v.index_select(1, idx).transpose(0, 1)], dim=1)
             recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
         local_mask = plan.pair_mask((me,), (me,))
         parts = []

@@ -333,38 +333,57 @@ def _units_plan(model: _NeedModel, areas, world, per_rank, budget):
     return None
 
 
-def _refine(model: _NeedModel, bins, areas, budget, sweeps: int = 30):
-    """Pairwise chunk swaps that lower the total needed remote keys, loads kept within ``budget``."""
+def _refine(model: _NeedModel, bins, areas, budget, sweeps: int = 30, partners: int = 6, max_evals: int = 840):
+    """Pairwise chunk swaps that lower the total needed remote keys, loads kept within ``budget``.
+
+    Each sweep tries, for every rank, its ``partners`` ranks with the most keys needed between the
+    two (all pairs up to 7 ranks); at most ``max_evals`` rank pairs are tried in all (deterministic:
+    every rank computes the same plan), so the cost stays bounded at large world sizes."""
     world = len(bins)
     bins = [np.asarray(b, dtype=np.int64) for b in bins]
     L = model.length
+    evals = 0
     for _ in range(sweeps):
+        rank_of = np.empty(model.need.shape[0], dtype=np.int64)
+        for r, b in enumerate(bins):
+            rank_of[b] = r
+        needs = np.zeros((world, model.need.shape[1]), dtype=np.int64)
+        np.add.at(needs, rank_of, model.need)
+        owned = np.zeros((model.need.shape[1], world), dtype=np.int64)
+        owned[np.arange(model.need.shape[1]), rank_of[model.owner]] = 1
+        cross = ((needs > 0) * L) @ owned  # [i, j]: tokens rank i needs from rank j
+        cross = cross + cross.T
+        np.fill_diagonal(cross, -1)
+        pairs = sorted({(min(i, j), max(i, j)) for i in range(world)
+                        for j in np.argsort(-cross[i], kind="stable")[:partners] if j != i})
         improved = False
-        for i in range(world):
-            for j in range(i + 1, world):
-                bi, bj = bins[i], bins[j]
-                Xi, Xj = model.need[bi], model.need[bj]
-                ci, cj = Xi.sum(0), Xj.sum(0)
-                cols = np.nonzero((ci + cj) > 0)[0]  # atoms neither rank needs cost nothing either way
-                if cols.size == 0:
-                    continue
-                Xi, Xj, ci, cj, Lc = Xi[:, cols], Xj[:, cols], ci[cols], cj[cols], L[cols]
-                Oi, Oj = model.own[bi][:, cols], model.own[bj][:, cols]
-                oi, oj = Oi.sum(0), Oj.sum(0)
-                cost_i = int(Lc[(ci > 0) & (oi == 0)].sum())
-                cost_j = int(Lc[(cj > 0) & (oj == 0)].sum())
-                ni = ((ci - Xi[:, None] + Xj[None, :]) > 0) & ((oi - Oi[:, None] + Oj[None, :]) == 0)
-                nj = ((cj - Xj[None, :] + Xi[:, None]) > 0) & ((oj - Oj[None, :] + Oi[:, None]) == 0)
-                gain = cost_i + cost_j - (ni @ Lc) - (nj @ Lc)
-                ai, aj = areas[bi], areas[bj]
-                li = int(ai.sum()) - ai[:, None] + aj[None, :]
-                lj = int(aj.sum()) + ai[:, None] - aj[None, :]
-                gain = np.where((li <= budget) & (lj <= budget), gain, 0)
-                x, y = np.unravel_index(int(gain.argmax()), gain.shape)
-                if gain[x, y] > 0:
-                    bi[x], bj[y] = bj[y], bi[x]
-                    improved = True
-        if not improved:
+        for i, j in pairs:
+            if evals >= max_evals:
+                break
+            evals += 1
+            bi, bj = bins[i], bins[j]
+            Xi, Xj = model.need[bi], model.need[bj]
+            ci, cj = Xi.sum(0), Xj.sum(0)
+            cols = np.nonzero((ci + cj) > 0)[0]  # atoms neither rank needs cost nothing either way
+            if cols.size == 0:
+                continue
+            Xi, Xj, ci, cj, Lc = Xi[:, cols], Xj[:, cols], ci[cols], cj[cols], L[cols]
+            Oi, Oj = model.own[bi][:, cols], model.own[bj][:, cols]
+            oi, oj = Oi.sum(0), Oj.sum(0)
+            cost_i = int(Lc[(ci > 0) & (oi == 0)].sum())
+            cost_j = int(Lc[(cj > 0) & (oj == 0)].sum())
+            ni = ((ci - Xi[:, None] + Xj[None, :]) > 0) & ((oi - Oi[:, None] + Oj[None, :]) == 0)
+            nj = ((cj - Xj[None, :] + Xi[:, None]) > 0) & ((oj - Oj[None, :] + Oi[:, None]) == 0)
+            gain = cost_i + cost_j - (ni @ Lc) - (nj @ Lc)
+            ai, aj = areas[bi], areas[bj]
+            li = int(ai.sum()) - ai[:, None] + aj[None, :]
+            lj = int(aj.sum()) + ai[:, None] - aj[None, :]
+            gain = np.where((li <= budget) & (lj <= budget), gain, 0)
+            x, y = np.unravel_index(int(gain.argmax()), gain.shape)
+            if gain[x, y] > 0:
+                bi[x], bj[y] = bj[y], bi[x]
+                improved = True
+        if not improved or evals >= max_evals:
             break
     return [sorted(int(c) for c in b) for b in bins]
 
