@@ -194,6 +194,15 @@ def _worker(rank, world, outdir):
             plan = cp.make_plan(mask, world, "balanced", locality=False)
             results.append(run_case(Case("group_cast", plan, cp.AutogradStep("reference"), count_bytes=True,
                                          label=f"{mname}/balanced-area/autograd"), prob))
+    if world == 4:  # over subgroups: ranks {0, 1} and {2, 3} run independent 2-rank problems
+        import torch.distributed as dist
+
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mask = masks["doc_prefix"]
+        prob = make_problem(mask, 1, (4, 2), 16, torch.float64, "cpu", seed=11)
+        for kind in ("zigzag", "balanced"):
+            results.append(run_case(Case("group_cast", cp.make_plan(mask, 2, kind), "reference", count_bytes=True,
+                                         label=f"subgroup/{kind}"), prob, group=groups[rank // 2]))
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
@@ -204,7 +213,7 @@ def test_group_cast_matches_reference(world, tmp_path):
 
     spawn(_worker, world, str(tmp_path))
     res = [r for k in range(world) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
-    assert len(res) == world * (9 * len(cp.PLAN_KINDS) + 1)
+    assert len(res) == world * (9 * len(cp.PLAN_KINDS) + 1 + (2 if world == 4 else 0))
     bad = [r for r in res if not r["ok"]]
     assert not bad, f"{len(bad)} of {len(res)} rank-cases failed, first: {bad[:2]}"
     assert all(r.get("bytes_ok") for r in res)
@@ -231,3 +240,28 @@ def test_group_cast_with_triton_kernel(tmp_path):
     spawn(_triton_worker, 2, str(tmp_path))
     res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
     assert len(res) == 4 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
+
+
+def test_bench_report_issue16_table(tmp_path):
+    """The report's group_cast checks read the rows: efficiency on the document masks, against the
+    best other scheme on full / causal, and the counted bytes against ring_allgather's."""
+    from longca_triton.cp.bench_report import write_report
+
+    def row(mask, scheme, plan, eff, total=None):
+        return {"kind": "cp", "backend": "triton", "mask": mask, "seqlen": 16384, "mode": "fwd_bwd", "world_size": 2,
+                "scheme": scheme, "plan": plan, "ulysses_degree": None, "efficiency": eff, "median_ms": 1.0,
+                "tflops_per_gpu": 1.0, "status": "ok", "comm_bytes_total": total, "comm_bytes_max": total}
+
+    rows = [row("causal_document", "group_cast", "balanced", 0.9, 250), row("causal_document", "ring_allgather", "balanced", 0.8, 1000),
+            row("full_document", "group_cast", "balanced", 0.8), row("full", "group_cast", "zigzag", 0.92),
+            row("full", "ring_allgather", "zigzag", 0.93), row("causal", "group_cast", "zigzag", 0.97),
+            row("causal", "ring_p2p", "zigzag", 0.95)]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    text = write_report(tmp_path)
+    lines = {ln.split(" | ")[0].lstrip("| "): ln for ln in text.splitlines() if ln.startswith("| group_cast") or ln.startswith("| causal_document bytes")}
+    assert lines["group_cast efficiency >= 0.85 on causal_document (balanced)"].endswith("| yes |")
+    assert lines["group_cast efficiency >= 0.85 on full_document (balanced)"].endswith("| NO |")
+    assert "ring_allgather/zigzag 0.930" in lines["group_cast >= best other scheme on full"] and lines[
+        "group_cast >= best other scheme on full"].endswith("| NO |")
+    assert lines["group_cast >= best other scheme on causal"].endswith("| yes |")
+    assert "25.0%" in lines["causal_document bytes moved (all ranks, counted) <= 30% of ring_allgather's (balanced)"]

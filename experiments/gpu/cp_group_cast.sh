@@ -15,16 +15,17 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/cp-group-cast}
 SCHEMES=group_cast,ring_allgather,ring_p2p,ulysses,usp,loongtrain
 MASKS=full,causal,causal_document,full_document,share_question,block_causal_document
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpus.csv"
 T0=$(date +%s)
 # phase 1 + the fwd+bwd benchmark (cp_check gives its check at most 45% of the budget)
-python experiments/gpu/cp_check.py --out "$OUT" --schemes group_cast --max-minutes 7.5 \
+"$PY" experiments/gpu/cp_check.py --out "$OUT" --schemes group_cast --max-minutes 7.5 \
   --bench-masks "$MASKS" --bench-modes fwd_bwd 2>&1 | tee "$OUT/log_fwd_bwd.txt" || true
 # the benchmark's scheme list comes from --schemes: run the other schemes' fwd+bwd points next
 LEFT=$(( (570 - ($(date +%s) - T0)) ))
 if [ "$LEFT" -gt 60 ]; then
-  python -m longca_triton.cp.cli --config experiments/cp.toml --out "$OUT/cp" --world "${WORLD:-$(nvidia-smi -L | wc -l)}" \
+  "$PY" -m longca_triton.cp.cli --config experiments/cp.toml --out "$OUT/cp" --world "${WORLD:-$(nvidia-smi -L | wc -l)}" \
     --schemes "$SCHEMES" --masks "$MASKS" --modes fwd_bwd,fwd --max-minutes "$(( (LEFT - 30) / 60 ))" \
     2>&1 | tee "$OUT/log_bench.txt" || true
 fi
