@@ -258,7 +258,7 @@ def test_bench_report_issue16_table(tmp_path):
             row("causal", "ring_p2p", "zigzag", 0.95)]
     (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     text = write_report(tmp_path)
-    lines = {ln.split(" | ")[0].lstrip("| "): ln for ln in text.splitlines() if ln.startswith("| group_cast") or ln.startswith("| causal_document bytes")}
+    lines = {ln.split(" | ")[0].lstrip("| "): ln for ln in text.splitlines() if ln.startswith(("| group_cast", "| causal_document bytes"))}
     assert lines["group_cast efficiency >= 0.85 on causal_document (balanced)"].endswith("| yes |")
     assert lines["group_cast efficiency >= 0.85 on full_document (balanced)"].endswith("| NO |")
     assert "ring_allgather/zigzag 0.930" in lines["group_cast >= best other scheme on full"] and lines[
