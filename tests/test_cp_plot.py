@@ -17,7 +17,7 @@ def _row(mask, scheme, plan, N, ms, mode="fwd", status="ok", backend="triton"):
 def test_cp_plots_bars_and_scaling(tmp_path):
     rows = [_row("causal", "single", "none", 1, 1.0)]
     for N in (2, 4):
-        for scheme in ("ulysses", "ring_p2p", "usp", "loongtrain"):
+        for scheme in ("ulysses", "ring_p2p", "usp", "loongtrain", "group_cast"):
             for plan in ("contiguous", "zigzag", "balanced"):
                 rows.append(_row("causal", scheme, plan, N, 1.1 + 0.1 * N))
         rows.append(_row("causal", "usp", "contiguous", N, 0, backend="yunchang-usp[sdpa-flash,U=1]",
@@ -31,3 +31,33 @@ def test_cp_plots_bars_and_scaling(tmp_path):
     names = sorted(f.name for f in files)
     assert names == ["cp_efficiency_fwd_N2.png", "cp_efficiency_fwd_N4.png", "cp_scaling_fwd.png"]
     assert all(f.stat().st_size > 10_000 for f in files)
+
+
+def test_group_cast_scaling_uses_the_rows_mask(tmp_path, monkeypatch):
+    """The scaling plot's comm panel models group_cast from the row's own mask (rebuilt from its
+    recorded parameters), so the document bounds the benchmark drew are the ones counted."""
+    from longca_triton.bench.store import jsonable
+    from longca_triton.cp import plot
+    from longca_triton.masks import make_mask
+
+    seen = []
+    real = plot._row_mask
+
+    def spy(r):
+        m = real(r)
+        seen.append((r["seqlen"], m))
+        return m
+
+    monkeypatch.setattr(plot, "_row_mask", spy)
+    rows = []
+    for N in (2, 4):
+        want = make_mask("causal_document", 1024 * N, seed=3)
+        for scheme in ("ring_allgather", "group_cast"):
+            r = _row("causal_document", scheme, "balanced", N, 1.0)
+            r["mask_params"] = jsonable(want.params)
+            rows.append(r)
+    files = make_cp_plots(rows, tmp_path)
+    assert any(f.name == "cp_scaling_fwd.png" for f in files)
+    assert sorted(S for S, _ in seen) == [2048, 4096]
+    for S, m in seen:
+        assert m.slices == make_mask("causal_document", S, seed=3).slices

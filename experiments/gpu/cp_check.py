@@ -44,6 +44,9 @@ def _args(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--config", default=str(REPO / "experiments" / "cp.toml"), help="bench config")
     p.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of both phases")
+    p.add_argument("--schemes", default=None, help="comma-separated schemes for both phases (default: all)")
+    p.add_argument("--bench-masks", default=None, help="comma-separated masks for the bench (default: the config's)")
+    p.add_argument("--bench-modes", default=None, help="comma-separated modes for the bench (default: the config's)")
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
@@ -106,7 +109,7 @@ def check_worker(a) -> int:
         del q, k, v, o, l, loss
         single_err = {n: _rel_err(prob.ref[n][fin], truth[n][fin]) if n == "lse" else _rel_err(prob.ref[n], truth[n])
                       for n in truth}
-        for scheme in cp.SCHEMES:
+        for scheme in (a.schemes.split(",") if a.schemes else cp.SCHEMES):
             for kind in cp.PLAN_KINDS:
                 plan = cp.make_plan(mask, N, kind)
                 res = run_case(Case(scheme, plan, a.backend, label=f"{mname}/{scheme}/{kind}"), prob, tol=3e-2, keep=True)
@@ -212,7 +215,8 @@ def main() -> int:
         env["CP_CHECK_DEADLINE"] = str(t0 + 0.45 * (deadline - t0))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
                "--phase", "check", "--out", str(out), "--backend", a.backend, "--tokens-per-gpu", str(a.tokens_per_gpu),
-               "--heads", a.heads, "--head-dim", str(a.head_dim)] + (["--cpu"] if a.cpu else [])
+               "--heads", a.heads, "--head-dim", str(a.head_dim)] + (["--cpu"] if a.cpu else []) + \
+              (["--schemes", a.schemes] if a.schemes else [])
         print("+", " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
         print(f"[cp_check] correctness phase rc={rc} after {time.time() - t0:.0f} s; see {out / 'cp_check.md'}", flush=True)
@@ -220,7 +224,9 @@ def main() -> int:
         left = (deadline - time.time()) / 60
         grid = ["--preset", "smoke"] if a.cpu else ["--config", a.config, "--backend", a.backend]
         cmd = [sys.executable, "-m", "longca_triton.cp.cli", *grid, "--out", str(out / "cp"),
-               "--max-minutes", f"{max(left - 0.5, 0.5):.2f}", "--world", str(n)]
+               "--max-minutes", f"{max(left - 0.5, 0.5):.2f}", "--world", str(n)] + \
+              (["--schemes", a.schemes] if a.schemes else []) + (["--masks", a.bench_masks] if a.bench_masks else []) + \
+              (["--modes", a.bench_modes] if a.bench_modes else [])
         print("+", " ".join(cmd), flush=True)
         rb = subprocess.run(cmd, env=env).returncode
         print(f"[cp_check] bench rc={rb} after {time.time() - t0:.0f} s; rows in {out / 'cp' / 'results.jsonl'}", flush=True)

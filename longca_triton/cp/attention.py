@@ -1,4 +1,4 @@
-"""The five CP schemes as autograd functions over any step kernel (see ``kernels.py``).
+"""The six CP schemes as autograd functions over any step kernel (see ``kernels.py``).
 
 One engine covers four of them. Ranks form an ``[O, W, U]`` mesh (``mesh.py``): an optional
 Ulysses all-to-all over ``U`` ranks turns ``[B, L, Hq, D]`` shards into ``[B, U L, Hq / U, D]``
@@ -11,7 +11,8 @@ outer step, the next outer block travelling between windows during the whole inn
 * ``loongtrain`` ``U x W x O``: Ulysses (optional) and LoongTrain's double ring.
 
 ``ring_allgather`` gathers K/V once, runs one call against the whole sequence and reduce-scatters
-dK/dV in the backward.
+dK/dV in the backward. ``group_cast`` (``group_cast.py``) moves only the key ranges each rank's
+queries attend, by one all-to-all with variable splits, and sends dK/dV partials back to their owners.
 
 Forward of the ring: every step's ``(out_i, lse_i)`` is merged into float32 accumulators
 (``out = sum_i exp(lse_i - lse) out_i``, ``lse = logsumexp_i lse_i``; rows that attend nothing stay
@@ -335,7 +336,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
     ``lse [B, Hq, L]`` (float32; float64 for float64 inputs). Differentiable in q, k, v (and
     through lse).
 
-    ``scheme``: ulysses | ring_p2p | ring_allgather | usp | loongtrain. ``ulysses_degree`` (usp,
+    ``scheme``: ulysses | ring_p2p | ring_allgather | usp | loongtrain | group_cast. ``ulysses_degree`` (usp,
     loongtrain) and ``window`` (loongtrain's inner ring) shape the mesh (``mesh.py`` for defaults).
     ``backend``: a backend name (``triton``, ``reference``, any registered backend returning lse)
     or a :class:`~longca_triton.cp.kernels.StepKernel`. Every rank of ``group`` must call this
@@ -362,6 +363,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
 
     if scheme == "ring_allgather":
         out, lse = _AllGatherAttention.apply(q, k, v, plan, Comm(group), kernel, scale)
+        return (out, lse) if return_lse else out
+    if scheme == "group_cast":
+        from .group_cast import GroupCastAttention
+
+        out, lse = GroupCastAttention.apply(q, k, v, plan, Comm(group), kernel, scale)
         return (out, lse) if return_lse else out
 
     mesh = get_mesh(group, U, W, O)

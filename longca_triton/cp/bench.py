@@ -42,7 +42,7 @@ DEFAULTS = dict(
 SMOKE = dict(
     name="cp-smoke", tokens_per_gpu=64, world_sizes=[2], heads="4:2", head_dim=16, dtype="float32", batch=1,
     backend="reference", modes=["fwd", "fwd_bwd"], masks=["causal", "causal_document"],
-    schemes=["ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain"], plans=["zigzag", "balanced"],
+    schemes=["ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain", "group_cast"], plans=["zigzag", "balanced"],
     warmup=1, rep=2, peer={"yunchang": True, "masks": ["full", "causal"]},
 )
 

@@ -263,6 +263,7 @@ def _cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device
     res: dict = {}
     ok = True
     fn = None
+    mine = 0.0
     try:
         plan = cp.make_plan(mask, dist.get_world_size(), kind, chunks_per_rank=sopt.get("chunks_per_rank"))
         res.update(chunk_size=plan.chunk_size, chunks_per_rank=len(plan.chunks[0]), imbalance=plan.imbalance, padding=plan.padding)
@@ -280,18 +281,36 @@ def _cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device
             def fn():
                 out = cp.attention(q, k, v, plan, scheme, None, kernel, **kw)
                 return torch.autograd.grad(out, (q, k, v), do)
-        fn()  # first call: plans, groups, compilation
+        cp.COUNTER.reset()
+        fn()  # first call: plans, groups, compilation; its bytes are the point's bytes
+        mine = float(sum(s + r for s, r in cp.COUNTER.totals().values()))
     except Exception as e:  # noqa: BLE001
         ok = False
         res["status"] = _status(e)
         if res["status"].startswith("error"):
             res["traceback"] = traceback.format_exc()[-1500:]
+    ok = _agree(ok, device)  # the byte reduction below is a collective: only when every rank got here
+    if ok:
+        res.update(_counted_bytes(mine, device))
     try:
         return _timed_if_agreed(fn, ok, res, cfg, device)
     finally:
         fn = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _counted_bytes(mine: float, device) -> dict:
+    """Bytes the layer moved in one call (sent + received, every collective; ``mine`` this rank's):
+    the busiest rank's and all ranks' together."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([mine, mine], dtype=torch.float64, device=device)
+    mx, tot = t[:1].clone(), t[1:].clone()
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tot, op=dist.ReduceOp.SUM)
+    return {"comm_bytes_max": int(mx.item()), "comm_bytes_total": int(tot.item())}
 
 
 # ------------------------------------------------------------------------------------- peer

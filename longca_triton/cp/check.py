@@ -138,8 +138,7 @@ def run_case(case: Case, prob: Problem, group=None, tol: float = 1e-9, keep: boo
         B, _, Hq, D = prob.q.shape
         model = model_snapshot(comm_model(
             case.scheme, plan.world_size, case.ulysses_degree, plan.seqlen, (Hq, prob.k.shape[2]), D,
-            prob.q.element_size(), prob.mask, plan=plan.kind, batch=B, window=case.window, return_lse=True,
-            chunks_per_rank=len(plan.chunks[0]) if plan.kind == "balanced" else None,
+            prob.q.element_size(), prob.mask, plan=plan, batch=B, window=case.window, return_lse=True, rank=rank,
         ))
         counted = COUNTER.snapshot()
         res["bytes_ok"] = counted == model

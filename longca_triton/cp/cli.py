@@ -50,11 +50,12 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, 
 @click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bfloat16", show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--mask", default=None, help="mask name (MASKS.md); adds the fraction of ring transfers some pair uses")
+@click.option("--mask", default=None, help="mask name (MASKS.md); adds the fraction of ring transfers some pair uses (group_cast: required)")
 @click.option("--plan", type=click.Choice(["contiguous", "zigzag", "balanced"]), default="zigzag", show_default=True)
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="group_cast: the device to show (default: the busiest)")
 @click.option("--return-lse", is_flag=True, help="count the lse all-to-all of the Ulysses schemes")
 @format_option
-def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype, batch, mask, plan, return_lse, fmt):
+def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype, batch, mask, plan, rank, return_lse, fmt):
     """Per-device bytes sent / received per collective, forward and backward (closed form).
 
     \b
@@ -63,6 +64,7 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
       longca-triton comm --scheme usp --world 8 --ulysses 2 --seqlen 65536 --heads 64:8 --mask causal
       longca-triton comm --scheme loongtrain --world 16 --window 4 --seqlen 131072
       longca-triton comm --scheme ring_p2p --world 8 --format csv     # bytes as integers
+      longca-triton comm --scheme group_cast --world 8 --mask causal_document --plan balanced
     """
     from rich.console import Console
 
@@ -77,8 +79,14 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
             from longca_triton.masks import make_mask
 
             m = make_mask(mask, seqlen)
+        if scheme == "group_cast" and m is None:
+            raise ValueError("group_cast moves what the mask needs: give --mask")
+        if m is not None and scheme in ("group_cast", "ring_allgather"):
+            from .plan import make_plan
+
+            plan = make_plan(m, world, plan)  # one plan for both lines below
         rows = comm_model(scheme, world, ulysses, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan,
-                          batch=batch, window=window, return_lse=return_lse)
+                          batch=batch, window=window, return_lse=return_lse, rank=rank)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     con = Console()
@@ -98,10 +106,26 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
          headers={"sent": "sent / device", "received": "received / device"})
     if fmt != "table":
         return
-    if m is not None and scheme != "ulysses":
-        from .plan import make_plan
+    if scheme == "group_cast":
+        from .need import need_layout
 
-        p = make_plan(m, world, plan)
+        lay = need_layout(plan)
+        ag = comm_model("ring_allgather", world, None, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan, batch=batch)
+        ag_total = sum(r.bytes_sent + r.bytes_received for r in ag)
+        per = [sum(r.bytes_sent + r.bytes_received for r in comm_model(
+            scheme, world, None, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan, batch=batch, rank=k))
+            for k in range(world)]
+        shown = rank if rank is not None else max(range(world), key=lambda k: per[k])
+        con.print(f"mask {mask}: plan {plan.describe()}; device {shown} ({'chosen' if rank is not None else 'the busiest'}). "
+                  f"fwd+bwd bytes per device vs ring_allgather ({_fmt_bytes(ag_total)} sent + received): "
+                  + ", ".join(f"rank {k} {per[k] / ag_total:.1%}" for k in range(world))
+                  + f"; all devices together {sum(per) / (world * ag_total):.1%}. Tokens received per rank: "
+                  f"{lay.counts.sum(1).tolist()} (an all-gather: {plan.local_len * (world - 1)} each)")
+        return
+    if m is not None and scheme != "ulysses":
+        from .plan import CPPlan, make_plan
+
+        p = plan if isinstance(plan, CPPlan) else make_plan(m, world, plan)
         frac = _useful_fraction(p, scheme, U, W, O)
         con.print(f"mask {mask}: plan {p.describe()}; {frac:.1%} of the (query shard, key shard) pairs the ring "
                   f"moves are used by the mask (the rest is communicated but skipped in compute)")

@@ -124,6 +124,19 @@ class Comm:
         self.counter.add(phase, "reduce_scatter", what, (self.size - 1) * m, (self.size - 1) * m)
         return out
 
+    def all_to_all_v(self, t: torch.Tensor, send_splits, recv_splits, phase: str, what: str, async_op: bool = False):
+        """All-to-all with variable splits along dim 0: rows ``[sum(send_splits[:i]), ...)`` of ``t`` go to
+        rank ``i``; returns ``(received [sum(recv_splits), ...], work)`` (``work`` is ``None`` unless
+        ``async_op``; wait on it before reading the result). Only rows addressed to other ranks count."""
+        t = t.contiguous()
+        out = t.new_empty((sum(recv_splits),) + tuple(t.shape[1:]))
+        work = dist.all_to_all_single(out, t, list(recv_splits), list(send_splits), group=self.group, async_op=async_op)
+        row = t[0].numel() * t.element_size() if t.shape[0] else out[0].numel() * out.element_size() if out.shape[0] else 0
+        me = self.rank
+        self.counter.add(phase, "all_to_all_v", what, sum(n for i, n in enumerate(send_splits) if i != me) * row,
+                         sum(n for i, n in enumerate(recv_splits) if i != me) * row)
+        return out, work
+
     def all_to_all(self, t: torch.Tensor, phase: str, what: str) -> torch.Tensor:
         """``t [n, ...]``: slice ``i`` goes to rank ``i``; returns ``[n, ...]`` with slice ``i`` from rank ``i``."""
         t = t.contiguous()
@@ -152,10 +165,11 @@ def _mesh_dims(scheme: str, world: int, ulysses_degree: int | None, window: int 
 def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqlen: int = 8192, heads=(64, 8),
                head_dim: int = 128, dtype_bytes: int = 2, mask=None, *, plan: str = "zigzag", batch: int = 1,
                window: int | None = None, return_lse: bool = False, grad_bytes: int | None = None,
-               chunks_per_rank: int | None = None, align: int = 1) -> list[CommRow]:
+               chunks_per_rank: int | None = None, align: int = 1, rank: int | None = None) -> list[CommRow]:
     """Per-device bytes each collective moves, forward and backward, in closed form.
 
     ``seqlen`` is the global sequence (padded as the plan pads it: ``L`` = local tokens per rank);
+    ``plan`` is a plan kind or a ready :class:`~.plan.CPPlan` (then ``mask`` defaults to its mask);
     ``heads`` = ``(Hq, Hkv)``; gradients of K/V travel (and are reduced) in ``grad_bytes`` per
     element (default ``max(dtype_bytes, 4)``: float32 accumulation). With ``U`` the Ulysses degree,
     ``Hkv' = lcm(Hkv, U)`` (KV heads replicated when ``Hkv`` does not divide), ring of ``R = N / U``
@@ -170,17 +184,51 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
     * ``loongtrain``: the Ulysses terms plus a double ring: ``O (W-1)`` inner and ``O - 1`` outer hops
       of ``kv`` forward, and of ``kv`` and ``dkv`` backward.
 
+    * ``group_cast`` (needs ``mask``): with ``n_in`` the tokens this rank's queries need from the other
+      ranks and ``n_out`` the tokens of this rank the others need (``need.py``, from the mask and
+      plan), fwd all_to_all_v ``2 B Hkv D b`` x (``n_out`` sent, ``n_in`` received); bwd the reverse
+      all_to_all_v of dK/dV in ``g`` bytes (``n_in`` sent, ``n_out`` received). Per rank, so
+      ``rank`` picks the device; ``None`` = the busiest device (largest fwd + bwd total).
+
     ``return_lse`` adds the all_to_all of lse (forward) and of its gradient (backward, when the loss
-    uses lse) for the Ulysses schemes. Bytes do not depend on the mask (the KV ring flows in full; empty pairs only skip compute).
+    uses lse) for the Ulysses schemes. Bytes of the other schemes do not depend on the mask (the KV
+    ring flows in full; empty pairs only skip compute).
     """
-    from .plan import make_plan
+    from .plan import CPPlan, make_plan
 
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
     Hq, Hkv = heads
     N = int(world)
     U, W, O = _mesh_dims(scheme, N, ulysses_degree, window, Hq)
-    if mask is not None:
+    if isinstance(plan, CPPlan):
+        if plan.world_size != N:
+            raise ValueError(f"the plan is for {plan.world_size} ranks, not {N}")
+        mask = plan.mask if mask is None else mask
+    if scheme == "group_cast":
+        if mask is None:
+            raise ValueError("group_cast moves what the mask needs: its bytes need the mask (pass mask=...)")
+        from .need import need_layout
+
+        p = plan if isinstance(plan, CPPlan) else make_plan(mask, N, plan, chunks_per_rank=chunks_per_rank, align=align)
+        lay = need_layout(p)
+        b = dtype_bytes
+        g = grad_bytes if grad_bytes is not None else max(b, 4)
+        row = 2 * batch * Hkv * head_dim
+        n_in, n_out = lay.counts.sum(axis=1), lay.counts.sum(axis=0)
+        if rank is None:
+            rank = int(((n_in + n_out) * row * (b + g)).argmax())
+        if not 0 <= rank < N:
+            raise ValueError(f"rank {rank} is not in a world of {N}")
+        calls = 1 if lay.any_traffic else 0
+        out = []
+        for phase, what, sent, recv, bb in (("fwd", "kv", n_out[rank], n_in[rank], b), ("bwd", "dkv", n_in[rank], n_out[rank], g)):
+            if calls and (sent or recv):
+                out.append(CommRow(phase, "all_to_all_v", what, calls, int(sent) * row * bb, int(recv) * row * bb))
+        return out
+    if isinstance(plan, CPPlan):
+        L = plan.local_len
+    elif mask is not None:
         L = make_plan(mask, N, plan, chunks_per_rank=chunks_per_rank, align=align).local_len
     else:
         per_rank = {"contiguous": 1, "zigzag": 2}.get(plan) or int(chunks_per_rank or 8)

@@ -7,7 +7,7 @@ Ulysses groups and inner-ring windows sit on neighbouring ranks, i.e. inside a n
 * ``W``  inner ring (LoongTrain's window) size;
 * ``O``  outer ring size (windows).
 
-Scheme by scheme: ``ulysses`` = ``(1, 1, N)``; ``ring_p2p`` and ``ring_allgather`` = ``(1, N, 1)``;
+Scheme by scheme: ``ulysses`` = ``(1, 1, N)``; ``ring_p2p``, ``ring_allgather`` and ``group_cast`` = ``(1, N, 1)``;
 ``usp`` = ``(1, N / U, U)`` (a 2-D ``ring x ulysses`` mesh); ``loongtrain`` = ``(N / (U W), W, U)``.
 The groups come from a ``DeviceMesh`` (``torch.distributed.device_mesh``) when the CP group is
 the default group, otherwise from ``new_group`` over the CP group's ranks. Separate groups for the
@@ -21,7 +21,7 @@ import math
 import torch
 import torch.distributed as dist
 
-SCHEMES = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain")
+SCHEMES = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain", "group_cast")
 
 __all__ = ["resolve_dims", "CPMesh", "get_mesh"]
 
@@ -39,7 +39,7 @@ def resolve_dims(scheme: str, world: int, heads_q: int, ulysses_degree: int | No
     """``(U, W, O)`` for a scheme (defaults: usp takes the most square ``U <= R``; loongtrain
     ``U = 1`` and the most square window ``W <= O``). Raises ``ValueError`` on sizes that do not divide."""
     N = int(world)
-    if scheme in ("ring_p2p", "ring_allgather"):
+    if scheme in ("ring_p2p", "ring_allgather", "group_cast"):
         if ulysses_degree not in (None, 1):
             raise ValueError(f"{scheme} has no Ulysses dimension (ulysses_degree must be 1)")
         return 1, N, 1

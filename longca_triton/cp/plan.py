@@ -26,6 +26,7 @@ exactly one FULL, CAUSAL, INVCAUSAL or BICAUSAL slice (see :func:`clip_slice`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -33,8 +34,9 @@ import numpy as np
 import torch
 
 from longca_triton.masks import Mask, RangeMask, SliceKind
+from longca_triton.masks.ir import merge_intervals
 
-__all__ = ["PLAN_KINDS", "CPPlan", "make_plan", "clip_slice", "layout_mask", "dispatch", "undispatch"]
+__all__ = ["PLAN_KINDS", "CPPlan", "make_plan", "clip_slice", "layout_mask", "dispatch", "undispatch", "chunk_needs"]
 
 PLAN_KINDS = ("contiguous", "zigzag", "balanced")
 
@@ -117,6 +119,7 @@ class CPPlan:
     kind: str
     chunk_size: int
     chunks: tuple[tuple[int, ...], ...]  # per rank, ascending chunk indices
+    locality: bool = False  # balanced: chunks also placed to keep the keys each rank needs local
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -180,8 +183,9 @@ class CPPlan:
         return float(a.max() / a.mean()) if a.mean() > 0 else 1.0
 
     def describe(self) -> str:
-        return (f"CPPlan({self.kind}, N={self.world_size}, S={self.seqlen}, chunk={self.chunk_size}, "
-                f"chunks/rank={len(self.chunks[0])}, padding={self.padding}, imbalance={self.imbalance:.3f})")
+        return (f"CPPlan({self.kind}{'+locality' if self.locality else ''}, N={self.world_size}, S={self.seqlen}, "
+                f"chunk={self.chunk_size}, chunks/rank={len(self.chunks[0])}, padding={self.padding}, "
+                f"imbalance={self.imbalance:.3f})")
 
 
 def _chunk_areas(mask: RangeMask, chunk: int, num_chunks: int) -> np.ndarray:
@@ -226,11 +230,196 @@ def _balance(areas: np.ndarray, world: int, per_rank: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def make_plan(mask: Mask, world_size: int, kind: str = "zigzag", *, chunks_per_rank: int | None = None, align: int = 1) -> CPPlan:
+def chunk_needs(mask: RangeMask, chunk: int, num_chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat ``(chunk, lo, hi)``: the global key intervals the query rows of each chunk attend,
+    merged per chunk (disjoint, ascending). Padding rows (``>= S``) attend nothing."""
+    rows, lo, hi = mask.merged_row_intervals()
+    return merge_intervals(num_chunks, rows // chunk, lo, hi, extent=mask.seqlen_k)
+
+
+#: default area tolerance of the locality-aware ``balanced`` plan (largest rank area / mean)
+BALANCE_TOL = 0.02
+_MAX_ATOMS = 4096
+
+
+class _NeedModel:
+    """The keys each set of chunks needs from elsewhere, exactly (coarsened to ``_MAX_ATOMS``
+    atoms on fragmented masks): the sequence is cut into *atoms* at every chunk boundary and every
+    endpoint of a chunk's needed intervals, so a chunk needs an atom wholly or not at all."""
+
+    def __init__(self, mask: RangeMask, chunk: int, C: int):
+        cpos, clo, chi = chunk_needs(mask, chunk, C)
+        bounds = np.unique(np.concatenate([clo, chi, np.arange(C + 1) * chunk]))
+        if bounds.size > _MAX_ATOMS + 1:  # coarsen (the objective only; the moved keys stay exact)
+            g = max(1, -(-chunk * C // _MAX_ATOMS))
+            ch_lo, ch_hi = clo // chunk, (chi - 1) // chunk
+            clo = np.maximum(clo // g * g, ch_lo * chunk)
+            chi = np.minimum(-(-chi // g) * g, (ch_hi + 1) * chunk)
+            grid = np.arange(0, C * chunk + 1, g)
+            bounds = np.unique(np.concatenate([grid, np.arange(C + 1) * chunk, clo, chi]))
+        A = bounds.size - 1
+        diff = np.zeros((C, A + 1), dtype=np.int32)
+        np.add.at(diff, (cpos, np.searchsorted(bounds, clo)), 1)
+        np.add.at(diff, (cpos, np.searchsorted(bounds, chi)), -1)
+        self.need = (np.cumsum(diff, axis=1)[:, :A] > 0).astype(np.int32)  # [C, A]
+        owner = np.minimum(bounds[:-1] // chunk, C - 1)
+        self.own = np.zeros((C, A), dtype=np.int32)
+        self.own[owner, np.arange(A)] = 1
+        self.length = np.diff(bounds).astype(np.int64)
+        self.owner = owner
+
+    def cost(self, chunks) -> int:
+        """Tokens the holder of ``chunks`` needs from the other ranks."""
+        idx = list(chunks)
+        need = self.need[idx].sum(0) > 0
+        own = self.own[idx].sum(0) > 0
+        return int(self.length[need & ~own].sum())
+
+    def pair_matrix(self) -> np.ndarray:
+        """``W[c, c']``: tokens of chunk ``c'`` the queries of chunk ``c`` need (diagonal zero)."""
+        C = self.need.shape[0]
+        W = np.zeros((C, C), dtype=np.int64)
+        np.add.at(W.T, self.owner, (self.need * self.length).T)
+        np.fill_diagonal(W, 0)
+        return W
+
+
+def _pack(units, areas, world, per_rank):
+    """Whole units (runs of chunks) into ``world`` bins of ``per_rank`` chunks: largest area first, each
+    into the least-loaded bin with room. ``None`` when some unit finds no room."""
+    bins: list[list[int]] = [[] for _ in range(world)]
+    load = np.zeros(world, dtype=np.int64)
+    for u in sorted(units, key=lambda u: (-int(areas[u].sum()), -len(u), u[0])):
+        room = [r for r in range(world) if len(bins[r]) + len(u) <= per_rank]
+        if not room:
+            return None
+        r = min(room, key=lambda r: (load[r], r))
+        bins[r] += list(u)
+        load[r] += int(areas[u].sum())
+    return bins
+
+
+def _units_plan(model: _NeedModel, areas, world, per_rank, budget):
+    """Keep runs of chunks that need each other together (documents whole) as long as they pack
+    within the area budget; split the worst run at its cheapest cut otherwise."""
+    C = len(areas)
+    W = model.pair_matrix()
+    # cut between c - 1 and c is free when no chunk on either side needs the other side
+    lo_own = np.array([min([c] + [int(x) for x in np.nonzero(W[c])[0]]) for c in range(C)])
+    hi_own = np.array([max([c] + [int(x) for x in np.nonzero(W[c])[0]]) for c in range(C)])
+    suf_min = np.minimum.accumulate(lo_own[::-1])[::-1]
+    pre_max = np.maximum.accumulate(hi_own)
+    cuts = [0] + [c for c in range(1, C) if suf_min[c] >= c and pre_max[c - 1] < c] + [C]
+    units = [np.arange(a, b) for a, b in itertools.pairwise(cuts)]
+    P = np.zeros((C + 1, C + 1), dtype=np.int64)
+    P[1:, 1:] = W.cumsum(0).cumsum(1)
+
+    def rect(r0, r1, c0, c1):  # W[r0:r1, c0:c1].sum()
+        return P[r1, c1] - P[r0, c1] - P[r1, c0] + P[r0, c0]
+
+    for _ in range(C):
+        bins = _pack(units, areas, world, per_rank)
+        if bins is not None and max(int(areas[b].sum()) for b in bins) <= budget:
+            return bins
+        split = [u for u in units if len(u) > 1]
+        if not split:
+            return None
+        # too big for a rank first, else the heaviest run
+        u = max(split, key=lambda u: (len(u) > per_rank if bins is None else 0, int(areas[u].sum()), len(u)))
+        a, b = int(u[0]), int(u[-1]) + 1
+        cost = [(int(rect(m, b, a, m) + rect(a, m, m, b)), abs(2 * m - a - b), m) for m in range(a + 1, b)]
+        m = min(cost)[2]
+        units = [x for x in units if x is not u] + [np.arange(a, m), np.arange(m, b)]
+    return None
+
+
+def _refine(model: _NeedModel, bins, areas, budget, sweeps: int = 30, partners: int = 6, max_evals: int = 840):
+    """Pairwise chunk swaps that lower the total needed remote keys, loads kept within ``budget``.
+
+    Each sweep tries, for every rank, its ``partners`` ranks with the most keys needed between the
+    two (all pairs up to 7 ranks); at most ``max_evals`` rank pairs are tried in all (deterministic:
+    every rank computes the same plan), so the cost stays bounded at large world sizes."""
+    world = len(bins)
+    bins = [np.asarray(b, dtype=np.int64) for b in bins]
+    L = model.length
+    evals = 0
+    for _ in range(sweeps):
+        rank_of = np.empty(model.need.shape[0], dtype=np.int64)
+        for r, b in enumerate(bins):
+            rank_of[b] = r
+        needs = np.zeros((world, model.need.shape[1]), dtype=np.int64)
+        np.add.at(needs, rank_of, model.need)
+        owned = np.zeros((model.need.shape[1], world), dtype=np.int64)
+        owned[np.arange(model.need.shape[1]), rank_of[model.owner]] = 1
+        cross = ((needs > 0) * L) @ owned  # [i, j]: tokens rank i needs from rank j
+        cross = cross + cross.T
+        np.fill_diagonal(cross, -1)
+        pairs = sorted({(min(i, j), max(i, j)) for i in range(world)
+                        for j in np.argsort(-cross[i], kind="stable")[:partners] if j != i})
+        improved = False
+        for i, j in pairs:
+            if evals >= max_evals:
+                break
+            evals += 1
+            bi, bj = bins[i], bins[j]
+            Xi, Xj = model.need[bi], model.need[bj]
+            ci, cj = Xi.sum(0), Xj.sum(0)
+            cols = np.nonzero((ci + cj) > 0)[0]  # atoms neither rank needs cost nothing either way
+            if cols.size == 0:
+                continue
+            Xi, Xj, ci, cj, Lc = Xi[:, cols], Xj[:, cols], ci[cols], cj[cols], L[cols]
+            Oi, Oj = model.own[bi][:, cols], model.own[bj][:, cols]
+            oi, oj = Oi.sum(0), Oj.sum(0)
+            cost_i = int(Lc[(ci > 0) & (oi == 0)].sum())
+            cost_j = int(Lc[(cj > 0) & (oj == 0)].sum())
+            ni = ((ci - Xi[:, None] + Xj[None, :]) > 0) & ((oi - Oi[:, None] + Oj[None, :]) == 0)
+            nj = ((cj - Xj[None, :] + Xi[:, None]) > 0) & ((oj - Oj[None, :] + Oi[:, None]) == 0)
+            gain = cost_i + cost_j - (ni @ Lc) - (nj @ Lc)
+            ai, aj = areas[bi], areas[bj]
+            li = int(ai.sum()) - ai[:, None] + aj[None, :]
+            lj = int(aj.sum()) + ai[:, None] - aj[None, :]
+            gain = np.where((li <= budget) & (lj <= budget), gain, 0)
+            x, y = np.unravel_index(int(gain.argmax()), gain.shape)
+            if gain[x, y] > 0:
+                bi[x], bj[y] = bj[y], bi[x]
+                improved = True
+        if not improved or evals >= max_evals:
+            break
+    return [sorted(int(c) for c in b) for b in bins]
+
+
+def _balance_local(mask: RangeMask, chunk: int, C: int, world: int, per_rank: int, tol: float) -> list[list[int]]:
+    """Area balance and locality: the largest rank area stays within
+    ``budget = max(area-only balance, (1 + tol) mean)``; within it, the plan with the fewest keys
+    needed from other ranks among (a) runs of mutually dependent chunks (documents) kept whole and
+    (b) the area-only plan, each improved by pairwise swaps (:func:`_refine`)."""
+    areas = _chunk_areas(mask, chunk, C)
+    base = _balance(areas, world, per_rank)
+    best_max = max(int(areas[b].sum()) for b in base)
+    budget = max(best_max, math.floor(areas.sum() / world * (1 + tol)))
+    model = _NeedModel(mask, chunk, C)
+    cands = [base]
+    units = _units_plan(model, areas, world, per_rank, budget)
+    if units is not None:
+        cands.append(units)
+    best = None
+    for bins in cands:
+        bins = _refine(model, bins, areas, budget)
+        cost = sum(model.cost(b) for b in bins)
+        if best is None or cost < best[0]:
+            best = (cost, bins)
+    return best[1]
+
+
+def make_plan(mask: Mask, world_size: int, kind: str = "zigzag", *, chunks_per_rank: int | None = None, align: int = 1,
+              locality: bool = True, balance_tol: float = BALANCE_TOL) -> CPPlan:
     """Shard ``mask``'s sequence over ``world_size`` ranks (``kind``: contiguous | zigzag | balanced).
 
     ``chunks_per_rank`` applies to ``balanced`` (default 8); ``align`` rounds the chunk size up to a
-    multiple (e.g. the kernel's tile) at the cost of more padding.
+    multiple (e.g. the kernel's tile) at the cost of more padding. ``balanced`` also minimises the
+    keys each rank needs from the others (``locality``, see :func:`_balance_local`) while keeping the
+    largest rank area within ``max(best area balance, (1 + balance_tol) x mean)``; ``locality=False``
+    balances area only.
     """
     if not isinstance(mask, RangeMask):
         raise ValueError(f"context parallelism needs a RangeMask (static mask); got {type(mask).__name__}")
@@ -253,9 +442,13 @@ def make_plan(mask: Mask, world_size: int, kind: str = "zigzag", *, chunks_per_r
         chunks = [[r] for r in range(N)]
     elif kind == "zigzag":
         chunks = [[r, 2 * N - 1 - r] for r in range(N)]
-    else:
+    elif not locality or N == 1:
         chunks = _balance(_chunk_areas(mask, chunk, C), N, per_rank)
-    return CPPlan(mask, N, kind, chunk, tuple(tuple(sorted(c)) for c in chunks))
+    else:
+        if not balance_tol >= 0:
+            raise ValueError(f"balance_tol must be >= 0, got {balance_tol!r}")
+        chunks = _balance_local(mask, chunk, C, N, per_rank, float(balance_tol))
+    return CPPlan(mask, N, kind, chunk, tuple(tuple(sorted(c)) for c in chunks), locality=kind == "balanced" and bool(locality))
 
 
 # ---------------------------------------------------------------------------------- dispatch

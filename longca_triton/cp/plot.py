@@ -6,7 +6,8 @@
 * ``cp_scaling_<mode>.png`` (when more than one world size is present): per-GPU TFLOP/s of each
   scheme's best plan against N, one panel per mask, with the single-GPU TFLOP/s at N = 1, and
   below it the efficiency and the bytes per device the closed-form ``comm`` model predicts for
-  each scheme and N. Sequences grow with N (fixed tokens per GPU), so the dotted line is the
+  each scheme and N (``group_cast``: the busiest device, from the row's mask rebuilt by its
+  recorded parameters). Sequences grow with N (fixed tokens per GPU), so the dotted line is the
   single-GPU kernel on each N's whole sequence, the denominator of the efficiency.
 
 ``longca-triton plot RESULTS`` sends CP rows here; ``bench cp`` writes these under ``OUT/plots``.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["make_cp_plots", "latest_cp_rows"]
 
-_SCHEME_ORDER = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain")
+_SCHEME_ORDER = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain", "group_cast")
 _PLAN_ORDER = ("contiguous", "zigzag", "balanced")
 
 
@@ -35,6 +36,18 @@ def latest_cp_rows(rows) -> list[dict]:
         latest.pop(key, None)
         latest[key] = r
     return list(latest.values())
+
+
+def _row_mask(r):
+    """The row's mask, rebuilt from its name, length and recorded parameters (document bounds, window,
+    prefix, block: what ``make_mask`` accepts), for the group_cast comm model (busiest device)."""
+    from longca_triton.masks import MASK_SPECS, make_mask
+
+    name, params = r["mask"], dict(r.get("mask_params") or {})
+    if name not in MASK_SPECS:
+        raise ValueError(f"unknown mask {name!r}")
+    keep = {k: v for k, v in params.items() if k in MASK_SPECS[name].defaults and k not in ("docs", "distribution", "doc_lens")}
+    return make_mask(name, int(r["seqlen"]), seed=int(params.get("seed", 0)), **keep)
 
 
 def _ok(r) -> bool:
@@ -132,16 +145,23 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
                     xs.append(N)
                     ys.append(best["tflops_per_gpu"])
                     effs.append(best["efficiency"])
-                    comm = comm_model(s, N, best.get("ulysses_degree"), seqlen=best["seqlen"],
-                                      heads=(best["heads_q"], best["heads_kv"]), head_dim=best["head_dim"],
-                                      dtype_bytes=2 if best.get("dtype") in ("bfloat16", "float16") else 4,
-                                      plan=best["plan"], window=best.get("window"))
+                    try:
+                        comm = comm_model(s, N, best.get("ulysses_degree"), seqlen=best["seqlen"],
+                                          heads=(best["heads_q"], best["heads_kv"]), head_dim=best["head_dim"],
+                                          dtype_bytes=2 if best.get("dtype") in ("bfloat16", "float16") else 4,
+                                          plan=best["plan"], window=best.get("window"),
+                                          mask=_row_mask(best) if s == "group_cast" else None,
+                                          chunks_per_rank=best.get("chunks_per_rank") if best["plan"] == "balanced" else None)
+                    except ValueError:  # group_cast of a mask the row does not let us rebuild
+                        comm = None
                     phases = ("fwd",) if mode == "fwd" else ("fwd", "bwd")
-                    bytes_.append(sum(c.bytes_sent for c in comm if c.phase in phases) / 2**20)
+                    bytes_.append(None if comm is None else sum(c.bytes_sent for c in comm if c.phase in phases) / 2**20)
             if xs:
                 ax.plot(xs, ys, marker="o", color=colors[s], label=s)
                 axe.plot(xs, effs, marker="o", color=colors[s], label=s)
-                axc.plot(xs, bytes_, marker="s", ls="--", color=colors[s], label=s)
+                pts = [(x, y) for x, y in zip(xs, bytes_) if y is not None]
+                if pts:
+                    axc.plot([x for x, _ in pts], [y for _, y in pts], marker="s", ls="--", color=colors[s], label=s)
         # the single-GPU kernel on each world size's whole sequence (weak scaling: S grows with N)
         singles = sorted((r["seqlen"], r["tflops_per_gpu"])
                          for r in mr if r["world_size"] == 1)

@@ -199,7 +199,13 @@ def _model_cp(rec: Recommendation, heads, head_dim) -> None:
     ranking, skipped = [], []
     for scheme in SCHEMES:
         try:
-            crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2)
+            if scheme == "group_cast":  # its bytes come from the mask: the balanced plan's busiest device
+                if MASK_SPECS[rec.mask].kind == "dynamic":
+                    raise ValueError("moves the key ranges of a range mask; block-sparse masks are not supported")
+                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2,
+                                   make_mask(rec.mask, rec.seqlen), plan="balanced")
+            else:
+                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2)
         except ValueError as e:
             skipped.append(f"{scheme}: {e}")
             continue
@@ -212,7 +218,8 @@ def _model_cp(rec: Recommendation, heads, head_dim) -> None:
         rec.notes.append("no CP scheme fits these sizes: " + "; ".join(skipped))
         return
     best = ranking[0]
-    rec.cp = dict(scheme=best[0], plan="zigzag" if best[0] != "ulysses" else "contiguous", efficiency=best[1],
+    plan = {"ulysses": "contiguous", "group_cast": "balanced"}.get(best[0], "zigzag")
+    rec.cp = dict(scheme=best[0], plan=plan, efficiency=best[1],
                   source=(f"model, not measured: {k['backend']}'s measured time scaled to S = {rec.seqlen:,} "
                           f"(x{area_ratio:.3g} of the mask's area) over {rec.gpus} GPUs, {best[2]:.1f} ms of "
                           f"transfers at {LINK_GBPS[link]:.0f} GB/s {link}; ignores load imbalance and kernel "

@@ -1,0 +1,140 @@
+"""``group_cast``: move only the keys the mask needs (MagiAttention's GroupCast / GroupReduce idea).
+
+Forward, on rank ``r`` (layout from :mod:`.need`):
+
+1. every rank gathers, for every other rank, the K/V rows of its local keys that rank's queries
+   attend (KV heads only: with GQA the query heads never move) and posts **one all-to-all with
+   variable splits** (asynchronous);
+2. while it flies, ``r`` computes its queries against its own keys (the local pair mask);
+3. then one call of its queries against the concatenation of everything received, under the
+   remote mask (the global mask remapped to the received key coordinates), and the two partials
+   are merged by their lse (``merge.py``; the fused Triton merge on CUDA).
+
+Backward (no recomputation, FlashAttention style with the merged ``out`` / ``lse``): the remote
+part first, so that its dK/dV partials (float32) can go back to their owners by the **reverse
+all-to-all** (the same splits, transposed) while the local part's backward runs; each owner then
+adds what comes back into its dK/dV by the gathered positions (``index_add_``, so a key needed by
+several ranks sums all of their shares). The received K/V are kept from the forward for it.
+
+A rank whose queries need nothing remote skips the remote call; a rank that owns nothing others
+need sends nothing; when no rank needs anything remote, no collective is issued. Bytes go through
+:class:`~.comm.Comm` (counted; ``comm_model`` gives the same numbers from the mask and plan).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .comm import Comm
+from .kernels import StepKernel, acc_dtype
+from .merge import merge_, merge_into
+from .need import need_layout
+from .plan import CPPlan
+
+__all__ = ["GroupCastAttention"]
+
+
+def _index(plan: CPPlan, rank: int, device) -> torch.Tensor:
+    key = ("group_cast_index", rank, str(device))
+    if key not in plan._cache:
+        plan._cache[key] = torch.as_tensor(need_layout(plan).send_index(rank), device=device)
+    return plan._cache[key]
+
+
+def _rows(kv: torch.Tensor) -> torch.Tensor:
+    """``[2, B, n, H, D]`` -> ``[n, 2, B, H, D]`` contiguous (all-to-all splits run along dim 0)."""
+    return kv.permute(2, 0, 1, 3, 4).contiguous()
+
+
+def _unrows(x: torch.Tensor) -> torch.Tensor:
+    """``[n, 2, B, H, D]`` -> ``[2, B, n, H, D]`` contiguous."""
+    return x.permute(1, 2, 0, 3, 4).contiguous()
+
+
+def _use_fused(q) -> bool:
+    from .attention import _Ring
+
+    return q.is_cuda if _Ring.FUSED_MERGE is None else _Ring.FUSED_MERGE
+
+
+class GroupCastAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float):
+        me = comm.rank
+        lay = need_layout(plan)
+        B = k.shape[0]
+        acc = acc_dtype(q.dtype)
+        work = recv = None
+        if lay.any_traffic:
+            idx = _index(plan, me, k.device)  # gather only what leaves: [n_send, 2, B, Hkv, D]
+            send = torch.stack([k.index_select(1, idx).transpose(0, 1), v.index_select(1, idx).transpose(0, 1)], dim=1)
+            recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
+        local_mask = plan.pair_mask((me,), (me,))
+        parts = []
+        if local_mask is not None:
+            parts.append(kernel.forward(q, k, v, local_mask, scale))  # overlaps the transfer
+        if work is not None:
+            work.wait()
+        remote_mask = lay.remote_mask(me)
+        kv_r = _unrows(recv) if recv is not None and recv.shape[0] else None
+        if remote_mask is not None:
+            parts.append(kernel.forward(q, kv_r[0], kv_r[1], remote_mask, scale))
+        if not parts:
+            out = torch.zeros_like(q)
+            lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
+        elif len(parts) == 1:
+            out, lse = parts[0][0].to(q.dtype), parts[0][1].to(acc)
+        else:
+            (o1, l1), (o2, l2) = parts
+            l1, l2 = l1.to(acc).contiguous(), l2.to(acc).contiguous()
+            if _use_fused(q):
+                out = torch.empty_like(q)
+                lse = torch.empty_like(l1)
+                merge_into(o1, l1, o2, l2, out, lse)
+            else:
+                out, lse = o1.to(acc), l1.clone()
+                merge_(out, lse, o2, l2)
+                out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, kv_r if kv_r is not None else torch.empty(0), out, lse)
+        ctx.info = (plan, comm, kernel, scale, local_mask, remote_mask)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, kv_r, out, lse = ctx.saved_tensors
+        plan, comm, kernel, scale, local_mask, remote_mask = ctx.info
+        me = comm.rank
+        lay = need_layout(plan)
+        acc = acc_dtype(q.dtype)
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dout = dout.contiguous()
+        dq = None
+        work = back = None
+        if lay.any_traffic:
+            n_recv = sum(lay.recv_splits(me))
+            if remote_mask is not None:
+                dq, dk_r, dv_r = kernel.backward(dout, q, kv_r[0], kv_r[1], out, lse, remote_mask, scale, dlse)
+                dkv_r = _rows(torch.stack([dk_r, dv_r]).to(acc))
+                dq = dq.to(acc)
+            else:  # received keys that no query attends (cannot happen for a need; kept for safety)
+                dkv_r = torch.zeros((n_recv, 2) + (k.shape[0],) + tuple(k.shape[2:]), dtype=acc, device=k.device)
+            # partial dK/dV of the received keys go back to their owners while the local part runs
+            back, work = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv", async_op=True)
+        if local_mask is not None:
+            dq_l, dk, dv = kernel.backward(dout, q, k, v, out, lse, local_mask, scale, dlse)
+            dq = dq_l.to(acc) if dq is None else dq.add_(dq_l)
+            dk, dv = dk.to(acc), dv.to(acc)
+        else:
+            dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        if work is not None:
+            work.wait()
+            if back.shape[0]:
+                idx = _index(plan, me, k.device)
+                dk.index_add_(1, idx, back[:, 0].transpose(0, 1))
+                dv.index_add_(1, idx, back[:, 1].transpose(0, 1))
+        if dq is None:
+            dq = torch.zeros_like(q)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
