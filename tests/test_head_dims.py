@@ -250,3 +250,27 @@ def test_recommend_reads_split_head_dims():
     assert recommend(rows, "causal", 16384, heads=(64, 8), head_dim=192, mode="fwd").kernel["backend"] == "mla-192"
     rec = recommend(rows, "causal", 16384, heads=(64, 8), head_dim="128", mode="fwd")
     assert rec.kernel["backend"] == "old-128" and "head dim 128" in rec.lines()[0]
+
+
+def test_gpu_script_targets_table():
+    """``experiments/gpu/headdim_check.py``'s targets from rows: ours / cuDNN per dim, D=96 / D=128."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "headdim_check.py"
+    spec = importlib.util.spec_from_file_location("headdim_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(backend, dim, mode, tflops, status="ok"):
+        d_qk, d_v = (192, 128) if dim == "192/128" else (int(dim), int(dim))
+        return {"backend": backend, "mask": "causal", "seqlen": 16384, "heads_q": 64, "heads_kv": 8, "head_dim": d_qk,
+                "d_v": d_v, "dtype": "bfloat16", "mode": mode, "status": status, "tflops": tflops, "batch": 1}
+
+    rows = [row("triton", "96", "fwd", 340.0), row("triton", "128", "fwd", 400.0), row("sdpa-cudnn", "96", "fwd", 500.0),
+            row("triton", "192/128", "fwd", 300.0), row("sdpa-cudnn", "192/128", "fwd", 360.0),
+            row("fa3", "192/128", "fwd", 0.0, "unsupported: not installed")]
+    md = mod.targets(rows, ["96", "128", "192/128"])
+    assert "| causal | 96 | 128 | 340 | 500 | 0.68 ✗ |" in md
+    assert "| causal | 192/128 | 256/128 | 300 | 360 | 0.83 ✓ |" in md
+    assert "| causal | fwd | 340 | 400 | 0.85 ✓ |" in md
