@@ -50,13 +50,16 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree on [batch, seqlen, heads] (v may have its own head dim), got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     B, Sq, Hq, D = q.shape
     if k.shape[0] != B:
         raise ValueError(f"batch sizes differ: q has {B}, k/v have {k.shape[0]}")
     if k.shape[3] != D:
-        raise ValueError(f"head dims differ: q has {D}, k/v have {k.shape[3]}")
+        raise ValueError(f"head dims of q and k differ: q has {D}, k has {k.shape[3]} (they share D_qk; v may differ)")
+    if v.shape[3] < 1:
+        raise ValueError(f"v has head dim {v.shape[3]}; it must be positive")
     Hkv = k.shape[2]
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) for GQA")
@@ -71,11 +74,13 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
 
 
 def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backend: str | None = None, return_lse: bool = False):
-    """Masked attention. ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]`` (``Hq % Hkv == 0`` is GQA).
+    """Masked attention. ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
+    (``Hq % Hkv == 0`` is GQA; ``v`` may have its own head dim, e.g. 192/128).
 
-    Returns ``out [B, Sq, Hq, D]`` and, with ``return_lse``, ``lse [B, Hq, Sq]`` (float32, natural
-    log, ``-inf`` for rows that attend nothing). Differentiable. ``backend`` names an entry of the
-    registry (``longca-triton doctor`` lists them).
+    Returns ``out [B, Sq, Hq, D_v]`` and, with ``return_lse``, ``lse [B, Hq, Sq]`` (float32, natural
+    log, ``-inf`` for rows that attend nothing). Differentiable. The default scale is
+    ``1/sqrt(D_qk)``. ``backend`` names an entry of the registry (``longca-triton doctor`` lists
+    them); one that cannot run these head dims raises ``ValueError`` with its reason.
     """
     from .adapters import Problem, get_backend
 

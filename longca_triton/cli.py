@@ -98,7 +98,7 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 @click.option("--seqlen", "-S", required=True, help="sequence length, e.g. 131072 or 128K or 1M")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs the sequence is spread over")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
-@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v such as 192/128")
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default="fwd_bwd", show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
@@ -114,14 +114,19 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
       longca-triton recommend --mask causal_document --seqlen 128K --gpus 8
       longca-triton recommend --mask full -S 16K --gpus 2 --mode fwd --format json
       longca-triton recommend --mask share_question -S 1M --gpus 64 --results my/results.jsonl
+      longca-triton recommend --mask causal -S 16K --head-dim 192/128 --mode fwd
     """
     from dataclasses import asdict
 
     from .bench.cli import heads_callback
-    from .bench.params import parse_seqlen
+    from .bench.params import ConfigError, parse_head_dim, parse_seqlen
     from .study.recommend import default_results, load_rows, recommend
 
     hq_hkv = heads_callback(None, None, heads)
+    try:
+        parse_head_dim(head_dim)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--head-dim") from None
     paths = list(results) or default_results()
     if not paths:
         raise click.UsageError("no results: pass --results FILE (a bench results.jsonl), or run from a checkout "

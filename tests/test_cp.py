@@ -157,6 +157,20 @@ def test_comm_model_formulas():
     assert rows[("fwd", "p2p_inner", "kv")][0] == 2 * 3 and rows[("fwd", "p2p_outer", "kv")][0] == 1
 
 
+def test_comm_model_counts_k_and_v_at_their_own_head_dims():
+    """K at D_qk, V (and out, dout, dv) at D_v: a 192/128 ring moves 320 columns per KV token."""
+    L, b = 4096, 2
+    rows = cp.model_snapshot(cp.comm_model("ring_p2p", 4, seqlen=16384, heads=(64, 8), head_dim=192, head_dim_v=128))
+    assert rows[("fwd", "p2p", "kv")] == (3, 3 * L * 8 * (192 + 128) * b, 3 * L * 8 * (192 + 128) * b)
+    rows = cp.model_snapshot(cp.comm_model("ulysses", 4, seqlen=16384, heads=(64, 8), head_dim=192, head_dim_v=128))
+    assert rows[("fwd", "all_to_all", "k")][1] == 3 * (L * 8 * 192 * b) // 4
+    assert rows[("fwd", "all_to_all", "v")][1] == 3 * (L * 8 * 128 * b) // 4
+    assert rows[("fwd", "all_to_all", "out")][1] == 3 * (L * 64 * 128 * b) // 4
+    assert rows[("bwd", "all_to_all", "dq")][1] == 3 * (L * 64 * 192 * b) // 4
+    same = cp.model_snapshot(cp.comm_model("ring_allgather", 4, seqlen=16384, head_dim=128, head_dim_v=128))
+    assert same == cp.model_snapshot(cp.comm_model("ring_allgather", 4, seqlen=16384, head_dim=128))
+
+
 def test_comm_cli():
     from click.testing import CliRunner
 
@@ -168,6 +182,8 @@ def test_comm_cli():
     assert "all_to_all" in r.output and "p2p" in r.output
     r = CliRunner().invoke(comm_command, ["--scheme", "ulysses", "--world", "3", "--heads", "64:8"])
     assert r.exit_code != 0 and "divide" in r.output
+    r = CliRunner().invoke(comm_command, ["--scheme", "ring_p2p", "--world", "2", "--head-dim", "192/128", "--format", "csv"])
+    assert r.exit_code == 0 and "D=192/128" not in r.output and ",p2p,kv," in r.output, r.output
 
 
 # ------------------------------------------------------------------------------ distributed
@@ -278,6 +294,39 @@ def test_cp_with_triton_kernel(tmp_path):
     spawn(_triton_worker, 3, str(tmp_path))  # 3 ranks: merges of 3 partials (float32 accumulator, then q's dtype)
     res = [r for k in range(3) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
     assert len(res) == 24 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
+
+
+def _head_dims_worker(rank, world, outdir):
+    """v with its own head dim (D_qk 48, D_v 32): every scheme on the reference step, bytes against
+    the model, and our Triton step (interpreter) on the ring and all-gather paths."""
+    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp.check import Case, make_problem, run_case
+
+    results = []
+    mask = make_mask("causal_document", 96, doc_lens=[30, 41, 25])
+    prob = make_problem(mask, 1, (4, 2), 48, torch.float64, "cpu", seed=5, head_dim_v=32)
+    for scheme, kind in (("ring_p2p", "zigzag"), ("ring_allgather", "balanced"), ("ulysses", "contiguous"),
+                         ("usp", "zigzag"), ("loongtrain", "balanced")):
+        case = Case(scheme, cp.make_plan(mask, world, kind), "reference", count_bytes=True, label=f"ref/{scheme}/{kind}")
+        results.append(run_case(case, prob))
+    prob = make_problem(mask, 1, (4, 2), 48, torch.float32, "cpu", seed=5, head_dim_v=32)
+    _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
+    for scheme in ("ring_p2p", "ring_allgather"):
+        results.append(run_case(Case(scheme, cp.make_plan(mask, world, "zigzag"), "triton", label=f"triton/{scheme}"),
+                                prob, tol=1e-4))
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def test_cp_value_head_dim_of_its_own(tmp_path):
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs a GPU or the Triton interpreter")
+    from longca_triton.cp.check import spawn
+
+    spawn(_head_dims_worker, 2, str(tmp_path))
+    res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+    assert len(res) == 2 * 7 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
+    assert all(r["bytes_ok"] for r in res if r["label"].startswith("ref/"))
 
 
 def test_bench_cp_smoke(tmp_path):

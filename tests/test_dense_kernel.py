@@ -119,8 +119,12 @@ def test_validation_errors():
     k = torch.randn(1, 16, 3, 32, device=DEVICE)
     with pytest.raises(ValueError, match="GQA"):
         dense_attention(q, k, k, mask)
-    with pytest.raises(ValueError, match="head dim"):
-        dense_attention(q[..., :24], q[..., :24], q[..., :24], mask)
+    with pytest.raises(ValueError, match="multiples of 8 from 8 to 256"):
+        dense_attention(q[..., :20], q[..., :20], q[..., :20], mask)  # not a multiple of 8
+    with pytest.raises(ValueError, match="head dim of v 264 not supported"):
+        dense_attention(q, q, torch.randn(1, 16, 4, 264), mask)  # v's own head dim, over 256
+    with pytest.raises(ValueError, match="q and k share D_qk"):
+        dense_attention(q, q[..., :16], q, mask)
     with pytest.raises(ValueError, match="mask is 16 x 16"):
         dense_attention(q[:, :8], q[:, :8], q[:, :8], mask)
     with pytest.raises(ValueError, match=r"\[B, S, H, D\]"):

@@ -264,9 +264,11 @@ def test_backend_registered_and_supports():
     bs = make_mask("block_sparse", 128, block=32, density=0.5, patterns=1)
     ok, why = b.supports(Problem(mask=bs, head_dim=64, dtype=torch.float16, device=DEVICE))
     assert not ok and "block-sparse" in why
-    ok, why = b.supports(Problem(mask=make_mask("causal", 64), head_dim=80, dtype=torch.float16,
+    ok, why = b.supports(Problem(mask=make_mask("causal", 64), head_dim=100, dtype=torch.float16,
                                  device=DEVICE))
-    assert not ok and "head_dim" in why
+    assert not ok and "head_dim" in why  # not a multiple of 8
+    assert b.supports(Problem(mask=make_mask("causal", 64), head_dim=80, head_dim_v=48, dtype=torch.float16,
+                              device=DEVICE)) == (True, "")
 
 
 def test_public_api_and_prepare():
@@ -297,7 +299,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="power of two"):
         flashmask_attention(q, k, k, mask, config={"BLOCK_N": 48})
     with pytest.raises(ValueError, match="head dim"):
-        flashmask_attention(q[..., :24], k[..., :24], k[..., :24], mask)
+        flashmask_attention(q[..., :20], k[..., :20], k[..., :20], mask)  # not a multiple of 8
     with pytest.raises(ValueError, match="RangeMask or FlashMaskColumns"):
         flashmask_attention(q, k, k, "causal")
     for d in (32, 64, 128, 256):

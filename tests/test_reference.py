@@ -89,8 +89,8 @@ def test_attention_reference_backend_is_differentiable():
     "shapes,match",
     [
         (((1, 16, 4, 8), (1, 16, 3, 8), (1, 16, 3, 8)), r"query heads \(4\) must be a multiple of key/value heads \(3\)"),
-        (((1, 16, 4, 8), (1, 16, 2, 8), (1, 16, 2, 4)), "k and v must have the same shape"),
-        (((1, 16, 4, 8), (1, 16, 2, 4), (1, 16, 2, 4)), "head dims differ"),
+        (((1, 16, 4, 8), (1, 16, 2, 8), (1, 16, 1, 8)), r"k and v must agree on \[batch, seqlen, heads\]"),
+        (((1, 16, 4, 8), (1, 16, 2, 4), (1, 16, 2, 4)), "head dims of q and k differ"),
         (((1, 16, 4), (1, 16, 2, 8), (1, 16, 2, 8)), "q must be 4-D"),
         (((1, 20, 4, 8), (1, 20, 2, 8), (1, 20, 2, 8)), r"mask is 16x16 .* q has 20 positions"),
         (((2, 16, 4, 8), (1, 16, 2, 8), (1, 16, 2, 8)), "batch sizes differ"),

@@ -323,7 +323,7 @@ def test_backend_reads_the_autotune_cache(monkeypatch):
 
     seen = []
 
-    def fake_lookup(kernel, q, k, mask):
+    def fake_lookup(kernel, q, k, mask, v=None):
         seen.append(kernel)
         return {"NOT_A_KEY": 1}
 

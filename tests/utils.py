@@ -60,18 +60,19 @@ def random_range_mask(sq: int, sk: int, seed: int, n_slices: int = 4) -> RangeMa
     return RangeMask(sq, sk, slices, name="random")
 
 
-def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0, layout="bshd", dlse=False):
+def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0, layout="bshd", dlse=False,
+                         dv=None):
     """``attn(q, k, v) -> (out, lse)`` against the float64 naive reference on ``ref_mask``: out,
     lse (and its -inf pattern), dq, dk, dv, optionally with an lse gradient. Shared by every
-    kernel test (dense, FlashMask)."""
+    kernel test (dense, FlashMask). ``D`` is the head dim of q and k, ``dv`` v's (default ``D``)."""
     torch.manual_seed(seed)
 
-    def make(S, H):
+    def make(S, H, d=D):
         if layout == "bhsd":  # non-contiguous [B, S, H, D] view of a [B, H, S, D] tensor
-            return torch.randn(B, H, S, D, dtype=dtype, device=DEVICE).transpose(1, 2)
-        return torch.randn(B, S, H, D, dtype=dtype, device=DEVICE)
+            return torch.randn(B, H, S, d, dtype=dtype, device=DEVICE).transpose(1, 2)
+        return torch.randn(B, S, H, d, dtype=dtype, device=DEVICE)
 
-    q, k, v = (t.requires_grad_() for t in (make(sq, Hq), make(sk, Hkv), make(sk, Hkv)))
+    q, k, v = (t.requires_grad_() for t in (make(sq, Hq), make(sk, Hkv), make(sk, Hkv, dv or D)))
     out, lse = attn(q, k, v)
     dout = torch.randn_like(out)
     g_lse = torch.randn_like(lse) if dlse else None

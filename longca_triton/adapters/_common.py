@@ -41,12 +41,17 @@ __all__ = [
     "try_import",
     "HEAD_DIMS_MULT8",
     "HOPPER_HEAD_DIMS",
+    "HOPPER_HEAD_DIM_PAIRS",
 ]
 
 #: head dims of FlashAttention-2-family kernels (also cuDNN's SDPA): multiples of 8 up to 256
 HEAD_DIMS_MULT8 = tuple(range(8, 257, 8))
-#: head dims of the Hopper FlashAttention-3 / FlashAttention-4 builds
+#: head dims of the Hopper FlashAttention-3 / FlashAttention-4 builds (FlashAttention-3's README:
+#: 64, 96, 128, 192, 256 forward and backward)
 HOPPER_HEAD_DIMS = (64, 96, 128, 192, 256)
+#: ``(D_qk, D_v)`` pairs with ``D_v != D_qk`` of the Hopper builds: DeepSeek's multi-head latent
+#: attention shape, (192, 128) (FlashAttention-3's README; cuDNN runs it too)
+HOPPER_HEAD_DIM_PAIRS = ((192, 128),)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -220,14 +225,17 @@ class PlannedBackend(Backend):
       with the reason the case cannot run. ``supports`` is exactly "static checks + lower succeeds".
     * ``materialize(problem, args, device) -> plan``: device tensors and vendor objects, built once
       per (mask, shapes) and cached on the mask, outside any timed region.
-    * ``run(plan, q, k, v, scale) -> (out [B, S, Hq, D], lse [B, Hq, S] float32 or None)``: only the
+    * ``run(plan, q, k, v, scale) -> (out [B, S, Hq, D_v], lse [B, Hq, S] float32 or None)``: only the
       vendor call (and free views); this is what the harness times.
     """
 
     #: dtypes the vendor kernel takes
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
-    #: head dims the vendor kernel takes (None = any)
+    #: head dims the vendor kernel takes, for q/k and for v (None = any)
     head_dims: tuple[int, ...] | None = None
+    #: ``(D_qk, D_v)`` pairs with ``D_v != D_qk`` it takes: ``()`` none (one head dim for q, k and
+    #: v), None any (each dim in ``head_dims``)
+    head_dim_pairs: tuple[tuple[int, int], ...] | None = ()
     #: needs ``Hq == Hkv``? (False: GQA handled by the kernel or by the adapter)
     needs_cuda: bool = True
     #: short description of how the adapter lowers the IR (shown by ``doctor``)
@@ -269,8 +277,9 @@ class PlannedBackend(Backend):
         if problem.dtype not in self.dtypes:
             names = ", ".join(DTYPE_NAMES.get(d, str(d)) for d in self.dtypes)
             return False, f"dtype {DTYPE_NAMES.get(problem.dtype, problem.dtype)} not supported (takes {names})"
-        if self.head_dims is not None and problem.head_dim not in self.head_dims:
-            return False, f"head_dim {problem.head_dim} not supported (takes {', '.join(map(str, self.head_dims))})"
+        why = self.head_dim_reason(problem)
+        if why:
+            return False, why
         if problem.heads_q % problem.heads_kv:
             return False, f"heads_q {problem.heads_q} is not a multiple of heads_kv {problem.heads_kv}"
         why = self.static_checks(problem)
@@ -282,9 +291,25 @@ class PlannedBackend(Backend):
             return False, str(e)
         return True, ""
 
+    def head_dim_reason(self, problem: Problem) -> str:
+        """Why the vendor kernel cannot take these head dims (``head_dims``, ``head_dim_pairs``)."""
+        dims = ", ".join(map(str, self.head_dims)) if self.head_dims is not None else ""
+        for which, d in (("head_dim", problem.head_dim), ("head_dim of v", problem.d_v)):
+            if self.head_dims is not None and d not in self.head_dims:
+                return f"{which} {d} not supported (takes {dims})"
+        if problem.split_head_dims and self.head_dim_pairs is not None \
+                and (problem.head_dim, problem.d_v) not in self.head_dim_pairs:
+            if not self.head_dim_pairs:
+                return (f"D_v {problem.d_v} != D_qk {problem.head_dim} not supported ({self.name} takes one head dim "
+                        f"for q, k and v)")
+            pairs = ", ".join(f"{a}/{b}" for a, b in self.head_dim_pairs)
+            return f"head dims {problem.head_dim_label} (D_qk/D_v) not supported (takes D_v == D_qk, or {pairs})"
+        return ""
+
     def _lowered(self, problem: Problem):
         cache = problem.mask.__dict__.setdefault("_adapter_cache", {})
-        key = (self.name, "lower", problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim, problem.dtype, problem.mode)
+        key = (self.name, "lower", problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim, problem.d_v,
+               problem.dtype, problem.mode)
         if key not in cache:
             try:
                 cache[key] = self.lower(problem)
@@ -296,7 +321,8 @@ class PlannedBackend(Backend):
 
     def plan_for(self, problem: Problem, device) -> Any:
         cache = problem.mask.__dict__.setdefault("_adapter_cache", {})
-        key = (self.name, "plan", str(device), problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim, problem.dtype, problem.mode)
+        key = (self.name, "plan", str(device), problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim, problem.d_v,
+               problem.dtype, problem.mode)
         if key not in cache:
             cache[key] = self.materialize(problem, self._lowered(problem), device)
         return cache[key]

@@ -45,12 +45,33 @@ class Problem:
     batch: int = 1
     heads_q: int = 8
     heads_kv: int = 8
+    #: the head dim of q and k (``D_qk``); ``head_dim_v`` is v's (``D_v``), None when it is the same
     head_dim: int = 64
     dtype: torch.dtype = torch.bfloat16
     mode: str = "fwd"
     device: str = "cuda"
     softmax_scale: float | None = None
     extra: dict = field(default_factory=dict)
+    head_dim_v: int | None = None
+
+    @property
+    def d_qk(self) -> int:
+        return self.head_dim
+
+    @property
+    def d_v(self) -> int:
+        """v's head dim (the output's): ``head_dim_v``, or ``head_dim`` when that is None."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def split_head_dims(self) -> bool:
+        """Whether v has its own head dim (``D_v != D_qk``, e.g. 192/128 in multi-head latent attention)."""
+        return self.d_v != self.head_dim
+
+    @property
+    def head_dim_label(self) -> str:
+        """``"128"``, or ``"192/128"`` (``D_qk/D_v``) when they differ."""
+        return str(self.head_dim) if not self.split_head_dims else f"{self.head_dim}/{self.d_v}"
 
     @property
     def seqlen_q(self) -> int:
@@ -69,15 +90,18 @@ class Problem:
         return isinstance(self.mask, BlockSparseMask)
 
     def flops(self) -> float:
-        return self.batch * self.mask.flops(self.heads_q, self.head_dim, self.mode)
+        """MASKS.md §5 with separate head dims: ``2 (D_qk + D_v)`` per allowed pair and query head."""
+        return self.batch * self.mask.flops(self.heads_q, self.head_dim, self.mode, head_dim_v=self.d_v)
 
     @classmethod
     def from_tensors(cls, q, k, v, mask: Mask, softmax_scale: float | None = None) -> "Problem":
-        """The problem of one call on ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``; the mode is
-        ``fwd_bwd`` when autograd will record the call. ``scale`` is the resolved softmax scale."""
+        """The problem of one call on ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``;
+        the mode is ``fwd_bwd`` when autograd will record the call. ``scale`` is the resolved softmax scale."""
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        d_v = v.shape[3] if v.shape[3] != q.shape[3] else None
         return cls(mask=mask, batch=q.shape[0], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
-                   dtype=q.dtype, mode="fwd_bwd" if grad else "fwd", device=q.device.type, softmax_scale=softmax_scale)
+                   dtype=q.dtype, mode="fwd_bwd" if grad else "fwd", device=q.device.type, softmax_scale=softmax_scale,
+                   head_dim_v=d_v)
 
     @property
     def scale_is_default(self) -> bool:

@@ -9,7 +9,10 @@ Lowering (``cudnn_call_args``) from FlashAttention's form (``flash_args``): cuDN
 counts the visible keys *including* the diagonal (``diagonal_band_left_bound = lb`` masks
 ``j <= i - lb``), so FlashAttention's left window ``w`` becomes ``w + 1``; the right bound is the
 same in both. Masks that are not documents with a window are reported unsupported here
-(``sdpa-cudnn`` runs them through a dense mask).
+(``sdpa-cudnn`` runs them through a dense mask). Head dims: multiples of 8 up to 256, one for q, k
+and v: cuDNN itself runs D_v != D_qk (e.g. 192/128), but this adapter's call through
+``cudnn.sdpa_torch`` has not been verified with two head dims, so it says unsupported and
+``sdpa-cudnn`` (PyTorch's cuDNN path, which takes them since torch 2.5) measures that case.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class CudnnFrontend(FlashLowered):
                           max_seqlen=int(args.get("max_seqlen", 0)))
 
     def run(self, plan: _CudnnPlan, q, k, v, scale: float):
-        B, S, Hq, D = q.shape
+        B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         if plan.cu is None:
             out, lse = plan.fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
                                return_lse=True, **plan.kwargs)

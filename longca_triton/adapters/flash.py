@@ -7,7 +7,9 @@ All four take the same lowering, ``flash_args``: one document -> ``flash_attn_fu
 ``[B, S, H, D]``; several documents -> ``flash_attn_varlen_func`` on the batch packed into
 ``[B*S, H, D]`` with ``cu_seqlens``; ``causal`` and ``window_size = (left, right)`` in
 FlashAttention's convention (``-1`` unbounded; FA4 spells unbounded ``None``). GQA is native.
-What each build cannot do is said in ``supports``: ``fa3-fwd`` is forward-only, bf16-only (its
+Head dims: ``fa2`` takes one head dim for q, k and v (multiples of 8 up to 256); the Hopper builds
+take 64, 96, 128, 192, 256 and the (D_qk, D_v) = (192, 128) pair of multi-head latent attention
+(FlashAttention-3's README), with ``v`` passed as is. What each build cannot do is said in ``supports``: ``fa3-fwd`` is forward-only, bf16-only (its
 build disables FP16) and has no local/sliding-window kernels (``FLASHATTENTION_DISABLE_LOCAL``).
 """
 
@@ -20,7 +22,7 @@ import torch
 
 from longca_triton.masks import NotExpressible
 
-from ._common import (HEAD_DIMS_MULT8, HOPPER_HEAD_DIMS, FlashArgs, PlannedBackend, device_cu_seqlens, dist_version, flash_args,
+from ._common import (HEAD_DIMS_MULT8, HOPPER_HEAD_DIM_PAIRS, HOPPER_HEAD_DIMS, FlashArgs, PlannedBackend, device_cu_seqlens, dist_version, flash_args,
                       lse_from_heads_tokens, pack_tokens, packed_cu_seqlens, try_import)
 from .base import Problem, register
 
@@ -114,7 +116,7 @@ class FlashFamily(PlannedBackend):
         return res, None
 
     def run(self, plan: _FlashPlan, q, k, v, scale: float):
-        B, S, Hq, D = q.shape
+        B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         if plan.cu is None:
             out, lse = self._split(plan.dense_fn(q, k, v, softmax_scale=scale, **plan.dense_kw))
             return out, (lse.float() if lse is not None else None)  # [B, H, S]
@@ -138,10 +140,12 @@ class FA2(FlashFamily):
 
 
 class _HopperBuild(FlashFamily):
-    """FlashAttention-3 and -4 builds: compute capability 9.0 and up, Hopper head dims."""
+    """FlashAttention-3 and -4 builds: compute capability 9.0 and up, Hopper head dims and the
+    (192, 128) pair."""
 
     min_capability = (9, 0)
     head_dims = HOPPER_HEAD_DIMS
+    head_dim_pairs = HOPPER_HEAD_DIM_PAIRS
 
 
 class FA3(_HopperBuild):

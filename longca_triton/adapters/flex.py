@@ -114,6 +114,8 @@ class Flex(PlannedBackend):
     lowering = "flex_block_mask (full/partial tiles + interval mask_mod)"
     variant = "triton"
     needs_cuda = False  # eager on the CPU, compiled on CUDA
+    #: flex_attention takes a value head dim of its own (its FLASH lowering sizes out by v too)
+    head_dim_pairs = None
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
 
     def available(self):
@@ -125,8 +127,9 @@ class Flex(PlannedBackend):
     def static_checks(self, problem: Problem) -> str:
         if problem.device != "cuda" and problem.mode != "fwd":
             return "FlexAttention has no backward pass on the CPU (eager); bwd runs on CUDA"
-        if problem.device == "cuda" and problem.head_dim not in (16, 32, 64, 128, 256) and problem.head_dim % 16:
-            return f"head_dim {problem.head_dim} is not a multiple of 16"
+        for which, d in (("head_dim", problem.head_dim), ("head_dim of v", problem.d_v)):
+            if problem.device == "cuda" and d not in (16, 32, 64, 128, 256) and d % 16:
+                return f"{which} {d} is not a multiple of 16"
         return ""
 
     def lower(self, problem: Problem):

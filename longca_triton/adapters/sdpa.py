@@ -13,6 +13,11 @@ Lowering (shared IR -> SDPA arguments), never per mask name:
   ``check_attn_mask_shape`` there, while the flash backend rejects any mask with
   ``check_for_attn_mask``); ``sdpa-flash`` reports those cases unsupported.
 
+Head dims: multiples of 8 up to 256 for flash and cuDNN; ``v`` may have its own head dim everywhere
+but in ``sdpa-flash`` (PyTorch's FlashAttention-2 needs one head dim; its cuDNN path takes two since
+torch 2.5, pytorch/pytorch#128350; where a build has no kernel for a case, the harness reports
+SDPA's "No available kernel" as unsupported).
+
 GQA: ``enable_gqa=True`` where the selected backend accepts it (probed once per backend, dtype and
 head dim on a tiny problem); otherwise K/V are repeated to ``Hq`` heads (outside the timer in
 ``fwd`` mode; in ``bwd``/``fwd_bwd`` the repeat's backward, a small reduction, is inside). SDPA
@@ -94,19 +99,20 @@ class SDPABackend(PlannedBackend):
 
     def _native_gqa(self, problem: Problem, device, form: str) -> bool:
         """Probe once whether this SDPA backend runs ``enable_gqa=True`` for these dtype / head dim."""
-        key = (self.name, str(device), problem.dtype, problem.head_dim, form)
+        key = (self.name, str(device), problem.dtype, problem.head_dim, problem.d_v, form)
         if key not in _GQA_PROBES:
             from torch.nn.attention import sdpa_kernel
 
             S, hkv, g = 128, 2, 2
             q = torch.randn(1, hkv * g, S, problem.head_dim, device=device, dtype=problem.dtype)
             k = torch.randn(1, hkv, S, problem.head_dim, device=device, dtype=problem.dtype)
+            v = torch.randn(1, hkv, S, problem.d_v, device=device, dtype=problem.dtype)
             m = torch.ones(S, S, dtype=torch.bool, device=device).tril() if form == "dense" else None
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     with sdpa_kernel(self._backend_enum()):
-                        F.scaled_dot_product_attention(q, k, k, attn_mask=m, is_causal=form == "causal", enable_gqa=True)
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=form == "causal", enable_gqa=True)
                 _GQA_PROBES[key] = True
             except (RuntimeError, TypeError):
                 _GQA_PROBES[key] = False
@@ -154,6 +160,7 @@ class SDPAMath(SDPABackend):
     sdp_backend = "MATH"
     needs_cuda = False
     dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+    head_dim_pairs = None
 
 
 class SDPAFlash(SDPABackend):
@@ -169,6 +176,7 @@ class SDPAEfficient(SDPABackend):
     description = "PyTorch SDPA, memory-efficient backend (xFormers kernel); any mask through a dense attn_mask"
     sdp_backend = "EFFICIENT_ATTENTION"
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    head_dim_pairs = None
 
 
 class SDPACudnn(SDPABackend):
@@ -176,6 +184,7 @@ class SDPACudnn(SDPABackend):
     description = "PyTorch SDPA, cuDNN backend; any mask through a dense attn_mask"
     sdp_backend = "CUDNN_ATTENTION"
     head_dims = HEAD_DIMS_MULT8
+    head_dim_pairs = None
 
 
 for _cls in (SDPAMath, SDPAFlash, SDPAEfficient, SDPACudnn):

@@ -7,6 +7,8 @@ sliding windows through ``window_size = (left, right)`` (FlashAttention's conven
 uses; ``(-1, 0)`` for causal). TE picks its own kernel (cuDNN fused attention or flash) and does
 not hand back the log-sum-exp, so ``returns_lse = False``. TransformerEngine's PyTorch extension
 is a source build, absent on our GPU host: this adapter is "not measured here" (docs/backends.md).
+Head dims: D_v != D_qk is passed as ``kv_channels=(D_qk, D_v)``, the tuple form TransformerEngine
+documents for multi-head latent attention (not run here).
 """
 
 from __future__ import annotations
@@ -49,20 +51,23 @@ class TransformerEngine(FlashLowered):
     lowering = "flash_args -> qkv_format bshd|thd, attn_mask_type, window_size, cu_seqlens"
     returns_lse = False
     requires, requires_label = "transformer_engine.pytorch", "TransformerEngine (PyTorch)"
+    head_dim_pairs = None
 
     call_args = staticmethod(te_call_args)
 
     def materialize(self, problem: Problem, args: dict, device) -> _TEPlan:
         te, _ = try_import("transformer_engine.pytorch")
         module = te.DotProductAttention(
-            num_attention_heads=problem.heads_q, kv_channels=problem.head_dim, num_gqa_groups=problem.heads_kv,
+            num_attention_heads=problem.heads_q,
+            kv_channels=problem.head_dim if not problem.split_head_dims else (problem.head_dim, problem.d_v),
+            num_gqa_groups=problem.heads_kv,
             attention_dropout=0.0, qkv_format=args["qkv_format"], attn_mask_type=args["attn_mask_type"],
             window_size=args["window_size"], softmax_scale=problem.scale,
         ).to(device)
         return _TEPlan(module=module, args=args, cu=device_cu_seqlens(args.get("cu_seqlens"), device))
 
     def run(self, plan: _TEPlan, q, k, v, scale: float):
-        B, S, Hq, D = q.shape
+        B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         if plan.cu is None:
             out = plan.module(q, k, v)
         else:

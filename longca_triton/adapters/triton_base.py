@@ -1,6 +1,7 @@
 """What our Triton backends share (``triton``, ``triton-flashmask``, ``triton-sparse``,
 ``triton-varblock``): where they run (a CUDA device, or a CPU under ``TRITON_INTERPRET=1``, where
-float32 is allowed too), the dtype / head-dim / GQA checks, the launch config (an explicit
+float32 is allowed too), the dtype / head-dim / GQA checks (head dims: multiples of 8 up to 256, v
+may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an explicit
 ``self.config``, else the autotune cache's entry for the problem class via
 ``longca_triton.kernels.tuned.lookup``, else the kernel's defaults), and a ``prepare`` that does
 the mask lowering / planning before returning the timed call.
@@ -36,7 +37,7 @@ def runs_here(device_type: str) -> tuple[bool, str]:
 class TritonBackend(Backend):
     """One of our Triton kernels behind the registry (see the module docstring)."""
 
-    #: kernel module under ``longca_triton.kernels`` (its ``SUPPORTED_HEAD_DIMS`` is checked)
+    #: kernel module under ``longca_triton.kernels``
     kernel: str = ""
     #: dtypes the kernels take on a GPU (the interpreter also takes float32)
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -78,32 +79,35 @@ class TritonBackend(Backend):
         allowed = self.dtypes + ((torch.float32,) if interpreting() else ())
         if problem.dtype not in allowed:
             return False, f"dtype {problem.dtype} not supported (kernels take float16 and bfloat16)"
-        head_dims = self.kernel_module().SUPPORTED_HEAD_DIMS
-        if problem.head_dim not in head_dims:
-            return False, f"head_dim {problem.head_dim} not supported (takes {head_dims})"
+        from longca_triton.kernels._runtime import head_dim_reason
+
+        for which, d in (("head_dim", problem.head_dim), ("head_dim of v", problem.d_v)):
+            why = head_dim_reason(d, which)
+            if why:
+                return False, why
         if problem.heads_kv < 1 or problem.heads_q % problem.heads_kv:
             return False, f"heads_q {problem.heads_q} is not a multiple of heads_kv {problem.heads_kv}"
         return True, ""
 
     @torch.compiler.disable
-    def launch_config(self, q, k, mask) -> dict | None:
+    def launch_config(self, q, k, mask, v=None) -> dict | None:
         """``self.config``, else the autotune cache's entry for this problem class (keyed by the
         backend's name: ``longca-triton autotune``), else None (the kernel's defaults)."""
         if self.config is not None:
             return self.config
         from longca_triton.kernels.tuned import lookup
 
-        return lookup(self.name, q, k, mask)
+        return lookup(self.name, q, k, mask, v=v)
 
     def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
-        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask))
+        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask, v))
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
         """Check, pick the launch config and plan now; the returned call runs the kernels only."""
         self.require(problem)
         config = problem.extra.get("config")
         if config is None:
-            config = self.launch_config(q, k, problem.mask)
+            config = self.launch_config(q, k, problem.mask, v)
         self.plan(problem, q, config)
         mask, scale = problem.mask, problem.scale
 

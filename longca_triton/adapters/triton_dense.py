@@ -29,9 +29,11 @@ class TritonDense(TritonBackend):
         return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
 
     def plan(self, problem: Problem, q, config):
+        from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.dense import plans_for, resolve_config
 
-        plans_for(problem.mask, resolve_config(problem.head_dim, problem.dtype, config), q.device)
+        cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config)
+        plans_for(problem.mask, cfg, q.device)
 
 
 register(TritonDense())

@@ -38,10 +38,11 @@ class TritonFlashMask(TritonBackend):
 
     def plan(self, problem: Problem, q, config):
         """The column lowering and the device metadata (columns, per-tile min/max)."""
+        from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.flashmask import flashmask_plan, resolve_config
 
         plan = flashmask_plan(problem.mask, q.shape[1], q.device)
-        cfg = resolve_config(problem.head_dim, problem.dtype, config)
+        cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config)
         for key in ("BLOCK_N", "DKDV_BLOCK_N", "DQ_BLOCK_N"):
             plan.bounds_for(cfg[key])
 

@@ -54,19 +54,23 @@ class _TritonBlockSparse(TritonBackend):
         from longca_triton.kernels.block_sparse import block_sparse_attention_op
 
         return block_sparse_attention_op(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
-                                         config=self.launch_config(q, k, mask))
+                                         config=self.launch_config(q, k, mask, v))
 
     def plan(self, problem: Problem, q, config):
         """The GPU tables (q->k lists and their k->q transposes), built and cached here."""
         from longca_triton.kernels import block_sparse as BS
+        from longca_triton.kernels._runtime import config_head_dim
 
-        BS.tables_for(problem.mask, BS.resolve_config(problem.mask, problem.head_dim, config), q.device)
+        cfg = BS.resolve_config(problem.mask, config_head_dim(problem.head_dim, problem.d_v), config)
+        BS.tables_for(problem.mask, cfg, q.device)
 
     def table_build_ms(self, problem: Problem, device="cuda") -> dict:
         """Median ms to build the fwd / dq / dkdv tables on ``device`` (from scratch, no cache)."""
+        from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.block_sparse import table_build_time
 
-        return table_build_time(problem.mask, problem.head_dim, device, problem.extra.get("config"))
+        return table_build_time(problem.mask, config_head_dim(problem.head_dim, problem.d_v), device,
+                                problem.extra.get("config"))
 
 
 class TritonSparse(_TritonBlockSparse):

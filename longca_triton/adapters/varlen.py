@@ -111,7 +111,7 @@ class VarlenFA2(PlannedBackend):
         return lambda: self.run(plan, q, k2, v2, scale)
 
     def run(self, plan: _VarlenPlan, q, k, v, scale: float):
-        B, S, Hq, D = q.shape
+        B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         qp, kp, vp = pack_tokens(q, k, v)
         kw = dict(plan.kwargs)
         if kp.shape[1] != Hq:

@@ -70,7 +70,7 @@ def _grid_options(kind: str, example_config: str):
         click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`)."),
         click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd."),
         click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64."),
-        click.option("--head-dim", "head_dims", help="Comma-separated head dims, e.g. 128."),
+        click.option("--head-dim", "head_dims", help="Comma-separated head dims, D or D_qk/D_v, e.g. 64,96,128,192/128."),
         click.option("--dtype", "dtypes", help="Comma-separated dtypes: bfloat16 (bf16), float16 (fp16), float32 (fp32)."),
         click.option("--batch", type=click.IntRange(min=1), help="Batch size."),
         click.option("--seed", type=int, help="Seed of masks and inputs."),

@@ -10,7 +10,7 @@ A TOML experiment (see ``experiments/dense.toml``)::
     masks = ["full", "causal", "causal_document"]
     seqlens = ["1K", "4K", 16384]          # ints or "<n>K" / "<n>M"
     heads = ["64:8", "64:64"]              # "query:kv"
-    head_dim = [128]
+    head_dim = ["64", "96", "128", "192/128"]  # D, or "D_qk/D_v" when v has its own (ints work too)
     dtype = ["bfloat16"]
     modes = ["fwd", "bwd"]                 # fwd | bwd | fwd_bwd
     backends = ["sdpa-cudnn", "flex"]
@@ -63,7 +63,7 @@ from typing import Any, Iterable
 from longca_triton.masks import MASK_NAMES, MASK_SPECS
 
 from .params import (DTYPE_CANON, DTYPES, KINDS, LIST_VALUED_PARAMS, MODES, ConfigError, _as_list, _fmt_value,
-                     _is_sweep, parse_dtype, parse_heads, parse_seqlen, resolve_param, resolve_params)
+                     _is_sweep, normalize_head_dim, parse_dtype, parse_heads, parse_seqlen, resolve_param, resolve_params)
 from .presets import PRESETS
 
 __all__ = [
@@ -92,7 +92,9 @@ class Experiment:
     masks: list[str] = field(default_factory=lambda: ["full", "causal"])
     seqlens: list[int] = field(default_factory=lambda: [4096])
     heads: list[tuple[int, int]] = field(default_factory=lambda: [(64, 8)])
-    head_dims: list[int] = field(default_factory=lambda: [128])
+    #: ints (q, k, v share the dim) or ``"D_qk/D_v"`` strings, canonical after ``validate``
+    #: (``params.normalize_head_dim``)
+    head_dims: list[int | str] = field(default_factory=lambda: [128])
     dtypes: list[str] = field(default_factory=lambda: ["bfloat16"])
     modes: list[str] = field(default_factory=lambda: ["fwd", "bwd"])
     backends: list[str] = field(default_factory=lambda: ["reference"])
@@ -192,9 +194,9 @@ class Experiment:
         self.heads = [parse_heads(h if not isinstance(h, tuple) else f"{h[0]}:{h[1]}") for h in self.heads]
         if not self.heads:
             raise ConfigError("no heads given")
-        for d in self.head_dims:
-            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-                raise ConfigError(f"head_dim {d!r} must be a positive integer")
+        if not self.head_dims:
+            raise ConfigError("no head dims given")
+        self.head_dims = list(dict.fromkeys(normalize_head_dim(d) for d in self.head_dims))
         self.dtypes = [DTYPE_CANON[parse_dtype(d)] for d in self.dtypes]
         for m in self.modes:
             if m not in MODES:
@@ -300,10 +302,7 @@ class Experiment:
                 for item in _as_list(v):
                     vals.extend(_as_list(item))
                 if k == "head_dims":
-                    try:
-                        vals = [int(x) for x in vals]
-                    except ValueError:
-                        raise ConfigError(f"head dim {v!r} must be a positive integer") from None
+                    vals = [normalize_head_dim(x) for x in vals]
                 setattr(e, listy[k], vals)
             elif hasattr(e, k):
                 setattr(e, k, v)
@@ -406,7 +405,7 @@ def load_experiment(path: str | Path) -> Experiment:
         masks=_as_list(grid.get("masks", ["full", "causal"])),
         seqlens=_as_list(grid.get("seqlens", [4096])),
         heads=_as_list(grid.get("heads", ["64:8"])),
-        head_dims=[int(x) for x in _as_list(grid.get("head_dim", [128]))],
+        head_dims=_as_list(grid.get("head_dim", [128])),  # ints or "D_qk/D_v"; validate() normalises
         dtypes=_as_list(grid.get("dtype", ["bfloat16"])),
         modes=_as_list(grid.get("modes", ["fwd", "bwd"])),
         backends=_as_list(grid.get("backends", ["reference"])),

@@ -1,4 +1,4 @@
-"""Experiment values: parsers (sequence lengths, heads, dtypes) and mask-parameter arithmetic
+"""Experiment values: parsers (sequence lengths, heads, head dims, dtypes) and mask-parameter arithmetic
 (``"S/3"``, ``"Hkv"``, ``"block/2"``) and sweeps; see :mod:`.config` for the TOML format."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "KINDS", "MODES", "ConfigError", "parse_dtype", "parse_heads", "parse_seqlen", "resolve_param",
-           "resolve_params"]
+__all__ = ["DTYPES", "KINDS", "MODES", "ConfigError", "format_head_dim", "normalize_head_dim", "parse_dtype",
+           "parse_head_dim", "parse_heads", "parse_seqlen", "resolve_param", "resolve_params", "row_head_dim"]
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 #: experiment kinds, one per ``bench`` command; sparse and varblock grids take block-sparse masks
@@ -55,22 +55,53 @@ def parse_seqlen(v: Any) -> int:
     return n
 
 
-def parse_heads(v: Any) -> tuple[int, int]:
-    """``"64:8"`` -> ``(64, 8)`` (query heads : key/value heads); ``"64"`` or ``64`` means MHA."""
-    s = str(v).strip()
-    parts = s.split(":")
+def _parse_pair(v: Any, sep: str, what: str) -> tuple[int, int]:
+    """``"a<sep>b"`` -> ``(a, b)``; a single ``"a"`` (or int) means ``(a, a)``; positive integers,
+    else ``ConfigError`` saying ``what`` it must look like."""
+    if isinstance(v, bool):
+        raise ConfigError(f"{v!r} must look like {what}")
+    parts = list(v) if isinstance(v, (tuple, list)) else str(v).strip().split(sep)
     try:
-        nums = [int(p) for p in parts]
+        nums = [int(str(p).strip()) for p in parts]
     except ValueError:
-        raise ConfigError(f"heads {v!r} must look like 64:8 (query heads : key/value heads)") from None
+        raise ConfigError(f"{v!r} must look like {what}") from None
     if len(nums) == 1:
         nums = nums * 2
     if len(nums) != 2 or min(nums) < 1:
-        raise ConfigError(f"heads {v!r} must look like 64:8 with positive counts")
-    hq, hkv = nums
+        raise ConfigError(f"{v!r} must look like {what} with positive numbers")
+    return nums[0], nums[1]
+
+
+def parse_heads(v: Any) -> tuple[int, int]:
+    """``"64:8"`` -> ``(64, 8)`` (query heads : key/value heads); ``"64"`` or ``64`` means MHA."""
+    hq, hkv = _parse_pair(v, ":", "heads 64:8 (query heads : key/value heads)")
     if hq % hkv:
         raise ConfigError(f"heads {v!r}: query heads {hq} must be a multiple of key/value heads {hkv}")
     return hq, hkv
+
+
+def parse_head_dim(v: Any) -> tuple[int, int]:
+    """A head dim: ``128`` or ``"128"`` -> ``(128, 128)``; ``"192/128"`` -> ``(192, 128)``, the head
+    dim of q and k, then v's (``D_qk/D_v``, as in multi-head latent attention)."""
+    return _parse_pair(v, "/", "a head dim 128 or D_qk/D_v 192/128")
+
+
+def format_head_dim(d_qk: int, d_v: int | None = None) -> str:
+    """``"128"``, or ``"192/128"`` when v's head dim differs (the form ``parse_head_dim`` reads)."""
+    return str(d_qk) if d_v is None or int(d_v) == int(d_qk) else f"{int(d_qk)}/{int(d_v)}"
+
+
+def normalize_head_dim(v: Any) -> int | str:
+    """A grid's head-dim entry in canonical form: an int when q, k and v share it (``"96"`` -> 96,
+    as old grids wrote it), else ``"D_qk/D_v"``."""
+    d_qk, d_v = parse_head_dim(v)
+    return d_qk if d_qk == d_v else f"{d_qk}/{d_v}"
+
+
+def row_head_dim(row: dict) -> str:
+    """A result row's head dim as ``format_head_dim`` writes it: its ``head_dim`` (``D_qk``, the
+    only field of rows written before ``d_v`` existed) and its ``d_v`` when present."""
+    return format_head_dim(row.get("head_dim"), row.get("d_v")) if row.get("head_dim") is not None else "?"
 
 
 def parse_dtype(v: Any) -> torch.dtype:

@@ -31,7 +31,7 @@ def register_plotter(kind: str, fn) -> None:
 
 def _slice_tag(key) -> str:
     mode, hq, hkv, D, dt, B = key
-    tag = f"{mode}_h{hq}-{hkv}_d{D}_{dt}"
+    tag = f"{mode}_h{hq}-{hkv}_d{str(D).replace('/', '-')}_{dt}"  # "192/128" -> d192-128 in a file name
     return tag + (f"_b{B}" if B not in (1, None) else "")
 
 

@@ -6,6 +6,7 @@ from collections import OrderedDict, defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from .params import row_head_dim
 from .store import ResultStore, row_key, status_kind
 
 __all__ = ["latest_rows", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
@@ -64,11 +65,12 @@ def markdown_table(header: list[str], rows: list[list], align: list[str] | None 
 
 
 def _slice_key(r: dict) -> tuple:
-    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("dtype"), r.get("batch"))
+    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), row_head_dim(r), r.get("dtype"), r.get("batch"))
 
 
 def slices(rows: list[dict]) -> "OrderedDict[tuple, list[dict]]":
-    """Rows grouped by (mode, heads_q, heads_kv, head_dim, dtype, batch), in first-seen order."""
+    """Rows grouped by (mode, heads_q, heads_kv, head dim, dtype, batch), in first-seen order; the
+    head dim as ``params.row_head_dim`` writes it (``"128"``, ``"192/128"``)."""
     out: "OrderedDict[tuple, list[dict]]" = OrderedDict()
     for r in rows:
         out.setdefault(_slice_key(r), []).append(r)
@@ -162,7 +164,7 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
     ok = [r for r in rows if status_kind(r) == "ok"]
     if ok:
         parts += ["## All measurements", ""]
-        table = [[r["backend"], mask_label(r), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", r["head_dim"], r["dtype"], r["mode"],
+        table = [[r["backend"], mask_label(r), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", row_head_dim(r), r["dtype"], r["mode"],
                   _fmt(r.get("time_ms"), ".3f"), f"{_fmt(r.get('p20_ms'), '.3f')}–{_fmt(r.get('p80_ms'), '.3f')}",
                   _fmt(r.get("tflops"), ".1f"), _fmt_bytes(r.get("peak_mem_bytes")), _fmt_bytes(r.get("peak_mem_above_bytes")),
                   _check_text(r)] for r in ok]

@@ -35,6 +35,7 @@ from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group
 from .config import DTYPES, Experiment
+from .params import parse_head_dim
 from .presets import OPTIONAL_PRESET_BACKENDS
 from .store import jsonable as _jsonable
 from .store import ResultStore, collect_env, params_digest, row_key, status_kind
@@ -124,7 +125,9 @@ def plan_points(exp: Experiment):
     """``[(problem_key, [Point...])]`` in sweep order: sequence length outermost (in the order the
     experiment lists them, so a time-budgeted run covers every mask at the first S), then mask,
     mask variant (swept parameters), heads, head dim, dtype; backends and modes innermost, sharing
-    the problem's inputs. A backend above its ``backend_max_seqlen`` is left out of that length. ``problem_key = (mask, S, Hq, Hkv, D, dtype, variant)``."""
+    the problem's inputs. A backend above its ``backend_max_seqlen`` is left out of that length.
+    ``problem_key = (mask, S, Hq, Hkv, D, dtype, variant)`` with ``D`` a grid head-dim entry (``128``
+    or ``"192/128"``)."""
     groups = []
     for S in exp.seqlens:
         for mname in exp.masks:
@@ -139,12 +142,14 @@ def plan_points(exp: Experiment):
     return groups
 
 
-def _make_inputs(B, S, hq, hkv, D, dtype, device, seed):
+def _make_inputs(B, S, hq, hkv, D, dtype, device, seed, Dv=None):
+    """q, k ``[.., D]``, v and dout ``[.., Dv]`` (``Dv`` defaults to ``D``)."""
+    Dv = D if Dv is None else Dv
     gen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(B, S, hq, D, generator=gen, device=device, dtype=dtype)
     k = torch.randn(B, S, hkv, D, generator=gen, device=device, dtype=dtype)
-    v = torch.randn(B, S, hkv, D, generator=gen, device=device, dtype=dtype)
-    dout = torch.randn(B, S, hq, D, generator=gen, device=device, dtype=dtype)
+    v = torch.randn(B, S, hkv, Dv, generator=gen, device=device, dtype=dtype)
+    dout = torch.randn(B, S, hq, Dv, generator=gen, device=device, dtype=dtype)
     return q, k, v, dout
 
 
@@ -161,8 +166,10 @@ class _Group:
         mname, S, hq, hkv, D, dt = key[:6]
         self.mask = mask
         self.dtype = DTYPES[dt]
-        seed = exp.seed * 1_000_003 + S * 31 + hq * 7 + hkv * 3 + D
-        self.q, self.k, self.v, self.dout = _make_inputs(exp.batch, S, hq, hkv, D, self.dtype, device, seed)
+        d_qk, d_v = parse_head_dim(D)
+        # why d_qk alone in the seed when the dims are equal: the same inputs as before D_v existed
+        seed = exp.seed * 1_000_003 + S * 31 + hq * 7 + hkv * 3 + d_qk + (0 if d_v == d_qk else 1_009 * d_v)
+        self.q, self.k, self.v, self.dout = _make_inputs(exp.batch, S, hq, hkv, d_qk, self.dtype, device, seed, d_v)
         self.need_grads = need_grads
         self._ref = None
         self._ref_error: BaseException | None = None
@@ -327,6 +334,7 @@ def run_experiment(
     try:
         for key, pts in groups:
             mname, S, hq, hkv, D, dt, vi = key
+            d_qk, d_v = parse_head_dim(D)
             variant = {}
             try:
                 variant = exp.variant_values(mname, vi, S, (hq, hkv))
@@ -335,7 +343,7 @@ def run_experiment(
                 for p in pts:
                     row = {"schema": SCHEMA, "kind": exp.kind, "experiment": exp.name, "backend": p.backend, "mask": mname,
                            "mask_params": _jsonable(exp.variants(mname)[vi]), "seqlen": S, "batch": exp.batch, "heads_q": hq,
-                           "heads_kv": hkv, "head_dim": D, "dtype": dt, "mode": p.mode, "status": f"error: bad mask: {e}",
+                           "heads_kv": hkv, "head_dim": d_qk, "d_qk": d_qk, "d_v": d_v, "dtype": dt, "mode": p.mode, "status": f"error: bad mask: {e}",
                            "env": env, "run_id": run_id, "time": collect_env()["time"]}
                     if exp.label_keys(mname):
                         row.update(variant=_jsonable(variant), mask_label=exp.variant_label(mname, vi))
@@ -349,7 +357,8 @@ def run_experiment(
                 "schema": SCHEMA, "kind": exp.kind, "experiment": exp.name, "preset": exp.preset,
                 "mask": mname, "mask_params": _jsonable(mask.params), "params_digest": digest, "seed": exp.seed,
                 "seqlen": S, "seqlen_q": mask.seqlen_q, "seqlen_k": mask.seqlen_k, "batch": exp.batch,
-                "heads_q": hq, "heads_kv": hkv, "head_dim": D, "dtype": dt,
+                # head_dim keeps its old meaning (q's and k's, = v's in rows before d_v existed)
+                "heads_q": hq, "heads_kv": hkv, "head_dim": d_qk, "d_qk": d_qk, "d_v": d_v, "dtype": dt,
                 "density": mask.density, "device": device, "interpreted": interpreted, "gpu": env.get("gpu"),
                 "warmup_ms": exp.warmup_ms, "rep": exp.rep, "run_id": run_id,
             }
@@ -375,8 +384,9 @@ def run_experiment(
                         result.budget_hit = True
                         return result
                     backend = get_backend(p.backend)
-                    problem = Problem(mask=mask, batch=exp.batch, heads_q=hq, heads_kv=hkv, head_dim=D,
-                                      dtype=DTYPES[dt], mode=p.mode, device=torch.device(device).type)
+                    problem = Problem(mask=mask, batch=exp.batch, heads_q=hq, heads_kv=hkv, head_dim=d_qk,
+                                      head_dim_v=None if d_v == d_qk else d_v, dtype=DTYPES[dt], mode=p.mode,
+                                      device=torch.device(device).type)
                     flops = problem.flops()
                     base = dict(base_common, backend=p.backend, backend_description=backend.description, mode=p.mode,
                                 flops=flops, status=None, time_ms=None, tflops=None)

@@ -13,7 +13,8 @@
 
 ``row_key(row)`` identifies a measurement point: backend, mask, digest of the mask parameters,
 seqlen, batch, heads_q, heads_kv, head_dim, dtype, mode, plus ``world_size`` / ``scheme`` /
-``plan`` for context-parallel rows. ``collect_env()`` is the environment stamped on every row.
+``plan`` for context-parallel rows, and ``d_v`` where v's head dim differs from ``head_dim`` (so rows
+with one head dim keep the keys they had before ``d_v`` was recorded). ``collect_env()`` is the environment stamped on every row.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def row_key(row: dict) -> tuple:
     for f in OPTIONAL_KEY_FIELDS:
         if row.get(f) is not None:
             vals.append((f, json.dumps(_canonical(row[f]), sort_keys=True)))
+    if row.get("d_v") is not None and row.get("d_v") != row.get("head_dim"):
+        vals.append(("d_v", row["d_v"]))
     return tuple(vals)
 
 

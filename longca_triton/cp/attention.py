@@ -22,6 +22,12 @@ that block's share of dQ, dK, dV; dQ accumulates locally, dK/dV (float32) travel
 back to their owner. The owner keeps the share of its own block, so dK/dV need ``N - 1`` hops like
 K/V. Pairs whose local mask is empty are skipped; the ring still moves every block.
 
+Head dims: ``v`` may have its own head dim (``D_v != D_qk``, e.g. 192/128). A K/V pair (and a
+dK/dV pair) travels as one buffer: stacked ``[2, B, L, H, D]`` when the dims match, concatenated on
+the head dim ``[B, L, H, D_qk + D_v]`` when they do not (``_pack`` / ``_split``); either way the
+bytes are K's at ``D_qk`` plus V's at ``D_v``, as ``comm.comm_model`` counts them. The output and its
+merge have ``D_v``.
+
 Overlap: each step posts its transfers (``batch_isend_irecv``) before computing, into a second
 buffer (double buffering), and waits after computing. With NCCL the transfers run on the process
 group's own CUDA stream, so they overlap the kernels of the compute stream; with gloo they run on
@@ -42,6 +48,28 @@ from .merge import merge_, merge_into
 from .plan import CPPlan
 
 __all__ = ["attention", "merge_", "SCHEMES"]
+
+
+# ---------------------------------------------------------------------------------- K/V pairs
+def _pack(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One buffer for a K/V (or dK/dV) pair that travels together: ``[2, ...]`` stacked when the
+    shapes match, else concatenated on the head dim (``[..., D_qk + D_v]``)."""
+    return torch.stack([a, b]) if a.shape == b.shape else torch.cat([a, b], dim=-1)
+
+
+def _split(buf, d_qk: int) -> tuple:
+    """The ``(K, V)`` views of a ``_pack``-ed buffer (or of a ``(k, v)`` tuple) whose K has ``d_qk``."""
+    if isinstance(buf, (tuple, list)):
+        return buf[0], buf[1]
+    if buf.dim() == 4:  # [B, L, H, D_qk + D_v]
+        return buf[..., :d_qk], buf[..., d_qk:]
+    return buf[0], buf[1]  # [2, B, L, H, D]
+
+
+def _pair_zeros(k: torch.Tensor, v: torch.Tensor, dtype) -> torch.Tensor:
+    """A zero buffer laid out as ``_pack(k, v)``, in ``dtype``."""
+    shape = (2,) + tuple(k.shape) if k.shape == v.shape else tuple(k.shape[:-1]) + (k.shape[-1] + v.shape[-1],)
+    return torch.zeros(shape, dtype=dtype, device=k.device)
 
 
 # ---------------------------------------------------------------------------------- ring engine
@@ -79,12 +107,13 @@ class _Ring:
 
     def forward(self, q, k, v):
         m, acc = self.mesh, acc_dtype(q.dtype)
-        B, Lq, H, D = q.shape
+        B, Lq, H, _ = q.shape
+        d_qk = k.shape[-1]
         out = lse = None  # the first partial is taken as is; later ones merge in float32
         fused = q.is_cuda if self.FUSED_MERGE is None else self.FUSED_MERGE  # the last merge writes q's dtype
         done = 0
         comm = m.W > 1 or m.O > 1
-        outer_buf = torch.stack([k, v]) if comm else (k, v)
+        outer_buf = _pack(k, v) if comm else (k, v)
         for to in range(m.O):
             outer_next, outer_works = self._hop(self.outer if to < m.O - 1 else None, outer_buf, "fwd", self.label_out, "kv")
             cur = outer_buf
@@ -92,7 +121,7 @@ class _Ring:
                 nxt, works = self._hop(self.inner if ti < m.W - 1 else None, cur, "fwd", self.label_in, "kv")
                 mask = self.masks[to][ti]
                 if mask is not None:
-                    o_i, l_i = self.kernel.forward(q, cur[0], cur[1], mask, self.scale)
+                    o_i, l_i = self.kernel.forward(q, *_split(cur, d_qk), mask, self.scale)  # o_i [B, L, H, D_v]
                     done += 1
                     if out is None:
                         out, lse = o_i, l_i.to(acc)
@@ -111,18 +140,18 @@ class _Ring:
             self._wait(outer_works)
             outer_buf = outer_next
         if out is None:
-            out = torch.zeros_like(q)
+            out = q.new_zeros((B, Lq, H, v.shape[-1]))
             lse = torch.full((B, H, Lq), float("-inf"), dtype=acc, device=q.device)
         return out.to(q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, dlse):
         m, acc = self.mesh, acc_dtype(q.dtype)
         comm = m.W > 1 or m.O > 1
-        kv_shape = (2,) + tuple(k.shape)
-        zeros = lambda: torch.zeros(kv_shape, dtype=acc, device=k.device)  # noqa: E731
+        d_qk = k.shape[-1]
+        zeros = lambda: _pair_zeros(k, v, acc)  # noqa: E731
         dq = None
         done = 0
-        outer_buf = torch.stack([k, v]) if comm else (k, v)
+        outer_buf = _pack(k, v) if comm else (k, v)
         outer_own = None  # this rank's share of its own block, then all windows' shares
         otrav_recv, otrav_works = None, []
         for to in range(m.O):
@@ -135,7 +164,8 @@ class _Ring:
                 mask = self.masks[to][ti]
                 contrib = None
                 if mask is not None:
-                    dq_i, dk_i, dv_i = self.kernel.backward(dout, q, cur[0], cur[1], out, lse, mask, self.scale, dlse)
+                    dq_i, dk_i, dv_i = self.kernel.backward(dout, q, *_split(cur, d_qk), out, lse, mask, self.scale,
+                                                            dlse)
                     done += 1
                     if dq is None:
                         dq = dq_i
@@ -151,9 +181,9 @@ class _Ring:
                 else:
                     self._wait(trav_works)
                     if trav_recv is not None:
-                        buf = _add_into(trav_recv, contrib)
+                        buf = _add_into(trav_recv, contrib, d_qk)
                     elif contrib is not None:
-                        buf = torch.stack(contrib).to(acc)
+                        buf = _pack(*contrib).to(acc)
                     else:
                         buf = zeros()
                     # pass the block's partial dK/dV on; its owner is the last to add
@@ -162,31 +192,35 @@ class _Ring:
                 cur = nxt
             if m.W > 1:
                 self._wait(trav_works)
-                own = _add_into(trav_recv, own)
+                own = _add_into(trav_recv, own, d_qk)
             if to == 0:
                 outer_own = own
             else:
                 self._wait(otrav_works)
                 obuf = otrav_recv if otrav_recv is not None else zeros()
-                _add_into(obuf, own)
+                _add_into(obuf, own, d_qk)
                 otrav_recv, otrav_works = self._hop(self.outer, obuf, "bwd", self.label_out, "dkv")
             self._wait(outer_works)
             outer_buf = outer_next
         if m.O > 1:
             self._wait(otrav_works)
-            outer_own = _add_into(otrav_recv, outer_own)
+            outer_own = _add_into(otrav_recv, outer_own, d_qk)
         if dq is None:
             dq = torch.zeros_like(q)
         if outer_own is None:
             return dq.to(q.dtype), torch.zeros_like(k), torch.zeros_like(v)
-        return dq.to(q.dtype), outer_own[0].to(k.dtype), outer_own[1].to(v.dtype)
+        dk, dv = _split(outer_own, d_qk)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _add_into(dst: torch.Tensor, src):
-    """``dst [2, ...] += src`` where ``src`` is ``None``, a ``(dk, dv)`` pair or a ``[2, ...]`` tensor."""
+def _add_into(dst: torch.Tensor, src, d_qk: int):
+    """``dst += src`` for a ``_pack``-ed dK/dV buffer, where ``src`` is ``None``, a ``(dk, dv)`` pair
+    or a buffer of the same layout."""
     if src is not None:
-        dst[0].add_(src[0])
-        dst[1].add_(src[1])
+        dk, dv = _split(dst, d_qk)
+        sk, sv = _split(src, d_qk)
+        dk.add_(sk)
+        dv.add_(sv)
     return dst
 
 
@@ -212,41 +246,46 @@ class _RingAttention(torch.autograd.Function):
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float):
-        B, L, Hkv, D = k.shape
+        # why concatenated on the head dim (not stacked): K and V may have different head dims;
+        # one [B, L, Hkv, D_qk + D_v] buffer gathers both in one collective either way
+        B, L, Hkv, d_qk = k.shape
         N = comm.size
-        g = comm.all_gather(torch.stack([k, v]), "fwd", "kv") if N > 1 else torch.stack([k, v])[None]
-        kv_all = g.permute(1, 2, 0, 3, 4, 5).reshape(2, B, N * L, Hkv, D)
+        kv = torch.cat([k, v], dim=-1)  # [B, L, Hkv, D_qk + D_v]
+        g = comm.all_gather(kv, "fwd", "kv") if N > 1 else kv[None]  # [N, B, L, Hkv, D_qk + D_v]
+        kv_all = g.permute(1, 0, 2, 3, 4).reshape(B, N * L, Hkv, kv.shape[-1])
         mask = plan.pair_mask((comm.rank,), tuple(range(N)))
         acc = acc_dtype(q.dtype)
         if mask is not None:
-            out, lse = kernel.forward(q, kv_all[0], kv_all[1], mask, scale)
+            out, lse = kernel.forward(q, kv_all[..., :d_qk], kv_all[..., d_qk:], mask, scale)
             out, lse = out.to(q.dtype), lse.to(acc)  # one step: no merge, the output in q's dtype
         else:
-            out = torch.zeros_like(q)
+            out = q.new_zeros((B, q.shape[1], q.shape[2], v.shape[-1]))
             lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
         ctx.save_for_backward(q, kv_all, out, lse)
-        ctx.info = (mask, comm, kernel, scale)
+        ctx.info = (mask, comm, kernel, scale, d_qk)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, kv_all, out, lse = ctx.saved_tensors
-        mask, comm, kernel, scale = ctx.info
+        mask, comm, kernel, scale, d_qk = ctx.info
         acc = acc_dtype(q.dtype)
-        _, B, NL, Hkv, D = kv_all.shape
+        B, NL, Hkv, D2 = kv_all.shape
         N = comm.size
         if dout is None:
             dout = torch.zeros_like(out)
         if mask is not None:
-            dq, dk, dv = kernel.backward(dout.contiguous(), q, kv_all[0], kv_all[1], out, lse, mask, scale, dlse)
-            dkv = torch.stack([dk, dv]).to(acc)
+            dq, dk, dv = kernel.backward(dout.contiguous(), q, kv_all[..., :d_qk], kv_all[..., d_qk:], out, lse, mask,
+                                         scale, dlse)
+            dkv = torch.cat([dk, dv], dim=-1).to(acc)  # [B, N L, Hkv, D_qk + D_v]
         else:
             dq = torch.zeros_like(q)
             dkv = torch.zeros(kv_all.shape, dtype=acc, device=q.device)
-        dkv = dkv.view(2, B, N, NL // N, Hkv, D).permute(2, 0, 1, 3, 4, 5)
+        dkv = dkv.view(B, N, NL // N, Hkv, D2).transpose(0, 1)  # [N, B, L, Hkv, D_qk + D_v]
         mine = comm.reduce_scatter(dkv, "bwd", "dkv") if N > 1 else dkv[0]
-        return dq.to(q.dtype), mine[0].to(kv_all.dtype), mine[1].to(kv_all.dtype), None, None, None, None
+        return (dq.to(q.dtype), mine[..., :d_qk].to(kv_all.dtype), mine[..., d_qk:].to(kv_all.dtype),
+                None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------- ulysses
@@ -331,8 +370,8 @@ def _expand_kv(k: torch.Tensor, U: int) -> torch.Tensor:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, scheme: str = "ring_p2p", group=None,
               backend="triton", return_lse: bool = False, *, softmax_scale: float | None = None,
               ulysses_degree: int | None = None, window: int | None = None):
-    """Context-parallel attention of this rank's shards (``q [B, L, Hq, D]``, ``k, v [B, L, Hkv, D]``
-    from :func:`dispatch`). Returns this rank's ``out [B, L, Hq, D]`` and, with ``return_lse``,
+    """Context-parallel attention of this rank's shards (``q [B, L, Hq, D_qk]``, ``k [B, L, Hkv, D_qk]``,
+    ``v [B, L, Hkv, D_v]`` from :func:`dispatch`). Returns this rank's ``out [B, L, Hq, D_v]`` and, with ``return_lse``,
     ``lse [B, Hq, L]`` (float32; float64 for float64 inputs). Differentiable in q, k, v (and
     through lse).
 
@@ -349,8 +388,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
             raise ValueError(f"{name} must be [batch, local_len, heads, head_dim], got shape {tuple(t.shape)}")
         if t.shape[1] != plan.local_len:
             raise ValueError(f"{name} has {t.shape[1]} local positions, the plan gives each rank {plan.local_len}")
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
-        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                         f"(q and k share D_qk; v may have its own head dim)")
     Hq, Hkv = q.shape[2], k.shape[2]
     if Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) for GQA")

@@ -52,15 +52,18 @@ def _finite(lse):
     return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
-def make_problem(mask, batch, heads, head_dim, dtype, device, seed=0, reference="naive", backend="reference") -> Problem:
-    """Global tensors (identical on every rank) and the single-process result."""
+def make_problem(mask, batch, heads, head_dim, dtype, device, seed=0, reference="naive", backend="reference",
+                 head_dim_v: int | None = None) -> Problem:
+    """Global tensors (identical on every rank) and the single-process result; ``v`` (and the
+    output) have ``head_dim_v`` when given, else ``head_dim``."""
     Hq, Hkv = heads
     S = mask.seqlen_q
+    d_v = head_dim if head_dim_v is None else head_dim_v
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)  # the same numbers on every rank (same seed, same device type)
     mk = lambda *shape: torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)  # noqa: E731
-    q, k, v = mk(batch, S, Hq, head_dim), mk(batch, S, Hkv, head_dim), mk(batch, S, Hkv, head_dim)
-    gout = mk(batch, S, Hq, head_dim)
+    q, k, v = mk(batch, S, Hq, head_dim), mk(batch, S, Hkv, head_dim), mk(batch, S, Hkv, d_v)
+    gout = mk(batch, S, Hq, d_v)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     glse = torch.randn(batch, Hq, S, generator=gen, device=dev, dtype=torch.float32).to(acc)
     p = Problem(mask, q, k, v, gout, glse)
@@ -139,6 +142,7 @@ def run_case(case: Case, prob: Problem, group=None, tol: float = 1e-9, keep: boo
         model = model_snapshot(comm_model(
             case.scheme, plan.world_size, case.ulysses_degree, plan.seqlen, (Hq, prob.k.shape[2]), D,
             prob.q.element_size(), prob.mask, plan=plan, batch=B, window=case.window, return_lse=True, rank=rank,
+            head_dim_v=prob.v.shape[3],
         ))
         counted = COUNTER.snapshot()
         res["bytes_ok"] = counted == model

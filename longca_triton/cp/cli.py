@@ -47,7 +47,7 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, 
 @click.option("--window", type=click.IntRange(min=1), default=None, help="loongtrain: inner ring (window) size W")
 @click.option("--seqlen", "-S", type=click.IntRange(min=1), default=65536, show_default=True, help="global sequence length T")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
-@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v when v has its own (e.g. 192/128)")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bfloat16", show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--mask", default=None, help="mask name (MASKS.md); adds the fraction of ring transfers some pair uses (group_cast: required)")
@@ -63,16 +63,20 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
       longca-triton comm --scheme ring_p2p --world 8 --seqlen 65536 --heads 64:8 --head-dim 128
       longca-triton comm --scheme usp --world 8 --ulysses 2 --seqlen 65536 --heads 64:8 --mask causal
       longca-triton comm --scheme loongtrain --world 16 --window 4 --seqlen 131072
+      longca-triton comm --scheme ring_p2p --world 8 --head-dim 192/128   # K at 192, V at 128
       longca-triton comm --scheme ring_p2p --world 8 --format csv     # bytes as integers
       longca-triton comm --scheme group_cast --world 8 --mask causal_document --plan balanced
     """
     from rich.console import Console
+
+    from longca_triton.bench.params import parse_head_dim
 
     from .comm import comm_model
     from .mesh import resolve_dims
 
     hq, hkv = _heads(heads)
     try:
+        d_qk, d_v = parse_head_dim(head_dim)
         U, W, O = resolve_dims(scheme, world, hq, ulysses, window)
         m = None
         if mask:
@@ -85,8 +89,8 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
             from .plan import make_plan
 
             plan = make_plan(m, world, plan)  # one plan for both lines below
-        rows = comm_model(scheme, world, ulysses, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan,
-                          batch=batch, window=window, return_lse=return_lse, rank=rank)
+        rows = comm_model(scheme, world, ulysses, seqlen, (hq, hkv), d_qk, DTYPE_BYTES[dtype], m, plan=plan,
+                          batch=batch, window=window, return_lse=return_lse, rank=rank, head_dim_v=d_v)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     con = Console()
@@ -110,10 +114,12 @@ def comm_command(scheme, world, ulysses, window, seqlen, heads, head_dim, dtype,
         from .need import need_layout
 
         lay = need_layout(plan)
-        ag = comm_model("ring_allgather", world, None, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan, batch=batch)
+        ag = comm_model("ring_allgather", world, None, seqlen, (hq, hkv), d_qk, DTYPE_BYTES[dtype], m, plan=plan, batch=batch,
+                        head_dim_v=d_v)
         ag_total = sum(r.bytes_sent + r.bytes_received for r in ag)
         per = [sum(r.bytes_sent + r.bytes_received for r in comm_model(
-            scheme, world, None, seqlen, (hq, hkv), head_dim, DTYPE_BYTES[dtype], m, plan=plan, batch=batch, rank=k))
+            scheme, world, None, seqlen, (hq, hkv), d_qk, DTYPE_BYTES[dtype], m, plan=plan, batch=batch, rank=k,
+            head_dim_v=d_v))
             for k in range(world)]
         shown = rank if rank is not None else max(range(world), key=lambda k: per[k])
         con.print(f"mask {mask}: plan {plan.describe()}; device {shown} ({'chosen' if rank is not None else 'the busiest'}). "

@@ -165,7 +165,8 @@ def _mesh_dims(scheme: str, world: int, ulysses_degree: int | None, window: int 
 def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqlen: int = 8192, heads=(64, 8),
                head_dim: int = 128, dtype_bytes: int = 2, mask=None, *, plan: str = "zigzag", batch: int = 1,
                window: int | None = None, return_lse: bool = False, grad_bytes: int | None = None,
-               chunks_per_rank: int | None = None, align: int = 1, rank: int | None = None) -> list[CommRow]:
+               chunks_per_rank: int | None = None, align: int = 1, rank: int | None = None,
+               head_dim_v: int | None = None) -> list[CommRow]:
     """Per-device bytes each collective moves, forward and backward, in closed form.
 
     ``seqlen`` is the global sequence (padded as the plan pads it: ``L`` = local tokens per rank);
@@ -173,8 +174,9 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
     ``heads`` = ``(Hq, Hkv)``; gradients of K/V travel (and are reduced) in ``grad_bytes`` per
     element (default ``max(dtype_bytes, 4)``: float32 accumulation). With ``U`` the Ulysses degree,
     ``Hkv' = lcm(Hkv, U)`` (KV heads replicated when ``Hkv`` does not divide), ring of ``R = N / U``
-    members split as ``O`` outer x ``W`` inner (``O = 1`` except loongtrain). Let
-    ``q = B L Hq D b``, ``kv = 2 B L Hkv' D b``, ``dkv = 2 B L Hkv' D g``:
+    members split as ``O`` outer x ``W`` inner (``O = 1`` except loongtrain). With ``head_dim_v``
+    (``D_v``, default ``head_dim`` = ``D``) K counts ``D`` and V, out, dout ``D_v``. Let
+    ``q = B L Hq D b``, ``kv = B L Hkv' (D + D_v) b``, ``dkv = B L Hkv' (D + D_v) g``:
 
     * ``ring_p2p`` (``U = 1, W = N``): fwd ``(N-1) kv``; bwd ``(N-1) kv + (N-1) dkv``;
     * ``ring_allgather``: fwd all_gather ``(N-1) kv``; bwd reduce_scatter ``(N-1) dkv``;
@@ -186,7 +188,7 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
 
     * ``group_cast`` (needs ``mask``): with ``n_in`` the tokens this rank's queries need from the other
       ranks and ``n_out`` the tokens of this rank the others need (``need.py``, from the mask and
-      plan), fwd all_to_all_v ``2 B Hkv D b`` x (``n_out`` sent, ``n_in`` received); bwd the reverse
+      plan), fwd all_to_all_v ``B Hkv (D + D_v) b`` x (``n_out`` sent, ``n_in`` received); bwd the reverse
       all_to_all_v of dK/dV in ``g`` bytes (``n_in`` sent, ``n_out`` received). Per rank, so
       ``rank`` picks the device; ``None`` = the busiest device (largest fwd + bwd total).
 
@@ -214,7 +216,7 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
         lay = need_layout(p)
         b = dtype_bytes
         g = grad_bytes if grad_bytes is not None else max(b, 4)
-        row = 2 * batch * Hkv * head_dim
+        row = batch * Hkv * (head_dim + (head_dim if head_dim_v is None else head_dim_v))
         n_in, n_out = lay.counts.sum(axis=1), lay.counts.sum(axis=0)
         if rank is None:
             rank = int(((n_in + n_out) * row * (b + g)).argmax())
@@ -237,6 +239,7 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
     b = dtype_bytes
     g = grad_bytes if grad_bytes is not None else max(b, 4)
     B, D = batch, head_dim
+    Dv = head_dim if head_dim_v is None else head_dim_v
     rows: list[CommRow] = []
 
     def add(phase, coll, what, calls, sent, recv=None):
@@ -244,22 +247,25 @@ def comm_model(scheme: str, world: int, ulysses_degree: int | None = None, seqle
             rows.append(CommRow(phase, coll, what, calls, int(sent), int(sent if recv is None else recv)))
 
     if scheme == "ring_allgather":
-        kv = 2 * B * L * Hkv * D
+        kv = B * L * Hkv * (D + Dv)
         add("fwd", "all_gather", "kv", 1 if N > 1 else 0, (N - 1) * kv * b)
         add("bwd", "reduce_scatter", "dkv", 1 if N > 1 else 0, (N - 1) * kv * g)
         return rows
     hkv = math.lcm(Hkv, U) if U > 1 else Hkv
     if U > 1:
         frac = lambda m: (U - 1) * (m // U)  # noqa: E731
-        qb, kvb = B * L * Hq * D * b, B * L * hkv * D * b
+        # elements per tensor: query-side ones have Hq heads, key-side ones hkv; v, out, dout,
+        # dv are D_v wide, the others D
+        heads_of = {"q": Hq, "out": Hq, "dout": Hq, "dq": Hq, "k": hkv, "v": hkv, "dk": hkv, "dv": hkv}
+        width_of = {"q": D, "dq": D, "k": D, "dk": D, "v": Dv, "dv": Dv, "out": Dv, "dout": Dv}
         # forward: q, k, v in, out back; backward: dout in, dq, dk, dv back (lse / dlse with them)
         for phase, tensors, lse in (("fwd", ("q", "k", "v", "out"), "lse"), ("bwd", ("dout", "dq", "dk", "dv"), "dlse")):
             for name in tensors:
-                add(phase, "all_to_all", name, 1, frac(kvb if name in ("k", "v", "dk", "dv") else qb))
+                add(phase, "all_to_all", name, 1, frac(B * L * heads_of[name] * width_of[name] * b))
             if return_lse:
                 add(phase, "all_to_all", lse, 1, frac(B * L * Hq * g))
     # ring over super-shards of U L tokens with hkv / U heads: the same bytes as L tokens, hkv heads
-    kv = 2 * B * L * hkv * D
+    kv = B * L * hkv * (D + Dv)
     inner, outer = O * (W - 1), O - 1
     label_in, label_out = ("p2p", "p2p") if O == 1 else ("p2p_inner", "p2p_outer")
     add("fwd", label_in, "kv", inner, inner * kv * b)

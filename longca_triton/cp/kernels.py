@@ -86,7 +86,7 @@ class TorchStep(StepKernel):
         dk = torch.matmul(ds.transpose(-1, -2), qh) * scale
         Sk = k.shape[1]
         dk = dk.view(B, Hkv, g, Sk, D).sum(2)
-        dv = dv.view(B, Hkv, g, Sk, D).sum(2)
+        dv = dv.view(B, Hkv, g, Sk, v.shape[3]).sum(2)  # v may have its own head dim
         return dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
 
 
@@ -106,10 +106,12 @@ class TritonStep(StepKernel):
         # a single-GPU user gets outputs and gradients in the inputs' dtype: no float32 partials
         return TritonStep(self.config, float32_partials=False)
 
-    def _setup(self, q, k, mask):
+    def _setup(self, q, k, v, mask):
         """Launch config (the autotune cache's for this problem class, else the defaults) and the
         three tile plans, cached on the (local) mask."""
-        key = ("cp-triton", str(q.dtype), q.shape[-1], q.shape[2] // k.shape[2], str(q.device))
+        from longca_triton.kernels._runtime import config_head_dim
+
+        key = ("cp-triton", str(q.dtype), q.shape[-1], v.shape[-1], q.shape[2] // k.shape[2], str(q.device))
         cache = mask.__dict__.setdefault("_lowering_cache", {})
         if key not in cache:
             cfg = self.config
@@ -117,10 +119,10 @@ class TritonStep(StepKernel):
                 try:
                     from longca_triton.kernels.tuned import lookup
 
-                    cfg = lookup("triton", q, k, mask)
+                    cfg = lookup("triton", q, k, mask, v=v)
                 except Exception:  # noqa: BLE001 - no tuning cache: defaults
                     cfg = None
-            cfg = self.dense.resolve_config(q.shape[-1], q.dtype, cfg)
+            cfg = self.dense.resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, cfg)
             cache[key] = (cfg, self.dense.plans_for(mask, cfg, q.device))
         return cache[key]
 
@@ -128,12 +130,12 @@ class TritonStep(StepKernel):
     # step; rounding each to bf16 first made the error grow with the ring (2x the single-GPU error
     # at N = 4 on an H200). The kernels store float32 directly, and the merge rounds once.
     def forward(self, q, k, v, mask, scale):
-        cfg, (fwd, _, _) = self._setup(q, k, mask)
+        cfg, (fwd, _, _) = self._setup(q, k, v, mask)
         return self.dense.dense_fwd(q, k, v, fwd, float(scale), cfg,
                                     out_dtype=acc_dtype(q.dtype) if self.float32_partials else None)
 
     def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
-        cfg, (_, dkdv, dq) = self._setup(q, k, mask)
+        cfg, (_, dkdv, dq) = self._setup(q, k, v, mask)
         return self.dense.dense_bwd(dout, q, k, v, out.to(q.dtype), lse.float(), dkdv, dq, float(scale), cfg,
                                     dlse=None if dlse is None else dlse.float(),
                                     grad_dtype=acc_dtype(q.dtype) if self.float32_partials else None)

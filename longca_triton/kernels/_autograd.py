@@ -39,10 +39,12 @@ def attention_function(name: str, fwd: Callable, bwd: Callable, doc: str) -> typ
                 {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc})
 
 
-def fake_fwd(q: torch.Tensor):
-    """The forward op's outputs for tracing: ``out`` like q, ``lse [B, Hq, Sq]`` float32."""
+def fake_fwd(q: torch.Tensor, v: torch.Tensor | None = None):
+    """The forward op's outputs for tracing: ``out [B, Sq, Hq, D_v]`` (v's head dim; q's when ``v``
+    is not given), ``lse [B, Hq, Sq]`` float32."""
     b, sq, hq, d = q.shape
-    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+    d_v = d if v is None else v.shape[-1]
+    return q.new_empty((b, sq, hq, d_v)), q.new_empty((b, hq, sq), dtype=torch.float32)
 
 
 def fake_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

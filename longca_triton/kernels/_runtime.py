@@ -105,22 +105,67 @@ def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def check_qkv(q, k, v, head_dims, what: str) -> None:
-    """Shapes ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, GQA, dtype and device checks shared by
-    the dense and FlashMask launchers (``what`` names the kernel in the device error)."""
+#: head dims our kernels take: every multiple of 8 from 8 to 256, for q.k and for v separately.
+#: why multiples of 8: a tensor descriptor (TMA) needs 16-byte aligned row strides and head
+#: offsets, which is 8 elements in fp16 / bf16. Tiles are padded to a power of two on the head-dim
+#: axis (``block_head_dim``); the padding is zero-filled on load and dropped on store.
+HEAD_DIM_MULTIPLE = 8
+MAX_HEAD_DIM = 256
+
+
+def head_dim_reason(d: int, which: str = "head dim") -> str:
+    """Why our kernels cannot take head dim ``d`` (empty when they can)."""
+    if d < HEAD_DIM_MULTIPLE or d > MAX_HEAD_DIM or d % HEAD_DIM_MULTIPLE:
+        return (f"{which} {d} not supported; our kernels take multiples of {HEAD_DIM_MULTIPLE} from "
+                f"{HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM} (16-byte rows for the tensor descriptors)")
+    return ""
+
+
+def block_head_dim(d: int) -> int:
+    """The padded (power-of-two, >= 16 for ``tl.dot``) head-dim tile for a true head dim ``d``."""
+    return max(16, triton.next_power_of_2(int(d)))
+
+
+def head_dim_meta(d_qk: int, d_v: int) -> dict:
+    """The head-dim constexprs every kernel of ours takes: the true dims and their padded tiles.
+
+    A kernel whose ``BLOCK_D* == HEAD_DIM_*`` compiles exactly as before head dims were padded
+    (descriptor shape and block shape agree; pointer loads skip the head-dim mask)."""
+    return {"HEAD_DIM_QK": int(d_qk), "HEAD_DIM_V": int(d_v), "BLOCK_DQK": block_head_dim(d_qk),
+            "BLOCK_DV": block_head_dim(d_v)}
+
+
+def config_head_dim(d_qk: int, d_v: int) -> int:
+    """The head dim launch configs are chosen by: the larger padded tile (registers and shared
+    memory follow the padded tiles, not the true dims)."""
+    return max(block_head_dim(d_qk), block_head_dim(d_v))
+
+
+def head_dim_label(d_qk: int, d_v: int | None = None) -> str:
+    """``"128"``, or ``"192/128"`` when the value head dim differs (``D_qk/D_v``)."""
+    return str(d_qk) if d_v is None or int(d_v) == int(d_qk) else f"{int(d_qk)}/{int(d_v)}"
+
+
+def check_qkv(q, k, v, what: str) -> None:
+    """Shapes ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]`` (``v`` may
+    have its own head dim), head dims, GQA, dtype and device checks shared by our launchers
+    (``what`` names the kernel in the device error). Raises ``ValueError`` before any launch."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     b, sq, hq, d = q.shape
     bk, sk, hkv, dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} vs {tuple(v.shape)}")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(f"k and v must agree on [B, Sk, Hkv] (only their head dims may differ); got "
+                         f"{tuple(k.shape)} vs {tuple(v.shape)}")
     if bk != b:
         raise ValueError(f"batch mismatch: q has {b}, k/v have {bk}")
     if dk != d:
-        raise ValueError(f"head dim mismatch: q has {d}, k/v have {dk}")
-    if d not in head_dims:
-        raise ValueError(f"head dim {d} not supported; use one of {head_dims}")
+        raise ValueError(f"head dim mismatch: q has {d}, k has {dk} (q and k share D_qk; v may differ)")
+    for which, dim in (("head dim of q/k", d), ("head dim of v", v.shape[3])):
+        why = head_dim_reason(dim, which)
+        if why:
+            raise ValueError(why)
     if hkv == 0 or hq % hkv:
         raise ValueError(f"GQA needs Hq % Hkv == 0; got Hq={hq}, Hkv={hkv}")
     if not (q.dtype == k.dtype == v.dtype):

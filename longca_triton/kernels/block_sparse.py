@@ -50,12 +50,17 @@ K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start ro
 ``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer
 loads with row masks. Launch order: row tiles heaviest first, head packs fastest-varying.
 
+Head dims: ``q, k`` share ``D_qk`` and ``v`` may have its own ``D_v`` (multiples of 8 up to 256),
+in tiles padded to powers of two: K/V by their descriptors, Q / dO / the outputs by pointer
+accesses masked on the head dim only when it is padded.
+
 Entry points: ``block_sparse_attention(q, k, v, mask, softmax_scale=None, return_lse=False,
 config=None)`` (alias ``varblock_attention``; autograd), the ``torch.library`` ops
 ``longca_triton::block_sparse_attention_fwd`` / ``_bwd`` behind ``block_sparse_attention_op`` and
 ``block_sparse_attention_from_tables`` (``torch.compile``), the launchers ``block_sparse_fwd`` /
 ``block_sparse_bwd`` and ``tables_for`` / ``table_build_time`` for the GPU-built tables.
-Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, unit last stride.
+Shapes: ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``, unit last
+stride; ``out [B, Sq, Hq, D_v]``.
 
 Files: ``block_sparse_fwd.py`` / ``block_sparse_bwd.py`` (kernels), ``block_sparse_tables.py``
 (the GPU-built tables and their cache); shared pieces in ``core.py``; this file: configs,
@@ -72,6 +77,7 @@ import torch
 from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
 from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
+from ._runtime import config_head_dim, head_dim_meta
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
@@ -87,12 +93,11 @@ __all__ = [
     "block_sparse_attention", "varblock_attention", "block_sparse_attention_op",
     "block_sparse_attention_from_tables", "default_config", "resolve_config",
     "tables_for", "table_build_time", "tile_sizes", "block_sparse_fwd",
-    "block_sparse_bwd", "BlockSparseAttentionFunction", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS",
+    "block_sparse_bwd", "BlockSparseAttentionFunction", "CONFIG_KEYS",
 ]
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 # ----------------------------------------------------------------------------------------------
 # Launch configs
@@ -123,7 +128,8 @@ def _mask_block(mask) -> Optional[int]:
 
 
 def default_config(mask, head_dim: int) -> dict:
-    """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter)."""
+    """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
+    ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``)."""
     if _interpreting():
         return dict(BLOCK_M=32, BLOCK_N=32, HEADS=2, num_warps=4, num_stages=1, warp_specialize=False,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, DQ_HEADS=2, dq_num_warps=4, dq_num_stages=1,
@@ -155,10 +161,11 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
-def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None) -> dict:
-    """``config``, else (given ``q, k``) the autotune cache's entry, overlaid on ``default_config``;
-    unknown keys and bad tile sizes raise ValueError (``config.resolve``)."""
-    return _resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask)
+def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None, v=None) -> dict:
+    """``config``, else (given ``q, k``; ``v`` when its head dim differs) the autotune cache's entry,
+    overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
+    (``config.resolve``)."""
+    return _resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v)
 
 
 def tile_sizes(cfg: dict) -> dict:
@@ -183,7 +190,7 @@ def _stack(requested: int, group_size: int, heads_per_pattern: int) -> int:
 
 
 def _check_inputs(q, k, v, mask):
-    _check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "block-sparse attention")
+    _check_qkv(q, k, v, "block-sparse attention")
     b, sq, hq, d = q.shape
     sk = k.shape[1]
     if hq % mask.num_patterns:
@@ -216,13 +223,13 @@ def _heads(q, k, mask):
 
 
 def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: dict):
-    """Forward launch. Returns ``out [B, Sq, Hq, D]`` (q's dtype) and ``lse [B, Hq, Sq]`` float32."""
+    """Forward launch. Returns ``out [B, Sq, Hq, D_v]`` (q's dtype) and ``lse [B, Hq, Sq]`` float32."""
     q, k, v = (_descriptor_ready(x) for x in (q, k, v))
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     sk = k.shape[1]
     _, _, group, hpp = _heads(q, k, mask)
     heads = _stack(cfg["HEADS"], group, hpp)
-    out = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    out = torch.empty((b, sq, hq, v.shape[3]), device=q.device, dtype=q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
@@ -234,7 +241,7 @@ def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: di
         *t.lists(),
         softmax_scale * LOG2E,
         sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
-        HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
+        **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
         EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -252,9 +259,10 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     _, _, group, hpp = _heads(q, k, mask)
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # [B, Sq, Hq, D_qk]
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)  # [B, Sk, Hkv, D_qk]
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)  # [B, Sk, Hkv, D_v]
+    dims = head_dim_meta(d, v.shape[3])
     if b * hq * sq * sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
@@ -271,7 +279,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             *tk.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
-            HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
+            **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
             EVEN_M=tk.even_cols,
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
@@ -285,7 +293,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             *tq.lists(),
             softmax_scale, qk_scale,
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
-            HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
+            **dims, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
             EVEN_N=tq.even_cols,
             num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
         )
@@ -366,7 +374,7 @@ def _block_sparse_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_
 
 @_block_sparse_fwd_op.register_fake
 def _(q, k, v, fwd_tables, dq_tables, dkdv_tables, meta, softmax_scale, cfg):
-    return fake_fwd(q)
+    return fake_fwd(q, v)
 
 
 @torch.library.custom_op("longca_triton::block_sparse_attention_bwd", mutates_args=())
@@ -394,7 +402,8 @@ register_op_autograd("longca_triton::block_sparse_attention_fwd", _block_sparse_
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
                            return_lse: bool = False, config: Optional[dict] = None):
-    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``BlockSparseMask``.
+    """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
+    under a ``BlockSparseMask`` (``out [B, Sq, Hq, D_v]``).
 
     Any block bounds (uniform or variable). Differentiable in q, k, v (and through ``lse``).
     ``config`` overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
@@ -402,9 +411,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     where a query row keeps no block). The tables are built on q's device on first use and cached.
     """
     _check_inputs(q, k, v, mask)
-    d = q.shape[-1]
-    softmax_scale = _resolve_scale(softmax_scale, d)
-    cfg = resolve_config(mask, d, config, q=q, k=k)
+    softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
+    cfg = resolve_config(mask, config_head_dim(q.shape[-1], v.shape[-1]), config, q=q, k=k, v=v)
     tables = tables_for(mask, cfg, q.device)
     out, lse = BlockSparseAttentionFunction.apply(q, k, v, mask, tables, softmax_scale, cfg)
     return (out, lse) if return_lse else out
@@ -423,9 +431,8 @@ def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=Fals
     :func:`block_sparse_attention_from_tables` for a graph without breaks (``fullgraph=True``).
     """
     _check_inputs(q, k, v, mask)
-    d = q.shape[-1]
-    softmax_scale = _resolve_scale(softmax_scale, d)
-    cfg = resolve_config(mask, d, config, q=q, k=k)
+    softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
+    cfg = resolve_config(mask, config_head_dim(q.shape[-1], v.shape[-1]), config, q=q, k=k, v=v)
     tables = _tables_no_compile(mask, cfg, q.device)
     return block_sparse_attention_from_tables(q, k, v, tables, mask.num_patterns, softmax_scale, cfg, return_lse)
 

@@ -1,11 +1,23 @@
 """Block-sparse backward kernels: key-major dK/dV and query-major dQ (see
-``longca_triton/kernels/block_sparse.py``); delta comes from ``core.bwd_preprocess_kernel``."""
+``longca_triton/kernels/block_sparse.py``); delta comes from ``core.bwd_preprocess_kernel``.
+
+Head dims as in the forward: K/V tiles through descriptors padded to ``BLOCK_DQK`` / ``BLOCK_DV``;
+the pointer accesses (q, dO, dq, dk, dv) AND a head-dim mask into their row masks only when the
+dim is padded."""
 
 import triton
 import triton.language as tl
 
 from .block_sparse_fwd import _pack_program
-from .core import dkdv_update, dq_update, key_program, kv_descs, lse_log2, recompute_p
+from .core import (
+    dkdv_update,
+    dq_update,
+    head_dim_offsets,
+    key_program,
+    kv_descs,
+    lse_log2,
+    recompute_p,
+)
 
 __all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"]
 
@@ -22,7 +34,8 @@ def block_sparse_bwd_dkdv_kernel(
     ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr,
 ):
     rank, b, h_kv = key_program(num_bkv, num_heads_kv)
@@ -31,15 +44,20 @@ def block_sparse_bwd_dkdv_kernel(
     n_end = tl.load(ROW_END + tile)
     blk = tl.load(ROW_BLOCK + tile)
     b64 = b.to(tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dqk, dqk_ok = head_dim_offsets(HEAD_DIM_QK, BLOCK_DQK)
+    offs_dv, dv_ok = head_dim_offsets(HEAD_DIM_V, BLOCK_DV)
+    # why: a padded head dim is masked like a short row tile, so EVEN_M alone no longer means
+    # "load without a mask"
+    EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
+    EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
 
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
-    k = k_desc.load([n_start, 0])  # [BLOCK_N, D]
-    v = v_desc.load([n_start, 0])
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    k = k_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DQK]
+    v = v_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DV]
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     offs_r = tl.arange(0, HEADS * BLOCK_M)
     r_head = offs_r // BLOCK_M
@@ -56,19 +74,31 @@ def block_sparse_bwd_dkdv_kernel(
         e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
         for e in tl.range(e_lo, e_hi):
             pos = tl.load(COL_START + e) + r_pos  # [HM]
+            q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
+            do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
             if EVEN_M:
-                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :])  # [HM, D]
-                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :])
+                if EVEN_QK:
+                    q = tl.load(q_ptrs)  # [HM, BLOCK_DQK]
+                else:
+                    q = tl.load(q_ptrs, mask=dqk_ok[None, :], other=0.0)
+                if EVEN_V:
+                    do = tl.load(do_ptrs)  # [HM, BLOCK_DV]
+                else:
+                    do = tl.load(do_ptrs, mask=dv_ok[None, :], other=0.0)
                 lse = tl.load(Lse + stat_rows + pos)
                 delta = tl.load(Delta + stat_rows + pos)
             else:
                 # rows past the sub-tile's end belong to another block: zero q / dO and
                 # lse = +inf make their p (and so every product) exactly zero
                 ok = pos < tl.load(COL_END + e)
-                q = tl.load(q_rows[:, None] + pos[:, None] * stride_qs + offs_d[None, :],
-                            mask=ok[:, None], other=0.0)
-                do = tl.load(do_rows[:, None] + pos[:, None] * stride_ds + offs_d[None, :],
-                             mask=ok[:, None], other=0.0)
+                q_ok = ok[:, None]  # [HM, 1]
+                do_ok = ok[:, None]
+                if not EVEN_QK:
+                    q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]
+                if not EVEN_V:
+                    do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
+                q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+                do = tl.load(do_ptrs, mask=do_ok, other=0.0)
                 lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
                 delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
             p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
@@ -76,12 +106,17 @@ def block_sparse_bwd_dkdv_kernel(
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
+    dk_ok = n_ok[:, None]  # [BLOCK_N, 1]
+    dv_ok_2d = n_ok[:, None]
+    if not EVEN_QK:
+        dk_ok = dk_ok & dqk_ok[None, :]  # [BLOCK_N, BLOCK_DQK]: padded columns are not stored
+    if not EVEN_V:
+        dv_ok_2d = dv_ok_2d & dv_ok[None, :]  # [BLOCK_N, BLOCK_DV]
     # s = softmax_scale * q.k, so dK picks up the scale once here
     dk_ptrs = DK + b64 * stride_dkb + h_kv * stride_dkh + offs_n.to(tl.int64) * stride_dks
     dv_ptrs = DV + b64 * stride_dvb + h_kv * stride_dvh + offs_n.to(tl.int64) * stride_dvs
-    tl.store(dk_ptrs[:, None] + offs_d[None, :], (dk * softmax_scale).to(DK.dtype.element_ty),
-             mask=n_ok[:, None])
-    tl.store(dv_ptrs[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(dk_ptrs[:, None] + offs_dqk[None, :], (dk * softmax_scale).to(DK.dtype.element_ty), mask=dk_ok)
+    tl.store(dv_ptrs[:, None] + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=dv_ok_2d)
 
 
 @triton.jit
@@ -95,19 +130,27 @@ def block_sparse_bwd_dq_kernel(
     ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
         BLOCK_M, HEADS)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dqk, dqk_ok = head_dim_offsets(HEAD_DIM_QK, BLOCK_DQK)
+    offs_dv, dv_ok = head_dim_offsets(HEAD_DIM_V, BLOCK_DV)
     b64 = b.to(tl.int64)
     pos64 = pos.to(tl.int64)
-    q = tl.load((Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs)[:, None] + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # [HM, D]
+    q_ok = row_ok[:, None]  # [HM, 1]
+    do_ok = row_ok[:, None]
+    if BLOCK_DQK != HEAD_DIM_QK:
+        q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]: padded columns load as 0, are not stored
+    if BLOCK_DV != HEAD_DIM_V:
+        do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
+    q = tl.load((Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs)[:, None] + offs_dqk[None, :],
+                mask=q_ok, other=0.0)  # [HM, BLOCK_DQK]
     do = tl.load((DOut + b64 * stride_db + head * stride_dh + pos64 * stride_ds)[:, None]
-                 + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+                 + offs_dv[None, :], mask=do_ok, other=0.0)  # [HM, BLOCK_DV]
     stat = (b64 * num_heads_q + head) * Sq + pos
     lse = tl.load(Lse + stat, mask=row_ok, other=float("inf"))
     # rows outside the tile (and, defensively, rows that attend nothing) get lse2 = +inf: p = 0
@@ -115,20 +158,19 @@ def block_sparse_bwd_dq_kernel(
     delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
 
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    dq = tl.zeros([HEADS * BLOCK_M, HEAD_DIM], tl.float32)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
     for e in tl.range(e_lo, e_hi):
         start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-        v = v_desc.load([start_n, 0])
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
         p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
         if not EVEN_N:
             end_n = tl.load(COL_END + e)
             p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
-        dq = dq_update(dq, p, do, v, k, delta)  # [HM, D]
+        dq = dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
 
     dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
-    tl.store(dq_ptrs[:, None] + offs_d[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(dq_ptrs[:, None] + offs_dqk[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty), mask=q_ok)

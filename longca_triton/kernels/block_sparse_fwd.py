@@ -1,10 +1,14 @@
 """Block-sparse forward kernel (see ``longca_triton/kernels/block_sparse.py`` for the math and
-the tiling): one program per (row tile, head pack), online softmax over the tile's key list."""
+the tiling): one program per (row tile, head pack), online softmax over the tile's key list.
+
+Head dims: q and k ``HEAD_DIM_QK``, v and out ``HEAD_DIM_V``, in tiles padded to ``BLOCK_DQK`` /
+``BLOCK_DV``. K/V come through descriptors (zero fill past the true dim); q and out are pointer
+accesses, masked on the head dim only when it is padded (``BLOCK_D* != HEAD_DIM_*``)."""
 
 import triton
 import triton.language as tl
 
-from .core import kv_descs, softmax_finish, softmax_init, softmax_step
+from .core import head_dim_offsets, kv_descs, softmax_finish, softmax_init, softmax_step
 
 __all__ = ["block_sparse_fwd_kernel", "_pack_program"]
 
@@ -48,27 +52,32 @@ def block_sparse_fwd_kernel(
     ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
         BLOCK_M, HEADS)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dqk, dqk_ok = head_dim_offsets(HEAD_DIM_QK, BLOCK_DQK)
+    offs_dv, dv_ok = head_dim_offsets(HEAD_DIM_V, BLOCK_DV)
     b64 = b.to(tl.int64)
     pos64 = pos.to(tl.int64)
     q_ptrs = Q + b64 * stride_qb + head * stride_qh + pos64 * stride_qs
-    q = tl.load(q_ptrs[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [HM, D]
+    q_ok = row_ok[:, None]  # [HM, 1]
+    if BLOCK_DQK != HEAD_DIM_QK:
+        q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]: padded columns load as 0
+    q = tl.load(q_ptrs[:, None] + offs_dqk[None, :], mask=q_ok, other=0.0)  # [HM, BLOCK_DQK]
 
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
-    acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, HEAD_DIM)
+    acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
     for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
         start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
         if not EVEN_N:
             # a ragged tile: keys past its end belong to another block (or lie past Sk)
@@ -78,7 +87,10 @@ def block_sparse_fwd_kernel(
         acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
 
     # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
-    out, lse = softmax_finish(acc, m_i, l_i)
+    out, lse = softmax_finish(acc, m_i, l_i)  # [HM, BLOCK_DV], [HM]
     o_ptrs = Out + b64 * stride_ob + head * stride_oh + pos64 * stride_os
-    tl.store(o_ptrs[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    o_ok = row_ok[:, None]  # [HM, 1]
+    if BLOCK_DV != HEAD_DIM_V:
+        o_ok = o_ok & dv_ok[None, :]  # [HM, BLOCK_DV]: the padded columns are not stored
+    tl.store(o_ptrs[:, None] + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=o_ok)
     tl.store(Lse + (b64 * num_heads_q + head) * Sq + pos, lse, mask=row_ok)

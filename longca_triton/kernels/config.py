@@ -33,7 +33,7 @@ class ConfigSpec:
 
 
 @torch.compiler.disable
-def tuned_config(spec: ConfigSpec, q, k, mask) -> Optional[dict]:
+def tuned_config(spec: ConfigSpec, q, k, mask, v=None) -> Optional[dict]:
     """The autotune cache's config for this call (read once per process), or None.
 
     Outside any compiled graph: the lookup reads a file and asks the GPU's name once.
@@ -43,18 +43,18 @@ def tuned_config(spec: ConfigSpec, q, k, mask) -> Optional[dict]:
     name = spec.tuned_name(mask) if callable(spec.tuned_name) else spec.tuned_name
     from .tuned import lookup
 
-    return lookup(name, q, k, mask)
+    return lookup(name, q, k, mask, v=v)
 
 
 def resolve(spec: ConfigSpec, defaults: dict, config: Optional[dict] = None, *, q=None, k=None,
-            mask=None) -> dict:
+            mask=None, v=None) -> dict:
     """``defaults`` overlaid with ``config``; with ``config=None``, with the autotune cache's entry
     for ``(q, k, mask)`` when there is one (``tuned_config``). An explicit config always wins.
 
     Unknown keys and bad tile / pack sizes raise ``ValueError`` naming the key and the valid ones.
     """
     if config is None:
-        config = tuned_config(spec, q, k, mask)
+        config = tuned_config(spec, q, k, mask, v)
     cfg = dict(defaults)
     if config:
         unknown = set(config) - set(spec.keys)

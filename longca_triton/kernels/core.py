@@ -6,6 +6,12 @@ kernels' order of operations. Variants are switched by ``tl.constexpr`` argument
 
 Conventions (see ``dense.py`` for the math): scores in the log2 domain (``qk_scale =
 softmax_scale * log2(e)``, ``exp2``), fp32 accumulators, natural-log lse ``[B, Hq, Sq]``.
+
+Head dims: q and k share ``HEAD_DIM_QK``, v (and out) have ``HEAD_DIM_V``; tiles are padded on the
+head-dim axis to powers of two ``BLOCK_DQK`` / ``BLOCK_DV`` (``_runtime.head_dim_meta``). Tensor
+descriptors carry the true dim as their shape and the padded one as their block: padded columns
+load as zeros (they add nothing to ``q . k`` nor to ``P @ V``) and are never stored. Where a
+power-of-two dim makes the two equal, the code is what it was before padding existed.
 Also here: the one ``delta`` preprocess kernel of the three backward passes.
 """
 
@@ -17,11 +23,26 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def tile_desc(base, rows, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+def tile_desc(base, rows, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Tensor descriptor over the ``[rows, HEAD_DIM]`` matrix of one head at ``base`` (row
-    stride ``stride_s``, unit last stride), read or written in ``[BLOCK, HEAD_DIM]`` tiles."""
+    stride ``stride_s``, unit last stride), read or written in ``[BLOCK, BLOCK_D]`` tiles.
+
+    why two dims: ``BLOCK_D`` is ``HEAD_DIM`` padded to a power of two; the descriptor's bounds
+    (``HEAD_DIM``) zero-fill the padded columns on load (TMA, and the interpreter alike) and
+    drop them on store, so a head dim of 80 or 96 needs no mask anywhere in the loops."""
     return tl.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[stride_s, 1],
-                                     block_shape=[BLOCK, HEAD_DIM])
+                                     block_shape=[BLOCK, BLOCK_D])
+
+
+@triton.jit
+def head_dim_offsets(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``(offs_d [BLOCK_D], d_ok [BLOCK_D])`` for pointer loads and stores along the head dim.
+
+    ``d_ok`` is all True when ``BLOCK_D == HEAD_DIM``; a pointer access ANDs it into its row mask
+    only under ``if BLOCK_D != HEAD_DIM`` (a constexpr test), so power-of-two dims keep unmasked
+    columns."""
+    offs_d = tl.arange(0, BLOCK_D)
+    return offs_d, offs_d < HEAD_DIM
 
 
 @triton.jit
@@ -54,10 +75,12 @@ def key_program(num_bkv, num_heads_kv):
 
 @triton.jit
 def kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
-             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The K and V descriptors of KV head ``h_kv`` of batch entry ``b64``, in ``[BLOCK_N, D]`` tiles."""
-    k_desc = tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM)
-    v_desc = tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM)
+             BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+             BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The K and V descriptors of KV head ``h_kv`` of batch entry ``b64``, in ``[BLOCK_N, BLOCK_DQK]``
+    and ``[BLOCK_N, BLOCK_DV]`` tiles."""
+    k_desc = tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
+    v_desc = tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
     return k_desc, v_desc
 
 
@@ -85,11 +108,11 @@ def interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV: tl.constexpr):
 
 
 @triton.jit
-def softmax_init(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """``(acc [ROWS, D], m_i [ROWS], l_i [ROWS])`` of an online softmax: 0, -inf, 0 (fp32)."""
+def softmax_init(ROWS: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``(acc [ROWS, BLOCK_DV], m_i [ROWS], l_i [ROWS])`` of an online softmax: 0, -inf, 0 (fp32)."""
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_DV], tl.float32)
     return acc, m_i, l_i
 
 
@@ -100,7 +123,8 @@ def softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale,
     ``start_n`` into ``acc [BLOCK_M, D]``, row max ``m_i`` and row sum ``l_i`` (log2 domain).
 
     ``qk`` is the raw ``q . k`` (masked entries ``-inf``), or, with ``PRESCALED``, already times
-    ``qk_scale``. ``GUARD_EMPTY`` (masked tiles): a row may have nothing allowed yet.
+    ``qk_scale``. ``GUARD_EMPTY`` (masked tiles): a row may have nothing allowed yet. ``acc`` is
+    ``[BLOCK_M, BLOCK_DV]``; V's padded columns load as zeros and stay zero in ``acc``.
     """
     if PRESCALED:
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
@@ -119,14 +143,14 @@ def softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale,
     alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
-    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, D]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, BLOCK_DV]
     return acc, m_ij, l_i
 
 
 @triton.jit
 def softmax_finish(acc, m_i, l_i):
-    """``(out [BLOCK_M, D] fp32, lse [BLOCK_M] natural log)``; fully masked rows (``l_i == 0``)
+    """``(out [BLOCK_M, BLOCK_DV] fp32, lse [BLOCK_M] natural log)``; fully masked rows (``l_i == 0``)
     give out = 0, lse = -inf."""
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -147,20 +171,24 @@ def bwd_preprocess_kernel(
     stride_ob, stride_os, stride_oh,
     stride_db, stride_ds, stride_dh,
     Sq, num_heads_q,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
-    """``delta_i = rowsum(dO_i * O_i) - dlse_i`` (float32 ``[B, Hq, Sq]``), for all three kernels."""
+    """``delta_i = rowsum(dO_i * O_i) - dlse_i`` (float32 ``[B, Hq, Sq]``), for all three kernels.
+    ``HEAD_DIM`` is the value head dim (O and dO are ``[B, Sq, Hq, D_v]``), ``BLOCK_D`` its padded tile."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // num_heads_q).to(tl.int64)
     h = bh % num_heads_q
     offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d, d_ok = head_dim_offsets(HEAD_DIM, BLOCK_D)
     row_ok = offs_m < Sq
+    ok = row_ok[:, None]  # [BLOCK, 1]
+    if BLOCK_D != HEAD_DIM:
+        ok = ok & d_ok[None, :]  # [BLOCK, BLOCK_D]: padded columns read 0, add nothing to the sum
     o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
+                mask=ok, other=0.0).to(tl.float32)  # [BLOCK, BLOCK_D]
     do = tl.load(DOut + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+                 mask=ok, other=0.0).to(tl.float32)  # [BLOCK, BLOCK_D]
     delta = tl.sum(o * do, 1)  # [BLOCK]
     row = bh.to(tl.int64) * Sq + offs_m
     if HAS_DLSE:
@@ -196,7 +224,7 @@ def load_row_stats(Lse, Delta, row_base, offs_m, Sq):
 def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.constexpr = False):
     """``P`` recomputed from the forward's lse: ``exp2(a . b^T * qk_scale - lse2)``.
 
-    Query-major (dQ): ``a = q [M, D]``, ``b = k [N, D]``, result ``[M, N]``. ``KEY_MAJOR``
+    Query-major (dQ): ``a = q [M, BLOCK_DQK]``, ``b = k [N, BLOCK_DQK]``, result ``[M, N]``. ``KEY_MAJOR``
     (dK/dV): ``a = k``, ``b = q``, result ``P^T [N, M]``. ``LSE_NATURAL``: ``lse2`` is still the
     natural-log lse (no -inf rows: block-sparse dK/dV), converted here after the matmul.
     """
@@ -213,19 +241,19 @@ def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.c
 
 @triton.jit
 def dkdv_update(dk, dv, p_t, q, do, v, delta):
-    """Add one query tile into ``dk, dv [BLOCK_N, D]`` (unscaled dK) from the masked ``P^T``;
-    returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a fused dQ."""
-    dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, D]
+    """Add one query tile into ``dk [BLOCK_N, BLOCK_DQK]`` (unscaled) and ``dv [BLOCK_N, BLOCK_DV]``
+    from the masked ``P^T``; returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a fused dQ."""
+    dv = tl.dot(p_t.to(do.dtype), do, dv)  # [BLOCK_N, BLOCK_DV]
     dp_t = tl.dot(v, do.T)  # [BLOCK_N, BLOCK_M]
     ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)  # [BLOCK_N, BLOCK_M]
-    dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, D]
+    dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, BLOCK_DQK]
     return dk, dv, ds_t
 
 
 @triton.jit
 def dq_update(dq, p, do, v, k, delta):
-    """Add one key tile into ``dq [BLOCK_M, D]`` (unscaled) from the masked ``P``."""
+    """Add one key tile into ``dq [BLOCK_M, BLOCK_DQK]`` (unscaled) from the masked ``P``."""
     dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
     ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
-    dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, D]
+    dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, BLOCK_DQK]
     return dq

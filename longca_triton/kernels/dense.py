@@ -47,12 +47,22 @@ the tensor cores, and ``warp_specialize`` changes nothing; that is most of the g
 All tile loads and stores go through tensor descriptors (TMA on Hopper), which zero-fill
 out-of-range rows and clip out-of-range stores: ragged ``S`` needs no bounds masks in the full loop.
 
+Head dims
+---------
+``q, k`` share ``D_qk`` and ``v`` (so ``out``) may have its own ``D_v``: every multiple of 8 from 8
+to 256 for each (``_runtime.head_dim_reason``), e.g. 64, 80, 96, 128, 192, 256 and (192, 128).
+Tiles are padded on the head-dim axis to powers of two (``BLOCK_DQK``, ``BLOCK_DV``); the tensor
+descriptors zero-fill the padding on load and drop it on store, so results and the FLOP count are
+those of the true dims, while the tensor cores do the padded work (96 runs 128-wide tiles).
+Power-of-two dims compile to the same kernels as before.
+
 Entry points
 ------------
 ``dense_attention(q, k, v, mask, softmax_scale=None, return_lse=False, config=None)`` (autograd),
 the ``torch.library`` ops ``longca_triton::dense_attention_fwd`` / ``_bwd`` (``torch.compile``),
 and the low-level launchers ``dense_fwd`` / ``dense_bwd`` that take a :class:`TilePlan`.
-Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``, any strides with a unit last stride.
+Shapes: ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``, any strides
+with a unit last stride; ``out [B, Sq, Hq, D_v]``.
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ import triton
 from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
 from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
+from ._runtime import block_head_dim, config_head_dim, head_dim_meta
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
@@ -79,11 +90,9 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "DenseAttentionFunction", "CONFIG_KEYS",
-    "SUPPORTED_HEAD_DIMS",
 ]
 
 LOG2E = 1.4426950408889634
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 # ----------------------------------------------------------------------------------------------
 # Launch configs
@@ -104,7 +113,10 @@ CONFIG_KEYS = (
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Sane launch parameters for Hopper (and a small pinned one for the CPU interpreter)."""
+    """Sane launch parameters for Hopper (and a small pinned one for the CPU interpreter).
+
+    ``head_dim`` is the padded tile the kernels work on (``_runtime.config_head_dim(D_qk, D_v)``:
+    80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted."""
     if _interpreting():
         # one pinned config: the interpreter cannot autotune, and small tiles keep it quick
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
@@ -135,10 +147,11 @@ _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
-                   mask=None) -> dict:
-    """``config``, else (given ``q, k, mask``) the autotune cache's entry, overlaid on
-    ``default_config``; unknown keys and bad tiles raise ValueError (``config.resolve``)."""
-    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
+                   mask=None, v=None) -> dict:
+    """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
+    entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
+    (``config.resolve``). ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
+    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +159,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
 # ----------------------------------------------------------------------------------------------
 
 def _check_inputs(q, k, v, plan_sq=None, plan_sk=None):
-    _check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "dense attention")
+    _check_qkv(q, k, v, "dense attention")
     sq, sk = q.shape[1], k.shape[1]
     if plan_sq is not None and (plan_sq != sq or plan_sk != sk):
         raise ValueError(f"mask is {plan_sq} x {plan_sk} but q/k have Sq={sq}, Sk={sk}")
@@ -159,14 +172,14 @@ def _check_plan(plan: TilePlan, block_m: int, block_n: int, what: str):
 
 
 def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict, out_dtype=None):
-    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D]`` (q's dtype, or ``out_dtype``:
+    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D_v]`` (q's dtype, or ``out_dtype``:
     context parallelism asks for float32 partial outputs so that merging them rounds once),
     ``lse [B, Hq, Sq]``."""
     _check_plan(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], "forward")
     q, k, v = (_descriptor_ready(t) for t in (q, k, v))
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    out = torch.empty((b, sq, hq, d), device=q.device, dtype=out_dtype or q.dtype)
+    out = torch.empty((b, sq, hq, v.shape[3]), device=q.device, dtype=out_dtype or q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
@@ -178,7 +191,8 @@ def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict, out_dtyp
         plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_IV=plan.num_iv,
+        **head_dim_meta(q.shape[3], v.shape[3]),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], NUM_IV=plan.num_iv,
         WARP_SPEC=cfg["warp_specialize"], HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -193,9 +207,9 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
     _check_plan(dq_plan, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], "dQ")
     q, k, v, out, dout = (_descriptor_ready(t) for t in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=grad_dtype or k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=grad_dtype or v.dtype)
+    sk = k.shape[1]
+    dk = torch.empty(k.shape, device=k.device, dtype=grad_dtype or k.dtype)  # [B, Sk, Hkv, D_qk]
+    dv = torch.empty(v.shape, device=v.device, dtype=grad_dtype or v.dtype)  # [B, Sk, Hkv, D_v]
     if b * hq * d == 0 or sq == 0 or sk == 0:
         return q.new_zeros((b, sq, hq, d), dtype=grad_dtype or q.dtype), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
@@ -213,25 +227,26 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
 
 
 def launch_bwd_preprocess(out, dout, dlse=None, block: int = 64):
-    """``delta [B, Hq, Sq] = rowsum(dO * O) - dlse`` (float32)."""
+    """``delta [B, Hq, Sq] = rowsum(dO * O) - dlse`` (float32); ``out, dout [B, Sq, Hq, D_v]``."""
     b, sq, hq, d = out.shape
     delta = torch.empty((b, hq, sq), device=out.device, dtype=torch.float32)
     has_dlse = dlse is not None
     dense_bwd_preprocess_kernel[(triton.cdiv(sq, block), b * hq)](
         out, dout, dlse.contiguous() if has_dlse else delta, delta,
         *_bsh_strides(out, dout),
-        sq, hq, HEAD_DIM=d, BLOCK=block, HAS_DLSE=has_dlse,
+        sq, hq, HEAD_DIM=d, BLOCK_D=block_head_dim(d), BLOCK=block, HAS_DLSE=has_dlse,
     )
     return delta
 
 
 def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_scale, cfg,
                     dq_acc=None):
-    """Key-major dK/dV into ``dk, dv`` ([B, Sk, Hkv, D]); inputs already descriptor-ready.
+    """Key-major dK/dV into ``dk [B, Sk, Hkv, D_qk]``, ``dv [B, Sk, Hkv, D_v]``; inputs already
+    descriptor-ready.
 
-    With ``dq_acc`` (fp32 ``[B, Sq, Hq, D]``, zeroed) dQ is accumulated there too (fused).
+    With ``dq_acc`` (fp32 ``[B, Sq, Hq, D_qk]``, zeroed) dQ is accumulated there too (fused).
     """
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     fused = dq_acc is not None
     dqa = dq_acc if fused else delta  # placeholder pointer when not fused (never read)
@@ -243,7 +258,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         plan.lo, plan.hi, plan.k_order, *plan.k_full, *plan.k_part,
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
+        **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
         FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
@@ -251,8 +266,8 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
 
 
 def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, cfg):
-    """Query-major dQ into ``dq`` ([B, Sq, Hq, D]); inputs already descriptor-ready."""
-    b, sq, hq, d = q.shape
+    """Query-major dQ into ``dq`` ([B, Sq, Hq, D_qk]); inputs already descriptor-ready."""
+    b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     dense_bwd_dq_kernel[(plan.num_m * b * hq,)](
         q, k, v, dout, lse, delta, dq,
@@ -260,7 +275,7 @@ def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, 
         plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
+        **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
         HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
     )
@@ -331,7 +346,7 @@ def _dense_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_plan: lis
 
 @_dense_fwd_op.register_fake
 def _(q, k, v, q_plan, dkdv_plan, dq_plan, softmax_scale, cfg):
-    return fake_fwd(q)
+    return fake_fwd(q, v)
 
 
 @torch.library.custom_op("longca_triton::dense_attention_bwd", mutates_args=())
@@ -362,17 +377,17 @@ register_op_autograd("longca_triton::dense_attention_fwd", _dense_bwd_op, _PLAN_
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
                     return_lse: bool = False, config: Optional[dict] = None):
-    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``RangeMask``.
+    """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
+    under a ``RangeMask``.
 
     Differentiable in q, k, v (and through ``lse`` when returned). ``config`` overrides launch
     parameters (keys: ``CONFIG_KEYS``); defaults come from :func:`default_config`. Returns ``out``
-    ``[B, Sq, Hq, D]`` in q's dtype, or ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural
+    ``[B, Sq, Hq, D_v]`` in q's dtype, or ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural
     log; ``-inf`` and a zero output row where a query row attends nothing).
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
-    d = q.shape[-1]
-    softmax_scale = _resolve_scale(softmax_scale, d)
-    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
+    softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
+    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
     fwd_plan, dkdv_plan, dq_plan = plans_for(mask, cfg, q.device)
     out, lse = DenseAttentionFunction.apply(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale,
                                             cfg)
@@ -386,9 +401,8 @@ def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, conf
     looked up (cached) on each call, which ``torch.compile`` treats as a graph break.
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
-    d = q.shape[-1]
-    softmax_scale = _resolve_scale(softmax_scale, d)
-    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
+    softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
+    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
     fwd_plan, dkdv_plan, dq_plan = _plans_no_compile(mask, cfg, q.device)
     return dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg,
                                       return_lse)

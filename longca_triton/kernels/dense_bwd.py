@@ -16,7 +16,9 @@ Three launches, fp32 accumulation everywhere, no atomics:
    on the order of fp32 additions: it is not bitwise deterministic.
 
 Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse; the tile bodies
-are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``.
+are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``. Head dims: q, k, dq, dk are
+``HEAD_DIM_QK`` wide, v, dO, dv ``HEAD_DIM_V``, in descriptor tiles padded to ``BLOCK_DQK`` /
+``BLOCK_DV`` (zero fill on load, clipped on store; see ``core.tile_desc``).
 """
 
 import triton
@@ -26,6 +28,7 @@ from .core import (
     bwd_preprocess_kernel,
     dkdv_update,
     dq_update,
+    head_dim_offsets,
     interval_mask,
     key_program,
     kv_descs,
@@ -43,8 +46,8 @@ _load_row_stats = load_row_stats  # old name, kept importable
 @triton.jit
 def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, offs_n, qk_scale,
               LO, HI, Sq, dq_target, stride_dqa_s, softmax_scale,
-              BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-              NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+              BLOCK_M: tl.constexpr, HEAD_DIM_QK: tl.constexpr, BLOCK_DQK: tl.constexpr,
+              MASKED: tl.constexpr, NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Query tiles ``[m_lo, m_hi)`` against the program's key tile, in transposed form.
 
     With ``FUSED_DQ``, ``dq_target`` is the fp32 dQ accumulator of this head: a tensor
@@ -53,8 +56,8 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
     for mt in tl.range(m_lo, m_hi):
         start_m = mt * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-        do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
+        q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+        do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
         lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)
         p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
@@ -62,13 +65,16 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
             p_t = tl.where(allowed.T, p_t, 0.0)
         dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
         if FUSED_DQ:
-            dq_part = tl.dot(ds_t.T, k) * softmax_scale  # [BLOCK_M, D]
+            dq_part = tl.dot(ds_t.T, k) * softmax_scale  # [BLOCK_M, BLOCK_DQK]
             if DQ_TMA:
                 dq_target.atomic_add([start_m, 0], dq_part)
             else:
-                offs_d = tl.arange(0, HEAD_DIM)
+                offs_d, d_ok = head_dim_offsets(HEAD_DIM_QK, BLOCK_DQK)
+                ok = (offs_m < Sq)[:, None]  # [BLOCK_M, 1]
+                if BLOCK_DQK != HEAD_DIM_QK:
+                    ok = ok & d_ok[None, :]  # [BLOCK_M, BLOCK_DQK]: no padded column is written
                 tl.atomic_add(dq_target + offs_m[:, None] * stride_dqa_s + offs_d[None, :], dq_part,
-                              mask=(offs_m < Sq)[:, None])
+                              mask=ok)
     return dk, dv
 
 
@@ -86,7 +92,8 @@ def dense_bwd_dkdv_kernel(
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     rank, b, h_kv = key_program(num_bkv, num_heads_kv)
@@ -96,11 +103,11 @@ def dense_bwd_dkdv_kernel(
     b64 = b.to(tl.int64)
 
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-    v = v_desc.load([start_n, 0])
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     f_lo = tl.load(FULL_PTR + tile_n)
     f_hi = tl.load(FULL_PTR + tile_n + 1)
@@ -109,27 +116,27 @@ def dense_bwd_dkdv_kernel(
     # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
     for g in range(0, group_size):
         h = h_kv * group_size + g
-        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
-        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
         row_base = (b64 * num_heads_q + h) * Sq
         dq_target = DQAcc + b64 * stride_dqab + h * stride_dqah
         if FUSED_DQ:
             if DQ_TMA:
-                dq_target = tile_desc(dq_target, Sq, stride_dqas, BLOCK_M, HEAD_DIM)
+                dq_target = tile_desc(dq_target, Sq, stride_dqas, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
         for r in range(f_lo, f_hi):
             dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                               BLOCK_M, HEAD_DIM, False, NUM_IV, FUSED_DQ, DQ_TMA)
+                               BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA)
         if HAS_PARTIAL_TILES:
             for r in range(p_lo, p_hi):
                 dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                    tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
                                    LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                                   BLOCK_M, HEAD_DIM, True, NUM_IV, FUSED_DQ, DQ_TMA)
+                                   BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA)
 
-    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM)
-    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM)
+    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
+    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
     # s = softmax_scale * q.k, so dK picks up the scale once here
     dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
     dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
@@ -140,13 +147,13 @@ def _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NUM_IV: tl.constexpr):
     for n in tl.range(n_lo, n_hi):
         start_n = n * BLOCK_N
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-        v = v_desc.load([start_n, 0])
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
         p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-        dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, D]
+        dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
     return dq
 
 
@@ -162,7 +169,8 @@ def dense_bwd_dq_kernel(
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
     Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
@@ -171,14 +179,14 @@ def dense_bwd_dq_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     b64 = b.to(tl.int64)
 
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
-    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-    do = do_desc.load([start_m, 0])
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
     lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
         dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(FULL_START + r),
@@ -188,5 +196,5 @@ def dense_bwd_dq_kernel(
             dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
                          tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV)
 
-    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM)
+    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))

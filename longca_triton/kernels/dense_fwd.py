@@ -1,9 +1,11 @@
 """Forward kernel of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
 
-One program computes one query tile ``[BLOCK_M, D]`` of one query head. Its key tiles come from
+One program computes one query tile ``[BLOCK_M, D_v]`` of one query head. Its key tiles come from
 the tile plan (``dense_tables.py``) as contiguous runs: first the *full* runs (no mask math at all),
 then the *partial* runs (element mask from the per-row intervals). Online softmax in fp32 in the
-log2 domain (scores pre-multiplied by ``softmax_scale * log2(e)``, then ``exp2``).
+log2 domain (scores pre-multiplied by ``softmax_scale * log2(e)``, then ``exp2``). Head dims:
+``HEAD_DIM_QK`` for q and k, ``HEAD_DIM_V`` for v and out, in tiles padded to ``BLOCK_DQK`` /
+``BLOCK_DV`` by the tensor descriptors (``core.tile_desc``).
 """
 
 import triton
@@ -32,7 +34,7 @@ def _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale,
     """Key tiles ``[n_lo, n_hi)``, all fully allowed: the plain flash-attention step."""
     for n in tl.range(n_lo, n_hi, warp_specialize=WARP_SPEC):
         start_n = n * BLOCK_N
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
         acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
     return acc, m_i, l_i
@@ -45,7 +47,7 @@ def _fwd_part_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
     for n in tl.range(n_lo, n_hi):
         start_n = n * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = k_desc.load([start_n, 0])
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
         allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)
         s = tl.where(allowed, qk * qk_scale, float("-inf"))
@@ -64,7 +66,8 @@ def dense_fwd_kernel(
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, WARP_SPEC: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     # why: batch*head is the fastest-varying index, so the programs running at the same time
@@ -75,15 +78,16 @@ def dense_fwd_kernel(
     start_m = tile_m * BLOCK_M
 
     b64 = b.to(tl.int64)
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc, m_i, l_i = softmax_init(BLOCK_M, HEAD_DIM)
-    # rows >= Sq are zero-filled by the descriptor load: finite scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
+    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
+    # rows >= Sq (and columns >= HEAD_DIM_QK) are zero-filled by the descriptor load: finite
+    # scores, never stored
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
         acc, m_i, l_i = _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc,
@@ -98,6 +102,7 @@ def dense_fwd_kernel(
                                           offs_m, LO, HI, Sq, BLOCK_N, NUM_IV)
 
     # fully masked rows (l_i == 0): out = 0, lse = -inf
-    out, lse = softmax_finish(acc, m_i, l_i)
+    out, lse = softmax_finish(acc, m_i, l_i)  # [BLOCK_M, BLOCK_DV], [BLOCK_M]
+    # the descriptor drops rows >= Sq and the padded columns >= HEAD_DIM_V
     o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
     tl.store(Lse + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)

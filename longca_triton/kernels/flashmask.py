@@ -77,9 +77,13 @@ All tile loads and stores go through tensor descriptors (TMA on Hopper), which z
 out-of-range rows and clip out-of-range stores. Query rows past ``Sq`` (zero ``q`` and ``dO``,
 lse read as 0) contribute nothing to dK/dV; key columns past ``Sk`` are masked in every kernel.
 
+Head dims: ``q, k`` share ``D_qk``, ``v`` may have its own ``D_v`` (multiples of 8 up to 256), in
+tiles padded to powers of two by the tensor descriptors, as in ``dense.py``.
+
 Entry point: ``flashmask_attention(q, k, v, mask_or_columns, softmax_scale=None,
 return_lse=False, config=None)`` with a ``RangeMask`` (lowered by ``flashmask_columns``) or a
-``FlashMaskColumns``. Shapes: ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``.
+``FlashMaskColumns``. Shapes: ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``,
+``v [B, Sk, Hkv, D_v]``.
 
 Files: ``flashmask_fwd.py`` (forward kernel, tile classification), ``flashmask_bwd.py`` (dK/dV,
 dQ), ``flashmask_plan.py`` (columns on the device, tile bounds, cache); shared pieces in
@@ -98,13 +102,14 @@ from longca_triton.masks.ir import RangeMask
 from ._autograd import attention_function
 from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
+from ._runtime import config_head_dim, head_dim_meta
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
 from .config import ConfigSpec
 from .config import resolve as _resolve
-from .dense import SUPPORTED_HEAD_DIMS, launch_bwd_preprocess
+from .dense import launch_bwd_preprocess
 from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel
 from .flashmask_fwd import flashmask_classify_kernel, flashmask_fwd_kernel
 from .flashmask_plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
@@ -112,7 +117,7 @@ from .flashmask_plan import FlashMaskPlan, _columns_of, classify_tiles, flashmas
 __all__ = [
     "flashmask_attention", "FlashMaskAttentionFunction", "FlashMaskPlan", "flashmask_plan",
     "default_config", "resolve_config", "tile_bounds", "classify_tiles", "flashmask_fwd",
-    "flashmask_bwd", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS", "EMPTY", "PARTIAL", "FULL",
+    "flashmask_bwd", "CONFIG_KEYS", "EMPTY", "PARTIAL", "FULL",
     "flashmask_fwd_kernel", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel",
     "flashmask_classify_kernel",
 ]
@@ -171,10 +176,11 @@ _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
-                   mask=None) -> dict:
-    """``config``, else (given ``q, k, mask``) the autotune cache's entry, overlaid on
-    ``default_config``; unknown keys and bad tiles raise ValueError (``config.resolve``)."""
-    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
+                   mask=None, v=None) -> dict:
+    """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
+    entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
+    (``config.resolve``). ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
+    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,7 +189,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
 
 
 def _check_inputs(q, k, v, sq_mask: Optional[int], sk_cols: int):
-    _check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "flashmask attention")
+    _check_qkv(q, k, v, "flashmask attention")
     sq, sk = q.shape[1], k.shape[1]
     if sq_mask is not None and sq_mask != sq:
         raise ValueError(f"mask is {sq_mask} x {sk_cols} but q/k have Sq={sq}, Sk={sk}")
@@ -192,11 +198,11 @@ def _check_inputs(q, k, v, sq_mask: Optional[int], sk_cols: int):
 
 
 def flashmask_fwd(q, k, v, plan: FlashMaskPlan, softmax_scale: float, cfg: dict):
-    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D]`` (q's dtype), ``lse [B, Hq, Sq]``."""
+    """Launch the forward kernel. Returns ``out [B, Sq, Hq, D_v]`` (q's dtype), ``lse [B, Hq, Sq]``."""
     q, k, v = (_descriptor_ready(t) for t in (q, k, v))
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    out = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    out = torch.empty((b, sq, hq, v.shape[3]), device=q.device, dtype=q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
@@ -209,7 +215,7 @@ def flashmask_fwd(q, k, v, plan: FlashMaskPlan, softmax_scale: float, cfg: dict)
         *_bsh_strides(q, k, v, out),
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -222,9 +228,9 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
     q, k, v, out, dout = (_descriptor_ready(t) for t in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # [B, Sq, Hq, D_qk]
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)  # [B, Sk, Hkv, D_qk]
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)  # [B, Sk, Hkv, D_v]
     if b * hq * d == 0 or sq == 0 or sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
@@ -235,7 +241,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
         *_bsh_strides(q, k, v, dout, dk, dv),
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
+        **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
         HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
@@ -244,7 +250,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
         *_bsh_strides(q, k, v, dout, dq),
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
+        **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
         HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
     )
@@ -269,7 +275,8 @@ FlashMaskAttentionFunction = attention_function(
 def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_or_columns,
                         softmax_scale=None, return_lse: bool = False,
                         config: Optional[dict] = None):
-    """FlashMask attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]``.
+    """FlashMask attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``,
+    ``v [B, Sk, Hkv, D_v]`` (``out [B, Sq, Hq, D_v]``).
 
     ``mask_or_columns`` is a ``RangeMask`` (lowered with ``flashmask_columns``; a mask that is not
     column intervals raises ``NotExpressible``, a ``ValueError``) or a ``FlashMaskColumns`` of
@@ -283,9 +290,8 @@ def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_
     if isinstance(mask_or_columns, RangeMask) and int(mask_or_columns.seqlen_k) != len(cols.lts):
         raise ValueError("mask and its columns disagree on Sk")  # pragma: no cover - IR invariant
     _check_inputs(q, k, v, sq_mask, len(cols.lts))
-    d = q.shape[-1]
-    softmax_scale = _resolve_scale(softmax_scale, d)
-    cfg = resolve_config(d, q.dtype, config, q=q, k=k,
+    softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
+    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v,
                          mask=mask_or_columns if isinstance(mask_or_columns, RangeMask) else None)
     plan = flashmask_plan(cols, q.shape[1], q.device)
     out, lse = FlashMaskAttentionFunction.apply(q, k, v, plan, softmax_scale, cfg)

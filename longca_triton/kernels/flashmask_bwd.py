@@ -1,5 +1,7 @@
 """FlashMask backward kernels: key-major dK/dV and query-major dQ (see
 ``longca_triton/kernels/flashmask.py``); delta comes from ``core.bwd_preprocess_kernel``.
+Head dims as in the forward: ``HEAD_DIM_QK`` / ``HEAD_DIM_V`` in descriptor tiles padded to
+``BLOCK_DQK`` / ``BLOCK_DV``.
 """
 
 import triton
@@ -31,7 +33,8 @@ def flashmask_bwd_dkdv_kernel(
     stride_dvb, stride_dvs, stride_dvh,
     softmax_scale, qk_scale,
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
 ):
     tile_n, b, h_kv = key_program(num_bkv, num_heads_kv)
@@ -41,9 +44,9 @@ def flashmask_bwd_dkdv_kernel(
     b64 = b.to(tl.int64)
 
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-    v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
     # the program's key tile is fixed: its column vectors are loaded once, as [BLOCK_N, 1]
     # columns of the transposed [BLOCK_N, BLOCK_M] tiles below
     lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)
@@ -52,14 +55,14 @@ def flashmask_bwd_dkdv_kernel(
     uts = uts[:, None]
     ute = ute[:, None]
     col_ok = col_ok[:, None]
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
     for g in range(0, group_size):
         h = h_kv * group_size + g
-        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
-        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
         row_base = (b64 * num_heads_q + h) * Sq
         # every query tile is classified against this key tile; EMPTY ones are skipped, the
         # others run in pipelined loops (see the forward)
@@ -72,8 +75,8 @@ def flashmask_bwd_dkdv_kernel(
                                       HAS_LT, HAS_UT)
                 start_m = mt * BLOCK_M
                 offs_m = start_m + tl.arange(0, BLOCK_M)
-                q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-                do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
+                q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+                do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
                 lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)  # [BLOCK_M] each
                 p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
                 if masked:
@@ -83,8 +86,8 @@ def flashmask_bwd_dkdv_kernel(
                 dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
             m_next = m_hi
 
-    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM)
-    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM)
+    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
+    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
     # s = softmax_scale * q.k, so dK picks up the scale once here
     dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
     dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
@@ -100,7 +103,8 @@ def flashmask_bwd_dq_kernel(
     stride_dqb, stride_dqs, stride_dqh,
     softmax_scale, qk_scale,
     Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
 ):
     rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
@@ -111,14 +115,14 @@ def flashmask_bwd_dq_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     b64 = b.to(tl.int64)
 
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
-    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM)
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
-    do = do_desc.load([start_m, 0])  # [BLOCK_M, D]
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
     lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
 
     # runs of non-EMPTY key tiles, as in the forward
     n_next = tl.full([], 0, tl.int32)
@@ -129,16 +133,16 @@ def flashmask_bwd_dq_kernel(
             _, masked = _classify(Bounds, tile_m, n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
             start_n = n * BLOCK_N
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
-            v = v_desc.load([start_n, 0])  # [BLOCK_N, D]
+            k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+            v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
             p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
             if masked:
                 lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
                 allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
                                    uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
                 p = tl.where(allowed, p, 0.0)
-            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, D]
+            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
         n_next = n_hi
 
-    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM)
+    dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))

@@ -114,7 +114,8 @@ def flashmask_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
 ):
     # why: batch*head is the fastest-varying index, so the query heads of one GQA group run side
@@ -127,15 +128,16 @@ def flashmask_fwd_kernel(
     start_m = tile_m * BLOCK_M
 
     b64 = b.to(tl.int64)
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM)
+    # head-dim tiles padded to BLOCK_DQK / BLOCK_DV: the descriptors zero-fill and clip the padding
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM)
-    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM)
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc, m_i, l_i = softmax_init(BLOCK_M, HEAD_DIM)
+    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
     # rows >= Sq are zero-filled by the descriptor load: finite scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, D]
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
 
     # every key tile is classified; EMPTY ones are skipped, the others come in runs of
     # consecutive tiles
@@ -149,7 +151,7 @@ def flashmask_fwd_kernel(
             _, masked = _classify(Bounds, tile_m, n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
             start_n = n * BLOCK_N
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = k_desc.load([start_n, 0])  # [BLOCK_N, D]
+            k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
             qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
             if masked:
                 # why here and not with K: loaded for every tile, the column vectors were

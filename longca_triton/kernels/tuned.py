@@ -6,7 +6,9 @@ only after :func:`reload`, which the tuner calls after writing), so a launch nev
 No hardware is probed at import; :func:`device_key` asks the GPU's name once per device.
 
 The cache is JSON keyed by ``GPU name | Triton version`` and then by *problem class*
-(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block).
+(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block). The head dim reads
+``D=128``, or ``D=192/128`` when v's head dim differs from q's and k's (``D_qk/D_v``): any int, so
+80 or 96 have classes of their own.
 """
 
 from __future__ import annotations
@@ -87,12 +89,17 @@ def sparse_block(mask: Mask) -> int | None:
     return 1 << max(0, round(math.log2(max(mean, 1.0))))
 
 
-def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int) -> str:
+def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int,
+                  head_dim_v: int | None = None) -> str:
     """``kernel|D|dtype|G|mask class|S bucket|block``. For block-sparse masks ``block`` is the
-    mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at."""
+    mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at.
+    ``D`` is ``head_dim``, or ``head_dim/head_dim_v`` when the value head dim differs."""
+    from ._runtime import head_dim_label
+
     dt = str(dtype).replace("torch.", "")
     block = sparse_block(mask) or block
-    return f"{kernel}|D={head_dim}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
+    d = head_dim_label(head_dim, head_dim_v)
+    return f"{kernel}|D={d}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
 
 
 _LOADED: dict[str, dict] = {}
@@ -125,7 +132,7 @@ def save_cache(data: dict, path: Path) -> None:
     reload(path)
 
 
-def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | None:
+def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None = None) -> dict | None:
     """The tuned config for this call's problem class, or None (use the kernel's defaults).
 
     Range masks: the best over the tuned blocks. Block-sparse masks: the entry tuned at the mask's
@@ -135,12 +142,15 @@ def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask) -> dict | 
     data = load_cache()
     if not data:
         return None
-    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask)
+    d_v = None if v is None else v.shape[-1]
+    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask,
+                      head_dim_v=d_v)
 
 
-def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask) -> dict | None:
+def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
+               head_dim_v: int | None = None) -> dict | None:
     """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
-    cls = problem_class(kernel, head_dim, dtype, group, mask, 0)
+    cls = problem_class(kernel, head_dim, dtype, group, mask, 0, head_dim_v)
     if isinstance(mask, BlockSparseMask):
         entry = entries.get(cls)
         if entry is None:

@@ -210,11 +210,14 @@ class Mask:
     def head_areas(self, num_heads_q: int) -> list[int]:
         raise NotImplementedError
 
-    def flops(self, num_heads_q: int, head_dim: int, mode: str = "fwd") -> float:
-        """MASKS.md §5: ``4 · D · Σ_heads area_h``; bwd is 2.5×, fwd_bwd 3.5× the forward count."""
+    def flops(self, num_heads_q: int, head_dim: int, mode: str = "fwd", head_dim_v: int | None = None) -> float:
+        """MASKS.md §5: ``2 · (D_qk + D_v) · Σ_heads area_h`` (``4 · D · Σ area`` when ``head_dim_v``
+        is None or equal: ``q . k`` costs ``2 D_qk`` per allowed pair, ``P V`` ``2 D_v``); bwd is
+        2.5×, fwd_bwd 3.5× the forward count. True head dims count, never padded tiles."""
         if mode not in FLOP_MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(FLOP_MODES)}")
-        return 4.0 * head_dim * float(sum(self.head_areas(num_heads_q))) * FLOP_MODES[mode]
+        d_v = head_dim if head_dim_v is None else head_dim_v
+        return 2.0 * (head_dim + d_v) * float(sum(self.head_areas(num_heads_q))) * FLOP_MODES[mode]
 
     @property
     def density(self) -> float:

@@ -53,20 +53,20 @@ def _chunk_pairs(mask: Mask, chunk: int, num_heads_q: int):
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale, chunk):
-        B, Sq, Hq, D = q.shape
-        Sk, Hkv = k.shape[1], k.shape[2]
+        B, Sq, Hq, _ = q.shape
+        Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
         g = Hq // Hkv
         qh = q.transpose(1, 2)  # [B, Hq, Sq, D]
         kh = k.transpose(1, 2).repeat_interleave(g, dim=1)  # [B, Hq, Sk, D]
-        vh = v.transpose(1, 2).repeat_interleave(g, dim=1)
-        out = torch.zeros_like(qh)
+        vh = v.transpose(1, 2).repeat_interleave(g, dim=1)  # [B, Hq, Sk, Dv]
+        out = torch.zeros(B, Hq, Sq, Dv, dtype=q.dtype, device=q.device)
         lse = torch.full((B, Hq, Sq), float("-inf"), dtype=q.dtype, device=q.device)
         pairs = _chunk_pairs(mask, chunk, Hq)
         for m, ks in enumerate(pairs):
             q0, q1 = m * chunk, min(Sq, (m + 1) * chunk)
             row_max = torch.full((B, Hq, q1 - q0), float("-inf"), dtype=q.dtype, device=q.device)
             row_sum = torch.zeros_like(row_max)
-            acc = torch.zeros(B, Hq, q1 - q0, D, dtype=q.dtype, device=q.device)
+            acc = torch.zeros(B, Hq, q1 - q0, Dv, dtype=q.dtype, device=q.device)
             for n in ks:
                 k0, k1 = n * chunk, min(Sk, (n + 1) * chunk)
                 s = torch.matmul(qh[:, :, q0:q1], kh[:, :, k0:k1].transpose(-1, -2)) * scale
@@ -91,7 +91,7 @@ class _ChunkedAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         mask, scale, chunk = ctx.mask, ctx.scale, ctx.chunk
         B, Sq, Hq, D = q.shape
-        Sk, Hkv = k.shape[1], k.shape[2]
+        Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
         g = Hq // Hkv
         qh, doh = q.transpose(1, 2), dout.transpose(1, 2)
         kh = k.transpose(1, 2).repeat_interleave(g, dim=1)
@@ -115,12 +115,13 @@ class _ChunkedAttention(torch.autograd.Function):
                 dq[:, :, q0:q1] += torch.matmul(ds, kh[:, :, k0:k1]) * scale
                 dk[:, :, k0:k1] += torch.matmul(ds.transpose(-1, -2), qh[:, :, q0:q1]) * scale
         dk = dk.view(B, Hkv, g, Sk, D).sum(2).transpose(1, 2)
-        dv = dv.view(B, Hkv, g, Sk, D).sum(2).transpose(1, 2)
+        dv = dv.view(B, Hkv, g, Sk, Dv).sum(2).transpose(1, 2)
         return dq.transpose(1, 2), dk, dv, None, None, None
 
 
 def chunked_attention(q, k, v, mask: Mask, softmax_scale: float | None = None, return_lse: bool = False, chunk: int = 256):
-    """Same contract as ``naive_attention``, in ``O(S · D)`` memory (plus one chunk of scores)."""
+    """Same contract as ``naive_attention`` (``v`` may have its own head dim), in ``O(S · D)`` memory
+    (plus one chunk of scores)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _ChunkedAttention.apply(q, k, v, mask, scale, chunk)
     return (out, lse) if return_lse else out

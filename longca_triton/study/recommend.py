@@ -38,6 +38,7 @@ class Recommendation:
     seqlen: int
     gpus: int
     mode: str
+    head_dim: str = "128"  # "D", or "D_qk/D_v"
     kernel: dict | None = None  # backend, tflops, ms, measured_seqlen, extrapolated, gpu, file
     kernel_ranking: list = field(default_factory=list)  # [(backend, tflops)]
     cannot_run: dict = field(default_factory=dict)  # backend -> status
@@ -46,7 +47,8 @@ class Recommendation:
     notes: list = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"{self.mask}, S = {self.seqlen:,}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {self.mode}:"]
+        out = [f"{self.mask}, S = {self.seqlen:,}, head dim {self.head_dim}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, "
+               f"{self.mode}:"]
         if self.kernel is None:
             out.append("  kernel: nothing measured supports this case (no ok row for this mask, heads, head dim, dtype)")
         else:
@@ -97,8 +99,10 @@ def _log_dist(a: float, b: float) -> float:
 
 
 def _same_problem(r: dict, mask, heads, head_dim, dtype) -> bool:
+    """``head_dim``: ``(D_qk, D_v)``; a row without ``d_v`` (written before it existed) has ``D_v = head_dim``."""
+    d_qk, d_v = head_dim
     return (r.get("mask") == mask and r.get("heads_q") == heads[0] and r.get("heads_kv") == heads[1]
-            and r.get("head_dim") == head_dim and r.get("dtype") == dtype)
+            and r.get("head_dim") == d_qk and r.get("d_v", r.get("head_dim")) == d_v and r.get("dtype") == dtype)
 
 
 def _label(r: dict) -> str:
@@ -131,14 +135,18 @@ def _kernel_times(rows: list[dict], mode: str) -> dict[tuple, dict]:
     return out
 
 
-def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=(64, 8), head_dim: int = 128,
+def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=(64, 8), head_dim: int | str = 128,
               mode: str = "fwd_bwd", dtype: str = "bfloat16") -> Recommendation:
-    """The best kernel and (for ``gpus > 1``) the best CP scheme x plan; see the module docstring."""
+    """The best kernel and (for ``gpus > 1``) the best CP scheme x plan; see the module docstring.
+    ``head_dim``: ``128``, ``"96"`` or ``"192/128"`` (``D_qk/D_v``), as ``bench.params.parse_head_dim``."""
+    from longca_triton.bench.params import format_head_dim, parse_head_dim
+
+    head_dim = parse_head_dim(head_dim)
     if mode not in ("fwd", "bwd", "fwd_bwd"):
         raise ValueError(f"unknown mode {mode!r}; use fwd, bwd or fwd_bwd")
     if seqlen < 1 or gpus < 1:
         raise ValueError(f"sequence length and GPU count must be positive, got S={seqlen}, gpus={gpus}")
-    rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode)
+    rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode, head_dim=format_head_dim(*head_dim))
     mine = [r for r in rows if r.get("kind") in KERNEL_KINDS and _same_problem(r, mask, heads, head_dim, dtype)]
     times = _kernel_times(mine, mode)
     if times:
@@ -202,10 +210,10 @@ def _model_cp(rec: Recommendation, heads, head_dim) -> None:
             if scheme == "group_cast":  # its bytes come from the mask: the balanced plan's busiest device
                 if MASK_SPECS[rec.mask].kind == "dynamic":
                     raise ValueError("moves the key ranges of a range mask; block-sparse masks are not supported")
-                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2,
-                                   make_mask(rec.mask, rec.seqlen), plan="balanced")
+                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim[0], 2,
+                                   make_mask(rec.mask, rec.seqlen), plan="balanced", head_dim_v=head_dim[1])
             else:
-                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim, 2)
+                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim[0], 2, head_dim_v=head_dim[1])
         except ValueError as e:
             skipped.append(f"{scheme}: {e}")
             continue
