@@ -125,6 +125,16 @@ def test_backend_says_why_it_cannot_run_here():
     for dev in ("cpu", "cuda"):
         ok, why = b.check(Problem(mask=mask, device=dev, dtype=torch.bfloat16, head_dim=128))
         assert not ok and "sm_90" in why
+    # the head-dim answer, on a machine where the device would do (checked without one)
+    monkey = Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128)
+    import longca_triton.kernels.gluon.attention as GA
+    real = GA.device_reason
+    try:
+        GA.device_reason = lambda dev: ""
+        ok, why = b.supports(monkey)
+    finally:
+        GA.device_reason = real
+    assert not ok and "192/128" in why
     q = k = v = torch.randn(1, 256, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="sm_90"):
         lt.attention(q, k, v, mask, backend="triton-gluon")
@@ -133,9 +143,11 @@ def test_backend_says_why_it_cannot_run_here():
 def test_kernel_entry_checks_inputs_before_any_launch():
     mask = lt.make_mask("causal", 64)
     q = torch.randn(1, 64, 2, 96, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="head dim 96 not supported"):
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\) with D_v == D_qk"):
         G.gluon_attention(q, q, q, mask)
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="D_v=32"):
+        G.gluon_attention(q, q, q[..., :32].contiguous(), mask)
     with pytest.raises(ValueError, match="sm_90"):
         G.gluon_attention(q, q, q, mask)
     with pytest.raises(ValueError, match="mask is 64 x 64"):

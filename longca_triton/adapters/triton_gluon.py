@@ -46,6 +46,11 @@ class TritonGluon(TritonBackend):
         ok, why = super().supports(problem)
         if not ok:
             return ok, why
+        from longca_triton.kernels.gluon.attention import SUPPORTED_HEAD_DIMS
+
+        if problem.head_dim not in SUPPORTED_HEAD_DIMS or problem.d_v != problem.head_dim:
+            return False, (f"head dim {problem.head_dim_label} not supported (the Gluon kernel takes "
+                           f"{SUPPORTED_HEAD_DIMS} with D_v == D_qk)")
         from longca_triton.kernels.gluon.attention import device_reason
 
         why = device_reason(torch.device("cuda"))

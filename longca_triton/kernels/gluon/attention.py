@@ -144,7 +144,10 @@ def device_reason(device) -> str:
 
 def check_inputs(q, k, v, mask=None) -> None:
     """Shapes, dtypes, head dims, device: clear errors before any kernel runs."""
-    check_qkv(q, k, v, SUPPORTED_HEAD_DIMS, "the Gluon attention kernel")
+    check_qkv(q, k, v, "the Gluon attention kernel")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"the Gluon kernel takes head dims {SUPPORTED_HEAD_DIMS} with D_v == D_qk; got "
+                         f"D_qk={q.shape[-1]}, D_v={v.shape[-1]} (our plain-Triton kernels take the others)")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the Gluon kernel takes float16 or bfloat16, got {q.dtype}")
     if mask is not None and (int(mask.seqlen_q) != q.shape[1] or int(mask.seqlen_k) != k.shape[1]):
