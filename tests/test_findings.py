@@ -6,7 +6,6 @@ reasons, missing / failed / NaN rows, block-sparse density, CP efficiency, the C
 
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -205,7 +204,6 @@ def test_recommend_answers_every_static_mask_on_the_committed_results():
     paths = default_results()
     if not paths:
         pytest.skip("not run from a checkout with experiments/results/")
-    t0 = time.perf_counter()
     rows = load_rows(paths)
     for mask in STATIC_MASK_NAMES:
         for S in (4096, 65536, 1 << 20):
@@ -216,4 +214,3 @@ def test_recommend_answers_every_static_mask_on_the_committed_results():
     for mask, S, gpus in (("causal_document", "128K", 8), ("sliding_window", "1M", 64), ("full", "4K", 1)):
         r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", S, "--gpus", str(gpus)])
         assert r.exit_code == 0 and "kernel:" in r.output, r.output
-    assert time.perf_counter() - t0 < 20
