@@ -53,7 +53,13 @@ def query_program(num_bh, num_heads_q, group_size):
     a query-tile rank (heaviest first) and the query heads of one GQA group sit next to each
     other and read the same K/V tiles from L2.
     """
-    pid = tl.program_id(0)
+    return query_program_at(tl.program_id(0), num_bh, num_heads_q, group_size)
+
+
+@triton.jit
+def query_program_at(pid, num_bh, num_heads_q, group_size):
+    """``query_program`` for the program index ``pid`` (a kernel running two program sets in one
+    launch numbers each set from 0)."""
     rank = pid // num_bh
     bh = pid % num_bh
     b = bh // num_heads_q
@@ -65,7 +71,12 @@ def query_program(num_bh, num_heads_q, group_size):
 @triton.jit
 def key_program(num_bkv, num_heads_kv):
     """``(rank, b, h_kv)`` of a key-major dK/dV program (one key tile of one KV head)."""
-    pid = tl.program_id(0)
+    return key_program_at(tl.program_id(0), num_bkv, num_heads_kv)
+
+
+@triton.jit
+def key_program_at(pid, num_bkv, num_heads_kv):
+    """``key_program`` for the program index ``pid``."""
     rank = pid // num_bkv
     bkv = pid % num_bkv
     b = bkv // num_heads_kv
