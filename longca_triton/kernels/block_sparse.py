@@ -401,7 +401,7 @@ register_op_autograd("longca_triton::block_sparse_attention_fwd", _block_sparse_
 
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
-                           return_lse: bool = False, config: Optional[dict] = None):
+                           return_lse: bool = False, config: Optional[dict] = None, deterministic: bool = False):
     """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     under a ``BlockSparseMask`` (``out [B, Sq, Hq, D_v]``).
 
@@ -409,6 +409,10 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     ``config`` overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
     ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural log; ``-inf`` and a zero output row
     where a query row keeps no block). The tables are built on q's device on first use and cached.
+
+    ``deterministic``: accepted for the API's sake and always honoured, at no cost: the backward
+    has no atomics (dK/dV summed over a GQA group in registers, dQ owned by one program per tile),
+    so its gradients are bitwise identical run to run whatever the flag.
     """
     _check_inputs(q, k, v, mask)
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
@@ -422,13 +426,15 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 varblock_attention = block_sparse_attention
 
 
-def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None):
+def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None,
+                              deterministic=False):
     """Same as :func:`block_sparse_attention`, through the ``torch.library`` ops
     (``longca_triton::block_sparse_attention_fwd`` / ``_bwd``), so ``torch.compile`` can trace it.
 
     The tables are looked up (built once, cached) outside the graph: under ``torch.compile`` that
     lookup is a graph break. Build them beforehand (``tables_for``) and call
     :func:`block_sparse_attention_from_tables` for a graph without breaks (``fullgraph=True``).
+    ``deterministic``: always honoured (no atomics, see :func:`block_sparse_attention`).
     """
     _check_inputs(q, k, v, mask)
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])

@@ -274,7 +274,7 @@ FlashMaskAttentionFunction = attention_function(
 
 def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_or_columns,
                         softmax_scale=None, return_lse: bool = False,
-                        config: Optional[dict] = None):
+                        config: Optional[dict] = None, deterministic: bool = False):
     """FlashMask attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``,
     ``v [B, Sk, Hkv, D_v]`` (``out [B, Sq, Hq, D_v]``).
 
@@ -284,6 +284,10 @@ def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_
     overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
     ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural log; ``-inf`` and a zero output row
     where a query row attends nothing).
+
+    ``deterministic``: accepted for the API's sake and always honoured, at no cost: the backward
+    has no atomics (dK/dV summed over a GQA group in registers, one dQ program per tile), so its
+    gradients are bitwise identical run to run whatever the flag.
     """
     cols = _columns_of(mask_or_columns)
     sq_mask = int(mask_or_columns.seqlen_q) if isinstance(mask_or_columns, RangeMask) else None
