@@ -225,3 +225,20 @@ def test_flash_adapter_asks_flashattention_for_determinism():
                      dense_kw={}, varlen_kw={})
     with pytest.raises(ValueError, match="'fa2' cannot promise deterministic.*without_flag"):
         FA2().deterministic_plan(old)
+
+
+# ------------------------------------------------------------------ autotune
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_autotune_searches_the_backward_layout(head_dim):
+    """The ``bwd`` group of the ``triton`` tunable: two kernels first (its keys are the group's, the
+    ones reset to the default when nothing wins), then one-launch candidates; all resolve."""
+    from longca_triton.bench import autotune as at
+
+    t = at.TUNABLES["triton"]
+    assert t.groups["bwd"] == "bwd" and list(t.groups)[-1] == "bwd"
+    cands = t.candidates("bwd", 128, head_dim)
+    assert cands[0]["one_launch"] is False and all(set(c) == set(cands[0]) for c in cands)
+    assert {c["bwd_order"] for c in cands if c["one_launch"]} == {0, 2}
+    for c in cands:
+        cfg = resolve_config(head_dim, torch.bfloat16, c)
+        assert cfg["one_launch"] == c["one_launch"] and not cfg["fused_dq"]

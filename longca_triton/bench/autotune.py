@@ -5,7 +5,8 @@
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
 block-sparse kernel ``triton-sparse`` the block itself, on uniform block-sparse masks of that
 block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the
-kernels' switches (warp specialisation). ``--varblock`` tunes ``triton-varblock`` on
+kernels' switches (warp specialisation; for ``triton`` the backward's layout, two kernels or one
+launch, as a last group). ``--varblock`` tunes ``triton-varblock`` on
 variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
 keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
 separate kernels.
@@ -95,6 +96,14 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
             dict(DQ_BLOCK_M=m, DQ_BLOCK_N=block, dq_num_warps=w, dq_num_stages=s)
             for m, w, s in itertools.product(outer, warps, [2, 3])
         ]
+    if group == "bwd":
+        # after dkdv and dq (their tiles stay): two kernels (first, so its keys are the group's), or
+        # one launch of both program sets, per program order, warps and stages for the one launch
+        off = dict(one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3 if not big else 2)
+        return [off] + [
+            dict(one_launch=True, bwd_order=o, bwd_num_warps=w, bwd_num_stages=s)
+            for o, w, s in itertools.product([0, 2], warps, [2] if big else [2, 3])
+        ]
     raise ValueError(f"unknown key group {group!r}")
 
 
@@ -111,7 +120,7 @@ def _dense_tunable() -> Tunable:
 
     return Tunable(
         name="triton",
-        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd", "bwd": "bwd"},
         candidates=_dense_candidates,
         run=run,
         default=default,
