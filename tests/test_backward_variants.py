@@ -5,11 +5,23 @@ reaching the kernel from ``longca_triton.attention``)."""
 
 import pytest
 import torch
-from utils import DEVICE, ODD_CONFIG, compare_to_reference, needs_triton, random_range_mask, small_mask
+from utils import (
+    DEVICE,
+    ODD_CONFIG,
+    compare_to_reference,
+    needs_triton,
+    random_range_mask,
+    small_mask,
+)
 
 import longca_triton as lt
 from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.dense import BWD_ORDERS, dense_attention, dense_attention_op, resolve_config
+from longca_triton.kernels.dense import (
+    BWD_ORDERS,
+    dense_attention,
+    dense_attention_op,
+    resolve_config,
+)
 from longca_triton.kernels.flashmask import flashmask_attention
 from longca_triton.masks import RangeMask, make_mask
 
@@ -242,3 +254,24 @@ def test_autotune_searches_the_backward_layout(head_dim):
     for c in cands:
         cfg = resolve_config(head_dim, torch.bfloat16, c)
         assert cfg["one_launch"] == c["one_launch"] and not cfg["fused_dq"]
+
+
+# ------------------------------------------------------------------ the GPU script, at toy size
+def test_bwd_variants_script_smoke(tmp_path):
+    """experiments/gpu/bwd_variants.py --smoke: every variant passes the bench check, the
+    deterministic ones give equal bits twice, and the table is written."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    spec = importlib.util.spec_from_file_location("bwd_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document"])
+    assert set(rows[0]["times"]) == set(mod.variants(True))
+    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
+    checks = [r for r in lines if r["kind"] == "check"]
+    assert checks and all(r["ok"] for r in checks), checks
+    assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
+    assert "| causal_document |" in (tmp_path / "bwd_variants.md").read_text()
