@@ -111,16 +111,36 @@ def test_one_launch_matches_two_kernels_bitwise():
         assert torch.equal(a, b), f"d{name} differs between two kernels and one launch"
 
 
+# ------------------------------------------------------------------ FlashMask, one launch
+FM_TILES = dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=16)
+
+
+@pytest.mark.parametrize("name,S,Hq,Hkv,dtype,order", [
+    ("causal_document", 150, 4, 2, torch.float32, 0),
+    ("share_question", 133, 4, 1, torch.float32, 2),
+    ("sliding_window_causal", 100, 2, 2, torch.float16, 1),
+], ids=lambda x: str(x).replace("torch.", ""))
+def test_flashmask_one_launch(name, S, Hq, Hkv, dtype, order):
+    mask = small_mask(name, S, seed=S)
+    cfg = one_launch(order, **FM_TILES)
+    compare_to_reference(lambda q, k, v: flashmask_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, Hq, Hkv, 32, dtype, dlse=order == 2)
+
+
 # ------------------------------------------------------------------ config checks
 def test_config_rejects_one_launch_with_fused_dq():
     with pytest.raises(ValueError, match="one_launch.*fused_dq"):
         resolve_config(32, torch.float32, dict(one_launch=True, fused_dq=True))
 
 
-def test_config_rejects_unknown_bwd_order():
+@pytest.mark.parametrize("kernel", ["dense", "flashmask"])
+def test_config_rejects_unknown_bwd_order(kernel):
+    import longca_triton.kernels.flashmask as FM
+
     assert set(BWD_ORDERS) == {0, 1, 2}
-    with pytest.raises(ValueError, match="bwd_order"):
-        resolve_config(32, torch.float32, dict(one_launch=True, bwd_order=3))
+    resolve = resolve_config if kernel == "dense" else FM.resolve_config
+    with pytest.raises(ValueError, match=f"{kernel}.*bwd_order"):
+        resolve(32, torch.float32, dict(one_launch=True, bwd_order=3))
 
 
 # ------------------------------------------------------------------ deterministic
@@ -137,6 +157,7 @@ DETERMINISTIC = {
     "dense-two-kernels": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), None),
     "dense-one-launch": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
     "flashmask": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), None),
+    "flashmask-one-launch": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
     "block-sparse": (block_sparse_attention,
                      lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1), None),
     "varblock": (block_sparse_attention,

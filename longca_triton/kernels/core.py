@@ -85,6 +85,28 @@ def key_program_at(pid, num_bkv, num_heads_kv):
 
 
 @triton.jit
+def one_launch_split(pid, n_dkdv, n_dq, ORDER: tl.constexpr):
+    """``(is_dkdv, index within its set)`` of program ``pid`` of a one-launch backward (dense,
+    FlashMask, block-sparse: a dK/dV program set of ``n_dkdv`` and a dQ set of ``n_dq``).
+
+    ``ORDER`` 0: the dK/dV set first (its programs are the heaviest: each sweeps ``G`` query heads),
+    then dQ; 1: dQ first; 2: the two sets interleaved one to one while both last, then the rest of
+    the larger one. Each set keeps its plan's order (heaviest tiles first)."""
+    if ORDER == 0:
+        is_dkdv = pid < n_dkdv
+        idx = tl.where(is_dkdv, pid, pid - n_dkdv)
+    elif ORDER == 1:
+        is_dkdv = pid >= n_dq
+        idx = tl.where(is_dkdv, pid - n_dq, pid)
+    else:
+        n_pairs = tl.minimum(n_dkdv, n_dq)
+        paired = pid < 2 * n_pairs
+        is_dkdv = tl.where(paired, pid % 2 == 0, n_dkdv > n_dq)
+        idx = tl.where(paired, pid // 2, pid - n_pairs)
+    return is_dkdv, idx
+
+
+@triton.jit
 def kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
              BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
              BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):

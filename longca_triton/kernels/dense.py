@@ -86,7 +86,8 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
-from .config import ConfigSpec
+from .config import BWD_ORDERS, ConfigSpec
+from .config import check_bwd_layout as _check_bwd_layout
 from .config import resolve as _resolve
 from .dense_bwd import (
     dense_bwd_dkdv_kernel,
@@ -124,9 +125,6 @@ CONFIG_KEYS = (
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
 )
-
-#: ``bwd_order`` values of the one-launch backward
-BWD_ORDERS = {0: "dK/dV set first", 1: "dQ set first", 2: "interleaved"}
 
 
 
@@ -176,14 +174,8 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
     ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
     by (``config_head_dim``)."""
-    cfg = _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v)
-    cfg["bwd_order"] = int(cfg["bwd_order"])
-    if cfg["bwd_order"] not in BWD_ORDERS:
-        raise ValueError(f"config['bwd_order'] must be one of {BWD_ORDERS}, got {cfg['bwd_order']}")
-    if cfg["one_launch"] and cfg["fused_dq"]:
-        raise ValueError("config asks for both one_launch (dK/dV and dQ program sets in one launch) and "
-                         "fused_dq (dQ by fp32 atomics from the dK/dV kernel); pick one")
-    return cfg
+    return _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v),
+                             "dense attention")
 
 
 def check_deterministic(cfg: dict, deterministic: bool, what: str = "dense attention") -> None:

@@ -47,6 +47,7 @@ from .core import (
     key_program_at,
     kv_descs,
     load_row_stats,
+    one_launch_split,
     query_program_at,
     recompute_p,
     tile_desc,
@@ -280,27 +281,6 @@ def dense_bwd_dq_kernel(
 
 
 @triton.jit
-def _one_launch_split(pid, n_dkdv, n_dq, ORDER: tl.constexpr):
-    """``(is_dkdv, index within its set)`` of program ``pid`` of the one-launch backward.
-
-    ``ORDER`` 0: the dK/dV set first (its programs are the heaviest: each sweeps ``G`` query heads),
-    then dQ; 1: dQ first; 2: the two sets interleaved one to one while both last, then the rest of
-    the larger one. Each set keeps its plan's order (heaviest tiles first)."""
-    if ORDER == 0:
-        is_dkdv = pid < n_dkdv
-        idx = tl.where(is_dkdv, pid, pid - n_dkdv)
-    elif ORDER == 1:
-        is_dkdv = pid >= n_dq
-        idx = tl.where(is_dkdv, pid - n_dq, pid)
-    else:
-        n_pairs = tl.minimum(n_dkdv, n_dq)
-        paired = pid < 2 * n_pairs
-        is_dkdv = tl.where(paired, pid % 2 == 0, n_dkdv > n_dq)
-        idx = tl.where(paired, pid // 2, pid - n_pairs)
-    return is_dkdv, idx
-
-
-@triton.jit
 def dense_bwd_one_launch_kernel(
     Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
     stride_qb, stride_qs, stride_qh,
@@ -325,7 +305,7 @@ def dense_bwd_one_launch_kernel(
     saves a launch and lets dQ programs fill the SMs while the last dK/dV programs run (and back).
     No atomics: every output tile has one owner, so the result is bitwise deterministic. One
     ``num_warps`` / ``num_stages`` serves both sets (``bwd_num_warps`` / ``bwd_num_stages``)."""
-    is_dkdv, idx = _one_launch_split(tl.program_id(0), n_dkdv, n_dq, ORDER)
+    is_dkdv, idx = one_launch_split(tl.program_id(0), n_dkdv, n_dq, ORDER)
     if is_dkdv:
         # DQAcc is a placeholder (Delta): FUSED_DQ is off, it is never read
         _dkdv_program(
