@@ -127,20 +127,47 @@ def test_flashmask_one_launch(name, S, Hq, Hkv, dtype, order):
                          S, S, 1, Hq, Hkv, 32, dtype, dlse=order == 2)
 
 
+# ------------------------------------------------------------------ block-sparse, one launch
+BS_CASES = {
+    "uniform32-S=200-GQA4:2-dkdv-first": (lambda: make_mask("block_sparse", 200, block=32, density=0.5, patterns=2,
+                                                            seed=3), 0, False),
+    "varblock-S=150-GQA4:2-interleaved": (lambda: make_mask("varblock_sparse", 150, block=48, min_block=20,
+                                                            density=0.4, patterns=2, seed=2), 2, False),
+    "uniform16-S=100-GQA4:2-dq-first-op": (lambda: make_mask("block_sparse", 100, block=16, density=0.3, patterns=1,
+                                                             seed=5), 1, True),
+}
+
+
+@pytest.mark.parametrize("case", BS_CASES)
+def test_block_sparse_one_launch(case):
+    from longca_triton.kernels.block_sparse import block_sparse_attention_op
+
+    make, order, use_op = BS_CASES[case]
+    mask = make()
+    fn = block_sparse_attention_op if use_op else block_sparse_attention
+    cfg = one_launch(order)
+    compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32, dlse=order == 2)
+
+
 # ------------------------------------------------------------------ config checks
 def test_config_rejects_one_launch_with_fused_dq():
     with pytest.raises(ValueError, match="one_launch.*fused_dq"):
         resolve_config(32, torch.float32, dict(one_launch=True, fused_dq=True))
 
 
-@pytest.mark.parametrize("kernel", ["dense", "flashmask"])
+@pytest.mark.parametrize("kernel", ["dense", "flashmask", "block-sparse"])
 def test_config_rejects_unknown_bwd_order(kernel):
+    import longca_triton.kernels.block_sparse as BS
     import longca_triton.kernels.flashmask as FM
 
     assert set(BWD_ORDERS) == {0, 1, 2}
-    resolve = resolve_config if kernel == "dense" else FM.resolve_config
+    bad = dict(one_launch=True, bwd_order=3)
+    resolve = {"dense": lambda: resolve_config(32, torch.float32, bad),
+               "flashmask": lambda: FM.resolve_config(32, torch.float32, bad),
+               "block-sparse": lambda: BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, bad)}[kernel]
     with pytest.raises(ValueError, match=f"{kernel}.*bwd_order"):
-        resolve(32, torch.float32, dict(one_launch=True, bwd_order=3))
+        resolve()
 
 
 # ------------------------------------------------------------------ deterministic
@@ -160,6 +187,9 @@ DETERMINISTIC = {
     "flashmask-one-launch": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
     "block-sparse": (block_sparse_attention,
                      lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1), None),
+    "block-sparse-one-launch": (block_sparse_attention,
+                                lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1),
+                                one_launch(2)),
     "varblock": (block_sparse_attention,
                  lambda: make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.5, patterns=2, seed=2),
                  None),
