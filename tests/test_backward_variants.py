@@ -291,20 +291,23 @@ def test_flash_adapter_asks_flashattention_for_determinism():
 
 
 # ------------------------------------------------------------------ autotune
+@pytest.mark.parametrize("tunable", ["triton", "triton-sparse", "triton-varblock"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_autotune_searches_the_backward_layout(head_dim):
-    """The ``bwd`` group of the ``triton`` tunable: two kernels first (its keys are the group's, the
-    ones reset to the default when nothing wins), then one-launch candidates; all resolve."""
+def test_autotune_searches_the_backward_layout(tunable, head_dim):
+    """The ``bwd`` group: two kernels first (its keys are the group's, the ones reset to the
+    default when nothing wins), then one-launch candidates; all resolve for their kernel."""
+    import longca_triton.kernels.block_sparse as BS
     from longca_triton.bench import autotune as at
 
-    t = at.TUNABLES["triton"]
+    t = at.TUNABLES[tunable]
     assert t.groups["bwd"] == "bwd" and list(t.groups)[-1] == "bwd"
     cands = t.candidates("bwd", 128, head_dim)
     assert cands[0]["one_launch"] is False and all(set(c) == set(cands[0]) for c in cands)
     assert {c["bwd_order"] for c in cands if c["one_launch"]} == {0, 2}
+    mask = make_mask("block_sparse", 256, block=128)
     for c in cands:
-        cfg = resolve_config(head_dim, torch.bfloat16, c)
-        assert cfg["one_launch"] == c["one_launch"] and not cfg["fused_dq"]
+        cfg = resolve_config(head_dim, torch.bfloat16, c) if tunable == "triton" else BS.resolve_config(mask, head_dim, c)
+        assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
 
 
 # ------------------------------------------------------------------ the GPU script, at toy size
@@ -319,10 +322,13 @@ def test_bwd_variants_script_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("bwd_variants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document"])
+    rows, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document"])
     assert set(rows[0]["times"]) == set(mod.variants(True))
+    assert [r["mask"] for r in srows] == list(mod.SPARSE_MASKS)
+    assert all(set(r["times"]) == set(mod.sparse_variants(True)) for r in srows)
     lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
     checks = [r for r in lines if r["kind"] == "check"]
     assert checks and all(r["ok"] for r in checks), checks
     assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
-    assert "| causal_document |" in (tmp_path / "bwd_variants.md").read_text()
+    md = (tmp_path / "bwd_variants.md").read_text()
+    assert "| causal_document |" in md and "| uniform128 |" in md and "variable / uniform" in md
