@@ -73,7 +73,8 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
         raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {Hq} query heads")
 
 
-def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backend: str | None = None, return_lse: bool = False):
+def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backend: str | None = None,
+              return_lse: bool = False, deterministic: bool = False):
     """Masked attention. ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     (``Hq % Hkv == 0`` is GQA; ``v`` may have its own head dim, e.g. 192/128).
 
@@ -81,17 +82,28 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     log, ``-inf`` for rows that attend nothing). Differentiable. The default scale is
     ``1/sqrt(D_qk)``. ``backend`` names an entry of the registry (``longca-triton doctor`` lists
     them); one that cannot run these head dims raises ``ValueError`` with its reason.
+
+    ``deterministic=True``: gradients bitwise identical run to run (what FlashAttention users ask
+    for). Our ``triton``, ``triton-flashmask``, ``triton-sparse`` and ``triton-varblock`` backends
+    honour it at no cost (their backward has no atomics; a ``triton`` config with ``fused_dq``, the
+    one atomic variant, is refused); ``fa2`` / ``fa3`` pass it to FlashAttention where the installed
+    build takes it; every other backend raises ``ValueError`` naming itself. With no ``backend``
+    named, range masks then run on ``triton`` (the default rule's other pick, ``triton-gluon``,
+    does not promise it).
     """
     from .adapters import Problem, get_backend
 
     # the backend-independent check (shapes, GQA, the mask fitting); our kernels' public entries add
     # their own (head dims, dtypes, devices), since users call them directly too
     validate_inputs(q, k, v, mask)
-    impl = get_backend(backend or default_backend(mask, q, k))
+    impl = get_backend(backend or ("triton" if deterministic and not isinstance(mask, BlockSparseMask)
+                                   else default_backend(mask, q, k)))
     problem = Problem.from_tensors(q, k, v, mask, softmax_scale)  # problem.scale: the resolved scale
     ok, why = impl.check(problem)
     if not ok:
         raise ValueError(f"backend {impl.name!r} cannot run this case: {why}")
     if return_lse and not impl.returns_lse:
         raise ValueError(f"backend {impl.name!r} does not return the log-sum-exp")
+    if deterministic:  # the keyword only when asked: a Backend subclass of before still takes the call
+        return impl.call(problem, q, k, v, return_lse=return_lse, deterministic=True)
     return impl.call(problem, q, k, v, return_lse=return_lse)

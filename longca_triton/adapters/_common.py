@@ -270,6 +270,11 @@ class PlannedBackend(Backend):
     def run(self, plan: Any, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
+    def deterministic_plan(self, plan: Any) -> Any:
+        """``plan`` asking the vendor kernel for deterministic gradients (only called where
+        ``honours_deterministic``); raise ``ValueError`` if this build cannot."""
+        raise ValueError(f"backend {self.name!r} cannot promise deterministic=True")
+
     # -- shared
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if self.needs_cuda and problem.device != "cuda":
@@ -342,8 +347,12 @@ class PlannedBackend(Backend):
         self.require(problem)
         return self.call(problem, q, k, v, return_lse)
 
-    def call(self, problem: Problem, q, k, v, return_lse: bool = False):
-        out, lse = self.run(self.plan_for(problem, q.device), q, k, v, problem.scale)
+    def call(self, problem: Problem, q, k, v, return_lse: bool = False, deterministic: bool = False):
+        self.check_deterministic(deterministic)
+        plan = self.plan_for(problem, q.device)
+        if deterministic:
+            plan = self.deterministic_plan(plan)
+        out, lse = self.run(plan, q, k, v, problem.scale)
         if return_lse:
             if lse is None:
                 raise Unsupported(f"{self.name} does not return the log-sum-exp")

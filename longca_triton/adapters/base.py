@@ -8,9 +8,11 @@ cannot run:
 * ``prepare(problem, q, k, v) -> fn``: do all mask lowering and planning now (outside any timed
   region) and return a callable ``fn() -> (out, lse or None)`` running only the kernel;
 * ``attention(q, k, v, mask, softmax_scale, return_lse)``: the differentiable call;
-* ``call(problem, q, k, v, return_lse)``: the same call for a ``Problem`` already built and checked
-  (``longca_triton.attention`` validates the inputs and defaults the scale once, then calls this;
-  ``problem.scale`` is the resolved softmax scale).
+* ``call(problem, q, k, v, return_lse, deterministic)``: the same call for a ``Problem`` already
+  built and checked (``longca_triton.attention`` validates the inputs and defaults the scale once,
+  then calls this; ``problem.scale`` is the resolved softmax scale). ``deterministic=True`` asks for
+  bitwise-identical gradients run to run: a backend that cannot promise them
+  (``honours_deterministic`` False) raises ``ValueError`` naming itself.
 
 Names follow one pattern: our own kernels start with ``triton`` (``triton``, ``triton-flashmask``,
 ``triton-sparse``, ``triton-varblock``); vendor kernels start with the vendor (``sdpa-cudnn``,
@@ -118,6 +120,9 @@ class Backend:
     modes: tuple[str, ...] = MODES
     #: whether ``attention`` can return the log-sum-exp (needed by context parallelism)
     returns_lse: bool = True
+    #: whether it can promise ``deterministic=True`` (gradients bitwise identical run to run); one
+    #: that does takes a ``deterministic`` keyword in ``attention``
+    honours_deterministic: bool = False
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -137,10 +142,18 @@ class Backend:
     def attention(self, q, k, v, mask: Mask, softmax_scale: float | None = None, return_lse: bool = False):
         raise NotImplementedError
 
-    def call(self, problem: Problem, q, k, v, return_lse: bool = False):
+    def call(self, problem: Problem, q, k, v, return_lse: bool = False, deterministic: bool = False):
         """``attention`` for a problem already built from these tensors and checked (see
         ``longca_triton.attention``): no second validation, the scale is ``problem.scale``."""
-        return self.attention(q, k, v, problem.mask, softmax_scale=problem.scale, return_lse=return_lse)
+        self.check_deterministic(deterministic)
+        kw = {"deterministic": True} if deterministic else {}  # only backends that honour it take the keyword
+        return self.attention(q, k, v, problem.mask, softmax_scale=problem.scale, return_lse=return_lse, **kw)
+
+    def check_deterministic(self, deterministic: bool) -> None:
+        """Raise ``ValueError`` naming the backend when ``deterministic`` is asked and not honoured."""
+        if deterministic and not self.honours_deterministic:
+            raise ValueError(f"backend {self.name!r} cannot promise deterministic=True (bitwise-identical gradients "
+                             "run to run); triton, triton-flashmask, triton-sparse and triton-varblock can")
 
     def require(self, problem: Problem) -> None:
         """``check`` or raise ``Unsupported`` naming the backend and the reason."""

@@ -16,7 +16,7 @@ build disables FP16) and has no local/sliding-window kernels (``FLASHATTENTION_D
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -92,6 +92,19 @@ class FlashFamily(PlannedBackend):
             raise NotExpressible(f"{self.name} was built without local (sliding-window) attention; {problem.mask.name} needs window {fa.window}")
         packed_cu_seqlens(fa, problem.batch)  # validates int32 range
         return fa
+
+    #: FlashAttention's backward takes ``deterministic=True`` (dQ accumulated in a fixed order, at
+    #: some speed); ``deterministic_plan`` checks the installed build's signature
+    honours_deterministic = True
+
+    def deterministic_plan(self, plan: _FlashPlan) -> _FlashPlan:
+        missing = [fn.__name__ for fn in (plan.dense_fn, plan.varlen_fn)
+                   if "deterministic" not in inspect.signature(fn).parameters]
+        if missing:
+            raise ValueError(f"backend {self.name!r} cannot promise deterministic=True: {self.module}."
+                             f"{' / '.join(missing)} takes no 'deterministic' argument")
+        return replace(plan, dense_kw={**plan.dense_kw, "deterministic": True},
+                       varlen_kw={**plan.varlen_kw, "deterministic": True})
 
     def _flags(self, fn) -> dict:
         params = inspect.signature(fn).parameters

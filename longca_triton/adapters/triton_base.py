@@ -3,8 +3,9 @@
 float32 is allowed too), the dtype / head-dim / GQA checks (head dims: multiples of 8 up to 256, v
 may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an explicit
 ``self.config``, else the autotune cache's entry for the problem class via
-``longca_triton.kernels.tuned.lookup``, else the kernel's defaults), and a ``prepare`` that does
-the mask lowering / planning before returning the timed call.
+``longca_triton.kernels.tuned.lookup``, else the kernel's defaults), ``deterministic=True``
+(passed to the kernels; ``problem.extra["deterministic"]`` in ``prepare``), and a ``prepare`` that
+does the mask lowering / planning before returning the timed call.
 
 A subclass names its kernel module (``kernel``, under ``longca_triton.kernels``) and overrides
 ``mask_reason`` (which masks it takes), ``launch`` (the kernel call) and ``plan`` (the device
@@ -43,6 +44,9 @@ class TritonBackend(Backend):
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
     #: an explicit launch config (None: autotune cache, else the kernel's defaults)
     config: dict | None = None
+    #: our kernels' backward has no atomics unless a config asks for them (dense ``fused_dq``,
+    #: which ``deterministic=True`` refuses): see ``kernels/dense.py``
+    honours_deterministic = True
 
     def kernel_module(self):
         return importlib.import_module(f"longca_triton.kernels.{self.kernel}")
@@ -61,8 +65,9 @@ class TritonBackend(Backend):
         """Why this backend cannot take ``problem.mask`` (empty when it can)."""
         return ""
 
-    def launch(self, q, k, v, mask, scale, return_lse: bool, config: dict | None):
-        """The kernel call (differentiable); returns ``out`` or ``(out, lse)``."""
+    def launch(self, q, k, v, mask, scale, return_lse: bool, config: dict | None, deterministic: bool = False):
+        """The kernel call (differentiable); returns ``out`` or ``(out, lse)``. ``deterministic``:
+        bitwise-identical gradients run to run (the kernel raises ValueError if ``config`` forbids it)."""
         raise NotImplementedError
 
     def plan(self, problem: Problem, q, config: dict | None) -> None:
@@ -99,8 +104,9 @@ class TritonBackend(Backend):
 
         return lookup(self.name, q, k, mask, v=v)
 
-    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
-        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask, v))
+    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False, deterministic=False):
+        self.check_deterministic(deterministic)
+        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask, v), deterministic)
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
         """Check, pick the launch config and plan now; the returned call runs the kernels only."""
@@ -110,8 +116,10 @@ class TritonBackend(Backend):
             config = self.launch_config(q, k, problem.mask, v)
         self.plan(problem, q, config)
         mask, scale = problem.mask, problem.scale
+        deterministic = bool(problem.extra.get("deterministic", False))
+        self.check_deterministic(deterministic)
 
         def fn():
-            return self.launch(q, k, v, mask, scale, True, config)
+            return self.launch(q, k, v, mask, scale, True, config, deterministic)
 
         return fn

@@ -23,10 +23,11 @@ class TritonDense(TritonBackend):
             return "block-sparse masks run on triton-sparse / triton-varblock"
         return ""
 
-    def launch(self, q, k, v, mask, scale, return_lse, config):
+    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
         from longca_triton.kernels.dense import dense_attention
 
-        return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
+        return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
+                               deterministic=deterministic)
 
     def plan(self, problem: Problem, q, config):
         from longca_triton.kernels._runtime import config_head_dim

@@ -31,10 +31,11 @@ class TritonFlashMask(TritonBackend):
             return f"not expressible as FlashMask columns: {e}"
         return ""
 
-    def launch(self, q, k, v, mask, scale, return_lse, config):
+    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
         from longca_triton.kernels.flashmask import flashmask_attention
 
-        return flashmask_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
+        return flashmask_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
+                                   deterministic=deterministic)
 
     def plan(self, problem: Problem, q, config):
         """The column lowering and the device metadata (columns, per-tile min/max)."""

@@ -39,12 +39,13 @@ class _TritonBlockSparse(TritonBackend):
             return "Sq * Hq * D >= 2^31 per batch entry (32-bit row offsets in the dK/dV loop)"
         return ""
 
-    def launch(self, q, k, v, mask, scale, return_lse, config):
+    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
         from longca_triton.kernels.block_sparse import block_sparse_attention
 
-        return block_sparse_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config)
+        return block_sparse_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
+                                      deterministic=deterministic)
 
-    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False):
+    def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False, deterministic=False):
         """Through the ``torch.library`` ops (same kernels, same numbers as the autograd path), so
         that a ``torch.compile``'d caller captures the kernels as graph nodes. Why always, and not
         only when compiling: TorchDynamo skips every file under a ``triton/backends`` path (its rule
@@ -53,8 +54,9 @@ class _TritonBlockSparse(TritonBackend):
         compiles the kernel wrapper it calls as a frame of its own, and only the op path traces."""
         from longca_triton.kernels.block_sparse import block_sparse_attention_op
 
+        self.check_deterministic(deterministic)
         return block_sparse_attention_op(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
-                                         config=self.launch_config(q, k, mask, v))
+                                         config=self.launch_config(q, k, mask, v), deterministic=deterministic)
 
     def plan(self, problem: Problem, q, config):
         """The GPU tables (q->k lists and their k->q transposes), built and cached here."""

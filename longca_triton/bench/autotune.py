@@ -5,7 +5,8 @@
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
 block-sparse kernel ``triton-sparse`` the block itself, on uniform block-sparse masks of that
 block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the
-kernels' switches (warp specialisation). ``--varblock`` tunes ``triton-varblock`` on
+kernels' switches (warp specialisation; for ``triton`` the backward's layout, two kernels or one
+launch, as a last group). ``--varblock`` tunes ``triton-varblock`` on
 variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
 keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
 separate kernels.
@@ -95,7 +96,19 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
             dict(DQ_BLOCK_M=m, DQ_BLOCK_N=block, dq_num_warps=w, dq_num_stages=s)
             for m, w, s in itertools.product(outer, warps, [2, 3])
         ]
+    if group == "bwd":
+        return _one_launch_candidates(big)
     raise ValueError(f"unknown key group {group!r}")
+
+
+def _one_launch_candidates(big: bool) -> list[dict]:
+    """The ``bwd`` group of ``triton``, ``triton-sparse``, ``triton-varblock``, tuned after dkdv and
+    dq (their tiles stay): two kernels first (so its keys are the group's, the ones reset to the
+    default when nothing wins), then one launch of both program sets per program order (dK/dV
+    first, interleaved), warps and stages."""
+    off = dict(one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2 if big else 3)
+    return [off] + [dict(one_launch=True, bwd_order=o, bwd_num_warps=w, bwd_num_stages=s)
+                    for o, w, s in itertools.product([0, 2], [4, 8], [2] if big else [2, 3])]
 
 
 def _dense_tunable() -> Tunable:
@@ -111,7 +124,7 @@ def _dense_tunable() -> Tunable:
 
     return Tunable(
         name="triton",
-        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd", "bwd": "bwd"},
         candidates=_dense_candidates,
         run=run,
         default=default,
@@ -192,6 +205,8 @@ def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     if group == "dq":
         return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=inner, DQ_HEADS=h, dq_num_warps=w, dq_num_stages=s)
                 for m, h, w, s in itertools.product(outer, heads, warps, stages)]
+    if group == "bwd":
+        return _one_launch_candidates(head_dim > 128)
     raise ValueError(f"unknown key group {group!r}")
 
 
@@ -212,6 +227,8 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     if group == "dq":
         return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s)
                 for n, m, w, s in itertools.product(inner, outer, warps, stages)]
+    if group == "bwd":
+        return _one_launch_candidates(head_dim > 128)
     raise ValueError(f"unknown key group {group!r}")
 
 
@@ -246,7 +263,7 @@ def _block_sparse_tunable(name: str) -> Tunable:
     uniform = name == "triton-sparse"
     return Tunable(
         name=name,
-        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd", "bwd": "bwd"},
         candidates=_sparse_candidates if uniform else _varblock_candidates,
         run=run,
         default=default,

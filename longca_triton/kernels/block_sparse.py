@@ -45,6 +45,8 @@ Kernels
   every query head of its group, the transposed list (kept query-block runs cut into ``BLOCK_M``
   sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
 * ``block_sparse_bwd_dq_kernel``: query-major, like the forward.
+* opt-in ``one_launch``: both program sets in one launch (``block_sparse_bwd_one_launch_kernel``),
+  as in ``dense.py``; measured: not yet.
 
 K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
 ``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer
@@ -82,10 +84,14 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
-from .block_sparse_bwd import block_sparse_bwd_dkdv_kernel, block_sparse_bwd_dq_kernel
+from .block_sparse_bwd import (
+    block_sparse_bwd_dkdv_kernel,
+    block_sparse_bwd_dq_kernel,
+    block_sparse_bwd_one_launch_kernel,
+)
 from .block_sparse_fwd import block_sparse_fwd_kernel
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
-from .config import ConfigSpec
+from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
 from .dense import launch_bwd_preprocess
 
@@ -108,10 +114,13 @@ LN2 = 0.6931471805599453
 #: ``DKDV_*`` for dK/dV (a program owns ``DKDV_BLOCK_N`` keys and steps over ``DKDV_HEADS *
 #: DKDV_BLOCK_M`` query rows). ``HEADS`` values are upper bounds: the launcher lowers them to what
 #: the head layout allows (heads stacked in a tile must share the pattern and the KV head).
+#: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
+#: ``bwd_num_stages``: as in ``dense.py``), off until measured.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
 )
 
 
@@ -129,7 +138,12 @@ def _mask_block(mask) -> Optional[int]:
 
 def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
-    ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``)."""
+    ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
+    runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
+    return with_one_launch_defaults(_tile_config(mask, head_dim))
+
+
+def _tile_config(mask, head_dim: int) -> dict:
     if _interpreting():
         return dict(BLOCK_M=32, BLOCK_N=32, HEADS=2, num_warps=4, num_stages=1, warp_specialize=False,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, DQ_HEADS=2, dq_num_warps=4, dq_num_stages=1,
@@ -157,15 +171,16 @@ def default_config(mask, head_dim: int) -> dict:
 
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
-                   pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"), bool_keys=("warp_specialize",),
+                   pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"), bool_keys=("warp_specialize", "one_launch"),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
 def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None, v=None) -> dict:
     """``config``, else (given ``q, k``; ``v`` when its head dim differs) the autotune cache's entry,
     overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
-    (``config.resolve``)."""
-    return _resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v)
+    (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``."""
+    return check_bwd_layout(_resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v),
+                            "block-sparse attention")
 
 
 def tile_sizes(cfg: dict) -> dict:
@@ -253,7 +268,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     """Backward launches (delta, dK/dV, dQ). Returns ``dq, dk, dv`` in the inputs' dtype.
 
     ``passes`` picks the kernels to launch after the delta preprocess (for timing them apart);
-    a skipped pass leaves its outputs uninitialised.
+    a skipped pass leaves its outputs uninitialised. With ``cfg["one_launch"]`` and both passes,
+    one launch runs both program sets (``block_sparse_bwd_one_launch_kernel``).
     """
     q, k, v, out, dout = (_descriptor_ready(x) for x in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
@@ -272,6 +288,23 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     qk_scale = softmax_scale * LOG2E
     tk = tables["dkdv"]
     dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
+    tq = tables["dq"]
+    dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
+    num_packs = b * hq // dq_heads
+    if cfg["one_launch"] and set(passes) == {"dkdv", "dq"}:
+        n_dkdv, n_dq = tk.num_tiles * b * hkv, tq.num_tiles * num_packs
+        block_sparse_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
+            q, k, v, dout, lse, delta, dk, dv, dq,
+            *_bsh_strides(q, k, v, dout, dk, dv, dq),
+            *tk.lists(), *tq.lists(),
+            softmax_scale, qk_scale,
+            sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
+            **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
+            EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
+            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"],
+            num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
+        )
+        return dq, dk, dv
     if "dkdv" in passes:
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
             q, k, v, dout, lse, delta, dk, dv,
@@ -283,9 +316,6 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             EVEN_M=tk.even_cols,
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
-    tq = tables["dq"]
-    dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
-    num_packs = b * hq // dq_heads
     if "dq" in passes:
         block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
             q, k, v, dout, lse, delta, dq,
@@ -349,6 +379,7 @@ def _cfg_to_list(cfg: dict) -> list[int]:
 def _cfg_from_list(cfg_list) -> dict:
     cfg = dict(zip(CONFIG_KEYS, (int(x) for x in cfg_list)))
     cfg["warp_specialize"] = bool(cfg["warp_specialize"])
+    cfg["one_launch"] = bool(cfg["one_launch"])
     return cfg
 
 
@@ -401,7 +432,7 @@ register_op_autograd("longca_triton::block_sparse_attention_fwd", _block_sparse_
 
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
-                           return_lse: bool = False, config: Optional[dict] = None):
+                           return_lse: bool = False, config: Optional[dict] = None, deterministic: bool = False):
     """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     under a ``BlockSparseMask`` (``out [B, Sq, Hq, D_v]``).
 
@@ -409,6 +440,10 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     ``config`` overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
     ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural log; ``-inf`` and a zero output row
     where a query row keeps no block). The tables are built on q's device on first use and cached.
+
+    ``deterministic``: accepted for the API's sake and always honoured, at no cost: the backward
+    has no atomics (dK/dV summed over a GQA group in registers, dQ owned by one program per tile),
+    so its gradients are bitwise identical run to run whatever the flag.
     """
     _check_inputs(q, k, v, mask)
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
@@ -422,13 +457,15 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 varblock_attention = block_sparse_attention
 
 
-def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None):
+def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None,
+                              deterministic=False):
     """Same as :func:`block_sparse_attention`, through the ``torch.library`` ops
     (``longca_triton::block_sparse_attention_fwd`` / ``_bwd``), so ``torch.compile`` can trace it.
 
     The tables are looked up (built once, cached) outside the graph: under ``torch.compile`` that
     lookup is a graph break. Build them beforehand (``tables_for``) and call
     :func:`block_sparse_attention_from_tables` for a graph without breaks (``fullgraph=True``).
+    ``deterministic``: always honoured (no atomics, see :func:`block_sparse_attention`).
     """
     _check_inputs(q, k, v, mask)
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])

@@ -1,5 +1,8 @@
 """Block-sparse backward kernels: key-major dK/dV and query-major dQ (see
 ``longca_triton/kernels/block_sparse.py``); delta comes from ``core.bwd_preprocess_kernel``.
+Two kernels (default), or both program sets in one launch (``block_sparse_bwd_one_launch_kernel``,
+config ``one_launch``; ``core.one_launch_split`` orders them); the bodies are ``_dkdv_program`` /
+``_dq_program`` of a program index either way. No atomics in any of them.
 
 Head dims as in the forward: K/V tiles through descriptors padded to ``BLOCK_DQK`` / ``BLOCK_DV``;
 the pointer accesses (q, dO, dq, dk, dv) AND a head-dim mask into their row masks only when the
@@ -8,22 +11,24 @@ dim is padded."""
 import triton
 import triton.language as tl
 
-from .block_sparse_fwd import _pack_program
+from .block_sparse_fwd import _pack_program_at
 from .core import (
     dkdv_update,
     dq_update,
     head_dim_offsets,
-    key_program,
+    key_program_at,
     kv_descs,
     lse_log2,
+    one_launch_split,
     recompute_p,
 )
 
-__all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"]
+__all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel", "block_sparse_bwd_one_launch_kernel"]
 
 
 @triton.jit
-def block_sparse_bwd_dkdv_kernel(
+def _dkdv_program(
+    pid,
     Q, K, V, DOut, Lse, Delta, DK, DV,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -38,7 +43,8 @@ def block_sparse_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr,
 ):
-    rank, b, h_kv = key_program(num_bkv, num_heads_kv)
+    """dK/dV program ``pid`` (one key sub-tile of one KV head)."""
+    rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile = tl.load(ORDER + rank)
     n_start = tl.load(ROW_START + tile)
     n_end = tl.load(ROW_END + tile)
@@ -120,7 +126,8 @@ def block_sparse_bwd_dkdv_kernel(
 
 
 @triton.jit
-def block_sparse_bwd_dq_kernel(
+def _dq_program(
+    pid,
     Q, K, V, DOut, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -134,8 +141,9 @@ def block_sparse_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
-    b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
-        ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
+    """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads)."""
+    b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
+        pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
         BLOCK_M, HEADS)
     offs_dqk, dqk_ok = head_dim_offsets(HEAD_DIM_QK, BLOCK_DQK)
     offs_dv, dv_ok = head_dim_offsets(HEAD_DIM_V, BLOCK_DV)
@@ -174,3 +182,104 @@ def block_sparse_bwd_dq_kernel(
 
     dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
     tl.store(dq_ptrs[:, None] + offs_dqk[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty), mask=q_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# The launches: two kernels (default), or one launch running both program sets
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def block_sparse_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
+    _dkdv_program(
+        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV,
+        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+        softmax_scale, qk_scale,
+        Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M)
+
+
+@triton.jit
+def block_sparse_bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    """Query-major dQ (grid: row tiles x head packs)."""
+    _dq_program(
+        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
+        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+        softmax_scale, qk_scale,
+        Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N)
+
+
+@triton.jit
+def block_sparse_bwd_one_launch_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
+    K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END,  # key-major tables
+    Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END,  # query-major tables
+    softmax_scale, qk_scale,
+    Sq, Sk, k_num_row_blocks, q_num_row_blocks, num_bkv, num_packs, num_heads_q, num_heads_kv, group_size,
+    heads_per_pattern, n_dkdv, n_dq,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DKDV_HEADS: tl.constexpr, EVEN_M: tl.constexpr,
+    DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
+    ORDER: tl.constexpr,
+):
+    """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
+    above, unchanged, so no atomics and the same bits."""
+    is_dkdv, idx = one_launch_split(tl.program_id(0), n_dkdv, n_dq, ORDER)
+    if is_dkdv:
+        _dkdv_program(
+            idx, Q, K, V, DOut, Lse, Delta, DK, DV,
+            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+            K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END,
+            softmax_scale, qk_scale,
+            Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M)
+    else:
+        _dq_program(
+            idx, Q, K, V, DOut, Lse, Delta, DQ,
+            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+            Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END,
+            softmax_scale, qk_scale,
+            Sq, Sk, q_num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, DQ_HEADS, EVEN_N)

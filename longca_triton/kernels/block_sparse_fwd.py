@@ -23,7 +23,14 @@ def _pack_program(ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, 
     why: the head pack is the fastest-varying index, so programs running together share a row
     tile (heaviest first) and the heads of one GQA group read the same K/V tiles from L2.
     """
-    pid = tl.program_id(0)
+    return _pack_program_at(tl.program_id(0), ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q,
+                            group_size, heads_per_pattern, BLOCK_M, HEADS)
+
+
+@triton.jit
+def _pack_program_at(pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size,
+                     heads_per_pattern, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
+    """``_pack_program`` for the program index ``pid`` (a one-launch backward numbers each set from 0)."""
     rank = pid // num_packs
     pack = pid % num_packs
     packs_per_batch = num_heads_q // HEADS

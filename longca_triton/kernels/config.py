@@ -12,7 +12,12 @@ from typing import Callable, Optional, Union
 
 import torch
 
-__all__ = ["ConfigSpec", "resolve", "tuned_config"]
+__all__ = ["BWD_ORDERS", "ConfigSpec", "check_bwd_layout", "resolve", "tuned_config", "with_one_launch_defaults"]
+
+#: ``bwd_order`` values of a one-launch backward (``one_launch=True``: dK/dV and dQ program sets in
+#: one grid; dense, FlashMask and block-sparse configs carry the same four keys ``one_launch``,
+#: ``bwd_order``, ``bwd_num_warps``, ``bwd_num_stages``)
+BWD_ORDERS = {0: "dK/dV set first", 1: "dQ set first", 2: "interleaved"}
 
 
 @dataclass(frozen=True)
@@ -75,4 +80,25 @@ def resolve(spec: ConfigSpec, defaults: dict, config: Optional[dict] = None, *, 
         cfg[key] = val
     for key in spec.bool_keys:
         cfg[key] = bool(cfg[key])
+    return cfg
+
+
+def with_one_launch_defaults(cfg: dict) -> dict:
+    """``cfg`` plus the one-launch keys, off: ``bwd_num_warps`` the larger of the two kernels' warps
+    (the one that fits the bigger tile), ``bwd_num_stages`` the smaller of their stages (the shared
+    memory of both bodies must fit one budget)."""
+    return {**cfg, "one_launch": False, "bwd_order": 0,
+            "bwd_num_warps": max(cfg["dkdv_num_warps"], cfg["dq_num_warps"]),
+            "bwd_num_stages": min(cfg["dkdv_num_stages"], cfg["dq_num_stages"])}
+
+
+def check_bwd_layout(cfg: dict, what: str) -> dict:
+    """Validate the one-launch keys of a resolved config: ``bwd_order`` in ``BWD_ORDERS``, and not
+    ``one_launch`` together with ``fused_dq`` (two different backward layouts)."""
+    cfg["bwd_order"] = int(cfg["bwd_order"])
+    if cfg["bwd_order"] not in BWD_ORDERS:
+        raise ValueError(f"{what}: config['bwd_order'] must be one of {BWD_ORDERS}, got {cfg['bwd_order']}")
+    if cfg["one_launch"] and cfg.get("fused_dq", False):
+        raise ValueError(f"{what}: config asks for both one_launch (dK/dV and dQ program sets in one launch) and "
+                         "fused_dq (dQ by fp32 atomics from the dK/dV kernel); pick one")
     return cfg

@@ -53,7 +53,13 @@ def query_program(num_bh, num_heads_q, group_size):
     a query-tile rank (heaviest first) and the query heads of one GQA group sit next to each
     other and read the same K/V tiles from L2.
     """
-    pid = tl.program_id(0)
+    return query_program_at(tl.program_id(0), num_bh, num_heads_q, group_size)
+
+
+@triton.jit
+def query_program_at(pid, num_bh, num_heads_q, group_size):
+    """``query_program`` for the program index ``pid`` (a kernel running two program sets in one
+    launch numbers each set from 0)."""
     rank = pid // num_bh
     bh = pid % num_bh
     b = bh // num_heads_q
@@ -65,12 +71,39 @@ def query_program(num_bh, num_heads_q, group_size):
 @triton.jit
 def key_program(num_bkv, num_heads_kv):
     """``(rank, b, h_kv)`` of a key-major dK/dV program (one key tile of one KV head)."""
-    pid = tl.program_id(0)
+    return key_program_at(tl.program_id(0), num_bkv, num_heads_kv)
+
+
+@triton.jit
+def key_program_at(pid, num_bkv, num_heads_kv):
+    """``key_program`` for the program index ``pid``."""
     rank = pid // num_bkv
     bkv = pid % num_bkv
     b = bkv // num_heads_kv
     h_kv = bkv % num_heads_kv
     return rank, b, h_kv
+
+
+@triton.jit
+def one_launch_split(pid, n_dkdv, n_dq, ORDER: tl.constexpr):
+    """``(is_dkdv, index within its set)`` of program ``pid`` of a one-launch backward (dense,
+    FlashMask, block-sparse: a dK/dV program set of ``n_dkdv`` and a dQ set of ``n_dq``).
+
+    ``ORDER`` 0: the dK/dV set first (its programs are the heaviest: each sweeps ``G`` query heads),
+    then dQ; 1: dQ first; 2: the two sets interleaved one to one while both last, then the rest of
+    the larger one. Each set keeps its plan's order (heaviest tiles first)."""
+    if ORDER == 0:
+        is_dkdv = pid < n_dkdv
+        idx = tl.where(is_dkdv, pid, pid - n_dkdv)
+    elif ORDER == 1:
+        is_dkdv = pid >= n_dq
+        idx = tl.where(is_dkdv, pid - n_dq, pid)
+    else:
+        n_pairs = tl.minimum(n_dkdv, n_dq)
+        paired = pid < 2 * n_pairs
+        is_dkdv = tl.where(paired, pid % 2 == 0, n_dkdv > n_dq)
+        idx = tl.where(paired, pid // 2, pid - n_pairs)
+    return is_dkdv, idx
 
 
 @triton.jit

@@ -34,6 +34,12 @@ into contiguous runs and orders tiles heaviest first. Metadata is ``O(S + tiles)
   Opt-in ``fused_dq``: dQ added from the dK/dV kernel into fp32 by TMA reduce-add (5 matmuls per
   tile pair instead of 7); on an H100 it measured 1.3-2.8x *slower* than the separate dQ kernel
   (the reduce traffic dominates), so it is off by default.
+  Opt-in ``one_launch`` (issue 13): the dK/dV and dQ program sets in one launch
+  (``dense_bwd_one_launch_kernel``, FlexAttention's layout), same tiles and plans, no atomics.
+  Measured: not yet; off by default until ``experiments/gpu/bwd_variants.py`` times it on an H100.
+* ``deterministic=True`` (``dense_attention``, ``longca_triton.attention``): gradients bitwise
+  identical run to run. Free: the default and ``one_launch`` sum every tile in a fixed order
+  already; it only forbids ``fused_dq`` (ValueError for an explicit config).
 
 GQA: query heads are the fastest-varying program index, so the ``G`` programs of one group run
 side by side and read the same K/V tiles from L2 (a "pack GQA" that stacks heads into the M tile
@@ -80,16 +86,23 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
-from .config import ConfigSpec
+from .config import BWD_ORDERS, ConfigSpec
+from .config import check_bwd_layout as _check_bwd_layout
 from .config import resolve as _resolve
-from .dense_bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel, dense_bwd_preprocess_kernel
+from .dense_bwd import (
+    dense_bwd_dkdv_kernel,
+    dense_bwd_dq_kernel,
+    dense_bwd_one_launch_kernel,
+    dense_bwd_preprocess_kernel,
+)
 from .dense_fwd import dense_fwd_kernel
 from .dense_tables import TilePlan, get_tile_plan
 
 __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
-    "launch_bwd_dkdv", "launch_bwd_dq", "DenseAttentionFunction", "CONFIG_KEYS",
+    "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
+    "BWD_ORDERS", "check_deterministic",
 ]
 
 LOG2E = 1.4426950408889634
@@ -103,10 +116,14 @@ LOG2E = 1.4426950408889634
 #: key tile of DKDV_BLOCK_N), dQ ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile).
 #: ``warp_specialize`` is passed to ``tl.range`` of the full-tile loop (no effect on sm_90 with
 #: Triton 3.6); ``fused_dq`` selects the fused dQ variant (see the module docstring).
+#: ``one_launch`` runs dK/dV and dQ as two program sets of one launch (``bwd_order``: 0 dK/dV set
+#: first, 1 dQ set first, 2 interleaved) with ``bwd_num_warps`` / ``bwd_num_stages`` for both;
+#: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
 )
 
 
@@ -121,37 +138,62 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
         # one pinned config: the interpreter cannot autotune, and small tiles keep it quick
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
                     DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
-                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False)
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
+                    one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1)
     if head_dim <= 64:
         # compiled for sm_90 without spills, not yet timed on a GPU
         return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
                     DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False)
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
+                    one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3)
     if head_dim <= 128:
         # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
         # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
         # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
         return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
                     DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False)
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
+                    one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3)
     # D=256 (compiled for sm_90, not yet timed on a GPU): dK/dV 32x64/4 warps spills 1 KB,
     # 16x64/8 warps does not
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, warp_specialize=False,
                 DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
-                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2, fused_dq=False)
+                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2, fused_dq=False,
+                one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2)
 
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("warp_specialize", "fused_dq"), tuned_name="triton")
+                   bool_keys=("warp_specialize", "fused_dq", "one_launch"), tuned_name="triton")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
                    mask=None, v=None) -> dict:
     """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
     entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
-    (``config.resolve``). ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
-    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v)
+    (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
+    ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
+    by (``config_head_dim``)."""
+    return _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v),
+                             "dense attention")
+
+
+def check_deterministic(cfg: dict, deterministic: bool, what: str = "dense attention") -> None:
+    """``deterministic=True`` forbids the one variant that is not: ``fused_dq`` (dQ summed by fp32
+    atomics in whatever order the programs reach them). Raises ValueError naming both."""
+    if deterministic and cfg["fused_dq"]:
+        raise ValueError(f"{what}: deterministic=True cannot use config fused_dq=True (dQ by fp32 atomics, "
+                         "not bitwise reproducible); drop fused_dq or deterministic")
+
+
+def _config_for(q, k, v, mask, config, deterministic):
+    """The resolved config of one call; with ``deterministic`` and no explicit config, an autotuned
+    ``fused_dq`` falls back to the two-kernel backward (the user asked for no atomics, not for it)."""
+    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
+    if deterministic and config is None and cfg["fused_dq"]:
+        cfg["fused_dq"] = False
+    check_deterministic(cfg, deterministic)
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,6 +263,9 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
                         dq_acc=dq_acc)
         return dq_acc.to(grad_dtype or q.dtype), dk, dv
     dq = torch.empty((b, sq, hq, d), device=q.device, dtype=grad_dtype or q.dtype)
+    if cfg["one_launch"]:
+        launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan, dq_plan, softmax_scale, cfg)
+        return dq, dk, dv
     launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
     launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
     return dq, dk, dv
@@ -278,6 +323,30 @@ def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, 
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
         HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
+    )
+
+
+def launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan: TilePlan, dq_plan: TilePlan,
+                   softmax_scale, cfg):
+    """dK/dV and dQ as two program sets of one launch (``dense_bwd_one_launch_kernel``): the
+    ``num_n * B * Hkv`` dK/dV programs and the ``num_m * B * Hq`` dQ programs, ordered by
+    ``cfg["bwd_order"]``; inputs already descriptor-ready."""
+    b, sq, hq, _ = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    n_dkdv, n_dq = dkdv_plan.num_n * b * hkv, dq_plan.num_m * b * hq
+    dense_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
+        q, k, v, dout, lse, delta, dk, dv, dq,
+        *_bsh_strides(q, k, v, dout, dk, dv, dq),
+        *dkdv_plan.k_tensors(), *dq_plan.q_tensors(),
+        softmax_scale, softmax_scale * LOG2E,
+        sq, sk, b * hkv, b * hq, hq, hkv, hq // hkv, n_dkdv, n_dq,
+        **head_dim_meta(q.shape[3], v.shape[3]),
+        DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"],
+        DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
+        K_NUM_IV=dkdv_plan.num_iv, Q_NUM_IV=dq_plan.num_iv,
+        K_HAS_PARTIAL=dkdv_plan.k_part[1].numel() > 0, Q_HAS_PARTIAL=dq_plan.q_part[1].numel() > 0,
+        ORDER=cfg["bwd_order"],
+        num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
     )
 
 
@@ -376,7 +445,7 @@ register_op_autograd("longca_triton::dense_attention_fwd", _dense_bwd_op, _PLAN_
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
-                    return_lse: bool = False, config: Optional[dict] = None):
+                    return_lse: bool = False, config: Optional[dict] = None, deterministic: bool = False):
     """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     under a ``RangeMask``.
 
@@ -384,17 +453,22 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     parameters (keys: ``CONFIG_KEYS``); defaults come from :func:`default_config`. Returns ``out``
     ``[B, Sq, Hq, D_v]`` in q's dtype, or ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural
     log; ``-inf`` and a zero output row where a query row attends nothing).
+
+    ``deterministic=True``: bitwise-identical gradients run to run. The two-kernel default and
+    ``one_launch`` have no atomics (every dq/dk/dv tile has one owner that sums in a fixed
+    order), so they already are, at no cost; only ``fused_dq`` (fp32 atomics) is not, and an
+    explicit config asking for it raises ValueError (an autotuned one falls back to two kernels).
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
-    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
+    cfg = _config_for(q, k, v, mask, config, deterministic)
     fwd_plan, dkdv_plan, dq_plan = plans_for(mask, cfg, q.device)
     out, lse = DenseAttentionFunction.apply(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale,
                                             cfg)
     return (out, lse) if return_lse else out
 
 
-def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None):
+def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, config=None, deterministic=False):
     """Same as :func:`dense_attention`, through the ``torch.library`` ops (``torch.compile``-able).
 
     Build the plans outside the compiled region if you can (``plans_for``); here they are
@@ -402,7 +476,7 @@ def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, conf
     """
     _check_inputs(q, k, v, int(mask.seqlen_q), int(mask.seqlen_k))
     softmax_scale = _resolve_scale(softmax_scale, q.shape[-1])
-    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
+    cfg = _config_for(q, k, v, mask, config, deterministic)
     fwd_plan, dkdv_plan, dq_plan = _plans_no_compile(mask, cfg, q.device)
     return dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_scale, cfg,
                                       return_lse)

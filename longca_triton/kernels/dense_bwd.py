@@ -1,6 +1,6 @@
 """Backward kernels of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
 
-Three launches, fp32 accumulation everywhere, no atomics:
+Three launches (default), fp32 accumulation everywhere, no atomics:
 
 1. ``dense_bwd_preprocess_kernel`` (``core.bwd_preprocess_kernel``, the one all three kernels use):
    ``delta_i = rowsum(dO_i * O_i) - dlse_i``.
@@ -14,6 +14,20 @@ Three launches, fp32 accumulation everywhere, no atomics:
    ``dS @ K`` and adds it into an fp32 dQ buffer (a TMA reduce-add on Hopper, as FlashAttention-3
    does; ``tl.atomic_add`` in the interpreter), so no tile pair is computed twice. dQ then depends
    on the order of fp32 additions: it is not bitwise deterministic.
+
+Variant one launch (config ``one_launch=True``; ``dense_bwd_one_launch_kernel``): steps 2 and 3
+as two program sets of one grid, as FlexAttention's Triton backward does: programs
+``[0, n_dkdv)`` run the dK/dV body and ``[n_dkdv, n_dkdv + n_dq)`` the dQ body (``bwd_order``
+puts dQ first or interleaves the sets), with one ``bwd_num_warps`` / ``bwd_num_stages``. Same
+tiles, same plans, no atomics: deterministic like the two-kernel default. The delta preprocess
+stays a launch of its own: both program sets read delta from their first tile on, and a grid
+has no barrier to wait for a preprocess part of itself (dQ programs could form their own rows'
+delta, dK/dV programs read every row's).
+Measured: not yet (no GPU in the session that built it; ``experiments/gpu/bwd_variants.py``
+times two kernels vs one launch vs ``fused_dq`` vs Flex and cuDNN on an H100).
+
+The kernel bodies are ``_dkdv_program`` / ``_dq_program`` of a program index; the two kernels
+call them with ``tl.program_id(0)``, which Triton inlines into the code they compiled to before.
 
 Both recompute ``P = exp2(S * log2(e) - lse * log2(e))`` from the forward's lse; the tile bodies
 are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``. Head dims: q, k, dq, dk are
@@ -30,10 +44,11 @@ from .core import (
     dq_update,
     head_dim_offsets,
     interval_mask,
-    key_program,
+    key_program_at,
     kv_descs,
     load_row_stats,
-    query_program,
+    one_launch_split,
+    query_program_at,
     recompute_p,
     tile_desc,
 )
@@ -79,7 +94,8 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
 
 
 @triton.jit
-def dense_bwd_dkdv_kernel(
+def _dkdv_program(
+    pid,
     Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -96,7 +112,8 @@ def dense_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    rank, b, h_kv = key_program(num_bkv, num_heads_kv)
+    """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``)."""
+    rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile_n = tl.load(ORDER + rank)
     start_n = tile_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -158,7 +175,8 @@ def _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
 
 
 @triton.jit
-def dense_bwd_dq_kernel(
+def _dq_program(
+    pid,
     Q, K, V, DOut, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -173,7 +191,8 @@ def dense_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
+    """dQ program ``pid`` of the query-major set (``pid`` in ``[0, num_query_tiles * B * Hq)``)."""
+    rank, bh, b, h, h_kv = query_program_at(pid, num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -198,3 +217,111 @@ def dense_bwd_dq_kernel(
 
     dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------------------------
+# The launches: two kernels (default), or one launch running both program sets
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def dense_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqab, stride_dqas, stride_dqah,
+    LO, HI, ORDER,
+    FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
+    softmax_scale, qk_scale,
+    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+):
+    """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``)."""
+    _dkdv_program(
+        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
+        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+        stride_dqab, stride_dqas, stride_dqah,
+        LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
+        softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N,
+        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES)
+
+
+@triton.jit
+def dense_bwd_dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    LO, HI, ORDER,
+    FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
+    softmax_scale, qk_scale,
+    Sq, Sk, num_bh, num_heads_q, group_size,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+):
+    """Query-major dQ (grid: query tiles x B x Hq)."""
+    _dq_program(
+        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
+        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+        LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
+        softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES)
+
+
+@triton.jit
+def dense_bwd_one_launch_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
+    K_LO, K_HI, K_ORDER, K_FULL_PTR, K_FULL_START, K_FULL_END, K_PART_PTR, K_PART_START, K_PART_END,  # key-major plan
+    Q_LO, Q_HI, Q_ORDER, Q_FULL_PTR, Q_FULL_START, Q_FULL_END, Q_PART_PTR, Q_PART_START, Q_PART_END,  # query-major plan
+    softmax_scale, qk_scale,
+    Sq, Sk, num_bkv, num_bh, num_heads_q, num_heads_kv, group_size, n_dkdv, n_dq,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    K_NUM_IV: tl.constexpr, Q_NUM_IV: tl.constexpr,
+    K_HAS_PARTIAL: tl.constexpr, Q_HAS_PARTIAL: tl.constexpr, ORDER: tl.constexpr,
+):
+    """dK/dV and dQ in one launch of ``n_dkdv + n_dq`` programs (FlexAttention's backward layout).
+
+    The two program sets are the two kernels above, unchanged (same tiles, same plans); this only
+    saves a launch and lets dQ programs fill the SMs while the last dK/dV programs run (and back).
+    No atomics: every output tile has one owner, so the result is bitwise deterministic. One
+    ``num_warps`` / ``num_stages`` serves both sets (``bwd_num_warps`` / ``bwd_num_stages``)."""
+    is_dkdv, idx = one_launch_split(tl.program_id(0), n_dkdv, n_dq, ORDER)
+    if is_dkdv:
+        # DQAcc is a placeholder (Delta): FUSED_DQ is off, it is never read
+        _dkdv_program(
+            idx, Q, K, V, DOut, Lse, Delta, DK, DV, Delta,
+            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+            0, 0, 0,
+            K_LO, K_HI, K_ORDER, K_FULL_PTR, K_FULL_START, K_FULL_END, K_PART_PTR, K_PART_START, K_PART_END,
+            softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N,
+            K_NUM_IV, False, False, K_HAS_PARTIAL)
+    else:
+        _dq_program(
+            idx, Q, K, V, DOut, Lse, Delta, DQ,
+            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
+            Q_LO, Q_HI, Q_ORDER, Q_FULL_PTR, Q_FULL_START, Q_FULL_END, Q_PART_PTR, Q_PART_START, Q_PART_END,
+            softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, Q_NUM_IV, Q_HAS_PARTIAL)

@@ -71,7 +71,9 @@ Tiling
   (``flashmask_bwd_dkdv_kernel``), one program per (key tile, KV head) looping over the ``G``
   query heads of the group and over all query tiles, so dK/dV accumulate in registers (no
   atomics); the program's column vectors are loaded once; query-major dQ
-  (``flashmask_bwd_dq_kernel``), one program per (query tile, query head).
+  (``flashmask_bwd_dq_kernel``), one program per (query tile, query head). Opt-in
+  ``one_launch``: both program sets in one launch (``flashmask_bwd_one_launch_kernel``), as in
+  ``dense.py``; measured: not yet.
 
 All tile loads and stores go through tensor descriptors (TMA on Hopper), which zero-fill
 out-of-range rows and clip out-of-range stores. Query rows past ``Sq`` (zero ``q`` and ``dO``,
@@ -107,10 +109,10 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
-from .config import ConfigSpec
+from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
 from .dense import launch_bwd_preprocess
-from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel
+from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
 from .flashmask_fwd import flashmask_classify_kernel, flashmask_fwd_kernel
 from .flashmask_plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
 
@@ -119,7 +121,7 @@ __all__ = [
     "default_config", "resolve_config", "tile_bounds", "classify_tiles", "flashmask_fwd",
     "flashmask_bwd", "CONFIG_KEYS", "EMPTY", "PARTIAL", "FULL",
     "flashmask_fwd_kernel", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel",
-    "flashmask_classify_kernel",
+    "flashmask_classify_kernel", "flashmask_bwd_one_launch_kernel",
 ]
 
 LOG2E = 1.4426950408889634
@@ -133,21 +135,29 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 
 #: every key a ``config`` dict may carry: the forward tiles ``BLOCK_M x BLOCK_N``, dK/dV
 #: ``DKDV_BLOCK_M x DKDV_BLOCK_N`` (a program owns a key tile of DKDV_BLOCK_N), dQ
-#: ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile), warps and pipeline stages.
+#: ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile), warps and pipeline stages;
+#: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
+#: ``bwd_num_stages``: as in ``dense.py``), off until measured.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
 )
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Launch parameters: the dense kernel's Hopper defaults (same tiles, warps, stages), so the
     two masking schemes are compared on equal tiling; a small pinned config in the interpreter.
+    The backward runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``).
 
     Compiled for sm_90a with Triton 3.6 on a CPU host (``triton.compile`` + ``ptxas -v``), not
     timed on a GPU yet: no register spills at D = 32, 64, 128, 256 except where noted.
     """
+    return with_one_launch_defaults(_tile_config(head_dim))
+
+
+def _tile_config(head_dim: int) -> dict:
     if _interpreting():
         # the interpreter cannot autotune, and small tiles keep it quick
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
@@ -172,15 +182,17 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   tuned_name="triton-flashmask")
+                   bool_keys=("one_launch",), tuned_name="triton-flashmask")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
                    mask=None, v=None) -> dict:
     """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
     entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
-    (``config.resolve``). ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
-    return _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v)
+    (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``. ``head_dim``: the
+    padded dim configs are chosen by (``config_head_dim``)."""
+    return check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v),
+                            "flashmask attention")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +248,20 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
     _ensure_allocator(q.device)
     lse = lse.contiguous()
     delta = launch_bwd_preprocess(out, dout, dlse)  # [B, Hq, Sq] float32
+    if cfg["one_launch"]:
+        n_dkdv, n_dq = triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv, triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq
+        flashmask_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
+            q, k, v, dout, lse, delta, dk, dv, dq, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
+            plan.bounds_for(cfg["DQ_BLOCK_N"]),
+            *_bsh_strides(q, k, v, dout, dk, dv, dq),
+            softmax_scale, softmax_scale * LOG2E,
+            sq, sk, b * hkv, b * hq, hq, hkv, hq // hkv, n_dkdv, n_dq,
+            **head_dim_meta(d, v.shape[3]), DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"],
+            DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
+            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, ORDER=cfg["bwd_order"],
+            num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
+        )
+        return dq, dk, dv
     flashmask_bwd_dkdv_kernel[(triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv,)](
         q, k, v, dout, lse, delta, dk, dv, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
         *_bsh_strides(q, k, v, dout, dk, dv),
@@ -274,7 +300,7 @@ FlashMaskAttentionFunction = attention_function(
 
 def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_or_columns,
                         softmax_scale=None, return_lse: bool = False,
-                        config: Optional[dict] = None):
+                        config: Optional[dict] = None, deterministic: bool = False):
     """FlashMask attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``,
     ``v [B, Sk, Hkv, D_v]`` (``out [B, Sq, Hq, D_v]``).
 
@@ -284,6 +310,10 @@ def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_
     overrides launch parameters (``CONFIG_KEYS``). Returns ``out`` in q's dtype, or
     ``(out, lse)`` with ``lse [B, Hq, Sq]`` float32 (natural log; ``-inf`` and a zero output row
     where a query row attends nothing).
+
+    ``deterministic``: accepted for the API's sake and always honoured, at no cost: the backward
+    has no atomics (dK/dV summed over a GQA group in registers, one dQ program per tile), so its
+    gradients are bitwise identical run to run whatever the flag.
     """
     cols = _columns_of(mask_or_columns)
     sq_mask = int(mask_or_columns.seqlen_q) if isinstance(mask_or_columns, RangeMask) else None

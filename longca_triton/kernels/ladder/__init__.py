@@ -18,7 +18,7 @@ Measured on one H100 (causal, ``S = 16K``, ``B = 1``, ``Hq:Hkv = 64:8``, ``D = 1
     forward   22.7 -> 1.9 -> 100.9 -> 160.8 -> 358.3 -> 358.8 -> 459.4 -> 492.9
               (step 7: 84% of sdpa-cudnn's 589.2 in the same run; step 8, Gluon, not yet timed)
     backward  16.6 -> 120.8 -> 294.2 -> 293.2 -> 397.8
-              (bwd5: 75% of sdpa-cudnn's 529.8 in the same run)
+              (bwd5: 75% of sdpa-cudnn's 529.8 in the same run; bwd6, one launch, not yet timed)
 
 Each step's docstring explains its own number, including the three that do not gain: step 1
 (slower than step 0), step 5 and bwd4 (flat).
@@ -40,6 +40,7 @@ from . import (
     bwd3_mask_skipping,
     bwd4_gqa,
     bwd5_production,
+    bwd6_one_launch,
     step0_naive,
     step1_row_program,
     step2_tiled_two_pass,
@@ -121,6 +122,8 @@ STEPS: list[Step] = [
          bwd4_gqa.backward, bwd4_gqa),
     Step("bwd5_production", "the production backward (dense_attention autograd)", "bwd",
          bwd5_production.backward, bwd5_production, prepare=bwd5_production.prepare_backward),
+    Step("bwd6_one_launch", "dK/dV and dQ program sets in one launch (as Flex)", "bwd",
+         bwd6_one_launch.backward, bwd6_one_launch, prepare=bwd6_one_launch.prepare_backward),
 ]
 
 

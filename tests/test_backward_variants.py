@@ -1,0 +1,334 @@
+"""The backward variants of issue 13 on the CPU (Triton interpreter): the dense one-launch backward
+(dK/dV and dQ program sets in one grid) against the float64 reference, and ``deterministic=True``
+(bitwise-equal gradients on two runs for every kernel of ours; refusing the atomic ``fused_dq``;
+reaching the kernel from ``longca_triton.attention``)."""
+
+import pytest
+import torch
+from utils import (
+    DEVICE,
+    ODD_CONFIG,
+    compare_to_reference,
+    needs_triton,
+    random_range_mask,
+    small_mask,
+)
+
+import longca_triton as lt
+from longca_triton.kernels.block_sparse import block_sparse_attention
+from longca_triton.kernels.dense import (
+    BWD_ORDERS,
+    dense_attention,
+    dense_attention_op,
+    resolve_config,
+)
+from longca_triton.kernels.flashmask import flashmask_attention
+from longca_triton.masks import RangeMask, make_mask
+
+pytestmark = needs_triton
+
+ORDER_NAMES = {0: "dkdv-first", 1: "dq-first", 2: "interleaved"}
+
+
+def one_launch(order, **extra):
+    return dict(one_launch=True, bwd_order=order, **extra)
+
+
+def compare(mask, Hq, Hkv, D, dtype, config, *, dlse=False, dv=None, use_op=False):
+    fn = dense_attention_op if use_op else dense_attention
+    return compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=config), mask,
+                                mask.seqlen_q, mask.seqlen_k, 1, Hq, Hkv, D, dtype, dlse=dlse, dv=dv)
+
+
+# ------------------------------------------------------------------ one launch vs the reference
+STATIC = [
+    # (S, Hq, Hkv, D, dtype, mask, bwd_order)
+    (1, 4, 1, 32, torch.float32, "full", 0),
+    (17, 4, 1, 32, torch.float32, "causal", 0),
+    (17, 4, 4, 32, torch.float32, "sliding_window", 1),
+    (239, 4, 1, 32, torch.float32, "causal_document", 2),
+    (150, 2, 2, 64, torch.float16, "share_question", 0),
+    (150, 4, 1, 32, torch.float16, "global_sliding_window", 2),
+]
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,order", [
+    pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{ORDER_NAMES[c[6]]}")
+    for c in STATIC])
+def test_one_launch_static_masks(S, Hq, Hkv, D, dtype, name, order):
+    compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, one_launch(order))
+
+
+@pytest.mark.parametrize("sq,sk,seed,order", [(100, 37, 1, 1), (45, 130, 2, 2), (64, 64, 0, 0)],
+                         ids=lambda x: str(x))
+def test_one_launch_random_masks_with_empty_rows(sq, sk, seed, order):
+    """Sq != Sk, fully masked rows (lse = -inf, out = 0, dq = 0)."""
+    mask = random_range_mask(sq, sk, seed)
+    empty = ~mask.to_dense().any(1)
+    assert empty.any(), "the test wants fully masked rows"
+    out, lse = compare(mask, 4, 2, 32, torch.float32, one_launch(order))
+    assert torch.all(out[:, empty] == 0) and torch.all(lse[:, :, empty] == float("-inf"))
+
+
+def test_one_launch_empty_columns_get_zero_dk_dv():
+    """Keys no row attends (columns 0-9 and 50-79) must get dK = dV = 0 exactly, as must the dq of
+    rows that attend nothing (rows 40-59)."""
+    mask = RangeMask(60, 80, [(0, 40, 10, 50, "FULL")], name="columns")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, s, h, 32, device=DEVICE, requires_grad=True) for s, h in ((60, 4), (80, 2), (80, 2)))
+    out = dense_attention(q, k, v, mask, config=one_launch(2))
+    out.backward(torch.randn_like(out))
+    dead = torch.ones(80, dtype=torch.bool)
+    dead[10:50] = False
+    assert torch.all(k.grad[:, dead] == 0) and torch.all(v.grad[:, dead] == 0)
+    assert torch.all(q.grad[:, 40:] == 0)
+    assert k.grad[:, ~dead].abs().sum() > 0 and v.grad[:, ~dead].abs().sum() > 0
+
+
+def test_one_launch_empty_mask():
+    out, lse = compare(RangeMask(40, 40, [], name="empty"), 2, 1, 32, torch.float32, one_launch(0))
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_one_launch_uneven_tiles_lse_grad_and_padded_head_dim():
+    """Different tiles in the two program sets (dK/dV 16x64, dQ 64x16), an lse gradient, D_qk 40
+    and D_v 24 (padded to 64 / 32 in the tiles)."""
+    compare(small_mask("causal_document", 150, seed=4), 4, 2, 40, torch.float32, one_launch(2, **ODD_CONFIG),
+            dlse=True, dv=24)
+
+
+def test_one_launch_through_the_custom_op():
+    compare(small_mask("causal", 70), 4, 2, 32, torch.float32, one_launch(1), use_op=True)
+
+
+def test_one_launch_matches_two_kernels_bitwise():
+    """Same tiles, same plans, same per-tile order of sums: one launch must give the two-kernel bits."""
+    mask = small_mask("share_question", 120, seed=3)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 120, h, 32, device=DEVICE) for h in (4, 2, 2))
+    grads = [_grads(dense_attention, q, k, v, mask, config=c) for c in (None, one_launch(2))]
+    for name, a, b in zip("qkv", *grads):
+        assert torch.equal(a, b), f"d{name} differs between two kernels and one launch"
+
+
+# ------------------------------------------------------------------ FlashMask, one launch
+FM_TILES = dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=16)
+
+
+@pytest.mark.parametrize("name,S,Hq,Hkv,dtype,order", [
+    ("causal_document", 150, 4, 2, torch.float32, 0),
+    ("share_question", 133, 4, 1, torch.float32, 2),
+    ("sliding_window_causal", 100, 2, 2, torch.float16, 1),
+], ids=lambda x: str(x).replace("torch.", ""))
+def test_flashmask_one_launch(name, S, Hq, Hkv, dtype, order):
+    mask = small_mask(name, S, seed=S)
+    cfg = one_launch(order, **FM_TILES)
+    compare_to_reference(lambda q, k, v: flashmask_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, Hq, Hkv, 32, dtype, dlse=order == 2)
+
+
+# ------------------------------------------------------------------ block-sparse, one launch
+BS_CASES = {
+    "uniform32-S=200-GQA4:2-dkdv-first": (lambda: make_mask("block_sparse", 200, block=32, density=0.5, patterns=2,
+                                                            seed=3), 0, False),
+    "varblock-S=150-GQA4:2-interleaved": (lambda: make_mask("varblock_sparse", 150, block=48, min_block=20,
+                                                            density=0.4, patterns=2, seed=2), 2, False),
+    "uniform16-S=100-GQA4:2-dq-first-op": (lambda: make_mask("block_sparse", 100, block=16, density=0.3, patterns=1,
+                                                             seed=5), 1, True),
+}
+
+
+@pytest.mark.parametrize("case", BS_CASES)
+def test_block_sparse_one_launch(case):
+    from longca_triton.kernels.block_sparse import block_sparse_attention_op
+
+    make, order, use_op = BS_CASES[case]
+    mask = make()
+    fn = block_sparse_attention_op if use_op else block_sparse_attention
+    cfg = one_launch(order)
+    compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32, dlse=order == 2)
+
+
+# ------------------------------------------------------------------ config checks
+def test_config_rejects_one_launch_with_fused_dq():
+    with pytest.raises(ValueError, match="one_launch.*fused_dq"):
+        resolve_config(32, torch.float32, dict(one_launch=True, fused_dq=True))
+
+
+@pytest.mark.parametrize("kernel", ["dense", "flashmask", "block-sparse"])
+def test_config_rejects_unknown_bwd_order(kernel):
+    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.flashmask as FM
+
+    assert set(BWD_ORDERS) == {0, 1, 2}
+    bad = dict(one_launch=True, bwd_order=3)
+    resolve = {"dense": lambda: resolve_config(32, torch.float32, bad),
+               "flashmask": lambda: FM.resolve_config(32, torch.float32, bad),
+               "block-sparse": lambda: BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, bad)}[kernel]
+    with pytest.raises(ValueError, match=f"{kernel}.*bwd_order"):
+        resolve()
+
+
+# ------------------------------------------------------------------ deterministic
+def _grads(fn, q, k, v, mask, **kw):
+    """dq, dk, dv of one fresh forward + backward (new leaves, same values)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, mask, **kw)
+    g = torch.Generator(device=out.device).manual_seed(7)
+    out.backward(torch.randn(out.shape, generator=g, device=out.device, dtype=out.dtype))
+    return q.grad, k.grad, v.grad
+
+
+DETERMINISTIC = {
+    "dense-two-kernels": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), None),
+    "dense-one-launch": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
+    "flashmask": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), None),
+    "flashmask-one-launch": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
+    "block-sparse": (block_sparse_attention,
+                     lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1), None),
+    "block-sparse-one-launch": (block_sparse_attention,
+                                lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1),
+                                one_launch(2)),
+    "varblock": (block_sparse_attention,
+                 lambda: make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.5, patterns=2, seed=2),
+                 None),
+}
+
+
+@pytest.mark.parametrize("kernel", DETERMINISTIC)
+def test_deterministic_gives_equal_bits_twice(kernel):
+    fn, make, config = DETERMINISTIC[kernel]
+    mask = make()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, s, h, 32, device=DEVICE) for s, h in
+               ((mask.seqlen_q, 4), (mask.seqlen_k, 2), (mask.seqlen_k, 2)))
+    first = _grads(fn, q, k, v, mask, config=config, deterministic=True)
+    second = _grads(fn, q, k, v, mask, config=config, deterministic=True)
+    for name, a, b in zip("qkv", first, second):
+        assert a.abs().sum() > 0, f"d{name} is all zero: nothing was checked"
+        assert torch.equal(a, b), f"d{name} differs between two deterministic runs"
+
+
+def test_deterministic_refuses_fused_dq():
+    mask = small_mask("causal", 40)
+    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
+    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
+        dense_attention(q, k, v, mask, config=dict(fused_dq=True), deterministic=True)
+    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
+        dense_attention_op(q, k, v, mask, config=dict(fused_dq=True), deterministic=True)
+    dense_attention(q, k, v, mask, config=dict(fused_dq=True))  # without the flag: allowed
+
+
+def test_deterministic_drops_an_autotuned_fused_dq(monkeypatch):
+    """No explicit config: a cached fused_dq gives way to the two-kernel backward, no error."""
+    import longca_triton.kernels.config as C
+
+    monkeypatch.setattr(C, "tuned_config", lambda *a, **kw: dict(fused_dq=True))
+    mask = small_mask("causal", 40)
+    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
+    seen = []
+    import longca_triton.kernels.dense as D
+
+    real = D.dense_bwd
+    monkeypatch.setattr(D, "dense_bwd", lambda *a, **kw: seen.append(a[-1]["fused_dq"]) or real(*a, **kw))
+    _grads(dense_attention, q, k, v, mask, deterministic=True)
+    _grads(dense_attention, q, k, v, mask)
+    assert seen == [False, True]
+
+
+def test_api_passes_deterministic_to_the_kernel(monkeypatch):
+    import longca_triton.kernels.dense as D
+
+    seen = []
+    real = D.dense_attention
+
+    def spy(*a, deterministic=False, **kw):
+        seen.append(deterministic)
+        return real(*a, deterministic=deterministic, **kw)
+
+    monkeypatch.setattr(D, "dense_attention", spy)
+    mask = small_mask("causal", 40)
+    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
+    lt.attention(q, k, v, mask, backend="triton", deterministic=True)
+    lt.attention(q, k, v, mask, backend="triton")
+    lt.attention(q, k, v, mask, deterministic=True)  # no backend named: triton for range masks
+    assert seen == [True, False, True]
+
+
+def test_api_deterministic_error_paths(monkeypatch):
+    from longca_triton.adapters import get_backend
+
+    mask = small_mask("causal", 40)
+    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
+    with pytest.raises(ValueError, match="'reference' cannot promise deterministic"):
+        lt.attention(q, k, v, mask, backend="reference", deterministic=True)
+    monkeypatch.setattr(get_backend("triton"), "config", dict(fused_dq=True))
+    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
+        lt.attention(q, k, v, mask, backend="triton", deterministic=True)
+
+
+def test_flash_adapter_asks_flashattention_for_determinism():
+    """FA2/FA3: ``deterministic=True`` goes to the vendor call where its signature has it, else a
+    ValueError naming the backend (no flash-attn needed: the plan holds the functions)."""
+    from longca_triton.adapters.flash import FA2, _FlashPlan
+
+    def with_flag(q, k, v, softmax_scale=None, causal=False, deterministic=False):
+        pass
+
+    def without_flag(q, k, v, softmax_scale=None, causal=False):
+        pass
+
+    plan = _FlashPlan(fa=None, cu=None, max_seqlen=8, dense_fn=with_flag, varlen_fn=with_flag,
+                      dense_kw={"causal": True}, varlen_kw={"causal": True})
+    det = FA2().deterministic_plan(plan)
+    assert det.dense_kw == {"causal": True, "deterministic": True} and det.varlen_kw["deterministic"] is True
+    assert "deterministic" not in plan.dense_kw  # the cached plan is left alone
+    old = _FlashPlan(fa=None, cu=None, max_seqlen=8, dense_fn=with_flag, varlen_fn=without_flag,
+                     dense_kw={}, varlen_kw={})
+    with pytest.raises(ValueError, match="'fa2' cannot promise deterministic.*without_flag"):
+        FA2().deterministic_plan(old)
+
+
+# ------------------------------------------------------------------ autotune
+@pytest.mark.parametrize("tunable", ["triton", "triton-sparse", "triton-varblock"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_autotune_searches_the_backward_layout(tunable, head_dim):
+    """The ``bwd`` group: two kernels first (its keys are the group's, the ones reset to the
+    default when nothing wins), then one-launch candidates; all resolve for their kernel."""
+    import longca_triton.kernels.block_sparse as BS
+    from longca_triton.bench import autotune as at
+
+    t = at.TUNABLES[tunable]
+    assert t.groups["bwd"] == "bwd" and list(t.groups)[-1] == "bwd"
+    cands = t.candidates("bwd", 128, head_dim)
+    assert cands[0]["one_launch"] is False and all(set(c) == set(cands[0]) for c in cands)
+    assert {c["bwd_order"] for c in cands if c["one_launch"]} == {0, 2}
+    mask = make_mask("block_sparse", 256, block=128)
+    for c in cands:
+        cfg = resolve_config(head_dim, torch.bfloat16, c) if tunable == "triton" else BS.resolve_config(mask, head_dim, c)
+        assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
+
+
+# ------------------------------------------------------------------ the GPU script, at toy size
+def test_bwd_variants_script_smoke(tmp_path):
+    """experiments/gpu/bwd_variants.py --smoke: every variant passes the bench check, the
+    deterministic ones give equal bits twice, and the table is written."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    spec = importlib.util.spec_from_file_location("bwd_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document"])
+    assert set(rows[0]["times"]) == set(mod.variants(True))
+    assert [r["mask"] for r in srows] == list(mod.SPARSE_MASKS)
+    assert all(set(r["times"]) == set(mod.sparse_variants(True)) for r in srows)
+    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
+    checks = [r for r in lines if r["kind"] == "check"]
+    assert checks and all(r["ok"] for r in checks), checks
+    assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
+    md = (tmp_path / "bwd_variants.md").read_text()
+    assert "| causal_document |" in md and "| uniform128 |" in md and "variable / uniform" in md
