@@ -87,17 +87,15 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     for). Our ``triton``, ``triton-flashmask``, ``triton-sparse`` and ``triton-varblock`` backends
     honour it at no cost (their backward has no atomics; a ``triton`` config with ``fused_dq``, the
     one atomic variant, is refused); ``fa2`` / ``fa3`` pass it to FlashAttention where the installed
-    build takes it; every other backend raises ``ValueError`` naming itself. With no ``backend``
-    named, range masks then run on ``triton`` (the default rule's other pick, ``triton-gluon``,
-    does not promise it).
+    build takes it; ``triton-gluon`` honours it too (no atomics in its backward); every other
+    backend raises ``ValueError`` naming itself.
     """
     from .adapters import Problem, get_backend
 
     # the backend-independent check (shapes, GQA, the mask fitting); our kernels' public entries add
     # their own (head dims, dtypes, devices), since users call them directly too
     validate_inputs(q, k, v, mask)
-    impl = get_backend(backend or ("triton" if deterministic and not isinstance(mask, BlockSparseMask)
-                                   else default_backend(mask, q, k)))
+    impl = get_backend(backend or default_backend(mask, q, k))
     problem = Problem.from_tensors(q, k, v, mask, softmax_scale)  # problem.scale: the resolved scale
     ok, why = impl.check(problem)
     if not ok:

@@ -39,6 +39,7 @@ from .._runtime import (
 )
 from ..config import ConfigSpec
 from ..config import resolve as _resolve
+from ..dense import check_deterministic as dense_check_deterministic
 from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
 from .plan import WsPlan, get_ws_plan
@@ -280,18 +281,27 @@ def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
                     return_lse: bool = False, config: Optional[dict] = None,
-                    bwd_config: Optional[dict] = None):
+                    bwd_config: Optional[dict] = None, deterministic: bool = False):
     """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``RangeMask`` on an
     sm_90 GPU: the warp-specialized Gluon forward, the plain-Triton backward.
 
-    ``config`` sets the forward's launch (``CONFIG_KEYS``), ``bwd_config`` the backward's (the
-    dense kernel's keys). Returns ``out`` or ``(out, lse)`` like ``dense_attention``.
+    ``config`` sets the launch (``CONFIG_KEYS``), ``bwd_config`` the plain-Triton backward's (the
+    dense kernel's keys, with ``gluon_bwd=False``). ``deterministic=True``: bitwise-identical
+    gradients run to run (no atomics in either backward). Returns ``out`` or ``(out, lse)`` like
+    ``dense_attention``.
     """
     check_inputs(q, k, v, mask)
     d = q.shape[-1]
     softmax_scale = resolve_scale(softmax_scale, d)
     cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
     bwd_cfg = dense_resolve_config(d, q.dtype, bwd_config, q=q, k=k, mask=mask)
+    # deterministic=True: the Gluon backward has no atomics (each dQ, dK, dV tile is written once by
+    # one program), so it holds at no cost; the plain-Triton one holds unless its config asks for
+    # fused_dq (refused when explicit, dropped when it came from the autotune cache)
+    if deterministic and not cfg["gluon_bwd"]:
+        if bwd_config is None and bwd_cfg["fused_dq"]:
+            bwd_cfg["fused_dq"] = False
+        dense_check_deterministic(bwd_cfg, True, "the Gluon attention's plain-Triton backward")
     plan, bwd_a, bwd_b = plans_for_gluon(mask, cfg, bwd_cfg, q.device)
     out, lse = GluonAttentionFunction.apply(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)
     return (out, lse) if return_lse else out
