@@ -244,7 +244,9 @@ def test_tiny_interpreter_tune(name, block, S):
     base = at.TUNABLES[name]
     pinned = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, HEADS=1, num_warps=4, num_stages=1, warp_specialize=False),
               "dkdv": dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=32, DKDV_HEADS=1, dkdv_num_warps=4, dkdv_num_stages=1),
-              "dq": dict(DQ_BLOCK_M=32, DQ_BLOCK_N=16, DQ_HEADS=1, dq_num_warps=4, dq_num_stages=1)}
+              "dq": dict(DQ_BLOCK_M=32, DQ_BLOCK_N=16, DQ_HEADS=1, dq_num_warps=4, dq_num_stages=1),
+              "bwd": dict(one_launch=True, bwd_order=2, bwd_num_warps=4, bwd_num_stages=1)}
+    assert set(pinned) == set(base.groups)
     tunable = dataclasses.replace(base, candidates=lambda group, blk, d: [pinned[group]])
     cases = at.cases_for(tunable, block, None, [S], [16], [torch.float16], (2, 1), [0.5])
     assert len(cases) == 1 and tunable.accepts(cases[0].mask)
