@@ -256,3 +256,69 @@ def test_gluon_tunable_search_space_fits_and_skips_off_gpu():
             G.resolve_config(d, torch.bfloat16, c)  # every candidate is a valid config
         assert {c["pingpong"] for c in cands} == {True, False}
     assert "sm_90" in t.device_reason(torch.device("cpu"))
+
+
+# ------------------------------------------------------------------ launchers match the kernels
+class _Recorder:
+    """Stands in for a Gluon kernel: records ``kernel[grid](*args, **kwargs)``."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def _check_binding(rec: _Recorder, pointers: dict):
+    """Every kernel parameter gets exactly one value: positional ones in order, constexprs by name;
+    pointer parameters get tensors of the expected dtype, the rest Python scalars."""
+    (grid, args, kwargs), = rec.calls
+    params = rec.fn.params
+    consts = [p.name for p in params if p.is_constexpr]
+    runtime = [p.name for p in params if not p.is_constexpr]
+    launch = {k: v for k, v in kwargs.items() if k not in ("num_warps", "maxnreg")}
+    assert len(args) == len(runtime), (len(args), runtime)
+    assert set(launch) == set(consts), set(launch) ^ set(consts)
+    assert kwargs["num_warps"] == 4 and kwargs["maxnreg"] == 168
+    for name, value in zip(runtime, args):
+        if name in pointers:
+            assert isinstance(value, torch.Tensor) and value.dtype == pointers[name], (name, value)
+        elif name.isupper():  # plan tables
+            assert isinstance(value, torch.Tensor) and value.dtype == torch.int32, name
+        else:
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), (name, value)
+    assert isinstance(grid, tuple) and grid[0] > 0
+
+
+def test_launchers_bind_every_kernel_parameter(monkeypatch):
+    """The Gluon kernels cannot run here, but their launchers can: every argument must land on the
+    parameter it is meant for (a drift between launcher and kernel shows only on a GPU otherwise)."""
+    from longca_triton.kernels.gluon import attention_bwd, attention_fwd
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
+    dq = _Recorder(attention_bwd.gluon_bwd_dq_kernel)
+    dkdv = _Recorder(attention_bwd.gluon_bwd_dkdv_kernel)
+    monkeypatch.setattr(attention_fwd, "gluon_fwd_kernel", fwd)
+    monkeypatch.setattr(attention_bwd, "gluon_bwd_dq_kernel", dq)
+    monkeypatch.setattr(attention_bwd, "gluon_bwd_dkdv_kernel", dkdv)
+    monkeypatch.setattr(G, "launch_bwd_preprocess", lambda out, dout, dlse=None: torch.zeros(
+        out.shape[0], out.shape[2], out.shape[1]))
+    mask = random_range_mask(300, 200, seed=4)
+    q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 200, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    cfg = G.resolve_config(64, torch.bfloat16)
+    plan = get_ws_plan(mask, G.BLOCK_M, cfg["BLOCK_N"], "cpu")
+    out, lse = G.gluon_fwd(q, k, v, plan, 0.125, cfg)
+    assert out.shape == q.shape and lse.shape == (2, 4, 300)
+    bf, f32 = torch.bfloat16, torch.float32
+    _check_binding(fwd, {"Q": bf, "K": bf, "V": bf, "Out": bf, "Lse": f32})
+    assert fwd.calls[0][0] == (plan.tiles.num_m * 2 * 4,)
+    dq_plan = get_ws_plan(mask, G.BLOCK_M, cfg["dq_block_n"], "cpu", "q")
+    dkdv_plan = get_ws_plan(mask, cfg["dkdv_block_mq"], G.BLOCK_M, "cpu", "k")
+    grads = G.gluon_bwd(torch.randn_like(q), q, k, v, out, lse, dq_plan, dkdv_plan, 0.125, cfg)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    ptrs = {"Q": bf, "K": bf, "V": bf, "DO": bf, "Lse": f32, "Delta": f32}
+    _check_binding(dq, {**ptrs, "DQ": bf})
+    _check_binding(dkdv, {**ptrs, "DK": bf, "DV": bf})
+    assert dkdv.calls[0][0] == (dkdv_plan.tiles.num_n * 2 * 2,)
