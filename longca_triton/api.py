@@ -10,31 +10,34 @@ from .masks import BlockSparseMask, Mask
 DEFAULT_BACKEND = "triton"
 
 
-def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor | None = None) -> str:
+def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                    v: torch.Tensor | None = None) -> str:
     """The backend ``attention`` uses when none is named.
 
     Block-sparse masks: ``triton-sparse`` (uniform power-of-two blocks) or ``triton-varblock``.
-    Range masks: ``triton-gluon`` (the warp-specialized Gluon forward) when it can run this call
-    (an sm_90 GPU, its head dims and dtypes) *and* ``longca-triton autotune`` measured its forward
-    faster than ``triton``'s on this problem class on this GPU; otherwise ``triton``. The rule
-    never picks a backend that cannot run the call, and never one that was not measured faster.
+    Range masks: ``triton-gluon`` (the warp-specialized Gluon kernels) when ``longca-triton
+    autotune`` measured its forward faster than ``triton``'s on this problem class on this GPU
+    *and* it can run this call (an sm_90 GPU, its head dims and dtypes); otherwise ``triton``. The
+    rule never picks a backend that cannot run the call, and never one that was not measured faster.
     """
     if isinstance(mask, BlockSparseMask):
         return "triton-sparse" if mask.uniform_block else "triton-varblock"
-    if q is not None and k is not None and q.device.type == "cuda" and _gluon_measured_faster(mask, q, k):
+    if q is not None and k is not None and q.device.type == "cuda" and _gluon_measured_faster(mask, q, k, v):
         return "triton-gluon"
     return DEFAULT_BACKEND
 
 
-def _gluon_measured_faster(mask: Mask, q: torch.Tensor, k: torch.Tensor) -> bool:
+def _gluon_measured_faster(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> bool:
     from .adapters import Problem, get_backend
     from .kernels.tuned import measured_tflops
 
-    ok, _ = get_backend("triton-gluon").check(Problem.from_tensors(q, k, k, mask))
-    if not ok:
+    # the cache lookups first (a dict read once per process): the capability check only runs
+    # where the Gluon kernel was measured faster
+    gluon, plain = measured_tflops("triton-gluon", q, k, mask, v), measured_tflops("triton", q, k, mask, v)
+    if gluon is None or plain is None or gluon <= plain:
         return False
-    gluon, plain = measured_tflops("triton-gluon", q, k, mask), measured_tflops("triton", q, k, mask)
-    return gluon is not None and plain is not None and gluon > plain
+    ok, _ = get_backend("triton-gluon").check(Problem.from_tensors(q, k, k if v is None else v, mask))
+    return ok
 
 
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> None:
@@ -95,7 +98,7 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     # the backend-independent check (shapes, GQA, the mask fitting); our kernels' public entries add
     # their own (head dims, dtypes, devices), since users call them directly too
     validate_inputs(q, k, v, mask)
-    impl = get_backend(backend or default_backend(mask, q, k))
+    impl = get_backend(backend or default_backend(mask, q, k, v))
     problem = Problem.from_tensors(q, k, v, mask, softmax_scale)  # problem.scale: the resolved scale
     ok, why = impl.check(problem)
     if not ok:

@@ -226,7 +226,7 @@ def test_default_backend_takes_gluon_only_when_it_runs_and_was_measured_faster(m
     assert api.default_backend(mask, q, k) == "triton"  # a CPU: Gluon cannot run, never chosen
     gluon = get_backend("triton-gluon")
     scores = {}
-    monkeypatch.setattr(tuned, "measured_tflops", lambda name, q, k, mask, mode="fwd": scores.get(name))
+    monkeypatch.setattr(tuned, "measured_tflops", lambda name, q, k, mask, v=None, mode="fwd": scores.get(name))
     monkeypatch.setattr(gluon, "check", lambda problem: (False, "needs sm_90"))
     scores.update({"triton-gluon": 600.0, "triton": 500.0})
     assert not api._gluon_measured_faster(mask, q, k), "faster but cannot run: not chosen"

@@ -7,9 +7,8 @@ may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an e
 (passed to the kernels; ``problem.extra["deterministic"]`` in ``prepare``), and a ``prepare`` that
 does the mask lowering / planning before returning the timed call.
 
-A subclass names its kernel module (``kernel``, under ``longca_triton.kernels``) and overrides
-``mask_reason`` (which masks it takes), ``launch`` (the kernel call) and ``plan`` (the device
-metadata built outside the timer).
+A subclass overrides ``mask_reason`` (which masks it takes), ``launch`` (the kernel call) and
+``plan`` (the device metadata built outside the timer).
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ def runs_here(device_type: str) -> tuple[bool, str]:
 class TritonBackend(Backend):
     """One of our Triton kernels behind the registry (see the module docstring)."""
 
-    #: kernel module under ``longca_triton.kernels``
-    kernel: str = ""
     #: dtypes the kernels take on a GPU (the interpreter also takes float32)
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
     #: an explicit launch config (None: autotune cache, else the kernel's defaults)
@@ -47,9 +44,6 @@ class TritonBackend(Backend):
     #: our kernels' backward has no atomics unless a config asks for them (dense ``fused_dq``,
     #: which ``deterministic=True`` refuses): see ``kernels/dense.py``
     honours_deterministic = True
-
-    def kernel_module(self):
-        return importlib.import_module(f"longca_triton.kernels.{self.kernel}")
 
     def available(self):
         try:

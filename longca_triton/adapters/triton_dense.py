@@ -16,7 +16,6 @@ from .triton_base import TritonBackend
 class TritonDense(TritonBackend):
     name = "triton"
     description = "longca-triton's dense Triton kernel: block tables, full/partial tiles, GQA, fwd+bwd"
-    kernel = "dense"
 
     def mask_reason(self, problem: Problem) -> str:
         if isinstance(problem.mask, BlockSparseMask):

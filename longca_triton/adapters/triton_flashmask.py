@@ -20,7 +20,6 @@ class TritonFlashMask(TritonBackend):
     name = "triton-flashmask"
     description = ("our Triton port of FlashMask's column-interval algorithm (LTS/LTE/UTS/UTE, "
                    "per-tile min/max classification), GQA, fwd+bwd")
-    kernel = "flashmask"
 
     def mask_reason(self, problem: Problem) -> str:
         if isinstance(problem.mask, BlockSparseMask):

@@ -21,7 +21,6 @@ class TritonGluon(TritonBackend):
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
                    "producer, ping-pong consumer warpgroups, async wgmma) and warp-specialized dQ + dK/dV "
                    "backward kernels")
-    kernel = "gluon.attention"
 
     def available(self):
         try:

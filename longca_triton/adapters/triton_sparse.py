@@ -21,7 +21,6 @@ __all__ = ["TritonSparse", "TritonVarblock"]
 
 
 class _TritonBlockSparse(TritonBackend):
-    kernel = "block_sparse"
 
     def _mask_ok(self, mask: BlockSparseMask) -> str:
         return ""

@@ -150,6 +150,13 @@ def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.T
 def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
                head_dim_v: int | None = None) -> dict | None:
     """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
+    entry = _chosen_entry(entries, kernel, head_dim, dtype, group, mask, head_dim_v)
+    return dict(entry["config"]) if entry else None
+
+
+def _chosen_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
+                  head_dim_v: int | None = None) -> dict | None:
+    """The cache entry whose config ``lookup`` returns (the entry itself, or None)."""
     cls = problem_class(kernel, head_dim, dtype, group, mask, 0, head_dim_v)
     if isinstance(mask, BlockSparseMask):
         entry = entries.get(cls)
@@ -163,22 +170,23 @@ def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, gr
                     if "|".join(head + [b] + tail) in entries]
             if near:
                 entry = entries["|".join(head + [min(near)[2]] + tail)]
-        return dict(entry["config"]) if entry else None
+        return entry
     prefix = cls.rsplit("|block=", 1)[0]
     best = None
     for c, entry in entries.items():
         if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
             best = entry
-    return dict(best["config"]) if best else None
+    return best
 
 
-def measured_tflops(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, mode: str = "fwd") -> float | None:
-    """The tuned TFLOP/s the cache recorded for ``kernel`` on this call's problem class (the best
-    block's entry) in ``mode``, or None when it was never tuned here (range masks only)."""
-    if q.device.type != "cuda" or isinstance(mask, BlockSparseMask):
+def measured_tflops(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None = None,
+                    mode: str = "fwd") -> float | None:
+    """The TFLOP/s the cache recorded in ``mode`` for the config ``lookup`` would give ``kernel``
+    on this call, or None when it was never tuned here."""
+    if q.device.type != "cuda":
         return None
     entries = load_cache().get(device_key(q.device), {})
-    prefix = problem_class(kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, 0).rsplit("|block=", 1)[0]
-    scores = [e.get("tuned_tflops", {}).get(mode) for c, e in entries.items() if c.startswith(prefix + "|block=")]
-    scores = [x for x in scores if isinstance(x, (int, float)) and x > 0]
-    return max(scores) if scores else None
+    d_v = None if v is None else v.shape[-1]
+    entry = _chosen_entry(entries, kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, d_v)
+    tf = (entry or {}).get("tuned_tflops", {}).get(mode)
+    return float(tf) if isinstance(tf, (int, float)) and tf > 0 else None
