@@ -39,6 +39,7 @@ from .._runtime import (
 )
 from ..config import ConfigSpec
 from ..config import resolve as _resolve
+from ..core import LOG2E
 from ..dense import check_deterministic as dense_check_deterministic
 from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
@@ -49,7 +50,6 @@ __all__ = [
     "smem_bytes", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS", "BLOCK_M", "SMEM_LIMIT",
 ]
 
-LOG2E = 1.4426950408889634
 #: query-tile rows per CTA: two consumer warpgroups of 64 rows
 BLOCK_M = 128
 SUPPORTED_HEAD_DIMS = (64, 128)

@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .. import core as _core
 from .attention_fwd import (
     M_WG,
     _advance,
@@ -54,14 +55,14 @@ from .attention_fwd import (
 
 __all__ = ["gluon_bwd_dq_kernel", "gluon_bwd_dkdv_kernel"]
 
-LOG2E = gl.constexpr(1.4426950408889634)
+LOG2E = gl.constexpr(_core.LOG2E)
 
 
 @gluon.jit
-def _ds(s, dp, lse2, delta):
-    """``(p, ds)`` of one tile from the raw scores (already times qk_scale's log2 factor by the
-    caller) and ``dP``; ``lse2``/``delta`` broadcast along the query axis by the caller."""
-    p = gl.exp2(s - lse2)
+def _ds(s2, dp, lse2, delta):
+    """``(p, ds)`` of one tile: ``s2`` the scores in log2 units (``s * qk_scale``, -inf where
+    masked), ``dp = dO . v``; ``lse2`` and ``delta`` already broadcast to the tile's shape."""
+    p = gl.exp2(s2 - lse2)
     return p, p * (dp - delta)
 
 

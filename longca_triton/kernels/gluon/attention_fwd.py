@@ -49,11 +49,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .. import core as _core
+
 __all__ = ["gluon_fwd_kernel", "M_WG"]
 
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
-LN2 = gl.constexpr(0.6931471805599453)
+LN2 = gl.constexpr(_core.LN2)
 
 
 @gluon.jit
