@@ -1,0 +1,269 @@
+"""First contact of the Gluon kernels with an sm_90 GPU: each kernel checked on its own, each case in
+its own process (an illegal address or a hang in one case cannot poison the next), then a short
+timing of the forward and backward next to the plain-Triton kernels and cuDNN.
+
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT [--budget 300]
+
+Per case (bf16, against the float32 chunked reference with TF32 off):
+
+* ``fwd``: the Gluon forward alone (``torch.no_grad``): relative L2 error of ``out`` over rows that
+  attend something, max |lse - ref| over finite rows, zeros/-inf on empty rows, and the same error
+  for PyTorch's bf16 SDPA (the bar);
+* ``bwd``: the Gluon dQ and dK/dV kernels (``gluon_bwd=True``): relative L2 error of dq, dk, dv;
+* ``bwd_triton``: the plain-Triton backward after the Gluon forward (``gluon_bwd=False``).
+
+Each stage records ``ok`` / the error text and the traceback's last lines, so one failing kernel
+still lets the others report. Rows go to ``<out>/gluon_diag.jsonl`` as they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+# (name, mask, Sq, Sk, Hq, Hkv, D): from the simplest (full, one head, tile multiples) up
+CASES = [
+    ("full-1024-D128", "full", 1024, 1024, 2, 2, 128),
+    ("causal-1000-D128-gqa", "causal", 1000, 1000, 4, 2, 128),
+    ("full-1024-D64", "full", 1024, 1024, 2, 2, 64),
+    ("random-777x2049-D64", "random", 777, 2049, 4, 2, 64),
+    ("causal_document-4096-D128", "causal_document", 4096, 4096, 4, 1, 128),
+    ("random-2048x300-D128", "random", 2048, 300, 2, 2, 128),
+]
+
+
+def _mask(kind, sq, sk):
+    from utils import random_range_mask, small_mask
+
+    return random_range_mask(sq, sk, seed=1) if kind == "random" else small_mask(kind, sq, seed=0)
+
+
+def _rel(x, ref, rows=None):
+    x, ref = x.float(), ref.float()
+    if rows is not None:
+        x, ref = x[:, rows], ref[:, rows]
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _tail(e: BaseException) -> str:
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])[-3000:]
+
+
+def run_case(idx: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.reference import chunked_attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    name, kind, sq, sk, hq, hkv, d = CASES[idx]
+    row = dict(case=name, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d)
+    mask = _mask(kind, sq, sk)
+    g = torch.Generator(device="cuda").manual_seed(idx)
+    q = torch.randn(1, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = chunked_attention(q32, k32, v32, mask, return_lse=True, chunk=1024)
+    ref.backward(dout.float())
+    dense = mask.to_dense().cuda()
+    rows = dense.any(1)
+    G = hq // hkv
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(G, 2), v.repeat_interleave(G, 2)))
+    pt = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense).transpose(1, 2)
+    row["bar_out"] = _rel(pt, ref, rows)
+
+    t0 = time.time()
+    try:
+        with torch.no_grad():
+            out, lse = gluon_attention(q, k, v, mask, return_lse=True)
+        torch.cuda.synchronize()
+        fin = torch.isfinite(ref_lse)
+        row["fwd"] = dict(
+            ok=True, s=round(time.time() - t0, 1), err_out=_rel(out, ref, rows),
+            lse_maxdiff=(lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0,
+            nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
+            empty_rows_zero=bool(torch.all(out[:, ~rows] == 0)),
+            lse_inf_pattern=bool(torch.equal(torch.isinf(lse), torch.isinf(ref_lse))))
+    except Exception as e:  # noqa: BLE001 -- recorded, the next stage still runs
+        row["fwd"] = dict(ok=False, s=round(time.time() - t0, 1), error=_tail(e))
+        return row
+    for stage, cfg in (("bwd", dict(gluon_bwd=True)), ("bwd_triton", dict(gluon_bwd=False))):
+        t0 = time.time()
+        try:
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            out = gluon_attention(qg, kg, vg, mask, config=cfg)
+            out.backward(dout)
+            torch.cuda.synchronize()
+            row[stage] = dict(ok=True, s=round(time.time() - t0, 1),
+                              **{f"err_{n}": _rel(x.grad, r.grad) for n, x, r in
+                                 (("dq", qg, q32), ("dk", kg, k32), ("dv", vg, v32))},
+                              nan=bool(any(torch.isnan(x.grad).any() for x in (qg, kg, vg))))
+        except Exception as e:  # noqa: BLE001
+            row[stage] = dict(ok=False, s=round(time.time() - t0, 1), error=_tail(e))
+            if "illegal" in str(e) or "CUDA error" in str(e):
+                break
+    return row
+
+
+def run_timing(S: int) -> list:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from longca_triton.bench.timing import time_fn
+    from longca_triton.kernels.dense import dense_attention
+    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.masks import make_mask
+
+    rows = []
+    hq, hkv, d = 64, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, S, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, S, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, S, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn_like(q)
+    for name in ("full", "causal", "causal_document"):
+        mask = make_mask(name, S, seed=0)
+        fl_f, fl_b = mask.flops(hq, d, "fwd"), mask.flops(hq, d, "bwd")
+        fns = {
+            "triton": lambda c=None: dense_attention(q, k, v, mask),
+            "triton-gluon": lambda: gluon_attention(q, k, v, mask),
+        }
+        if name in ("full", "causal"):
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+            def cudnn(qt=qt, kt=kt, vt=vt, causal=name == "causal"):
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+            fns["sdpa-cudnn"] = cudnn
+        for b, fn in fns.items():
+            row = dict(mask=name, S=S, backend=b)
+            try:
+                with torch.no_grad():
+                    t = time_fn(fn, max_ms=3000)["median_ms"]
+                row["fwd_ms"], row["fwd_tflops"] = t, fl_f / t / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["fwd_error"] = _tail(e)
+            try:
+                qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v)) if b != "sdpa-cudnn" else \
+                    (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
+                if b == "sdpa-cudnn":
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=name == "causal", enable_gqa=True)
+                    do = dout.transpose(1, 2)
+                else:
+                    o = (dense_attention if b == "triton" else gluon_attention)(qg, kg, vg, mask)
+                    do = dout
+                t = time_fn(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
+                            max_ms=3000)["median_ms"]
+                row["bwd_ms"], row["bwd_tflops"] = t, fl_b / t / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["bwd_error"] = _tail(e)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128),
+               dict(dkdv_block_mq=64), dict(dq_block_n=128), dict(dkdv_stages=2, dq_stages=3),
+               dict(bwd_consumer_regs=232)]
+
+
+def run_bwd_configs(S: int) -> list:
+    """The Gluon backward's knobs at ``S`` (full, causal; GQA 64:8, D=128): ms of dq, dk, dv."""
+    import torch
+
+    from longca_triton.bench.timing import time_fn
+    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.masks import make_mask
+
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, S, 64, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, S, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    dout = torch.randn_like(q)
+    for name in ("full", "causal"):
+        mask = make_mask(name, S, seed=0)
+        for cfg in BWD_CONFIGS:
+            row = dict(mask=name, S=S, config=cfg)
+            try:
+                qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+                o = gluon_attention(qg, kg, vg, mask, config=cfg)
+                t = time_fn(lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True),
+                            max_ms=2000)["median_ms"]
+                row["bwd_ms"], row["bwd_tflops"] = t, mask.flops(64, 128, "bwd") / t / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["error"] = _tail(e)
+            print("ROW " + json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget", type=float, default=300.0, help="wall-clock seconds for everything")
+    ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timing", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bwd-configs", type=int, default=None, metavar="S",
+                    help="only time the Gluon backward's configs at this length")
+    ap.add_argument("--S", type=int, default=16384, help="sequence length of the timing")
+    args = ap.parse_args()
+    if args.case is not None:
+        print("ROW " + json.dumps(run_case(args.case)), flush=True)
+        return
+    if args.bwd_configs is not None:
+        run_bwd_configs(args.bwd_configs)
+        return
+    if args.timing is not None:
+        for r in run_timing(args.timing):
+            print("ROW " + json.dumps(r), flush=True)
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_end = time.time() + args.budget
+    jl = out / "gluon_diag.jsonl"
+    fwd_ok = False
+    jobs = [("case", i) for i in range(len(CASES))] + [("timing", args.S)]
+    for kind, arg in jobs:
+        left = t_end - time.time()
+        if left < 20:
+            print(f"budget spent; skipped {kind} {arg}")
+            continue
+        if kind == "timing" and not fwd_ok:
+            print("timing skipped: no case passed the forward")
+            continue
+        cmd = [sys.executable, __file__, f"--{kind}", str(arg)]
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(left, 240 if kind == "case" else 200))
+            rows = [json.loads(ln[4:]) for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
+            if not rows:
+                rows = [dict(job=f"{kind}={arg}", rc=p.returncode, stderr=p.stderr[-3000:])]
+        except subprocess.TimeoutExpired as e:
+            so = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rows = [json.loads(ln[4:]) for ln in so.splitlines() if ln.startswith("ROW ")]
+            rows.append(dict(job=f"{kind}={arg}", timeout_s=round(time.time() - t0)))
+        with jl.open("a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+                print(json.dumps(r)[:1500], flush=True)
+                fwd_ok |= bool(r.get("fwd", {}).get("ok") and r["fwd"].get("err_out", 1) < 0.05)
+
+
+if __name__ == "__main__":
+    main()
