@@ -161,6 +161,7 @@ _COMPILE = textwrap.dedent("""
     from longca_triton.kernels.gluon.aot import compile_bwd, compile_fwd, ptxas_info
     cases = [("d128", 128, None, {}), ("d64", 64, None, {}),
              ("nopp-n64", 128, dict(pingpong=False, BLOCK_N=64, num_stages=3), {}),
+             ("pp", 128, dict(pingpong=True, num_stages=2), {}),
              ("full-only", 128, None, dict(has_partial=False, num_iv=1)),
              ("fp32-out", 128, None, dict(store_tma=False, dtype="fp16")),
              ("regs232", 128, dict(consumer_regs=232), {})]
@@ -198,7 +199,7 @@ def test_every_variant_compiles_for_sm90a():
         # 4 B for dK/dV at D=128); the skewed dK/dV variant trades spills for overlap
         if name != "dkdv-skew":
             assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
-    assert set(rows) == {"d128", "d64", "nopp-n64", "full-only", "fp32-out", "regs232"}
+    assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "fp32-out", "regs232"}
     for name, r in rows.items():
         if name != "regs232":  # a tighter split may spill; the defaults must not
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -211,7 +212,8 @@ def test_every_variant_compiles_for_sm90a():
     # O leaves through TMA unless the output dtype differs from the inputs'
     assert rows["d128"]["tma_store"] >= 1 and rows["fp32-out"]["tma_store"] == 0
     # the host's shared-memory bound holds, and is tight to 1 KB
-    for name, d, bn, st in (("d128", 128, 128, 2), ("d64", 64, 128, 3), ("nopp-n64", 128, 64, 3)):
+    for name, d, bn, st in (("d128", 128, 128, 3), ("d64", 64, 128, 3), ("nopp-n64", 128, 64, 3),
+                            ("pp", 128, 128, 2)):
         est = G.smem_bytes(d, bn, st)
         assert est - 1024 <= rows[name]["shared"] <= est, (name, rows[name]["shared"], est)
 

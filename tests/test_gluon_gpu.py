@@ -95,10 +95,10 @@ def test_static_masks_gqa(name):
     _check(small_mask(name, 3001, seed=7), 8, 2, 128)
 
 
-CONFIGS = [dict(pingpong=False), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),
-           dict(BLOCK_N=64, pingpong=False, num_stages=2), dict(gluon_bwd=False),
+CONFIGS = [dict(pingpong=True, num_stages=2), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),
+           dict(BLOCK_N=64, pingpong=True, num_stages=2), dict(gluon_bwd=False),
            dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128, dq_stages=2),
-           dict(dkdv_stages=2, dq_stages=3)]
+           dict(dkdv_stages=3, dq_stages=2)]
 
 
 @needs_sm90

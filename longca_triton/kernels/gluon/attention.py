@@ -66,13 +66,23 @@ _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS, tile_keys=("BLOCK_N", "dq_blo
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """FA3's choice for these head dims: 128-row key tiles; the ring as deep as fits."""
-    stages = 2 if head_dim > 64 else 3
+    """128-row key tiles (FA3's choice at these head dims) and the rest as measured on an H100.
+
+    Forward, S = 16K, GQA 64:8, D = 128 (experiments/results/h100/gluon/gluon_configs.md): ring depth
+    1 -> 2 is worth 25-35 %, 2 -> 3 within 2 %; ping-pong between the consumer warpgroups within
+    +-3 % either way (full 659 off / 643 on, causal 585 / 576, causal_document 484 / 490 TFLOP/s at
+    2 stages), so it is off by default: the overlap inside a warpgroup (S_j issued before the
+    softmax of tile j-1 finishes) already hides most of the softmax. 64-row key tiles lose 10-20 %.
+    Backward (gluon_bwd_configs.log): rings of 3 for dQ and 2 for dK/dV beat 2/3 by 14-17 % (full
+    69.8 -> 59.7 ms, causal 32.2 -> 26.7 ms). D = 64 keeps the deeper forward ring it has room for
+    and is unmeasured.
+    """
+    d128 = head_dim > 64
     # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py)
-    return dict(BLOCK_N=128, num_stages=stages, pingpong=True, consumer_regs=240, gluon_bwd=True,
-                dq_block_n=64, dq_stages=2, dkdv_block_mq=32 if head_dim > 64 else 64, dkdv_stages=3,
-                dkdv_skew=False, bwd_consumer_regs=240)
+    return dict(BLOCK_N=128, num_stages=3, pingpong=False, consumer_regs=240, gluon_bwd=True,
+                dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
+                dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240)
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> int:
