@@ -21,8 +21,14 @@ and a grid has no barrier to wait for a part of itself.
 
 Measured (H100, causal, S=16K)
 ------------------------------
-Measured: not yet. Built in a session without a GPU; ``experiments/gpu/bwd_variants.py`` times it
-against step 5, ``fused_dq``, Flex and cuDNN. Until then ``one_launch`` stays off by default.
+Slower, by 8-11 % at best (experiments/results/h100/bwd_variants/, 2026-11-23; GQA 64:8, D=128,
+bf16, S=16K): causal 30.5 ms vs step 5's 27.6 (361 vs 399 TFLOP/s), full 59.5 vs 56.9,
+causal_document 8.97 vs 8.31, share_question 10.6 vs 10.2 -- and that only with the dQ set kept
+on step 5's 64x64 tiles; sharing one warps/stages setting between the sets costs 1.6-2.2x. What
+it removes (one launch, the tail between the kernels) is smaller than what the shared budget
+costs: step 5's dK/dV kernel runs 4 warps and its dQ kernel 8, and the merged kernel carries the
+larger body's registers into every program. Block-sparse (S=32K, density 0.3): 78.0 vs 79.7 ms,
+a 2 % gain within the spread. ``one_launch`` stays off by default.
 """
 
 from __future__ import annotations

@@ -33,10 +33,10 @@ a timeline. sm_90 only; elsewhere the ladder says ``skipped`` with the reason.
 
 Measured (H100, causal, S=16K)
 ------------------------------
-Not yet: the step was written and compiled for sm_90a (no spills, 240/240/24 registers, one wgmma
-group kept in flight) in a session without a GPU. Run
-``longca-triton ladder --mask causal -S 16384 --mode fwd`` on an H100 and put the number here.
-(B=1, Hq:Hkv=64:8, D=128, bf16.)
+585-598 TFLOP/s (B=1, Hq:Hkv=64:8, D=128, bf16; experiments/results/h100/gluon/gluon_configs.md,
+2026-11-23): 1.17-1.19x step 7 (501 in the same run) and 0.96-1.03x cuDNN. The ring carries it
+(1 stage: 492, no better than step 7); ping-pong between the consumers measured -3 % to +1 %,
+so it is off by default. The ladder command itself has not yet run this step.
 """
 
 from __future__ import annotations
