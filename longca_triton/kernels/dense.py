@@ -36,7 +36,12 @@ into contiguous runs and orders tiles heaviest first. Metadata is ``O(S + tiles)
   (the reduce traffic dominates), so it is off by default.
   Opt-in ``one_launch`` (issue 13): the dK/dV and dQ program sets in one launch
   (``dense_bwd_one_launch_kernel``, FlexAttention's layout), same tiles and plans, no atomics.
-  Measured: not yet; off by default until ``experiments/gpu/bwd_variants.py`` times it on an H100.
+  Measured (H100, S=16K, GQA 64:8, D=128, experiments/results/h100/bwd_variants/): 0.89-0.96x
+  of the two kernels at best (causal 30.5 vs 27.6 ms; full 59.5 vs 56.9), and only with the dQ
+  set on 64x64 tiles: one warps/stages budget for both sets costs more than the launch and tail it
+  saves. Off by default. The two kernels in the same run: full 0.94x Flex's backward (56.9 vs
+  53.6 ms) and 0.70x cuDNN, causal 1.05x Flex / 0.77x cuDNN, causal_document 1.09x Flex,
+  share_question 1.41x Flex.
 * ``deterministic=True`` (``dense_attention``, ``longca_triton.attention``): gradients bitwise
   identical run to run. Free: the default and ``one_launch`` sum every tile in a fixed order
   already; it only forbids ``fused_dq`` (ValueError for an explicit config).
