@@ -152,9 +152,10 @@ def _fused_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
         ds_own = ds_smem.index(2 * buf + WG)  # [64 keys, BLOCK_MQ]
         ds_own.store(ds_t.to(dtype))
         fence_async_shared()
+        # every thread's dS^T is in shared memory (and visible to wgmma) before this warpgroup's
+        # GEMMs read it and before its one arrival on ds_ready
+        gl.thread_barrier()
         if DQ_SPLIT_D:
-            # every thread's dS^T is in shared memory before the one arrival of this warpgroup
-            gl.thread_barrier()
             mbarrier.arrive(ds_ready.index(buf))
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_t, dv, is_async=True)
         dk = warpgroup_mma(ds_own, q_t, dk, is_async=True)
