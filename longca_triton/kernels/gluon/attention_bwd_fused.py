@@ -10,7 +10,11 @@ Math as in ``attention_bwd.py`` (log2 domain, ``delta = rowsum(dO * O) - dlse``)
 Why: the split design (``attention_bwd.py``) issues 7 GEMMs per (query tile, key tile) pair,
 this one 5 (``S^T``, ``dP^T``, ``dV += P^T dO``, ``dK += dS^T Q``, ``dQ^T = K^T dS^T``), at the
 price of ``BLOCK_MQ x D`` fp32 atomic adds per pair (Gluon 3.6 has no TMA reduce on Hopper, so
-they are ``red.global.add.f32`` from registers) and a final ``dq_accum -> dQ`` cast.
+they are ``gl.atomic_add(sem="relaxed")`` from the wgmma accumulator's registers: scalar
+``atom.global.gpu.relaxed.add.f32`` in the PTX, result unused; Triton emits no ``.v2`` / ``.v4``
+form) and a final ``dq_accum -> dQ`` cast. Not measured on a GPU yet: whether these atomics
+(and the CTAs of one KV head adding into the same query tiles at once) cost more than the two
+GEMMs saved is what the next H100 run answers (``experiments/gpu/gluon_diag.py --bwd-configs``).
 
 Tiling: one CTA = a 128-row key tile of one KV head, like ``gluon_bwd_dkdv_kernel``: two consumer
 warpgroups of 64 keys each hold their ``dK, dV [64, D]`` fp32 in registers across every query
@@ -40,14 +44,14 @@ split is below wgmma's 64-row minimum) each warpgroup adds its own 64 keys' part
 (``[D, BLOCK_MQ]``): no cross-warpgroup wait, two atomics per element.
 
 Registers (ptxas, sm_90a, 240 per consumer thread, masked variant): 0 B of spills at D = 128 with
-BLOCK_MQ = 32 and at D = 64 with BLOCK_MQ = 32 or 64; D = 128 with BLOCK_MQ = 64 spills ~330 B
-(dK, dV alone are 128 registers per thread). The schedule is the simple one (no skew: a tile's
+BLOCK_MQ = 32 (also with 232 registers) and at D = 64 with BLOCK_MQ = 32 or 64; D = 128 with
+BLOCK_MQ = 64 spills ~330 B (dK, dV alone are 128 registers per thread), with a 3-stage ring 44 B. The schedule is the simple one (no skew: a tile's
 S^T, dP^T wait for nothing of the previous tile's); the two warpgroups overlap each other.
 
 Masking walks the key-major merged run lists of ``plan.py`` exactly as the dK/dV kernel does
 (``_advance_wrap``: next query head of the group after the last run). Query rows >= Sq are
-zero-filled by TMA (zero dO, zero delta: nothing contributes) and masked out of the atomics;
-dK / dV stores are clipped at Sk by the descriptors.
+zero-filled by TMA (zero dO, zero delta: nothing contributes; their atomics add 0 into the
+padding); dK / dV stores are clipped at Sk by the descriptors.
 """
 
 import triton
