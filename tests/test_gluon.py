@@ -97,6 +97,55 @@ def test_default_configs_validate_and_fit():
         assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
         assert G.bwd_smem_bytes("dq", d, cfg["dq_block_n"], cfg["dq_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
+        assert G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"]) <= G.SMEM_LIMIT
+        assert cfg["bwd_design"] == "split", "split stays the default until a GPU measures fused faster"
+
+
+def test_deterministic_refuses_explicit_fused_and_drops_cached_fused(monkeypatch):
+    """Mirror of the plain-Triton ``fused_dq`` rule: the fused Gluon backward adds dQ by atomics."""
+    from longca_triton.kernels import config as C
+
+    monkeypatch.setattr(G, "device_reason", lambda dev: "")
+    seen = []
+
+    class _Fn:
+        @staticmethod
+        def apply(q, k, v, plan, bwd_a, bwd_b, scale, cfg, bwd_cfg):
+            seen.append((cfg["bwd_design"], bwd_a, bwd_b))
+            return q, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    monkeypatch.setattr(G, "GluonAttentionFunction", _Fn)
+    mask = lt.make_mask("causal", 256)
+    q = torch.randn(1, 256, 4, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 256, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="deterministic=True cannot use config bwd_design='fused'"):
+        G.gluon_attention(q, k, k, mask, config=dict(bwd_design="fused"), deterministic=True)
+    G.gluon_attention(q, k, k, mask, config=dict(bwd_design="fused"))
+    design, plan, none = seen.pop()
+    assert design == "fused" and none is None
+    assert (plan.tiles.block_m, plan.tiles.block_n) == (32, G.BLOCK_M), "the key-major plan, fused tiles"
+    monkeypatch.setattr(C, "tuned_config", lambda spec, *a, **kw: (
+        dict(bwd_design="fused") if spec.what == "gluon-attention" else None))
+    G.gluon_attention(q, k, k, mask, deterministic=True)
+    assert seen.pop()[0] == "split", "a cached fused config falls back to split"
+    G.gluon_attention(q, k, k, mask)
+    assert seen.pop()[0] == "fused"
+
+
+def test_dq_accum_cast_maps_tiles_back():
+    """The fused backward's cast (plain Triton: runs in the interpreter): block (b * Hq + h, m) of
+    ``dq_accum`` is dQ^T of rows m * BLOCK_MQ.. of head h, scaled; padding rows dropped."""
+    from longca_triton.kernels.gluon.attention_bwd_fused import dq_accum_cast_kernel
+
+    b, sq, hq, d, mq, scale = 2, 70, 3, 64, 32, 0.125
+    nt = -(-sq // mq)
+    ref = torch.randn(b, nt * mq, hq, d)
+    acc = ref.reshape(b, nt, mq, hq, d).permute(0, 3, 1, 4, 2).reshape(b * hq, nt, d, mq).contiguous()
+    dq = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16)
+    dq_accum_cast_kernel[(nt, b * hq)](acc / scale, dq, dq.stride(0), dq.stride(1), dq.stride(2), scale,
+                                       sq, hq, nt, HEAD_DIM=d, BLOCK_MQ=mq)
+    # to one bf16 ulp (the interpreter's fp32 -> bf16 rounding is not torch's); a wrong mapping is O(1)
+    torch.testing.assert_close(dq.float(), ref[:, :sq], rtol=8e-3, atol=1e-2)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -111,6 +160,11 @@ def test_default_configs_validate_and_fit():
     (dict(dkdv_stages=20), "dkdv_stages"),
     (dict(dkdv_block_mq=128), "dkdv_block_mq"),
     (dict(bwd_consumer_regs=100), "bwd_consumer_regs"),
+    (dict(bwd_design="atomic"), "bwd_design"),
+    (dict(fused_block_mq=128), "fused_block_mq"),
+    (dict(fused_block_mq=48), "power of two"),
+    (dict(fused_stages=1), "fused_stages"),
+    (dict(fused_stages=12), "fused_stages"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else x)
 def test_bad_configs_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -168,12 +222,16 @@ _COMPILE = textwrap.dedent("""
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
-           ("dkdv-skew", "dkdv", 128, dict(dkdv_skew=True), {})]
+           ("dkdv-skew", "dkdv", 128, dict(dkdv_skew=True), {}),
+           ("fused-d128", "fused", 128, None, {}), ("fused-d64", "fused", 64, None, {}),
+           ("fused-d128-full-only", "fused", 128, None, dict(has_partial=False, num_iv=1))]
     for name, kind, d, cfg, kw in bwd:
         c = compile_bwd(kind, d, cfg, **kw)
         info = ptxas_info(c.ptx)
         print(json.dumps(dict(name=name, d=d, shared=c.shared, regs=sorted(set(c.setmaxnreg())),
-                              wgmma=c.count(r"wgmma\\.mma_async"), **info)))
+                              wgmma=c.count(r"wgmma\\.mma_async"),
+                              atomics=c.count(r"atom\\.global\\.gpu\\.relaxed\\.add\\.f32"),
+                              wait0=c.count(r"wgmma\\.wait_group\\.sync\\.aligned 0;"), **info)))
     for name, d, cfg, kw in cases:
         c = compile_fwd(d, cfg, **kw)
         info = ptxas_info(c.ptx)
@@ -191,6 +249,19 @@ def test_every_variant_compiles_for_sm90a():
     res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
+    fused = {n: rows.pop(n) for n in [n for n in rows if n.startswith("fused")]}
+    assert set(fused) == {"fused-d128", "fused-d64", "fused-d128-full-only"}
+    for name, r in fused.items():
+        d = r["d"]
+        cfg = G.resolve_config(d, torch.bfloat16)
+        est = G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"])
+        # the register split reached the partitions; the host's shared-memory bound holds (to 1 KB)
+        assert r["wgmma"] > 0 and {240, 24} <= set(r["regs"]), r
+        assert est - 1024 <= r["shared"] <= est <= G.SMEM_LIMIT, (name, r["shared"], est)
+        # 5 GEMMs per tile (dQ^T in two halves over the key halves at D=128), dQ by fp32 atomics
+        assert r["atomics"] > 0 and r["wait0"] >= 1, r
+        # the defaults (32-row query tiles at D=128, 64 at D=64) fit 240 registers: measured 0 B
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     bwd = {n: rows.pop(n) for n in [n for n in rows if n.startswith(("dq", "dkdv"))]}
     assert set(bwd) == {"dq-d128", "dkdv-d128", "dq-d64", "dkdv-d64", "dkdv-full-only", "dkdv-skew"}
     for name, r in bwd.items():
@@ -295,7 +366,11 @@ def _check_binding(rec: _Recorder, pointers: dict):
 def test_launchers_bind_every_kernel_parameter(monkeypatch):
     """The Gluon kernels cannot run here, but their launchers can: every argument must land on the
     parameter it is meant for (a drift between launcher and kernel shows only on a GPU otherwise)."""
-    from longca_triton.kernels.gluon import attention_bwd, attention_fwd
+    from longca_triton.kernels.gluon import (
+        attention_bwd,
+        attention_bwd_fused,
+        attention_fwd,
+    )
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
@@ -324,3 +399,19 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
     _check_binding(dq, {**ptrs, "DQ": bf})
     _check_binding(dkdv, {**ptrs, "DK": bf, "DV": bf})
     assert dkdv.calls[0][0] == (dkdv_plan.tiles.num_n * 2 * 2,)
+    # the fused design: one Gluon kernel (recorded), then the dq_accum cast (plain Triton: it runs
+    # here in the interpreter, on the untouched zero dq_accum)
+    fused = _Recorder(attention_bwd_fused.gluon_bwd_fused_kernel)
+    monkeypatch.setattr(attention_bwd_fused, "gluon_bwd_fused_kernel", fused)
+    fcfg = G.resolve_config(64, torch.bfloat16, dict(bwd_design="fused"))
+    fplan = get_ws_plan(mask, fcfg["fused_block_mq"], G.BLOCK_M, "cpu", "k")
+    grads = G.gluon_bwd_fused(torch.randn_like(q), q, k, v, out, lse, fplan, 0.125, fcfg)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and torch.all(grads[0] == 0)
+    _check_binding(fused, {**ptrs, "DK": bf, "DV": bf, "DQA": f32})
+    (_, fargs, fkw), = fused.calls
+    dqa = fargs[[p.name for p in fused.fn.params if not p.is_constexpr].index("DQA")]
+    assert dqa.shape == (2 * 4, -(-300 // fcfg["fused_block_mq"]), 64, fcfg["fused_block_mq"])
+    assert fkw["DQ_SPLIT_D"] is False and fkw["BLOCK_MQ"] == fcfg["fused_block_mq"]
+    assert fused.calls[0][0] == (fplan.tiles.num_n * 2 * 2,)
+    with pytest.raises(ValueError, match="fused backward plan"):
+        G.gluon_bwd_fused(torch.randn_like(q), q, k, v, out, lse, dq_plan, 0.125, fcfg)

@@ -3,7 +3,8 @@
 bf16 at awkward sizes against a float32 reference (the chunked reference, TF32 off): random
 overlapping ``RangeMask``s with fully masked rows, ``Sq != Sk``, GQA, every static mask, head dims
 64 and 128, both ping-pong settings, 64- and 128-row key tiles, fwd and bwd (the Gluon dQ and
-dK/dV kernels, and the plain-Triton backward with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
+dK/dV kernels, the fused Gluon backward with ``bwd_design="fused"``, and the plain-Triton backward
+with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
 same inputs (SDPA with the boolean mask): our error must stay within 2x of its error (plus 1e-3
 for cases where PyTorch is near-exact). Rows that attend nothing must be exactly 0 with lse -inf.
 The log of a run is committed under experiments/results/h100/gluon/.
@@ -81,24 +82,32 @@ def _check(mask, Hq, Hkv, D, config=None, seed=0):
 RANDOM = [(1000, 1000, 0), (777, 2049, 1), (2048, 300, 2), (129, 4000, 3)]
 
 
+#: the two Gluon backward designs: every numerics case runs with both
+DESIGNS = ["split", "fused"]
+
+
 @needs_sm90
+@pytest.mark.parametrize("design", DESIGNS)
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D={d}")
 @pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
-def test_random_overlapping_masks(sq, sk, seed, D):
+def test_random_overlapping_masks(sq, sk, seed, D, design):
     mask = random_range_mask(sq, sk, seed, n_slices=6)
-    _check(mask, 8, 2, D, seed=seed)
+    _check(mask, 8, 2, D, config=dict(bwd_design=design), seed=seed)
 
 
 @needs_sm90
+@pytest.mark.parametrize("design", DESIGNS)
 @pytest.mark.parametrize("name", STATIC_MASK_NAMES)
-def test_static_masks_gqa(name):
-    _check(small_mask(name, 3001, seed=7), 8, 2, 128)
+def test_static_masks_gqa(name, design):
+    _check(small_mask(name, 3001, seed=7), 8, 2, 128, config=dict(bwd_design=design))
 
 
 CONFIGS = [dict(pingpong=True, num_stages=2), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),
            dict(BLOCK_N=64, pingpong=True, num_stages=2), dict(gluon_bwd=False),
            dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128, dq_stages=2),
-           dict(dkdv_stages=3, dq_stages=2)]
+           dict(dkdv_stages=3, dq_stages=2),
+           dict(bwd_design="fused", fused_stages=3), dict(bwd_design="fused", fused_block_mq=64),
+           dict(bwd_design="fused", bwd_consumer_regs=232)]
 
 
 @needs_sm90
@@ -108,5 +117,24 @@ def test_configs(config):
 
 
 @needs_sm90
-def test_long_causal_document_mha():
-    _check(small_mask("causal_document", 8192, seed=3), 4, 4, 128)
+@pytest.mark.parametrize("design", DESIGNS)
+def test_long_causal_document_mha(design):
+    _check(small_mask("causal_document", 8192, seed=3), 4, 4, 128, config=dict(bwd_design=design))
+
+
+@needs_sm90
+def test_fused_deterministic_falls_back_and_split_is_bitwise():
+    """deterministic=True with an explicit fused config is refused; the split design's gradients
+    are bitwise identical run to run (the fused one's dQ is not: fp32 atomics)."""
+    from longca_triton.kernels.gluon.attention import gluon_attention
+
+    mask = random_range_mask(1000, 1000, seed=2, n_slices=6)
+    q, k, v = (torch.randn(1, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match="deterministic"):
+        gluon_attention(q, k, v, mask, config=dict(bwd_design="fused"), deterministic=True)
+    grads = []
+    for _ in range(2):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        gluon_attention(qg, kg, vg, mask, deterministic=True).sum().backward()
+        grads.append((qg.grad, kg.grad, vg.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

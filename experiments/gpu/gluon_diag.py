@@ -10,7 +10,8 @@ Per case (bf16, against the float32 chunked reference with TF32 off):
   attend something, max |lse - ref| over finite rows, zeros/-inf on empty rows, and the same error
   for PyTorch's bf16 SDPA (the bar);
 * ``bwd``: the Gluon dQ and dK/dV kernels (``gluon_bwd=True``): relative L2 error of dq, dk, dv;
-* ``bwd_triton``: the plain-Triton backward after the Gluon forward (``gluon_bwd=False``).
+* ``bwd_triton``: the plain-Triton backward after the Gluon forward (``gluon_bwd=False``);
+* ``bwd_fused``: the fused Gluon backward (``bwd_design="fused"``: one kernel, dQ by atomics).
 
 Each stage records ``ok`` / the error text and the traceback's last lines, so one failing kernel
 still lets the others report. Rows go to ``<out>/gluon_diag.jsonl`` as they finish.
@@ -101,7 +102,8 @@ def run_case(idx: int) -> dict:
     except Exception as e:  # noqa: BLE001 -- recorded, the next stage still runs
         row["fwd"] = dict(ok=False, s=round(time.time() - t0, 1), error=_tail(e))
         return row
-    for stage, cfg in (("bwd", dict(gluon_bwd=True)), ("bwd_triton", dict(gluon_bwd=False))):
+    for stage, cfg in (("bwd", dict(gluon_bwd=True)), ("bwd_triton", dict(gluon_bwd=False)),
+                       ("bwd_fused", dict(gluon_bwd=True, bwd_design="fused"))):
         t0 = time.time()
         try:
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -180,7 +182,10 @@ def run_timing(S: int) -> list:
 
 BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128),
                dict(dkdv_block_mq=64), dict(dq_block_n=128), dict(dkdv_stages=2, dq_stages=3),
-               dict(bwd_consumer_regs=232)]
+               dict(bwd_consumer_regs=232),
+               # the fused design (FA3's one kernel, dQ by atomics): its default and its knobs
+               dict(bwd_design="fused"), dict(bwd_design="fused", fused_stages=3),
+               dict(bwd_design="fused", fused_block_mq=64), dict(bwd_design="fused", bwd_consumer_regs=232)]
 
 
 def run_bwd_configs(S: int) -> list:

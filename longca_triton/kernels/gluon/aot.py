@@ -42,7 +42,7 @@ def _signature(fn, consts: dict, dtype: str) -> dict:
             sig[a] = f"*{dtype}"
         elif a == "Out":
             sig[a] = f"*{dtype}" if consts.get("STORE_TMA", True) else "*fp32"
-        elif a in ("Lse", "Delta"):
+        elif a in ("Lse", "Delta", "DQA"):
             sig[a] = "*fp32"
         elif a.isupper():
             sig[a] = "*i32"  # plan tables
@@ -84,11 +84,13 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
 
 def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
                 has_partial: bool = True, dtype: str = "bf16") -> Compiled:
-    """Compile the backward's ``"dq"`` or ``"dkdv"`` kernel for sm_90a (``attention.CONFIG_KEYS``)."""
+    """Compile the backward's ``"dq"``, ``"dkdv"`` or ``"fused"`` kernel for sm_90a
+    (``attention.CONFIG_KEYS``; the fused one reads the ``fused_*`` keys)."""
     import torch
 
-    from .attention import _regs, resolve_config
+    from .attention import _regs, fused_split_d, resolve_config
     from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
+    from .attention_bwd_fused import gluon_bwd_fused_kernel
 
     c = resolve_config(head_dim, torch.bfloat16, cfg)
     producer, maxnreg = _regs(c["bwd_consumer_regs"])
@@ -101,7 +103,12 @@ def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_
         return _compile(gluon_bwd_dkdv_kernel, dict(common, BLOCK_MQ=c["dkdv_block_mq"], NUM_STAGES=c["dkdv_stages"],
                                                         SKEW=c["dkdv_skew"]),
                         dtype, maxnreg)
-    raise ValueError(f"kind must be 'dq' or 'dkdv', got {kind!r}")
+    if kind == "fused":
+        return _compile(gluon_bwd_fused_kernel, dict(common, BLOCK_MQ=c["fused_block_mq"],
+                                                     NUM_STAGES=c["fused_stages"],
+                                                     DQ_SPLIT_D=fused_split_d(head_dim)),
+                        dtype, maxnreg)
+    raise ValueError(f"kind must be 'dq', 'dkdv' or 'fused', got {kind!r}")
 
 
 def ptxas_info(ptx: str) -> dict:
@@ -129,7 +136,7 @@ def main(argv=None) -> None:
     ap.add_argument("--block-n", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--no-pingpong", action="store_true")
-    ap.add_argument("--kernel", choices=("fwd", "dq", "dkdv"), default="fwd")
+    ap.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "fused"), default="fwd")
     ap.add_argument("--dump", help="write <DUMP>.ttgir and <DUMP>.ptx")
     a = ap.parse_args(argv)
     cfg = {k: v for k, v in (("BLOCK_N", a.block_n), ("num_stages", a.stages)) if v is not None}

@@ -21,6 +21,11 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
   ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
   overlap, more registers), ``bwd_consumer_regs``.
+* ``bwd_design``: ``"split"`` (the dQ kernel and the dK/dV kernel above, 7 GEMMs per tile pair,
+  no atomics) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
+  pair, dQ added into fp32 by atomics, then cast; not deterministic). ``"split"`` stays the
+  default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
+  64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's.
 """
 
 from __future__ import annotations
@@ -59,8 +64,11 @@ SMEM_LIMIT = 232448
 REG_BUDGET = 504
 
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "gluon_bwd",
-               "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs")
-_SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS, tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq"),
+               "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
+               "bwd_design", "fused_block_mq", "fused_stages")
+BWD_DESIGNS = ("split", "fused")
+_SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
+                   tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "dkdv_skew", "gluon_bwd"),
                    tuned_name="triton-gluon")
 
@@ -79,10 +87,18 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """
     d128 = head_dim > 64
     # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
-    # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py)
+    # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
+    # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=128, num_stages=3, pingpong=False, consumer_regs=240, gluon_bwd=True,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
-                dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240)
+                dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
+                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3)
+
+
+def fused_split_d(head_dim: int) -> bool:
+    """Whether the fused backward's warpgroups split dQ^T by head-dim rows (D = 128: one atomic per
+    element per key tile) rather than by keys (D = 64: 32 rows would be below wgmma's 64)."""
+    return head_dim >= 2 * 64
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> int:
@@ -97,6 +113,8 @@ def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: i
     """Shared memory of a backward CTA (upper bound, 1 KB for barriers): ``"dq"`` holds Q and dO
     (128 rows each) and a ring of K, V tiles of ``tile`` rows; ``"dkdv"`` holds K and V (128 rows)
     and a ring of Q, dO tiles of ``tile`` rows."""
+    if kind == "fused":  # plus two dS^T buffers of [128 keys, tile] per step parity
+        return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
     return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
@@ -126,8 +144,13 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     if cfg["dq_block_n"] not in (64, 128) or cfg["dkdv_block_mq"] not in (32, 64):
         raise ValueError(f"config['dq_block_n'] must be 64 or 128 and config['dkdv_block_mq'] 32 or 64; got "
                          f"{cfg['dq_block_n']}, {cfg['dkdv_block_mq']}")
+    if cfg["bwd_design"] not in BWD_DESIGNS:
+        raise ValueError(f"config['bwd_design'] must be one of {BWD_DESIGNS}, got {cfg['bwd_design']!r}")
+    if cfg["fused_block_mq"] not in (32, 64):
+        raise ValueError(f"config['fused_block_mq'] must be 32 or 64; got {cfg['fused_block_mq']}")
     for key, need in (("dq_stages", lambda st: bwd_smem_bytes("dq", head_dim, cfg["dq_block_n"], st)),
-                      ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st))):
+                      ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st)),
+                      ("fused_stages", lambda st: bwd_smem_bytes("fused", head_dim, cfg["fused_block_mq"], st))):
         st = int(cfg[key])
         # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise)
         if st < 2 or need(st) > SMEM_LIMIT:
@@ -258,6 +281,52 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
     return dq, dk, dv
 
 
+def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, dlse=None):
+    """Launch delta preprocess, the fused Gluon backward (``attention_bwd_fused.py``: dK, dV
+    written once, dQ added into an fp32 ``dq_accum`` by atomics) and the ``dq_accum -> dQ`` cast.
+    Returns ``dq, dk, dv`` in the inputs' dtype."""
+    from .attention_bwd_fused import dq_accum_cast_kernel, gluon_bwd_fused_kernel
+
+    mq = cfg["fused_block_mq"]
+    if plan.tiles.block_m != mq or plan.tiles.block_n != BLOCK_M:
+        raise ValueError(f"fused backward plan is for tiles {plan.tiles.block_m}x{plan.tiles.block_n}, "
+                         f"config says {mq}x{BLOCK_M}")
+    b, sq, hq, d = q.shape
+    # the kernel reads a group's Q and dO as one [Sq, G * D] matrix: heads must be contiguous
+    q, dout = (t if t.stride(3) == 1 and t.stride(2) == d else t.contiguous() for t in (q, dout))
+    q, k, v, out, dout = (descriptor_ready(t) for t in (q, k, v, out, dout))
+    sk, hkv = k.shape[1], k.shape[2]
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
+    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
+    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
+    if b * hq * d == 0 or sq == 0 or sk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    ensure_allocator(q.device)
+    lse = lse.contiguous()
+    delta = launch_bwd_preprocess(out, dout, dlse)
+    num_tiles_q = -(-sq // mq)
+    # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
+    dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)
+    producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
+    gluon_bwd_fused_kernel[(plan.tiles.num_n * b * hkv,)](
+        q, k, v, dout, dk, dv, dq_accum, lse, delta,
+        q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
+        *bsh_strides(k, v, dk, dv),
+        *plan.tensors(),
+        softmax_scale * LOG2E, softmax_scale,
+        sq, sk, b * hkv, hq, hkv, hq // hkv,
+        HEAD_DIM=d, BLOCK_MQ=mq, NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["fused_stages"],
+        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d),
+        CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
+        maxnreg=maxnreg,
+    )
+    dq_accum_cast_kernel[(num_tiles_q, b * hq)](
+        dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), softmax_scale, sq, hq, num_tiles_q,
+        HEAD_DIM=d, BLOCK_MQ=mq, num_warps=4,
+    )
+    return dq, dk, dv
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd: Gluon forward; Gluon backward (``gluon_bwd``) or the plain-Triton dense backward
 # ----------------------------------------------------------------------------------------------
@@ -267,21 +336,27 @@ def _fwd(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg):
 
 
 def _bwd(dout, dlse, q, k, v, out, lse, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg):
+    if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
+        return gluon_bwd_fused(dout, q, k, v, out, lse, bwd_a, softmax_scale, cfg, dlse=dlse)
     if cfg["gluon_bwd"]:
         return gluon_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, cfg, dlse=dlse)
     return dense_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, bwd_cfg, dlse=dlse)
 
 
 #: ``apply(q, k, v, ws_plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg) -> (out, lse)``; the
-#: backward plans are the Gluon dQ and dK/dV plans, or the dense dK/dV and dQ plans
+#: backward plans are the Gluon dQ and dK/dV plans, the fused kernel's key-major plan (and None),
+#: or the dense dK/dV and dQ plans
 GluonAttentionFunction = attention_function(
     "GluonAttentionFunction", _fwd, _bwd,
     """``(q, k, v) -> (out, lse)``: Gluon forward; Gluon or plain-Triton backward.""")
 
 
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
-    """The forward's merged-run plan and the backward's two plans (all cached)."""
+    """The forward's merged-run plan and the backward's two plans (all cached; the fused Gluon
+    backward has one, the second is None)."""
     fwd = get_ws_plan(mask, BLOCK_M, cfg["BLOCK_N"], device)
+    if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
+        return fwd, get_ws_plan(mask, cfg["fused_block_mq"], BLOCK_M, device, "k"), None
     if cfg["gluon_bwd"]:
         return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
                 get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k"))
@@ -298,16 +373,25 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     ``config`` sets the launch (``CONFIG_KEYS``), ``bwd_config`` the plain-Triton backward's (the
     dense kernel's keys, with ``gluon_bwd=False``). ``deterministic=True``: bitwise-identical
     gradients run to run (no atomics in either backward). Returns ``out`` or ``(out, lse)`` like
-    ``dense_attention``.
+    ``dense_attention``. The fused Gluon backward (``bwd_design="fused"``) adds dQ by fp32 atomics:
+    with ``deterministic=True`` an explicit config asking for it is refused, one from the autotune
+    cache falls back to ``"split"``.
     """
     check_inputs(q, k, v, mask)
     d = q.shape[-1]
     softmax_scale = resolve_scale(softmax_scale, d)
     cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
     bwd_cfg = dense_resolve_config(d, q.dtype, bwd_config, q=q, k=k, mask=mask)
-    # deterministic=True: the Gluon backward has no atomics (each dQ, dK, dV tile is written once by
-    # one program), so it holds at no cost; the plain-Triton one holds unless its config asks for
-    # fused_dq (refused when explicit, dropped when it came from the autotune cache)
+    # deterministic=True: the split Gluon backward has no atomics (each dQ, dK, dV tile is written
+    # once by one program), so it holds at no cost; the fused one adds dQ by atomics, and so does
+    # the plain-Triton one with fused_dq: refused when explicit, dropped when from the cache
+    if deterministic and cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
+        if config is None:
+            cfg["bwd_design"] = "split"
+        else:
+            raise ValueError("gluon_attention: deterministic=True cannot use config bwd_design='fused' "
+                             "(dQ by fp32 atomics, not bitwise reproducible); use bwd_design='split' "
+                             "or drop deterministic")
     if deterministic and not cfg["gluon_bwd"]:
         if bwd_config is None and bwd_cfg["fused_dq"]:
             bwd_cfg["fused_dq"] = False

@@ -12,7 +12,8 @@ Why two kernels and not FA3's one kernel with dQ by atomics: on this H100 our pl
 measured the fused variant (dQ added into fp32 by TMA reduce-add) 1.3-2.8x *slower* than a
 separate dQ pass (``kernels/dense.py``), and Gluon 3.6 exposes no TMA reduce on Hopper; the
 separate pass costs 7 matmuls per tile pair instead of 5 but no atomics, and both kernels get
-the forward's warp-specialized structure. (Measuring the fused one is future work.)
+the forward's warp-specialized structure. The fused one, in Gluon, is ``attention_bwd_fused.py``
+(config ``bwd_design="fused"``; not yet measured on a GPU).
 
 ``gluon_bwd_dq_kernel``: query-major like the forward. One CTA = a 128-row query tile (two
 consumer warpgroups of 64 rows) of one query head; a producer warp loads Q and dO once and K_j,
