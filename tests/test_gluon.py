@@ -286,6 +286,9 @@ def test_every_variant_compiles_for_sm90a():
     for name in ("d128", "d96", "d192-128", "d256", "d64-128"):
         assert {240, 24} <= set(rows[name]["regs"]), rows[name]
     assert {232, 40} <= set(rows["regs232"]["regs"]), rows["regs232"]
+    # D_qk=192 on a 256-wide tile: Q K^T skips the zero-filled last quarter (12 k-steps of 16, not
+    # 16; P V has BLOCK_N / 16 = 4 either way): 16 wgmma per S and P V pair where D=256 has 20
+    assert rows["d192-128"]["wgmma"] * 20 == rows["d256"]["wgmma"] * 16, (rows["d192-128"], rows["d256"])
     # O leaves through TMA unless the output dtype differs from the inputs'
     assert rows["d128"]["tma_store"] >= 1 and rows["fp32-out"]["tma_store"] == 0
     # ... staged in Q's buffer, which holds it where BLOCK_DV <= BLOCK_DQK (192/128: a view of it)

@@ -62,11 +62,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .. import core as _core
 
-__all__ = ["gluon_fwd_kernel", "M_WG"]
+__all__ = ["gluon_fwd_kernel", "M_WG", "qk_used"]
 
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
 LN2 = gl.constexpr(_core.LN2)
+
+
+def qk_used(head_dim_qk: int, block_dqk: int) -> int:
+    """Head-dim columns the ``Q K^T`` GEMMs cover: 192 for D_qk in 136..192 (a 256-wide tile whose
+    last quarter is zero padding; 128 + 64, both slices on 64-column swizzle boundaries), else the
+    whole tile (narrower tiles would need slices inside a 128-byte swizzle atom)."""
+    return 192 if block_dqk == 256 and head_dim_qk <= 192 else block_dqk
+
+
+_qk_used = gluon.constexpr_function(qk_used)
 
 
 @gluon.jit
@@ -180,6 +190,23 @@ def _softmax(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _qk(q, k, s_zero, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr):
+    """``S = Q K^T`` issued as async wgmma over the first ``QK_USED`` columns of the head dim: all
+    ``BLOCK_DQK`` of them, or (``QK_USED < BLOCK_DQK``, D_qk in 136..192 on a 256-wide tile) the
+    first half and a quarter, two chained GEMMs that skip the zero-filled last quarter."""
+    if QK_USED == BLOCK_DQK:
+        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    else:
+        HALF: gl.constexpr = BLOCK_DQK // 2
+        REST: gl.constexpr = QK_USED - HALF
+        s = warpgroup_mma(q.slice(0, HALF, dim=1), k.slice(0, HALF, dim=1).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(q.slice(HALF, REST, dim=1), k.slice(HALF, REST, dim=1).permute((1, 0)), s,
+                          is_async=True)
+    return s
+
+
+@gluon.jit
 def _sched_wait(sched, WG: gl.constexpr, k, PINGPONG: gl.constexpr):
     """Ping-pong: wait for the token before issuing this warpgroup's GEMMs (its ``k``-th time)."""
     if PINGPONG:
@@ -196,8 +223,8 @@ def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, Lse, LO, HI,
                   RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
-                  HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr, BLOCK_DV: gl.constexpr,
-                  BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+                  HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr,
+                  BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile."""
@@ -235,7 +262,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         # ---- step 0: S_0 and its softmax; there is no P V yet
         _sched_wait(sched, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = _qk(q, k_smem.index(0), s_zero, BLOCK_DQK, QK_USED)
         _sched_pass(sched, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
@@ -252,8 +279,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             pst = (j - 1) % NUM_STAGES
             _sched_wait(sched, WG, j, PINGPONG)
             mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
-            s = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
+            s = _qk(q, k_smem.index(st), s_zero, BLOCK_DQK, QK_USED)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
             _sched_pass(sched, WG, PINGPONG)
@@ -347,6 +373,9 @@ def gluon_fwd_kernel(
     plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
 
     dtype: gl.constexpr = Q.dtype.element_ty
+    # the head-dim columns Q K^T covers: D_qk in 136..192 skips the last (all-zero) quarter of its
+    # 256-wide tile (``_qk``); else the whole tile
+    QK_USED: gl.constexpr = _qk_used(HEAD_DIM_QK, BLOCK_DQK)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_DQK], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DQK], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DV], dtype)
@@ -379,11 +408,11 @@ def gluon_fwd_kernel(
     o_base = Out + b64 * stride_ob + h * stride_oh
     gl.warp_specialize([
         (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
                          BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
                          BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END,
