@@ -97,7 +97,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     tiles and 3-stage ring. A 256-wide padded tile (D_qk or D_v in 136..256: 192/128, 256) takes
     64-row key tiles (FA3 uses 80 at D = 256; ours are powers of two) and the deepest ring up to 3
     that fits: 192/128 3 stages (Q 64 KB, K 32 KB and V 16 KB a stage), 256 2 stages (32 + 32 KB a
-    stage). Dims outside ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
+    stage). Why not 128-row key tiles there: they fit one stage only and spill at 240 registers
+    (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
+    ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64

@@ -43,8 +43,9 @@ to 256, D_v may differ), ``BLOCK_DQK`` / ``BLOCK_DV`` their power-of-two tiles. 
 take the true dim as the tensor's shape and the padded one as the block (``_padded_desc``): the
 TMA fills the padded columns of Q, K, V with zeros (``padding_option="zero"``), which add nothing
 to ``Q K^T`` and give O columns that the clipped store drops; the fp32 pointer store masks them.
-The tensor cores do the padded work (96 runs 128-wide GEMMs, 192 256-wide ones), results and the
-FLOP count are those of the true dims. O is staged in Q's buffer for its TMA store where its tile
+The tensor cores do the padded work (96 runs 128-wide GEMMs; D_qk in 136..192 skips the zero
+last quarter of its 256-wide tile in ``Q K^T``, ``_qk``), results and the FLOP count are those of
+the true dims. O is staged in Q's buffer for its TMA store where its tile
 fits there (``BLOCK_DV <= BLOCK_DQK``: a ``_reinterpret`` view when smaller), else it leaves by the
 masked pointer store. With ``BLOCK_D* == HEAD_DIM_*`` the kernel is the one written for 64 / 128
 (the same PTX).
