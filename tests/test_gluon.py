@@ -89,16 +89,28 @@ def test_merge_runs_empty_tiles_and_no_runs():
 
 
 # ------------------------------------------------------------------ configs
-def test_default_configs_validate_and_fit():
-    for d in G.SUPPORTED_HEAD_DIMS:
-        cfg = G.resolve_config(d, torch.bfloat16)
-        assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"]) <= G.SMEM_LIMIT
-        producer, maxnreg = G._regs(cfg["consumer_regs"])
-        assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
+#: (D_qk, D_v) the forward's defaults are checked at (64 and 128 measured, the rest compile-checked)
+HEAD_DIMS = [(64, 64), (128, 128), (8, 8), (80, 80), (96, 96), (192, 128), (256, 256), (64, 128), (256, 64)]
+
+
+@pytest.mark.parametrize("d,dv", HEAD_DIMS, ids=lambda x: str(x))
+def test_default_configs_validate_and_fit(d, dv):
+    cfg = G.resolve_config(d, torch.bfloat16, head_dim_v=dv)
+    assert cfg == G.default_config(d, torch.bfloat16, dv)
+    assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"], head_dim_v=dv) <= G.SMEM_LIMIT
+    producer, maxnreg = G._regs(cfg["consumer_regs"])
+    assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
+    # the Gluon backward only where it was written for; elsewhere the plain-Triton one
+    assert cfg["gluon_bwd"] == (d == dv and d in G.BWD_HEAD_DIMS)
+    if cfg["gluon_bwd"]:
         assert G.bwd_smem_bytes("dq", d, cfg["dq_block_n"], cfg["dq_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"]) <= G.SMEM_LIMIT
         assert cfg["bwd_design"] == "split", "split stays the default until a GPU measures fused faster"
+    # padded tiles <= 128 keep D=128's forward defaults; 256-wide ones take 64-row key tiles and
+    # the deepest ring (<= 3) that fits
+    wide = {(192, 128): (64, 3), (256, 256): (64, 2), (256, 64): (64, 3)}
+    assert (cfg["BLOCK_N"], cfg["num_stages"]) == wide.get((d, dv), (128, 3))
 
 
 def test_deterministic_refuses_explicit_fused_and_drops_cached_fused(monkeypatch):
@@ -148,6 +160,38 @@ def test_dq_accum_cast_maps_tiles_back():
     torch.testing.assert_close(dq.float(), ref[:, :sq], rtol=8e-3, atol=1e-2)
 
 
+def test_smem_bytes_pads_each_dim():
+    assert G.smem_bytes(128, 128, 3) == 128 * 128 * 2 + 3 * 128 * 256 * 2 + 1024
+    assert G.smem_bytes(96, 128, 3) == G.smem_bytes(128, 128, 3)
+    assert G.smem_bytes(192, 64, 3, head_dim_v=128) == 128 * 256 * 2 + 3 * 64 * (256 + 128) * 2 + 1024
+    assert G.smem_bytes(256, 64, 3) > G.SMEM_LIMIT >= G.smem_bytes(256, 64, 2)
+
+
+def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):
+    for d, dv in ((96, 96), (192, 128), (256, 256), (128, 64)):
+        assert "plain-Triton backward" in G.bwd_reason(d, dv)
+        # explicit: refused, naming why
+        with pytest.raises(ValueError, match=r"gluon_bwd.*takes head dims \(64, 128\) with D_v == D_qk"):
+            G.resolve_config(d, torch.bfloat16, dict(gluon_bwd=True), head_dim_v=dv)
+        # explicit False, or other keys only: fine
+        assert not G.resolve_config(d, torch.bfloat16, dict(gluon_bwd=False), head_dim_v=dv)["gluon_bwd"]
+        assert not G.resolve_config(d, torch.bfloat16, dict(pingpong=True), head_dim_v=dv)["gluon_bwd"]
+    assert G.bwd_reason(64) == G.bwd_reason(128, 128) == ""
+    # from the autotune cache: turned off silently
+    import longca_triton.kernels.config as C
+
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(gluon_bwd=True, num_stages=2))
+    q = torch.zeros(1, 64, 2, 96)
+    cfg = G.resolve_config(96, torch.bfloat16, None, q=q, k=q, mask=lt.make_mask("causal", 64))
+    assert cfg["num_stages"] == 2 and not cfg["gluon_bwd"]
+    # the backend's bwd search space at such dims is that one switch
+    from longca_triton.bench import autotune as at
+
+    assert at.TUNABLES["triton-gluon"].candidates("bwd", 64, 256) == [dict(gluon_bwd=False)]
+    for c in at.TUNABLES["triton-gluon"].candidates("fwd", 64, 256):
+        G.resolve_config(256, torch.bfloat16, c)
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(BLOCK_N=32), "64 or 128"),
     (dict(BLOCK_N=96), "power of two"),
@@ -171,6 +215,15 @@ def test_bad_configs_are_named(bad, match):
         G.resolve_config(128, torch.bfloat16, bad)
 
 
+@pytest.mark.parametrize("d,dv,bad", [
+    (256, 256, dict(num_stages=3)), (256, 256, dict(BLOCK_N=128, num_stages=2)),
+    (192, 128, dict(num_stages=4)), (192, 128, dict(BLOCK_N=128, num_stages=2)),
+], ids=str)
+def test_ring_too_deep_for_wide_head_dims(d, dv, bad):
+    with pytest.raises(ValueError, match=f"does not fit.*D={d if d == dv else f'{d}/{dv}'}"):
+        G.resolve_config(d, torch.bfloat16, bad, head_dim_v=dv)
+
+
 # ------------------------------------------------------------------ backend on a CPU
 def test_backend_says_why_it_cannot_run_here():
     b = get_backend("triton-gluon")
@@ -179,16 +232,25 @@ def test_backend_says_why_it_cannot_run_here():
     for dev in ("cpu", "cuda"):
         ok, why = b.check(Problem(mask=mask, device=dev, dtype=torch.bfloat16, head_dim=128))
         assert not ok and "sm_90" in why
-    # the head-dim answer, on a machine where the device would do (checked without one)
-    monkey = Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128)
+    # the head-dim answers, on a machine where the device would do (checked without one): every
+    # dim the plain-Triton kernels take (192/128 included), nothing else
+    import longca_triton.adapters.triton_base as TB
     import longca_triton.kernels.gluon.attention as GA
-    real = GA.device_reason
+    real, real_here = GA.device_reason, TB.runs_here
     try:
         GA.device_reason = lambda dev: ""
-        ok, why = b.supports(monkey)
+        TB.runs_here = lambda dev: (True, "")
+        answers = {(d, dv): b.supports(Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=d,
+                                                 head_dim_v=dv))
+                   for d, dv in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64), (100, 100), (264, 264),
+                                 (128, 132))}
     finally:
-        GA.device_reason = real
-    assert not ok and "192/128" in why
+        GA.device_reason, TB.runs_here = real, real_here
+    for dims in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64)):
+        assert answers[dims] == (True, ""), (dims, answers[dims])
+    for dims, word in (((100, 100), "100"), ((264, 264), "264"), ((128, 132), "132")):
+        ok, why = answers[dims]
+        assert not ok and word in why and "multiples of 8" in why, (dims, why)
     q = k = v = torch.randn(1, 256, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="sm_90"):
         lt.attention(q, k, v, mask, backend="triton-gluon")
@@ -196,14 +258,23 @@ def test_backend_says_why_it_cannot_run_here():
 
 def test_kernel_entry_checks_inputs_before_any_launch():
     mask = lt.make_mask("causal", 64)
-    q = torch.randn(1, 64, 2, 96, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"head dims \(64, 128\) with D_v == D_qk"):
-        G.gluon_attention(q, q, q, mask)
+    for d in (100, 264, 4):
+        q = torch.randn(1, 64, 2, d, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=f"head dim of q/k {d} not supported.*multiples of 8"):
+            G.gluon_attention(q, q, q, mask)
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="D_v=32"):
-        G.gluon_attention(q, q, q[..., :32].contiguous(), mask)
+    with pytest.raises(ValueError, match="head dim of v 36 not supported"):
+        G.gluon_attention(q, q, q[..., :36].contiguous(), mask)
+    with pytest.raises(ValueError, match="head dim mismatch"):
+        G.gluon_attention(q, q[..., :32].contiguous(), q, mask)
+    # the dims the forward takes get as far as the device check
+    for d, dv in ((64, 64), (96, 96), (192, 128), (256, 256), (64, 32)):
+        q = torch.randn(1, 64, 2, d, dtype=torch.bfloat16)
+        v = torch.randn(1, 64, 2, dv, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="sm_90"):
+            G.gluon_attention(q, q, v, mask)
     with pytest.raises(ValueError, match="sm_90"):
-        G.gluon_attention(q, q, q, mask)
+        G.gluon_attention(q, q, q, mask, config=dict(gluon_bwd=False))
     with pytest.raises(ValueError, match="mask is 64 x 64"):
         G.check_inputs(q[:, :32], q[:, :32], q[:, :32], mask)
 
@@ -218,7 +289,11 @@ _COMPILE = textwrap.dedent("""
              ("pp", 128, dict(pingpong=True, num_stages=2), {}),
              ("full-only", 128, None, dict(has_partial=False, num_iv=1)),
              ("fp32-out", 128, None, dict(store_tma=False, dtype="fp16")),
-             ("regs232", 128, dict(consumer_regs=232), {})]
+             ("regs232", 128, dict(consumer_regs=232), {}),
+             # padded head dims: true dims as descriptor shapes, power-of-two tiles
+             ("d96", 96, None, {}), ("d192-128", 192, None, dict(head_dim_v=128)), ("d256", 256, None, {}),
+             ("d64-128", 64, None, dict(head_dim_v=128)),
+             ("fp32-out-192-128", 192, None, dict(store_tma=False, dtype="fp16", head_dim_v=128))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -235,8 +310,8 @@ _COMPILE = textwrap.dedent("""
     for name, d, cfg, kw in cases:
         c = compile_fwd(d, cfg, **kw)
         info = ptxas_info(c.ptx)
-        print(json.dumps(dict(name=name, d=d, shared=c.shared, regs=sorted(set(c.setmaxnreg())),
-                              wgmma=c.count(r"wgmma\\.mma_async"),
+        print(json.dumps(dict(name=name, d=d, dv=kw.get("head_dim_v", d), shared=c.shared,
+                              regs=sorted(set(c.setmaxnreg())), wgmma=c.count(r"wgmma\\.mma_async"),
                               wait1=c.count(r"wgmma\\.wait_group\\.sync\\.aligned 1;"),
                               tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
                               tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
@@ -270,7 +345,8 @@ def test_every_variant_compiles_for_sm90a():
         # 4 B for dK/dV at D=128); the skewed dK/dV variant trades spills for overlap
         if name != "dkdv-skew":
             assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
-    assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "fp32-out", "regs232"}
+    assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "fp32-out", "regs232", "d96", "d192-128",
+                         "d256", "d64-128", "fp32-out-192-128"}
     for name, r in rows.items():
         if name != "regs232":  # a tighter split may spill; the defaults must not
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
@@ -278,14 +354,22 @@ def test_every_variant_compiles_for_sm90a():
         assert r["tma_load"] >= 3, r
         assert r["shared"] <= G.SMEM_LIMIT, r
     # the register split reached the partitions: consumers 240 (or the config's), producer 24
-    assert {240, 24} <= set(rows["d128"]["regs"]), rows["d128"]
+    for name in ("d128", "d96", "d192-128", "d256", "d64-128"):
+        assert {240, 24} <= set(rows[name]["regs"]), rows[name]
     assert {232, 40} <= set(rows["regs232"]["regs"]), rows["regs232"]
+    # D_qk=192 on a 256-wide tile: Q K^T skips the zero-filled last quarter (12 k-steps of 16, not
+    # 16; P V has BLOCK_N / 16 = 4 either way): 16 wgmma per S and P V pair where D=256 has 20
+    assert rows["d192-128"]["wgmma"] * 20 == rows["d256"]["wgmma"] * 16, (rows["d192-128"], rows["d256"])
     # O leaves through TMA unless the output dtype differs from the inputs'
     assert rows["d128"]["tma_store"] >= 1 and rows["fp32-out"]["tma_store"] == 0
+    # ... staged in Q's buffer, which holds it where BLOCK_DV <= BLOCK_DQK (192/128: a view of it)
+    assert rows["d192-128"]["tma_store"] >= 1 and rows["d256"]["tma_store"] >= 1 and rows["d96"]["tma_store"] >= 1
+    assert rows["d64-128"]["tma_store"] == 0 and rows["fp32-out-192-128"]["tma_store"] == 0
     # the host's shared-memory bound holds, and is tight to 1 KB
     for name, d, bn, st in (("d128", 128, 128, 3), ("d64", 64, 128, 3), ("nopp-n64", 128, 64, 3),
-                            ("pp", 128, 128, 2)):
-        est = G.smem_bytes(d, bn, st)
+                            ("pp", 128, 128, 2), ("d96", 96, 128, 3), ("d192-128", 192, 64, 3),
+                            ("d256", 256, 64, 2), ("d64-128", 64, 128, 3)):
+        est = G.smem_bytes(d, bn, st, head_dim_v=rows[name]["dv"])
         assert est - 1024 <= rows[name]["shared"] <= est, (name, rows[name]["shared"], est)
 
 
@@ -415,3 +499,34 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
     assert fused.calls[0][0] == (fplan.tiles.num_n * 2 * 2,)
     with pytest.raises(ValueError, match="fused backward plan"):
         G.gluon_bwd_fused(torch.randn_like(q), q, k, v, out, lse, dq_plan, 0.125, fcfg)
+
+
+@pytest.mark.parametrize("d,dv,store_tma", [(192, 128, True), (96, 96, True), (256, 256, True), (64, 128, False)],
+                         ids=lambda x: str(x))
+def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
+    """True dims and padded tiles reach the kernel's constexprs; out has D_v columns; O leaves by TMA
+    only where its padded tile fits Q's buffer."""
+    from longca_triton.kernels.gluon import attention_fwd
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
+    monkeypatch.setattr(attention_fwd, "gluon_fwd_kernel", fwd)
+    mask = random_range_mask(300, 200, seed=4)
+    q = torch.randn(2, 300, 4, d, dtype=torch.bfloat16)
+    k = torch.randn(2, 200, 2, d, dtype=torch.bfloat16)
+    v = torch.randn(2, 200, 2, dv, dtype=torch.bfloat16)
+    cfg = G.resolve_config(d, torch.bfloat16, head_dim_v=dv)
+    plan = get_ws_plan(mask, G.BLOCK_M, cfg["BLOCK_N"], "cpu")
+    out, lse = G.gluon_fwd(q, k, v, plan, 0.125, cfg)
+    assert out.shape == (2, 300, 4, dv) and lse.shape == (2, 4, 300)
+    bf, f32 = torch.bfloat16, torch.float32
+    _check_binding(fwd, {"Q": bf, "K": bf, "V": bf, "Out": bf, "Lse": f32})
+    kw = fwd.calls[0][2]
+    pad = lambda x: max(16, 1 << (x - 1).bit_length())  # noqa: E731
+    assert (kw["HEAD_DIM_QK"], kw["HEAD_DIM_V"], kw["BLOCK_DQK"], kw["BLOCK_DV"]) == (d, dv, pad(d), pad(dv))
+    assert kw["BLOCK_N"] == cfg["BLOCK_N"] and kw["NUM_STAGES"] == cfg["num_stages"]
+    assert kw["STORE_TMA"] == store_tma
+    # a float32 output (context parallelism's partials) always takes the masked pointer store
+    fwd.calls.clear()
+    out, _ = G.gluon_fwd(q, k, v, plan, 0.125, cfg, out_dtype=f32)
+    assert out.shape[-1] == dv and out.dtype == f32 and not fwd.calls[0][2]["STORE_TMA"]

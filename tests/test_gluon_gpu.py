@@ -2,9 +2,10 @@
 
 bf16 at awkward sizes against a float32 reference (the chunked reference, TF32 off): random
 overlapping ``RangeMask``s with fully masked rows, ``Sq != Sk``, GQA, every static mask, head dims
-64 and 128, both ping-pong settings, 64- and 128-row key tiles, fwd and bwd (the Gluon dQ and
-dK/dV kernels, the fused Gluon backward with ``bwd_design="fused"``, and the plain-Triton backward
-with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
+64 and 128 and the padded ones (80, 96, 192/128, 256: the forward on power-of-two tiles, the
+plain-Triton backward, which those dims get automatically), both ping-pong settings, 64- and
+128-row key tiles, fwd and bwd (the Gluon dQ and dK/dV kernels, the fused Gluon backward with
+``bwd_design="fused"``, and the plain-Triton backward with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
 same inputs (SDPA with the boolean mask): our error must stay within 2x of its error (plus 1e-3
 for cases where PyTorch is near-exact). Rows that attend nothing must be exactly 0 with lse -inf.
 The log of a run is committed under experiments/results/h100/gluon/.
@@ -35,20 +36,22 @@ def _rel(x, ref, rows=None):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _check(mask, Hq, Hkv, D, config=None, seed=0):
+def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None):
     from longca_triton.kernels.gluon.attention import gluon_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
     sq, sk = mask.seqlen_q, mask.seqlen_k
+    Dv = D if Dv is None else Dv
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(1, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(1, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn(1, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, sk, Hkv, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, sq, Hq, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
 
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse = gluon_attention(qg, kg, vg, mask, return_lse=True, config=config)
     out.backward(dout)
+    assert out.shape == (1, sq, Hq, Dv)
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
 
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
@@ -93,6 +96,47 @@ DESIGNS = ["split", "fused"]
 def test_random_overlapping_masks(sq, sk, seed, D, design):
     mask = random_range_mask(sq, sk, seed, n_slices=6)
     _check(mask, 8, 2, D, config=dict(bwd_design=design), seed=seed)
+
+
+PADDED = [(80, 80), (96, 96), (192, 128), (256, 256)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv", PADDED, ids=lambda d: str(d))
+@pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
+def test_padded_head_dims(sq, sk, seed, D, Dv):
+    """The forward on padded power-of-two tiles (zero-filled loads, clipped stores), GQA, Sq != Sk;
+    the backward is the plain-Triton one (gluon_bwd off at these dims)."""
+    mask = random_range_mask(sq, sk, seed, n_slices=6)
+    _check(mask, 8, 2, D, seed=seed, Dv=Dv)
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv,config", [(192, 128, dict(num_stages=1, BLOCK_N=128)),
+                                         (256, 256, dict(num_stages=1)), (96, 96, dict(BLOCK_N=64)),
+                                         (64, 128, None), (256, 64, None)], ids=str)
+def test_padded_head_dims_configs(D, Dv, config):
+    """Other rings and key tiles at padded dims; D_v wider than D_qk (O by the masked pointer store)."""
+    _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 2, D, config=config, Dv=Dv)
+
+
+@needs_sm90
+def test_padded_head_dims_fp32_partial_output():
+    """The float32 partial output (context parallelism) through the pointer store, masked columns."""
+    from longca_triton.kernels.gluon.attention import gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    mask = random_range_mask(700, 900, seed=2, n_slices=6)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(1, n, 4, 192, device="cuda", dtype=torch.bfloat16, generator=g) for n in (700, 900))
+    v = torch.randn(1, 900, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    cfg = resolve_config(192, torch.bfloat16, head_dim_v=128)
+    plan = get_ws_plan(mask, 128, cfg["BLOCK_N"], "cuda")
+    out, lse = gluon_fwd(q, k, v, plan, 192 ** -0.5, cfg, out_dtype=torch.float32)
+    ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
+    rows = mask.to_dense().cuda().any(1)
+    assert out.dtype == torch.float32 and out.shape == (1, 700, 4, 128)
+    assert _rel(out, ref, rows) <= 2e-2
 
 
 @needs_sm90

@@ -3,15 +3,19 @@ its own process (an illegal address or a hang in one case cannot poison the next
 timing of the forward and backward next to the plain-Triton kernels and cuDNN.
 
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT [--budget 300]
+    # the padded head dims only (cases, then the forward timed next to sdpa-cudnn at each):
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --head-dims 96,192/128,256,64
 
 Per case (bf16, against the float32 chunked reference with TF32 off):
 
 * ``fwd``: the Gluon forward alone (``torch.no_grad``): relative L2 error of ``out`` over rows that
   attend something, max |lse - ref| over finite rows, zeros/-inf on empty rows, and the same error
   for PyTorch's bf16 SDPA (the bar);
-* ``bwd``: the Gluon dQ and dK/dV kernels (``gluon_bwd=True``): relative L2 error of dq, dk, dv;
+* ``bwd``: the Gluon dQ and dK/dV kernels (``gluon_bwd=True``): relative L2 error of dq, dk, dv
+  (skipped at head dims the Gluon backward does not take: the padded ones, D_v != D_qk);
 * ``bwd_triton``: the plain-Triton backward after the Gluon forward (``gluon_bwd=False``);
-* ``bwd_fused``: the fused Gluon backward (``bwd_design="fused"``: one kernel, dQ by atomics).
+* ``bwd_fused``: the fused Gluon backward (``bwd_design="fused"``: one kernel, dQ by atomics;
+  skipped where ``bwd`` is).
 
 Each stage records ``ok`` / the error text and the traceback's last lines, so one failing kernel
 still lets the others report. Rows go to ``<out>/gluon_diag.jsonl`` as they finish.
@@ -33,7 +37,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-# (name, mask, Sq, Sk, Hq, Hkv, D): from the simplest (full, one head, tile multiples) up
+# (name, mask, Sq, Sk, Hq, Hkv, D[, D_v]): from the simplest (full, one head, tile multiples) up
 CASES = [
     ("full-1024-D128", "full", 1024, 1024, 2, 2, 128),
     ("causal-1000-D128-gqa", "causal", 1000, 1000, 4, 2, 128),
@@ -41,7 +45,19 @@ CASES = [
     ("random-777x2049-D64", "random", 777, 2049, 4, 2, 64),
     ("causal_document-4096-D128", "causal_document", 4096, 4096, 4, 1, 128),
     ("random-2048x300-D128", "random", 2048, 300, 2, 2, 128),
+    # padded head dims: power-of-two tiles, true dims as the descriptors' shapes
+    ("full-1024-D256", "full", 1024, 1024, 2, 2, 256),
+    ("random-777x2049-D192/128-gqa", "random", 777, 2049, 4, 2, 192, 128),
+    ("causal-1000-D96-gqa", "causal", 1000, 1000, 4, 2, 96),
+    ("random-2048x300-D80", "random", 2048, 300, 2, 2, 80),
+    ("random-1000x1000-D256-gqa", "random", 1000, 1000, 8, 2, 256),
+    ("full-1024-D64/128", "full", 1024, 1024, 2, 2, 64, 128),
 ]
+
+
+def _dims(case) -> tuple[int, int]:
+    """``(D_qk, D_v)`` of a case."""
+    return case[6], case[7] if len(case) > 7 else case[6]
 
 
 def _mask(kind, sq, sk):
@@ -69,14 +85,17 @@ def run_case(idx: int) -> dict:
     from longca_triton.reference import chunked_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    name, kind, sq, sk, hq, hkv, d = CASES[idx]
-    row = dict(case=name, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d)
+    from longca_triton.kernels.gluon.attention import bwd_reason
+
+    name, kind, sq, sk, hq, hkv = CASES[idx][:6]
+    d, dv = _dims(CASES[idx])
+    row = dict(case=name, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d, D_v=dv)
     mask = _mask(kind, sq, sk)
     g = torch.Generator(device="cuda").manual_seed(idx)
     q = torch.randn(1, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(1, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn(1, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, sk, hkv, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, sq, hq, dv, device="cuda", dtype=torch.bfloat16, generator=g)
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     ref, ref_lse = chunked_attention(q32, k32, v32, mask, return_lse=True, chunk=1024)
     ref.backward(dout.float())
@@ -104,6 +123,9 @@ def run_case(idx: int) -> dict:
         return row
     for stage, cfg in (("bwd", dict(gluon_bwd=True)), ("bwd_triton", dict(gluon_bwd=False)),
                        ("bwd_fused", dict(gluon_bwd=True, bwd_design="fused"))):
+        if stage != "bwd_triton" and bwd_reason(d, dv):
+            row[stage] = dict(skipped=bwd_reason(d, dv))
+            continue
         t0 = time.time()
         try:
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -121,7 +143,11 @@ def run_case(idx: int) -> dict:
     return row
 
 
-def run_timing(S: int) -> list:
+def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False) -> list:
+    """Forward and backward (``fwd_only``: forward) TFLOP/s at ``S`` of the plain-Triton kernel,
+    the Gluon one and PyTorch's cuDNN SDPA (full and causal; it takes D_v != D_qk since torch 2.5,
+    an error is recorded otherwise), B=1, GQA 64:8, bf16, head dims ``d``/``dv``. The FLOP count
+    is that of the true dims (``mask.flops(hq, d, mode, dv)``)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -132,15 +158,15 @@ def run_timing(S: int) -> list:
     from longca_triton.masks import make_mask
 
     rows = []
-    hq, hkv, d = 64, 8, 128
+    hq, hkv = 64, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, S, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(1, S, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, S, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn_like(q)
+    v = torch.randn(1, S, hkv, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, S, hq, dv, device="cuda", dtype=torch.bfloat16, generator=g)
     for name in ("full", "causal", "causal_document"):
         mask = make_mask(name, S, seed=0)
-        fl_f, fl_b = mask.flops(hq, d, "fwd"), mask.flops(hq, d, "bwd")
+        fl_f, fl_b = mask.flops(hq, d, "fwd", dv), mask.flops(hq, d, "bwd", dv)
         fns = {
             "triton": lambda c=None: dense_attention(q, k, v, mask),
             "triton-gluon": lambda: gluon_attention(q, k, v, mask),
@@ -153,13 +179,17 @@ def run_timing(S: int) -> list:
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
             fns["sdpa-cudnn"] = cudnn
         for b, fn in fns.items():
-            row = dict(mask=name, S=S, backend=b)
+            row = dict(mask=name, S=S, backend=b, D=d, D_v=dv)
             try:
                 with torch.no_grad():
                     t = time_fn(fn, max_ms=3000)["median_ms"]
                 row["fwd_ms"], row["fwd_tflops"] = t, fl_f / t / 1e9
             except Exception as e:  # noqa: BLE001
                 row["fwd_error"] = _tail(e)
+            if fwd_only:
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                continue
             try:
                 qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v)) if b != "sdpa-cudnn" else \
                     (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
@@ -227,7 +257,13 @@ def main() -> None:
     ap.add_argument("--bwd-configs", type=int, default=None, metavar="S",
                     help="only time the Gluon backward's configs at this length")
     ap.add_argument("--S", type=int, default=16384, help="sequence length of the timing")
+    ap.add_argument("--head-dims", default=None, metavar="D,...",
+                    help="only the cases at these head dims (D or D_qk/D_v, e.g. 96,192/128,256), then a "
+                         "timing at each (default: every case, one timing at D=128)")
+    ap.add_argument("--fwd-only", action="store_true", help="time the forward only")
+    ap.add_argument("--dims", default="128", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    parse = lambda t: tuple(int(x) for x in t.split("/")) * (2 if "/" not in t else 1)  # noqa: E731
     if args.case is not None:
         print("ROW " + json.dumps(run_case(args.case)), flush=True)
         return
@@ -235,7 +271,7 @@ def main() -> None:
         run_bwd_configs(args.bwd_configs)
         return
     if args.timing is not None:
-        for r in run_timing(args.timing):
+        for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only):
             print("ROW " + json.dumps(r), flush=True)
         return
     out = Path(args.out)
@@ -243,7 +279,12 @@ def main() -> None:
     t_end = time.time() + args.budget
     jl = out / "gluon_diag.jsonl"
     fwd_ok = False
-    jobs = [("case", i) for i in range(len(CASES))] + [("timing", args.S)]
+    if args.head_dims:
+        dims = [parse(t.strip()) for t in args.head_dims.split(",")]
+        jobs = [("case", i) for i in range(len(CASES)) if _dims(CASES[i]) in dims]
+        jobs += [("timing", (args.S, f"{d}/{dv}")) for d, dv in dims]
+    else:
+        jobs = [("case", i) for i in range(len(CASES))] + [("timing", (args.S, "128/128"))]
     for kind, arg in jobs:
         left = t_end - time.time()
         if left < 20:
@@ -253,6 +294,9 @@ def main() -> None:
             print("timing skipped: no case passed the forward")
             continue
         cmd = [sys.executable, __file__, f"--{kind}", str(arg)]
+        if kind == "timing":
+            cmd = [sys.executable, __file__, "--timing", str(arg[0]), "--dims", arg[1]]
+            cmd += ["--fwd-only"] if args.fwd_only else []
         t0 = time.time()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(left, 240 if kind == "case" else 200))

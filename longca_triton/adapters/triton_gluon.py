@@ -4,6 +4,8 @@ Forward and backward are Gluon (FlashAttention-3's design on sm_90: TMA producer
 consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). It runs on
 sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case is ``unsupported`` with the
 reason, never a crash. A config with ``gluon_bwd=False`` runs our plain-Triton backward instead.
+Head dims: every one our plain-Triton kernels take (multiples of 8 up to 256, D_v may differ from
+D_qk); the Gluon backward only at 64 and 128 with D_v == D_qk, other dims run the plain-Triton one.
 """
 
 from __future__ import annotations
@@ -45,11 +47,8 @@ class TritonGluon(TritonBackend):
         ok, why = super().supports(problem)
         if not ok:
             return ok, why
-        from longca_triton.kernels.gluon.attention import SUPPORTED_HEAD_DIMS
-
-        if problem.head_dim not in SUPPORTED_HEAD_DIMS or problem.d_v != problem.head_dim:
-            return False, (f"head dim {problem.head_dim_label} not supported (the Gluon kernel takes "
-                           f"{SUPPORTED_HEAD_DIMS} with D_v == D_qk)")
+        # head dims: the base class's check (multiples of 8 up to 256, D_v may differ); the Gluon
+        # backward takes 64 and 128 with D_v == D_qk, other dims run the plain-Triton backward
         from longca_triton.kernels.gluon.attention import device_reason
 
         why = device_reason(torch.device("cuda"))
@@ -65,14 +64,16 @@ class TritonGluon(TritonBackend):
                                deterministic=deterministic)
 
     def plan(self, problem: Problem, q, config):
+        from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.dense import resolve_config as dense_cfg
         from longca_triton.kernels.gluon.attention import (
             plans_for_gluon,
             resolve_config,
         )
 
-        plans_for_gluon(problem.mask, resolve_config(problem.head_dim, problem.dtype, config),
-                        dense_cfg(problem.head_dim, problem.dtype), q.device)
+        d, dv = problem.head_dim, problem.d_v
+        plans_for_gluon(problem.mask, resolve_config(d, problem.dtype, config, head_dim_v=dv),
+                        dense_cfg(config_head_dim(d, dv), problem.dtype), q.device)
 
 
 register(TritonGluon())

@@ -30,7 +30,12 @@ from typing import Callable
 import torch
 
 from ..kernels.tuned import (
-    cache_path, device_key, load_cache, problem_class, save_cache, uniform_pow2,
+    cache_path,
+    device_key,
+    load_cache,
+    problem_class,
+    save_cache,
+    uniform_pow2,
 )
 from ..masks import BlockSparseMask, Mask
 from .search import geomean, halving_search, planned_measurements
@@ -138,9 +143,15 @@ register_tunable(_dense_tunable())
 def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     """The Gluon kernels' knobs. Forward: key tile = the block (64 or 128), every ring depth that
     fits in shared memory, ping-pong on/off. Backward: the dQ kernel's key tile and ring, the dK/dV
-    kernel's query tile, ring and skew. The register split stays at FA3's 240/240/24 (232/232/40
+    kernel's query tile, ring and skew (at head dims without a Gluon backward: only
+    ``gluon_bwd=False``). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py)."""
-    from ..kernels.gluon.attention import SMEM_LIMIT, bwd_smem_bytes, smem_bytes
+    from ..kernels.gluon.attention import (
+        SMEM_LIMIT,
+        bwd_reason,
+        bwd_smem_bytes,
+        smem_bytes,
+    )
 
     if group == "fwd":
         bn = block if block in (64, 128) else 128
@@ -148,6 +159,8 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
                 for pp, st in itertools.product([True, False], [2, 1, 3, 4])
                 if smem_bytes(head_dim, bn, st) <= SMEM_LIMIT]
     if group == "bwd":
+        if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
+            return [dict(gluon_bwd=False)]
         mq = [32] if head_dim > 64 else [64, 32]
         return [dict(dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks, dkdv_skew=skew)
                 for bn, qs, m, ks, skew in itertools.product([64, 128], [2, 3], mq, [3, 2, 4], [False, True])

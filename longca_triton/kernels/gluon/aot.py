@@ -5,6 +5,7 @@ Tests use it on the CPU to check that every variant compiles, what the compiler 
 reading the kernel can dump its TTGIR / PTX the same way::
 
     python -m longca_triton.kernels.gluon.aot --head-dim 128 --dump /tmp/fwd
+    python -m longca_triton.kernels.gluon.aot --kernel fwd --head-dim 192 --head-dim-v 128
 """
 
 from __future__ import annotations
@@ -67,16 +68,23 @@ def _compile(fn, consts: dict, dtype: str, maxnreg: int) -> Compiled:
 
 
 def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
-                has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16") -> Compiled:
-    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)."""
+                has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16",
+                head_dim_v: int | None = None) -> Compiled:
+    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)
+    at D_qk = ``head_dim`` and D_v = ``head_dim_v`` (default D_qk). ``store_tma`` as the launcher
+    sets it: only where O's padded tile fits in Q's buffer (``BLOCK_DV <= BLOCK_DQK``)."""
     import torch
 
+    from .._runtime import head_dim_meta
     from .attention import _regs, resolve_config
     from .attention_fwd import gluon_fwd_kernel
 
-    c = resolve_config(head_dim, torch.bfloat16, cfg)
+    dv = head_dim if head_dim_v is None else head_dim_v
+    c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
     producer, maxnreg = _regs(c["consumer_regs"])
-    consts = dict(HEAD_DIM=head_dim, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
+    dims = head_dim_meta(head_dim, dv)
+    store_tma = store_tma and dims["BLOCK_DV"] <= dims["BLOCK_DQK"]
+    consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer)
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
@@ -132,7 +140,8 @@ def ptxas_info(ptx: str) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=128, help="D_qk (and D_v unless --head-dim-v)")
+    ap.add_argument("--head-dim-v", type=int, default=None, help="D_v when it differs (forward only)")
     ap.add_argument("--block-n", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--no-pingpong", action="store_true")
@@ -142,9 +151,19 @@ def main(argv=None) -> None:
     cfg = {k: v for k, v in (("BLOCK_N", a.block_n), ("num_stages", a.stages)) if v is not None}
     if a.no_pingpong:
         cfg["pingpong"] = False
-    c = compile_fwd(a.head_dim, cfg or None) if a.kernel == "fwd" else compile_bwd(a.kernel, a.head_dim, cfg or None)
+    if a.kernel == "fwd":
+        c = compile_fwd(a.head_dim, cfg or None, head_dim_v=a.head_dim_v)
+    else:
+        c = compile_bwd(a.kernel, a.head_dim, cfg or None)
     info = ptxas_info(c.ptx)
-    print(f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
+    import torch
+
+    from .attention import resolve_config
+
+    r = resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v)
+    print(f"{a.kernel} D={a.head_dim}" + (f"/{a.head_dim_v}" if a.head_dim_v else "")
+          + f" BLOCK_N={r['BLOCK_N']} stages={r['num_stages']}: "
+          f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
           f"wgmma {c.count('wgmma.mma_async')}, registers {info['registers']}, "
           f"spills {info['spill_stores']}/{info['spill_loads']} B")
     if a.dump:

@@ -7,6 +7,12 @@ tile overlapping the ``P V`` of the previous one). The backward (``gluon_bwd=Tru
 dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring); with
 ``gluon_bwd=False`` it is our plain-Triton dense backward on this forward's ``out`` and ``lse``.
 
+Head dims: the forward takes every head dim our plain-Triton kernels take (multiples of 8 up to
+256, D_v may differ from D_qk: 64, 80, 96, 128, 192/128, 256...) on power-of-two tiles
+(``attention_fwd``'s docstring); the Gluon backward only 64 and 128 with D_v == D_qk
+(``BWD_HEAD_DIMS``), other dims run the plain-Triton backward (``gluon_bwd`` is turned off,
+``bwd_reason`` says why).
+
 Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
 
 * ``BLOCK_N``: key-tile rows (64 or 128); the query tile is fixed at 128 rows (two warpgroups of 64).
@@ -36,10 +42,14 @@ import torch
 
 from .._autograd import attention_function
 from .._runtime import (
+    block_head_dim,
     bsh_strides,
     check_qkv,
+    config_head_dim,
     descriptor_ready,
     ensure_allocator,
+    head_dim_label,
+    head_dim_meta,
     resolve_scale,
 )
 from ..config import ConfigSpec
@@ -52,12 +62,15 @@ from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "CONFIG_KEYS", "SUPPORTED_HEAD_DIMS", "BLOCK_M", "SMEM_LIMIT",
+    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
 ]
 
 #: query-tile rows per CTA: two consumer warpgroups of 64 rows
 BLOCK_M = 128
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: the Gluon backward's head dims (with D_v == D_qk); the forward takes every head dim our
+#: plain-Triton kernels take (``_runtime.head_dim_reason``: multiples of 8 up to 256, D_v may
+#: differ), and other dims run the plain-Triton backward (``bwd_reason``)
+BWD_HEAD_DIMS = (64, 128)
 #: dynamic shared memory one CTA may use on sm_90 (227 KB)
 SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
@@ -73,23 +86,38 @@ _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tuned_name="triton-gluon")
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_v: Optional[int] = None) -> dict:
     """128-row key tiles (FA3's choice at these head dims) and the rest as measured on an H100.
 
-    Forward, S = 16K, GQA 64:8, D = 128 (experiments/results/h100/gluon/gluon_configs.md): ring depth
-    1 -> 2 is worth 25-35 %, 2 -> 3 within 2 %; ping-pong between the consumer warpgroups within
-    +-3 % either way (full 659 off / 643 on, causal 585 / 576, causal_document 484 / 490 TFLOP/s at
-    2 stages), so it is off by default: the overlap inside a warpgroup (S_j issued before the
-    softmax of tile j-1 finishes) already hides most of the softmax. 64-row key tiles lose 10-20 %.
-    Backward (gluon_bwd_configs.log): rings of 3 for dQ and 2 for dK/dV beat 2/3 by 14-17 % (full
-    69.8 -> 59.7 ms, causal 32.2 -> 26.7 ms). D = 64 keeps the deeper forward ring it has room for
-    and is unmeasured.
+    ``head_dim`` is D_qk, ``head_dim_v`` D_v (default: D_qk); the kernel works on their padded
+    power-of-two tiles (``_runtime.block_head_dim``), so 80 and 96 take the 128 defaults.
+
+    Measured, D = 128 only. Forward, S = 16K, GQA 64:8 (experiments/results/h100/gluon/gluon_configs.md):
+    ring depth 1 -> 2 is worth 25-35 %, 2 -> 3 within 2 %; ping-pong between the consumer
+    warpgroups within +-3 % either way (full 659 off / 643 on, causal 585 / 576, causal_document
+    484 / 490 TFLOP/s at 2 stages), so it is off by default: the overlap inside a warpgroup (S_j
+    issued before the softmax of tile j-1 finishes) already hides most of the softmax. 64-row key
+    tiles lose 10-20 %. Backward (gluon_bwd_configs.log): rings of 3 for dQ and 2 for dK/dV beat 2/3
+    by 14-17 % (full 69.8 -> 59.7 ms, causal 32.2 -> 26.7 ms).
+
+    Compile-checked guesses, not timed (tests/test_gluon.py: no spills at 240 registers, shared
+    memory within ``SMEM_LIMIT``): D = 64 (and any padded tile <= 128: 80, 96) keeps the 128-row key
+    tiles and 3-stage ring. A 256-wide padded tile (D_qk or D_v in 136..256: 192/128, 256) takes
+    64-row key tiles (FA3 uses 80 at D = 256; ours are powers of two) and the deepest ring up to 3
+    that fits: 192/128 3 stages (Q 64 KB, K 32 KB and V 16 KB a stage), 256 2 stages (32 + 32 KB a
+    stage). Why not 128-row key tiles there: they fit one stage only and spill at 240 registers
+    (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
+    ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
     """
+    dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
+    bn = 128 if config_head_dim(head_dim, dv) <= 128 else 64
+    stages = next((st for st in (3, 2, 1) if smem_bytes(head_dim, bn, st, head_dim_v=dv) <= SMEM_LIMIT), 1)
     # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
-    return dict(BLOCK_N=128, num_stages=3, pingpong=False, consumer_regs=240, gluon_bwd=True,
+    return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=240,
+                gluon_bwd=not bwd_reason(head_dim, dv),
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3)
@@ -101,12 +129,25 @@ def fused_split_d(head_dim: int) -> bool:
     return head_dim >= 2 * 64
 
 
-def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2) -> int:
-    """Shared memory of one CTA, an upper bound: Q (two 64-row tiles, reused to stage O), the K/V
-    ring, and 1 KB for the mbarriers and the allocator's alignment."""
-    q = BLOCK_M * head_dim * elem
-    ring = num_stages * 2 * block_n * head_dim * elem
+def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
+               head_dim_v: Optional[int] = None) -> int:
+    """Shared memory of one forward CTA, an upper bound: Q (two 64-row tiles of the padded D_qk,
+    reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
+    D_qk) tiles, and 1 KB for the mbarriers and the allocator's alignment. ``head_dim``: D_qk."""
+    dqk = block_head_dim(head_dim)
+    dv = block_head_dim(head_dim if head_dim_v is None else head_dim_v)
+    q = BLOCK_M * dqk * elem
+    ring = num_stages * block_n * (dqk + dv) * elem
     return q + ring + 1024
+
+
+def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
+    """Why the Gluon backward cannot take these head dims (empty when it can)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    if head_dim in BWD_HEAD_DIMS and dv == head_dim:
+        return ""
+    return (f"the Gluon backward takes head dims {BWD_HEAD_DIMS} with D_v == D_qk, not "
+            f"{head_dim_label(head_dim, dv)}; the plain-Triton backward runs instead (gluon_bwd=False)")
 
 
 def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: int = 2) -> int:
@@ -124,18 +165,30 @@ def _regs(consumer_regs: int) -> tuple[int, int]:
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None,
-                   k=None, mask=None) -> dict:
+                   k=None, mask=None, v=None, head_dim_v: Optional[int] = None) -> dict:
     """``config`` (else the autotune cache's ``triton-gluon`` entry) over :func:`default_config`,
-    validated: tiles, ring depth against shared memory, the register split."""
-    cfg = _resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask)
+    validated: tiles, ring depth against shared memory, the register split. ``head_dim`` is D_qk,
+    ``head_dim_v`` D_v (else ``v``'s, else D_qk). Where the Gluon backward cannot take the dims
+    (``bwd_reason``) ``gluon_bwd`` is turned off, silently when it came from the defaults or the
+    autotune cache, with ValueError when ``config`` asks for it."""
+    if head_dim_v is None:
+        head_dim_v = head_dim if v is None else int(v.shape[-1])
+    dv = head_dim_v
+    cfg = _resolve(_SPEC, default_config(head_dim, dtype, dv), config, q=q, k=k, mask=mask,
+                   v=v if dv != head_dim else None)
+    no_bwd = bwd_reason(head_dim, dv)
+    if no_bwd:
+        if config is not None and config.get("gluon_bwd"):
+            raise ValueError(f"config['gluon_bwd']=True: {no_bwd}")
+        cfg["gluon_bwd"] = False
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     stages = int(cfg["num_stages"])
-    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1))
+    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv)
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
-                         f"{need} B of shared memory at D={head_dim}, BLOCK_N={cfg['BLOCK_N']} "
-                         f"(limit {SMEM_LIMIT} B); use >= 1 stage and fewer than that")
+                         f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
+                         f"BLOCK_N={cfg['BLOCK_N']} (limit {SMEM_LIMIT} B); use >= 1 stage and fewer than that")
     regs_fwd = regs = int(cfg["consumer_regs"])
     producer, _ = _regs(regs)
     if regs % 8 or not 24 <= producer <= regs <= 256:
@@ -152,8 +205,9 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
                       ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st)),
                       ("fused_stages", lambda st: bwd_smem_bytes("fused", head_dim, cfg["fused_block_mq"], st))):
         st = int(cfg[key])
-        # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise)
-        if st < 2 or need(st) > SMEM_LIMIT:
+        # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise);
+        # at dims the Gluon backward does not take, its rings are never built
+        if st < 2 or (not no_bwd and need(st) > SMEM_LIMIT):
             raise ValueError(f"config[{key!r}]={cfg[key]} does not fit: needs >= 2 stages and "
                              f"{need(max(st, 2))} B <= {SMEM_LIMIT} B of shared memory")
         cfg[key] = st
@@ -178,10 +232,9 @@ def device_reason(device) -> str:
 
 def check_inputs(q, k, v, mask=None) -> None:
     """Shapes, dtypes, head dims, device: clear errors before any kernel runs."""
+    # head dims: multiples of 8 from 8 to 256 for D_qk and D_v each, as our plain-Triton kernels
+    # (``_runtime.head_dim_reason``); the forward pads them to power-of-two tiles
     check_qkv(q, k, v, "the Gluon attention kernel")
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"the Gluon kernel takes head dims {SUPPORTED_HEAD_DIMS} with D_v == D_qk; got "
-                         f"D_qk={q.shape[-1]}, D_v={v.shape[-1]} (our plain-Triton kernels take the others)")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the Gluon kernel takes float16 or bfloat16, got {q.dtype}")
     if mask is not None and (int(mask.seqlen_q) != q.shape[1] or int(mask.seqlen_k) != k.shape[1]):
@@ -207,13 +260,14 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
                          f"needs {BLOCK_M}x{cfg['BLOCK_N']}")
     q, k, v = (descriptor_ready(t) for t in (q, k, v))
     b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    out = torch.empty((b, sq, hq, d), device=q.device, dtype=out_dtype or q.dtype)
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    out = torch.empty((b, sq, hq, dv), device=q.device, dtype=out_dtype or q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
     ensure_allocator(q.device)
     producer_regs, maxnreg = _regs(cfg["consumer_regs"])
+    dims = head_dim_meta(d, dv)
     grid = (tiles.num_m * b * hq,)
     gluon_fwd_kernel[grid](
         q, k, v, out, lse,
@@ -221,9 +275,11 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         *plan.tensors(),
         softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
+        **dims, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
         HAS_PARTIAL_TILES=plan.has_partial, PINGPONG=cfg["pingpong"],
-        STORE_TMA=out.dtype == q.dtype, CONSUMER_REGS=cfg["consumer_regs"],
+        # O is staged in Q's buffer for the TMA store: same dtype, and a tile that fits there
+        STORE_TMA=out.dtype == q.dtype and dims["BLOCK_DV"] <= dims["BLOCK_DQK"],
+        CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
         num_warps=4, maxnreg=maxnreg,
     )
@@ -367,8 +423,9 @@ def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
                     return_lse: bool = False, config: Optional[dict] = None,
                     bwd_config: Optional[dict] = None, deterministic: bool = False):
-    """Attention of ``q [B, Sq, Hq, D]`` over ``k, v [B, Sk, Hkv, D]`` under a ``RangeMask`` on an
-    sm_90 GPU: the warp-specialized Gluon forward, the plain-Triton backward.
+    """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
+    under a ``RangeMask`` on an sm_90 GPU: the warp-specialized Gluon forward, the Gluon backward
+    (``gluon_bwd``, at D 64 / 128 with D_v == D_qk) or the plain-Triton one.
 
     ``config`` sets the launch (``CONFIG_KEYS``), ``bwd_config`` the plain-Triton backward's (the
     dense kernel's keys, with ``gluon_bwd=False``). ``deterministic=True``: bitwise-identical
@@ -378,10 +435,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     cache falls back to ``"split"``.
     """
     check_inputs(q, k, v, mask)
-    d = q.shape[-1]
+    d, dv = q.shape[-1], v.shape[-1]
     softmax_scale = resolve_scale(softmax_scale, d)
-    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask)
-    bwd_cfg = dense_resolve_config(d, q.dtype, bwd_config, q=q, k=k, mask=mask)
+    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask, v=v)
+    bwd_cfg = dense_resolve_config(config_head_dim(d, dv), q.dtype, bwd_config, q=q, k=k, mask=mask,
+                                   v=v if dv != d else None)
     # deterministic=True: the split Gluon backward has no atomics (each dQ, dK, dV tile is written
     # once by one program), so it holds at no cost; the fused one adds dQ by atomics, and so does
     # the plain-Triton one with fused_dq: refused when explicit, dropped when from the cache

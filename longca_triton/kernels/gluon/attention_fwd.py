@@ -37,6 +37,18 @@ warpgroup then run while the other computes its softmax.
 Out-of-range rows: Q rows >= Sq and K/V rows >= Sk are zero-filled by the TMA loads; the plan
 puts a ragged last key tile in the partial list, whose mask (``hi <= Sk``) removes those keys;
 the O store is clipped by the descriptor and the lse store is masked.
+
+Head dims (as ``dense.py``): ``HEAD_DIM_QK`` / ``HEAD_DIM_V`` are the true dims (multiples of 8 up
+to 256, D_v may differ), ``BLOCK_DQK`` / ``BLOCK_DV`` their power-of-two tiles. The descriptors
+take the true dim as the tensor's shape and the padded one as the block (``_padded_desc``): the
+TMA fills the padded columns of Q, K, V with zeros (``padding_option="zero"``), which add nothing
+to ``Q K^T`` and give O columns that the clipped store drops; the fp32 pointer store masks them.
+The tensor cores do the padded work (96 runs 128-wide GEMMs; D_qk in 136..192 skips the zero
+last quarter of its 256-wide tile in ``Q K^T``, ``_qk``), results and the FLOP count are those of
+the true dims. O is staged in Q's buffer for its TMA store where its tile
+fits there (``BLOCK_DV <= BLOCK_DQK``: a ``_reinterpret`` view when smaller), else it leaves by the
+masked pointer store. With ``BLOCK_D* == HEAD_DIM_*`` the kernel is the one written for 64 / 128
+(the same PTX).
 """
 
 from triton.experimental import gluon
@@ -51,11 +63,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .. import core as _core
 
-__all__ = ["gluon_fwd_kernel", "M_WG"]
+__all__ = ["gluon_fwd_kernel", "M_WG", "qk_used"]
 
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
 LN2 = gl.constexpr(_core.LN2)
+
+
+def qk_used(head_dim_qk: int, block_dqk: int) -> int:
+    """Head-dim columns the ``Q K^T`` GEMMs cover: 192 for D_qk in 136..192 (a 256-wide tile whose
+    last quarter is zero padding; 128 + 64, both slices on 64-column swizzle boundaries), else the
+    whole tile (narrower tiles would need slices inside a 128-byte swizzle atom)."""
+    return 192 if block_dqk == 256 and head_dim_qk <= 192 else block_dqk
+
+
+_qk_used = gluon.constexpr_function(qk_used)
 
 
 @gluon.jit
@@ -77,6 +99,17 @@ def _tile_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr
     """TMA descriptor over the ``[rows, HEAD_DIM]`` matrix of one head at ``base`` (row stride
     ``stride_s``), in ``[BLOCK, HEAD_DIM]`` tiles: rows >= ``rows`` load as zeros, stores clip."""
     return tma.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, HEAD_DIM], layout)
+
+
+@gluon.jit
+def _padded_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_D: gl.constexpr,
+                 layout: gl.constexpr):
+    """TMA descriptor over the ``[rows, HEAD_DIM]`` matrix of one head in ``[BLOCK, BLOCK_D]``
+    tiles, ``BLOCK_D >= HEAD_DIM`` the padded (power-of-two) head dim: rows >= ``rows`` and columns
+    >= ``HEAD_DIM`` load as zeros (``padding_option="zero"``, the TMA's out-of-bounds fill), stores
+    clip both. The padded columns of Q and K add zeros to ``Q K^T``; those of V give output
+    columns that are never stored. With ``BLOCK_D == HEAD_DIM`` it is ``_tile_desc``."""
+    return tma.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, BLOCK_D], layout)
 
 
 @gluon.jit
@@ -158,6 +191,23 @@ def _softmax(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _qk(q, k, s_zero, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr):
+    """``S = Q K^T`` issued as async wgmma over the first ``QK_USED`` columns of the head dim: all
+    ``BLOCK_DQK`` of them, or (``QK_USED < BLOCK_DQK``, D_qk in 136..192 on a 256-wide tile) the
+    first half and a quarter, two chained GEMMs that skip the zero-filled last quarter."""
+    if QK_USED == BLOCK_DQK:
+        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    else:
+        HALF: gl.constexpr = BLOCK_DQK // 2
+        REST: gl.constexpr = QK_USED - HALF
+        s = warpgroup_mma(q.slice(0, HALF, dim=1), k.slice(0, HALF, dim=1).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(q.slice(HALF, REST, dim=1), k.slice(HALF, REST, dim=1).permute((1, 0)), s,
+                          is_async=True)
+    return s
+
+
+@gluon.jit
 def _sched_wait(sched, WG: gl.constexpr, k, PINGPONG: gl.constexpr):
     """Ping-pong: wait for the token before issuing this warpgroup's GEMMs (its ``k``-th time)."""
     if PINGPONG:
@@ -174,7 +224,8 @@ def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, Lse, LO, HI,
                   RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+                  HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr,
+                  BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile."""
@@ -185,7 +236,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+                                                       instr_shape=[16, BLOCK_DV, 16])
     # P goes to the second GEMM from registers: the accumulator of S and the A operand of P V
     # hold the same elements in the same threads (k_width = 2 bf16 per 32-bit register)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -196,9 +247,9 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
     offs_m = row0 + gl.arange(0, M_WG, layout=row_s)  # [M_WG]
     m_i = gl.full([M_WG], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([M_WG], gl.float32, row_s)
-    acc = gl.zeros([M_WG, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([M_WG, BLOCK_DV], gl.float32, o_layout)
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
-    q = q_smem.index(WG)  # [M_WG, D]
+    q = q_smem.index(WG)  # [M_WG, BLOCK_DQK]
     if WG == 1:
         if PINGPONG:
             # the token starts with consumer 0
@@ -212,7 +263,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         # ---- step 0: S_0 and its softmax; there is no P V yet
         _sched_wait(sched, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = _qk(q, k_smem.index(0), s_zero, BLOCK_DQK, QK_USED)
         _sched_pass(sched, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
@@ -229,8 +280,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             pst = (j - 1) % NUM_STAGES
             _sched_wait(sched, WG, j, PINGPONG)
             mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
-            s = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
+            s = _qk(q, k_smem.index(st), s_zero, BLOCK_DQK, QK_USED)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
             _sched_pass(sched, WG, PINGPONG)
@@ -260,19 +310,30 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-    out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)  # [M_WG, D]
+    out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)  # [M_WG, BLOCK_DV]
     if STORE_TMA:
-        # Q is no longer read: its buffer stages O for a TMA store (clipped at Sq)
-        q.store(out.to(dtype))
+        # Q is no longer read: its buffer stages O for a TMA store (clipped at Sq and at HEAD_DIM_V)
+        if BLOCK_DV == BLOCK_DQK:
+            o_smem = q
+        else:
+            # the launcher asks for STORE_TMA only when BLOCK_DV <= BLOCK_DQK: this warpgroup's Q
+            # buffer viewed as RATIO tiles of [M_WG, BLOCK_DV], the first of them stages O
+            RATIO: gl.constexpr = BLOCK_DQK // BLOCK_DV
+            o_smem = q_smem._reinterpret(dtype, [2 * RATIO, M_WG, BLOCK_DV], o_desc.layout).index(WG * RATIO)
+        o_smem.store(out.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], o_smem)
         tma.store_wait(0)
     else:
         # another output dtype (float32 partial outputs for context parallelism)
         rows = row0 + gl.arange(0, M_WG, layout=row_o)
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        cols = gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, o_layout))
         ptrs = Out + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
-        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows < Sq, 1))
+        if BLOCK_DV == HEAD_DIM_V:
+            gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows < Sq, 1))
+        else:  # the padded columns >= HEAD_DIM_V are not stored
+            ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
+            gl.store(ptrs, out.to(Out.dtype.element_ty), mask=ok)
 
 
 @gluon.jit
@@ -299,7 +360,8 @@ def gluon_fwd_kernel(
     LO, HI, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, RUN_START, RUN_END,
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+    HEAD_DIM_QK: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr,
+    BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
@@ -312,17 +374,27 @@ def gluon_fwd_kernel(
     plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
 
     dtype: gl.constexpr = Q.dtype.element_ty
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    # the head-dim columns Q K^T covers: D_qk in 136..192 skips the last (all-zero) quarter of its
+    # 256-wide tile (``_qk``); else the whole tile
+    QK_USED: gl.constexpr = _qk_used(HEAD_DIM_QK, BLOCK_DQK)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_DQK], dtype)
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DQK], dtype)
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DV], dtype)
+    os_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_DV], dtype)
     b64 = b.to(gl.int64)
-    q_desc = _tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM, q_layout)
-    k_desc = _tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = _tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM, kv_layout)
-    o_desc = _tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM, q_layout)
+    # true head dims as the tensors' shapes, padded ones as the tiles: zero-filled, clipped on store
+    q_desc = _padded_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM_QK, BLOCK_DQK,
+                          q_layout)
+    k_desc = _padded_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM_QK,
+                          BLOCK_DQK, k_layout)
+    v_desc = _padded_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM_V,
+                          BLOCK_DV, v_layout)
+    o_desc = _padded_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM_V, BLOCK_DV,
+                          os_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, M_WG, BLOCK_DQK], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_DQK], k_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_DV], v_layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     mbarrier.init(q_bar, count=1)
@@ -337,10 +409,12 @@ def gluon_fwd_kernel(
     o_base = Out + b64 * stride_ob + h * stride_oh
     gl.warp_specialize([
         (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM, BLOCK_N, NUM_IV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
+                         BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM, BLOCK_N, NUM_IV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
+                         BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END,
                          plan, BLOCK_N, NUM_STAGES)),
