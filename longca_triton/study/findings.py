@@ -480,7 +480,9 @@ def _absence_kind(r: dict) -> str:
     s = str(r.get("status", "")).lower()
     if any(w in s for w in ("not installed", "cannot import", "no module named")):
         return "not installed"
-    return "no GPU, wrong architecture or torch"
+    if any(w in s for w in ("gpu", "sm_", "capability", "hopper", "on the cpu", "cpu interpreter", "cuda only", "cuda device")):
+        return "no GPU or not this one"
+    return "this build lacks it"
 
 
 def _coverage(f: Findings) -> list[str]:
@@ -495,8 +497,8 @@ def _coverage(f: Findings) -> list[str]:
              "*partial* (a run cut short: its winners stand for the masks measured there only). Backends measured: "
              "at least one measurement in the file. Absent: every row of the backend in that file says the machine "
              "lacked it; no conclusion about those backends can be drawn from that file."), ""]
-    table = []
-    for path in dict.fromkeys(r["_file"] for r in kern):
+    table, notes = [], []
+    for path in sorted({r["_file"] for r in kern}):
         mine = [r for r in kern if r["_file"] == path]
         probs: dict = defaultdict(set)
         pts: dict = defaultdict(int)
@@ -516,8 +518,14 @@ def _coverage(f: Findings) -> list[str]:
                 absent[_absence_kind(rs[0])].append(b)
         table.append([f"`{path}`", lengths, ", ".join(measured) or "none",
                       "; ".join(f"{', '.join(bs)} ({why})" for why, bs in absent.items()) or "none"])
+        gone = [b for bs in absent.values() for b in bs]
+        if gone:
+            at = ", ".join(fmt_s(S) for S in sorted(probs))
+            notes.append(f"- `{path}` ran without {', '.join(gone)} on its machine ({'; '.join(absent)}): at {at} its "
+                         f"winners are among {', '.join(measured) or 'none'} only, and the absent backends neither win nor "
+                         "lose there (where another file measured the same point, that row stands).")
     return out + [markdown_table(["file", "lengths (problems, points)", "backends measured", "absent from its machine"], table),
-                  ""]
+                  "", *notes, *([""] if notes else [])]
 
 
 def _losses_section(f: Findings) -> list[str]:
