@@ -214,3 +214,27 @@ def test_recommend_answers_every_static_mask_on_the_committed_results():
     for mask, S, gpus in (("causal_document", "128K", 8), ("sliding_window", "1M", 64), ("full", "4K", 1)):
         r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", S, "--gpus", str(gpus)])
         assert r.exit_code == 0 and "kernel:" in r.output, r.output
+
+
+def test_committed_findings_page_is_the_regenerated_one(tmp_path, monkeypatch):
+    """docs/findings.md and docs/findings/*.png are what `longca-triton findings --out docs/findings.md`
+    writes from the committed results, byte for byte for the page (regeneration is deterministic)."""
+    from longca_triton.study.findings_plots import make_findings_plots
+    from longca_triton.study.recommend import default_results
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    paths = default_results()
+    if not paths or not (repo / "docs" / "findings.md").exists():
+        pytest.skip("not run from a checkout with experiments/results/ and docs/findings.md")
+    f = compute(*load_results(paths))
+    written = make_findings_plots(f, tmp_path / "findings")
+    plots = {k: [(sk, f"findings/{p.name}") for sk, p in v] for k, v in written.items()}
+    text = render_markdown(f, "longca-triton findings --out docs/findings.md", plots)
+    assert text == (repo / "docs" / "findings.md").read_text(), "rerun: longca-triton findings --out docs/findings.md"
+    assert sorted(p.name for p in (tmp_path / "findings").glob("*.png")) == \
+        sorted(p.name for p in (repo / "docs" / "findings").glob("*.png"))
+    # the dense study's slice without vendor wheels: its "not installed" backends are absent, not losing
+    assert "ran without cudnn, fa2, fa3, fa3-fwd, fa4, flashmask, flex-fa4, te on its machine (not installed)" in text
+    assert not [d for d in f.losses if "not installed" in str(d)]
+    assert "**partial**" in text

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Iterable
 
 from .params import row_head_dim
-from .store import ResultStore, row_key, status_kind
+from .store import ResultStore, environment_unsupported, row_key, status_kind
 
-__all__ = ["latest_rows", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
+__all__ = ["latest_rows", "row_time", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -22,11 +22,25 @@ def load_rows(path: str | Path) -> list[dict]:
     return ResultStore(p).rows()
 
 
+def row_time(r: dict) -> str:
+    """A row's ``time`` as comparable text: ISO strings, some without a zone (CP rows), read as UTC."""
+    return str(r.get("time") or "").removesuffix("+00:00")
+
+
 def latest_rows(rows: Iterable[dict]) -> list[dict]:
-    """One row per point: the last one written (a retried point supersedes its earlier row)."""
+    """One row per point (``row_key``): the latest by the row's ``time`` (ties and rows without a
+    time: the order given, i.e. the last one written), so a retried point supersedes its earlier
+    row, across files too. One exception: a row saying the machine lacked the backend
+    (``store.environment_unsupported``: not installed, no GPU, wrong architecture) never supersedes
+    a row that ran or judged the case; it stands for the point only where nothing else does.
+    Every reader of results goes through this: the report, the plots, ``findings``, ``recommend``
+    and the resume of ``run_experiment``."""
     by_key: "OrderedDict[tuple, dict]" = OrderedDict()
-    for r in rows:
+    for r in sorted(rows, key=row_time):
         k = row_key(r)
+        old = by_key.get(k)
+        if old is not None and environment_unsupported(r) and not environment_unsupported(old):
+            continue
         by_key.pop(k, None)
         by_key[k] = r
     return list(by_key.values())

@@ -15,7 +15,14 @@ each backend and mode:
 
 Failures never stop the sweep: ``unsupported: <reason> | oom | error: <message>``. Rows are
 appended atomically as they finish, so an interrupted sweep (Ctrl-C, a kill, a time budget)
-resumes where it stopped: points whose key is already in the store are skipped.
+resumes where it stopped: points whose key is already in the store are skipped, judged by the row
+that stands for the point (``report.latest_rows``: the latest). One kind of row does not make a
+point done for good: ``unsupported`` because of the machine (``store.environment_unsupported``: the
+package is not installed, no GPU, the wrong architecture; rows written here say so with
+``"unavailable": true``). Such a point is asked again (``backend.check``, no GPU work) and rerun when
+the answer differs now (the backend became available, or refuses the case for another reason); the
+new row supersedes the old one. Case-intrinsic ``unsupported`` rows (head dim, a mask the backend
+cannot express, a length) stay done.
 """
 
 from __future__ import annotations
@@ -30,15 +37,29 @@ from typing import Callable
 
 import torch
 
-from longca_triton.adapters import Backend, Problem, Unsupported, get_backend, list_backends
+from longca_triton.adapters import (
+    Backend,
+    Problem,
+    Unsupported,
+    get_backend,
+    list_backends,
+)
 from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group
 from .config import DTYPES, Experiment
 from .params import parse_head_dim
 from .presets import OPTIONAL_PRESET_BACKENDS
+from .report import latest_rows
+from .store import (
+    ResultStore,
+    collect_env,
+    environment_unsupported,
+    params_digest,
+    row_key,
+    status_kind,
+)
 from .store import jsonable as _jsonable
-from .store import ResultStore, collect_env, params_digest, row_key, status_kind
 from .timing import peak_memory, time_fn
 
 __all__ = ["SweepAborted", "SweepResult", "classify_exception", "plan_points", "run_experiment"]
@@ -198,6 +219,8 @@ def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment,
     ok, why = backend.check(problem)
     if not ok:
         row["status"] = f"unsupported: {why}"
+        if not backend.available()[0]:
+            row["unavailable"] = True  # the machine lacks it: a resume retries it where it is available
         return row
     grad = mode != "fwd"
     q, k, v = grp.q, grp.k, grp.v
@@ -276,6 +299,25 @@ def _notes(backend: Backend, problem: Problem, device) -> dict:
     return out
 
 
+def _problem(p: Point, mask, exp: Experiment, device) -> Problem:
+    d_qk, d_v = parse_head_dim(p.head_dim)
+    return Problem(mask=mask, batch=exp.batch, heads_q=p.heads_q, heads_kv=p.heads_kv, head_dim=d_qk,
+                   head_dim_v=None if d_v == d_qk else d_v, dtype=DTYPES[p.dtype], mode=p.mode,
+                   device=torch.device(device).type)
+
+
+def _ask_again(prev: dict, p: Point, mask, exp: Experiment, device) -> bool:
+    """Whether a point with an earlier row is run again: only when that row says the machine lacked
+    the backend and the backend's answer differs now (available, or refusing for another reason)."""
+    if not environment_unsupported(prev):
+        return False
+    try:
+        ok, why = get_backend(p.backend).check(_problem(p, mask, exp, device))
+    except Exception:  # noqa: BLE001 - a check that fails is decided by running the point
+        return True
+    return ok or f"unsupported: {why}" != prev.get("status")
+
+
 def _check(backend, fn, grp: _Group, problem: Problem, q, k, v, dout) -> CheckResult:
     out, lse = fn()
     grads = None
@@ -325,7 +367,7 @@ def run_experiment(
 
     groups = plan_points(exp)
     kinds = {"ok", "unsupported", "oom", "error"} - set(retry)
-    done = store.done_keys(statuses=kinds)
+    done = {row_key(r): r for r in latest_rows(store.rows()) if status_kind(r) in kinds}
     result = SweepResult(total=sum(len(p) for _, p in groups))
     t0 = time.monotonic()
     deadline = t0 + max_minutes * 60 if max_minutes else None
@@ -367,7 +409,7 @@ def run_experiment(
             pending = []
             for p in pts:
                 probe = dict(base_common, backend=p.backend, mode=p.mode)
-                if row_key(probe) in done:
+                if row_key(probe) in done and not _ask_again(done[row_key(probe)], p, mask, exp, device):
                     result.skipped += 1
                     if progress:
                         progress(1, f"skip {p.backend} {mname} S={S} {p.mode}", None)
@@ -384,9 +426,7 @@ def run_experiment(
                         result.budget_hit = True
                         return result
                     backend = get_backend(p.backend)
-                    problem = Problem(mask=mask, batch=exp.batch, heads_q=hq, heads_kv=hkv, head_dim=d_qk,
-                                      head_dim_v=None if d_v == d_qk else d_v, dtype=DTYPES[dt], mode=p.mode,
-                                      device=torch.device(device).type)
+                    problem = _problem(p, mask, exp, device)
                     flops = problem.flops()
                     base = dict(base_common, backend=p.backend, backend_description=backend.description, mode=p.mode,
                                 flops=flops, status=None, time_ms=None, tflops=None)

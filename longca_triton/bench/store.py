@@ -9,7 +9,14 @@
 * ``rows()``: every parseable row; a truncated or garbled line (only ever the result of a kill
   during a write) is skipped, and counted in ``skipped_lines``.
 * ``done_keys(statuses=None)``: ``row_key`` of every row (optionally only rows whose status kind,
-  ``ok | unsupported | oom | error``, is in ``statuses``): what a resumed sweep skips.
+  ``ok | unsupported | oom | error``, is in ``statuses``).
+
+``environment_unsupported(row)``: whether an ``unsupported`` row says the *machine* lacks the backend
+(package not installed, no GPU, wrong architecture, a torch without the feature) rather than that the
+*case* is outside what the backend can do (head dim, mask kind, length). Such a row is not an answer
+about the point: a resumed sweep retries it when the backend is available (``run_experiment``), and
+it never supersedes a row that ran or judged the case (``report.latest_rows``, used by the report,
+the plots, ``findings`` and ``recommend``).
 
 ``row_key(row)`` identifies a measurement point: backend, mask, digest of the mask parameters,
 seqlen, batch, heads_q, heads_kv, head_dim, dtype, mode, plus ``world_size`` / ``scheme`` /
@@ -26,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -36,6 +44,7 @@ __all__ = [
     "VENDOR_DISTS",
     "ResultStore",
     "collect_env",
+    "environment_unsupported",
     "jsonable",
     "params_digest",
     "row_key",
@@ -110,6 +119,24 @@ def status_kind(row_or_status: dict | str) -> str:
     """``ok | unsupported | oom | error`` from a row or its ``status`` string (``"error: ..."``)."""
     s = row_or_status.get("status", "") if isinstance(row_or_status, dict) else row_or_status
     return str(s).split(":", 1)[0].strip()
+
+
+#: reasons (adapters' ``available()`` and the device checks of ``supports()``) that depend on the
+#: machine: rows written before ``run_experiment`` marked them (``"unavailable": true``) are told by these
+ENVIRONMENT_REASONS = re.compile(
+    r"is not installed|cannot import|no module named|only paddle's flashmask is installed|"
+    r"needs a cuda gpu|needs a cuda device|need a cuda device|runs on cuda only|none visible|"
+    r"needs an? sm_?\d+|needs hopper|compute capability|built for sm_|this gpu is sm_|gpu has \d|"
+    r"cuda extension does not load|its cuda extension has no|built without cudnn|has no usable|"
+    r"\btorch \d[\w.+]*(?::|'s| has no)|this torch's|on the cpu|cpu interpreter",
+    re.IGNORECASE)
+
+
+def environment_unsupported(row: dict) -> bool:
+    """An ``unsupported`` row whose reason is the machine's, not the case's (see module doc)."""
+    if status_kind(row) != "unsupported":
+        return False
+    return bool(row.get("unavailable")) or bool(ENVIRONMENT_REASONS.search(str(row.get("status", ""))))
 
 
 class ResultStore:

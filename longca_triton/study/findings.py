@@ -10,15 +10,22 @@ batch) and per mask:
 * memory walls: the smallest length at which a backend ran out of memory (``oom`` rows, errors
   saying so, and backends that refuse a size because it would not fit), with the largest length
   it ran below it;
-* the support matrix: backend x mask, ``ok`` / ``unsupported`` / ``error`` / ``OOM`` with reasons;
+* the support matrix: backend x mask, ``ok`` / ``unsupported`` / ``error`` / ``OOM`` / ``absent`` with
+  reasons;
+* coverage: per results file the lengths and points it holds (a length with fewer points than the
+  file's fullest is called partial) and the backends absent from its machine;
 * block-sparse TFLOP/s against density and block size;
 * context-parallel efficiency per scheme and mask (best plan), when CP rows are given;
 
 and renders them as markdown whose header names the files, the command and the environment.
 
 Rules, so that nothing is invented: a point's latest row wins (a retried point supersedes its
-earlier row, across files too, by the row's ``time``); only ``ok`` rows with a finite positive
-TFLOP/s count as measurements (failed rows and NaN / zero TFLOP/s never win); a backend that has
+earlier row, across files too, by the row's ``time``), except that a row saying the machine lacked
+the backend never hides a row that ran the case (``bench.report.latest_rows``); only ``ok`` rows
+with a finite positive TFLOP/s count as measurements (failed rows and NaN / zero TFLOP/s never
+win); a backend absent from a run's machine (``unsupported`` because it is not installed, no GPU,
+the wrong architecture: ``bench.store.environment_unsupported``) is listed as absent, never as
+failing or losing, and is left out of the support matrix's verdicts on the case; a backend that has
 rows for a mask at other lengths but none at this one is listed as "not measured" there; where
 only one length (or one density) is measured the text says that no crossover (or trend) can be
 stated.
@@ -34,8 +41,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longca_triton.bench.report import latest_rows, markdown_table, mask_label
-from longca_triton.bench.store import ResultStore, status_kind
+from longca_triton.bench.report import latest_rows, markdown_table, mask_label, row_time
+from longca_triton.bench.store import ResultStore, environment_unsupported, status_kind
 
 __all__ = ["KERNEL_KINDS", "Cell", "Findings", "collect_paths", "compute", "load_results", "render_markdown",
            "valid_tflops"]
@@ -84,8 +91,9 @@ def load_results(paths: Iterable[Path]) -> tuple[list[dict], dict[str, dict]]:
             r["backend"] = canonical_name(r["backend"])
         per_file[str(p)] = {"rows": len(got), "ignored": len(got) - len(mine) + store.skipped_lines, "used": 0}
         rows += mine
-    # the latest measurement of a point wins, across files (stable: file order breaks ties)
-    rows = latest_rows(sorted(rows, key=lambda r: _time_key(r.get("time"))))
+    # the latest row of a point wins, across files (file order breaks ties); a "not installed" row
+    # never hides a row that ran the case (report.latest_rows)
+    rows = latest_rows(rows)
     for r in rows:
         per_file[r["_file"]]["used"] += 1
     return rows, per_file
@@ -93,8 +101,7 @@ def load_results(paths: Iterable[Path]) -> tuple[list[dict], dict[str, dict]]:
 
 def _time_key(t) -> str:
     """Row times are ISO strings, some without a zone (CP rows): compare them as UTC text."""
-    t = str(t or "")
-    return t.removesuffix("+00:00")
+    return row_time({"time": t})
 
 
 def valid_tflops(r: dict) -> float | None:
@@ -148,6 +155,7 @@ class Cell:
     seqlen: int
     ranking: list = field(default_factory=list)  # [(backend, tflops)] best first
     failed: dict = field(default_factory=dict)  # backend -> reason (rows that are not measurements)
+    absent: list = field(default_factory=list)  # backends whose row says the machine lacked them
     not_measured: list = field(default_factory=list)  # backends of this mask with no row at this S
 
     @property
@@ -191,7 +199,8 @@ def compute(rows: list[dict], files: dict | None = None, mode: str | None = None
                 at = [r for r in mrows if r["seqlen"] == S]
                 c = Cell(S)
                 c.ranking = sorted(((r["backend"], t) for r in at if (t := valid_tflops(r)) is not None), key=lambda x: -x[1])
-                c.failed = {r["backend"]: _reason(r) for r in at if valid_tflops(r) is None}
+                c.failed = {r["backend"]: _reason(r) for r in at if valid_tflops(r) is None and not environment_unsupported(r)}
+                c.absent = [r["backend"] for r in at if environment_unsupported(r)]
                 present = {r["backend"] for r in at}
                 c.not_measured = [b for b in backends if b not in present]
                 cells.append(c)
@@ -275,7 +284,7 @@ def _support(kern: list[dict]) -> dict:
         for mode, rs in modes.items():
             ok = sorted({r["seqlen"] for r in rs if valid_tflops(r) is not None})
             bad = [r for r in rs if valid_tflops(r) is None]
-            kinds = sorted({("memory" if is_memory_failure(r) else status_kind(r)) for r in bad})
+            kinds = sorted({_fail_kind(r) for r in bad})
             reasons = list(dict.fromkeys(_reason(r) for r in bad))
             if not bad:
                 summary = "ok"
@@ -286,6 +295,12 @@ def _support(kern: list[dict]) -> dict:
                     ",".join(fmt_s(s) for s in sorted({r["seqlen"] for r in bad}))
             out[key][mode] = (summary, reasons)
     return out
+
+
+def _fail_kind(r: dict) -> str:
+    if environment_unsupported(r):
+        return "absent"
+    return "memory" if is_memory_failure(r) else status_kind(r)
 
 
 def _cp(rows: list[dict]) -> list[dict]:
@@ -344,7 +359,10 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
           f"Generated by `{command}` from the result rows below; do not edit by hand, rerun the command.",
           "", ("Rules: a point's latest row wins (retries supersede earlier rows, across files); only `ok` rows "
           "with a finite, positive TFLOP/s are measurements; TFLOP/s count the mask's allowed area only "
-          "(MASKS.md §5); `bwd` is the backward pass alone. Backends named `triton*` are ours. Rows of "
+          "(MASKS.md §5); `bwd` is the backward pass alone. Backends named `triton*` are ours. A backend whose "
+          "row says the run's machine lacked it (not installed, no GPU, the wrong architecture) is *absent* "
+          "there: not a measurement, not a loss, not a verdict on the case, and it never hides a row of another "
+          "run that measured the point; which runs lacked which backends is under Coverage. Rows of "
           "different files may come from different commits and runs (Sources): a comparison across lengths "
           "measured in different runs carries their run-to-run noise (a few percent, "
           "experiments/results/h100/refactor_check)."), ""]
@@ -356,7 +374,7 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
     if ignored:
         P += ["Rows that are not bench rows (check logs, summaries) or not parseable were skipped: "
               + ", ".join(f"`{p}` {n}" for p, n in ignored.items()) + ".", ""]
-    P += _summary(f)
+    P += _summary(f) + _coverage(f)
     for sk, masks in f.cells.items():
         P += [f"## Winners: {slice_title(sk)}", ""]
         P += _plots_for(plots, "tflops", sk) + _plots_for(plots, "winners", sk)
@@ -368,10 +386,11 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
                 table.append([c.seqlen, w[0] if w else "none measured", _t(w[1]) if w else "",
                               f"{c.ranking[1][0]} {_t(c.ranking[1][1])}" if len(c.ranking) > 1 else "—",
                               f"{c.margin:.2f}×" if c.margin else ("only one backend measured" if w else ""),
-                              _ours_text(c), ", ".join(c.not_measured) or "",
+                              _ours_text(c), ", ".join(c.not_measured) or "", ", ".join(c.absent),
                               "; ".join(f"{b}: {why}" for b, why in c.failed.items())])
             P += [markdown_table(["S", "winner", "TFLOP/s", "runner-up", "margin", "ours (ratio to best)", "not measured",
-                                  "failed or refused"], table, ["---:", "---", "---:", "---", "---:", "---", "---", "---"]), ""]
+                                  "absent from the machine", "failed or refused"], table,
+                                 ["---:", "---", "---:", "---", "---:", "---", "---", "---", "---"]), ""]
             x = f.crossovers[(sk, m)]
             if isinstance(x, str):
                 P += [f"Crossovers: {x}.", ""]
@@ -427,9 +446,17 @@ def _summary(f: Findings) -> list[str]:
                           for ls, ms in sorted(per_mask.items(), key=lambda x: (-len(x[0]), x[0])))
         thin = (f" Only one length measured ({lengths[0]}): no trend with length can be stated."
                 if len(lengths) == 1 else f" Lengths with a measurement, masks per set of lengths: {cover}.")
+        absent: dict = defaultdict(set)
+        for cells in masks.values():
+            for c in cells:
+                for b in c.absent:
+                    absent[b].add(c.seqlen)
+        gone = "; ".join(f"{', '.join(bs)} at {', '.join(fmt_s(x) for x in ls)}" for ls, bs in _group_by_lengths(absent))
         out.append(f"- {slice_title(sk)}: {len(masks)} masks, {n} (mask, S) cells with two or more measured backends"
                    f" — wins: {tally}; ours win {ours_won}{med}."
-                   + (f" {alone} cell{'s' if alone > 1 else ''} had one measured backend only (not counted)." if alone else "") + thin)
+                   + (f" {alone} cell{'s' if alone > 1 else ''} had one measured backend only (not counted)." if alone else "") + thin
+                   + (f" Absent from the machine (not counted: the wins there are among the backends present): {gone}."
+                      if gone else ""))
     if f.walls:
         first: dict = {}
         for w in f.walls:
@@ -439,6 +466,66 @@ def _summary(f: Findings) -> list[str]:
     else:
         out.append("- Memory walls: no row in these results failed for memory (none of the measured lengths reached one).")
     return out + [""]
+
+
+def _group_by_lengths(by_backend: dict) -> list[tuple[tuple, list]]:
+    """``{backend: lengths}`` -> ``[(lengths, [backends])]``, most lengths first."""
+    groups: dict = defaultdict(list)
+    for b, ls in sorted(by_backend.items()):
+        groups[tuple(sorted(ls))].append(b)
+    return sorted(groups.items(), key=lambda x: (-len(x[0]), x[0]))
+
+
+def _absence_kind(r: dict) -> str:
+    s = str(r.get("status", "")).lower()
+    if any(w in s for w in ("not installed", "cannot import", "no module named")):
+        return "not installed"
+    if any(w in s for w in ("gpu", "sm_", "capability", "hopper", "on the cpu", "cpu interpreter", "cuda only", "cuda device")):
+        return "no GPU or not this one"
+    return "this build lacks it"
+
+
+def _coverage(f: Findings) -> list[str]:
+    """Per results file: lengths, the (mask, heads, head dim, mode) problems and points at each (a
+    length with fewer problems than the file's fullest: partial), backends measured and absent."""
+    out = ["## Coverage", ""]
+    kern = [r for r in f.rows if r.get("kind") in KERNEL_KINDS]
+    if not kern:
+        return out + ["No kernel rows.", ""]
+    out += [("Per results file (rows used here): the lengths it covers, with the problems (mask × heads × head dim "
+             "× mode) and points (× backend) at each; a length with fewer problems than the file's fullest is "
+             "*partial* (a run cut short: its winners stand for the masks measured there only). Backends measured: "
+             "at least one measurement in the file. Absent: every row of the backend in that file says the machine "
+             "lacked it; no conclusion about those backends can be drawn from that file."), ""]
+    table, notes = [], []
+    for path in sorted({r["_file"] for r in kern}):
+        mine = [r for r in kern if r["_file"] == path]
+        probs: dict = defaultdict(set)
+        pts: dict = defaultdict(int)
+        for r in mine:
+            probs[r["seqlen"]].add((mask_label(r), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("mode")))
+            pts[r["seqlen"]] += 1
+        full = max(len(v) for v in probs.values())
+        lengths = ", ".join(f"{fmt_s(S)} ({len(probs[S])} problems, {pts[S]} points"
+                            + (", **partial**" if len(probs[S]) < full else "") + ")" for S in sorted(probs))
+        measured = sorted({r["backend"] for r in mine if valid_tflops(r) is not None})
+        by_b: dict = defaultdict(list)
+        for r in mine:
+            by_b[r["backend"]].append(r)
+        absent: dict = defaultdict(list)
+        for b, rs in sorted(by_b.items()):
+            if all(environment_unsupported(r) for r in rs):
+                absent[_absence_kind(rs[0])].append(b)
+        table.append([f"`{path}`", lengths, ", ".join(measured) or "none",
+                      "; ".join(f"{', '.join(bs)} ({why})" for why, bs in absent.items()) or "none"])
+        gone = [b for bs in absent.values() for b in bs]
+        if gone:
+            at = ", ".join(fmt_s(S) for S in sorted(probs))
+            notes.append(f"- `{path}` ran without {', '.join(gone)} on its machine ({'; '.join(absent)}): at {at} its "
+                         f"winners are among {', '.join(measured) or 'none'} only, and the absent backends neither win nor "
+                         "lose there (where another file measured the same point, that row stands).")
+    return out + [markdown_table(["file", "lengths (problems, points)", "backends measured", "absent from its machine"], table),
+                  "", *notes, *([""] if notes else [])]
 
 
 def _losses_section(f: Findings) -> list[str]:
@@ -472,9 +559,9 @@ def _walls_section(f: Findings) -> list[str]:
 
 def _support_section(f: Findings) -> list[str]:
     out = ["## Support matrix", "",
-           ("Per backend and mask, over every length and head layout measured: `ok`, `unsupported`, `error`, or "
-           "`memory` (out of memory, or refused because it would not fit); — = not measured. Reasons are "
-           "numbered below the table."), ""]
+           ("Per backend and mask, over every length and head layout measured: `ok`, `unsupported`, `error`, "
+           "`memory` (out of memory, or refused because it would not fit), or `absent` (the run's machine lacked "
+           "the backend: no verdict on the case); — = not measured. Reasons are numbered below the table."), ""]
     if not f.support:
         return out + ["No kernel rows.", ""]
     backends = list(dict.fromkeys(b for b, _ in sorted(f.support, key=lambda k: (not k[0].startswith(OURS_PREFIX), k[0]))))
