@@ -274,3 +274,118 @@ def test_gpu_script_targets_table():
     assert "| causal | 96 | 128 | 340 | 500 | 0.68 ✗ |" in md
     assert "| causal | 192/128 | 256/128 | 300 | 360 | 0.83 ✓ |" in md
     assert "| causal | fwd | 340 | 400 | 0.85 ✓ |" in md
+
+
+# ------------------------------------------------------------------ launch configs per head dim (issue 17)
+def _headdim_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "headdim_check.py"
+    spec = importlib.util.spec_from_file_location("headdim_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hopper_configs_by_head_dim():
+    """The Hopper table: 80 and 96 take the measured 128 entry (unchanged), 192 and 192/128 the 256
+    one; every candidate resolves to a valid config and differs from the default."""
+    from longca_triton.kernels import dense
+    from longca_triton.kernels._runtime import config_head_dim
+
+    measured_128 = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
+                        DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
+                        DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
+                        one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3)
+    assert dense.HOPPER_CONFIGS[128] == measured_128
+    for d in (80, 96, 128):
+        assert dense.HOPPER_CONFIGS[dense._table_key(config_head_dim(d, d))] == measured_128
+    assert dense._table_key(config_head_dim(192, 128)) == dense._table_key(256) == 256
+    assert dense._table_key(config_head_dim(40, 40)) == 64
+    for key, cands in dense.HEADDIM_CANDIDATES.items():
+        full = dense.headdim_candidates(key)
+        assert list(full) == ["default", *cands]
+        for name, cfg in full.items():
+            assert dense.resolve_config(key, torch.bfloat16, cfg) == cfg
+            assert name == "default" or cfg != full["default"]
+    assert list(dense.headdim_candidates(96)) == ["default"]
+
+
+def test_gpu_script_config_entries():
+    """``--configs`` times, per mode, the default and the candidates that change that mode's keys."""
+    mod = _headdim_script()
+    fwd = [n for n, _ in mod.config_entries(256, 256, "fwd")]
+    bwd = [n for n, _ in mod.config_entries(192, 128, "bwd")]
+    assert fwd == ["default", "old", "fwd64x64w8s2", "fwd128x32w8s3"]
+    assert bwd == ["default", "old", "dkdv32x64w8s2", "dq64x32w8s2"]  # "old" changes dQ too
+    assert [n for n, _ in mod.config_entries(96, 96, "fwd")] == ["default"]
+
+
+def test_gpu_script_configs_smoke(tmp_path, monkeypatch):
+    """``headdim_check.py --configs --smoke``: every config checked against float32 in the
+    interpreter, then timed; the table has the default, the candidates and the vendor."""
+    import sys
+
+    mod = _headdim_script()
+    monkeypatch.setattr(sys, "argv", ["headdim_check.py", "--configs", "--smoke", "--dims", "32", "--out",
+                                      str(tmp_path)])
+    assert mod.main() == 0
+    md = (tmp_path / "configs.md").read_text()
+    for name in ("default", "fwd128x64w8s3", "fwd64x128w4s2", "dkdv64x64w4s3", "sdpa-math"):
+        assert f"| {name}" in md, md
+    rows = [__import__("json").loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * (4 + 3) and all(r["status"] == "ok" and r["check"]["ok"] for r in rows)
+    assert mod.main() == 0  # resumes: nothing left to run
+    assert len((tmp_path / "configs.jsonl").read_text().splitlines()) == len(rows)
+
+
+@pytest.mark.slow
+def test_gpu_script_configs_smoke_wide_tiles(tmp_path, monkeypatch):
+    """The 256-tile candidates (``HEADDIM_CANDIDATES[256]``) pass the float32 check in the interpreter."""
+    import sys
+
+    mod = _headdim_script()
+    monkeypatch.setattr(sys, "argv", ["headdim_check.py", "--configs", "--smoke", "--dims", "136/24", "--out",
+                                      str(tmp_path)])
+    assert mod.main() == 0
+    rows = [__import__("json").loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
+    assert {r["name"] for r in rows} >= {"default", "old", "fwd64x64w8s2", "dkdv32x64w8s2"}
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+
+
+_AOT = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, "experiments")
+from cpu_aot_headdim import compile_one, default_job_config
+out = []
+for label in ("256", "192/128", "64"):
+    for kernel in ("fwd", "dkdv", "dq"):
+        out.append(compile_one((label, "causal", kernel, default_job_config(label, kernel))))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_default_configs_compile_without_spills_for_hopper():
+    """The Hopper defaults at 64, 192/128 and 256 compile for sm_90a (on the CPU) without register
+    spills, within shared memory, and (256 tiles) with two warpgroups per SM."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", _AOT], capture_output=True, text=True, timeout=900, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    if res.returncode != 0 and "ptxas" in res.stderr.lower() and "not found" in res.stderr.lower():
+        pytest.skip("no ptxas in this Triton install")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    for r in rows:
+        assert not r["error"], r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["blocks_per_sm"] >= 1, r
+        if r["dims"] != "64":
+            assert r["warps_per_sm"] >= 8, r

@@ -23,13 +23,24 @@ Phases (files in ``--out``):
    per counted FLOP against ours at D = 128 (target >= 0.85). FLOPs: MASKS.md §5 with
    ``2 (D_qk + D_v)`` per allowed pair, never the padded tile.
 
-``--smoke``: the same phases at toy sizes on the CPU (``TRITON_INTERPRET=1``, float32), to check
-the script itself.
+``--configs`` (instead of the phases above): the default launch config of ``triton`` against the
+candidates of ``kernels.dense.HEADDIM_CANDIDATES`` (``"old"``: the default before the sm_90a AOT sweep,
+``experiments/results/cpu-aot/headdim_configs.md``) per head dim (``--dims``, default 256, 192/128, 64)
+at S = 16K, GQA 64:8, bf16, full and causal, fwd (candidates that change forward keys) and bwd
+(those that change backward keys), next to ``sdpa-cudnn``; every point checked against float32
+first. The kernels are compiled up front in parallel (``--jobs``) into Triton's cache, so the
+timed loop does not wait on the compiler. Files: ``configs.jsonl`` (resumable), ``configs.md``.
+
+    PYTHONUNBUFFERED=1 python experiments/gpu/headdim_check.py --configs --out $OUT --max-minutes 8.5
+
+``--smoke``: the same phases (or ``--configs``) at toy sizes on the CPU (``TRITON_INTERPRET=1``,
+float32), to check the script itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -148,6 +159,161 @@ def targets(rows: list[dict], dims: list) -> str:
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------------------ --configs
+FWD_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize")
+CONFIG_DIMS = ("256", "192/128", "64")
+
+
+def _cfg_label(cfg: dict, mode: str) -> str:
+    if mode == "fwd":
+        return f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    return (f"dkdv {cfg['DKDV_BLOCK_M']}x{cfg['DKDV_BLOCK_N']} w{cfg['dkdv_num_warps']} s{cfg['dkdv_num_stages']}, "
+            f"dq {cfg['DQ_BLOCK_M']}x{cfg['DQ_BLOCK_N']} w{cfg['dq_num_warps']} s{cfg['dq_num_stages']}")
+
+
+def config_entries(d_qk: int, d_v: int, mode: str) -> list[tuple[str, dict]]:
+    """``[(name, full config)]`` timed in ``mode``: the default, then each candidate that changes a
+    key of that mode (forward keys for fwd, any other key for bwd)."""
+    from longca_triton.kernels.dense import headdim_candidates
+
+    cands = headdim_candidates(d_qk, d_v)
+    base = cands.pop("default")
+    keys = [k for k in base if (k in FWD_KEYS) == (mode == "fwd")]
+    return [("default", base)] + [(n, c) for n, c in cands.items() if any(c[k] != base[k] for k in keys)]
+
+
+def precompile(dims: list, jobs: int) -> None:
+    """Compile every kernel ``--configs`` launches into Triton's cache, ``jobs`` at a time (the
+    launches recorded on CPU tensors, ``kernels.aot``); a failure is only printed (the timed run
+    then compiles, or reports, it)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    todo = []
+    for label in dims:
+        d_qk, d_v = parse_head_dim(label)
+        for mode in ("fwd", "bwd"):
+            for name, cfg in config_entries(d_qk, d_v, mode):
+                for mask in ("full", "causal"):
+                    for kernel in (("fwd",) if mode == "fwd" else ("dkdv", "dq")):
+                        todo.append((format_head_dim(d_qk, d_v), mask, kernel, cfg))
+    t0 = time.time()
+    with ProcessPoolExecutor(max(1, jobs)) as ex:
+        bad = [r for r in ex.map(_compile_job, todo) if r]
+    print(f"[headdim] precompiled {len(todo)} kernels in {time.time() - t0:.0f} s on {jobs} processes"
+          + (f"; failed: {bad}" if bad else ""), flush=True)
+
+
+def _compile_job(job) -> str:
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import triton
+        from cpu_aot_headdim import record
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        from longca_triton.kernels.aot import specialize
+
+        label, mask, kernel, cfg = job
+        launch = record(label, mask, kernel, cfg)
+        sig, consts, attrs = specialize(launch)
+        triton.compile(ASTSource(launch.kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+        return ""
+    except Exception as e:  # noqa: BLE001 - the timed run reports it properly
+        return f"{job[:3]}: {type(e).__name__}: {str(e)[:120]}"
+
+
+def run_configs(out: Path, dims: list, smoke: bool, deadline: float, jobs: int) -> bool:
+    """``--configs``: rows into ``configs.jsonl``, the table into ``configs.md``; True when complete."""
+    import json
+
+    import torch
+
+    from longca_triton.adapters import Problem, get_backend
+    from longca_triton.bench.runner import _Group, _run_point
+    from longca_triton.masks import make_mask
+
+    device = "cpu" if smoke else "cuda"
+    S, (hq, hkv), dtype = (128, (4, 2), torch.float32) if smoke else (16384, (64, 8), torch.bfloat16)
+    base_backend = "sdpa-math" if smoke else BASE
+    exp = Experiment(name="headdim_configs", warmup_ms=0.0 if smoke else 10.0, rep=1 if smoke else 10,
+                     max_ms=20.0 if smoke else 150.0, check=True, seed=0)
+    path = out / "configs.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    done = {(r["name"], r["mask"], r["dims"], r["mode"]) for r in rows}
+    if not smoke and jobs > 0:
+        precompile(dims, jobs)
+    complete = True
+    for label in dims:
+        d_qk, d_v = parse_head_dim(label)
+        label = format_head_dim(d_qk, d_v)
+        for mname in ("full", "causal"):
+            mask = make_mask(mname, S)
+            key = (mname, S, hq, hkv, label, "bfloat16" if not smoke else "float32")
+            grp = None
+            for mode in ("fwd", "bwd"):
+                entries = [(base_backend, None)] + config_entries(d_qk, d_v, mode)
+                for name, cfg in entries:
+                    if (name, mname, label, mode) in done:
+                        continue
+                    if time.time() > deadline:
+                        complete = False
+                        break
+                    if grp is None:
+                        grp = _Group(mask, exp, key, device, need_grads=True)
+                    backend = get_backend(base_backend if cfg is None else OURS)
+                    problem = Problem(mask=mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=d_qk,
+                                      head_dim_v=None if d_v == d_qk else d_v, dtype=dtype, mode=mode,
+                                      device=device, extra={} if cfg is None else {"config": cfg})
+                    base = dict(name=name, backend=backend.name, config=cfg, mask=mname, dims=label, mode=mode,
+                                seqlen=S, heads_q=hq, heads_kv=hkv, flops=problem.flops(), status=None,
+                                time_ms=None, tflops=None)
+                    row = _run_point(backend, problem, grp, exp, base)
+                    row["gpu"] = torch.cuda.get_device_name() if device == "cuda" else "cpu-interpreter"
+                    with path.open("a") as f:
+                        f.write(json.dumps(row, default=str) + "\n")
+                    rows.append(row)
+                    print(f"  D={label} {mname} {mode} {name}: {row['status'][:90]} "
+                          f"{row.get('tflops') or 0:.1f} TFLOP/s", flush=True)
+            del grp
+    (out / "configs.md").write_text(configs_table(rows, dims, smoke, complete))
+    return complete
+
+
+def configs_table(rows: list[dict], dims: list, smoke: bool = False, complete: bool = True) -> str:
+    """``configs.md``: per head dim, mask and mode, each config's TFLOP/s, over the default's and
+    over sdpa-cudnn's (the issue's forward target is >= 0.8)."""
+    latest = {(r["name"], r["mask"], r["dims"], r["mode"]): r for r in rows}
+    out = ["# Head dims (issue 17): launch configs of `triton` against its defaults", "",
+           ("CPU interpreter smoke run: not performance. " if smoke else "")
+           + f"S = {rows[0]['seqlen'] if rows else '?'}, GQA {rows[0]['heads_q'] if rows else '?'}:"
+           f"{rows[0]['heads_kv'] if rows else '?'}; each point checked against float32 before it is timed; "
+           f"{'complete' if complete else 'INCOMPLETE: rerun with the same --out to resume'}. "
+           "Candidates: `kernels.dense.HEADDIM_CANDIDATES`; `old` is the default before the sm_90a AOT sweep.", ""]
+    vendor_name = next((r["name"] for r in rows if r["config"] is None), BASE)
+    header = ["mask", "mode", "config", "tiles", "TFLOP/s", "/ default", f"/ {vendor_name}", "check"]
+    for label in dims:
+        label = format_head_dim(*parse_head_dim(label))
+        table = []
+        for mname in ("full", "causal"):
+            for mode in ("fwd", "bwd"):
+                here = [r for (n, m, d, md), r in latest.items() if m == mname and d == label and md == mode]
+                ref = next((r for r in here if r["name"] == "default"), None)
+                vendor = next((r for r in here if r["config"] is None), None)
+                ok = [r for r in here if r["config"] is not None and status_kind(r) == "ok"]
+                best = max(ok, key=lambda r: r["tflops"])["name"] if ok else None
+                for r in sorted(here, key=lambda r: (r["config"] is not None, r["name"] != "default", r["name"])):
+                    tf = r.get("tflops") if status_kind(r) == "ok" else None
+                    name = r["name"] + (" **best**" if r["name"] == best and len(ok) > 1 else "")
+                    table.append([mname, mode, name, _cfg_label(r["config"], mode) if r["config"] else "",
+                                  f"{tf:.0f}" if tf else status_kind(r),
+                                  _ratio(tf, ref and ref.get("tflops")) if r["config"] else "",
+                                  _ratio(tf, vendor and vendor.get("tflops"), FWD_TARGET if mode == "fwd" else None),
+                                  "ok" if (r.get("check") or {}).get("ok") else (r.get("status") or "")[:60]])
+        out += [f"## D = {label}", "", markdown_table(header, table), ""]
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results folder (rerun with the same one to resume)")
@@ -155,10 +321,22 @@ def main():
     ap.add_argument("--max-minutes", type=float, default=9.0, help="wall clock for this call (then rerun to resume)")
     ap.add_argument("--skip-kernels", action="store_true", help="skip phase 1 (FlashMask port, block-sparse)")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (TRITON_INTERPRET=1), float32")
+    ap.add_argument("--configs", action="store_true",
+                    help="time the default launch config against kernels.dense.HEADDIM_CANDIDATES (and sdpa-cudnn)")
+    ap.add_argument("--dims", default=None,
+                    help=f"--configs: head dims, in the order they run (default {','.join(CONFIG_DIMS)})")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="--configs: processes compiling the kernels up front (0: none)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + 60 * args.max_minutes
+    if args.configs:
+        dims = args.dims.split(",") if args.dims else (["32", "136/24"] if args.smoke else list(CONFIG_DIMS))
+        done = run_configs(out, dims, args.smoke, deadline, args.jobs)
+        print(f"[headdim] wrote {out / 'configs.md'}; {'complete' if done else 'incomplete: rerun to resume'}",
+              flush=True)
+        return 0 if done else 3
     device = "cpu" if args.smoke else "cuda"
     grid = load_experiment(args.config)
     if args.smoke:

@@ -82,14 +82,14 @@ def _pow2_choices(block: int, options=(64, 128)) -> list[int]:
 
 
 def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    big = head_dim > 128
-    outer = [64] if big else [64, 128]
+    if head_dim > 128:
+        return _dense_candidates_big(group, block)
+    outer = [64, 128]
     warps = [4, 8]
     if group == "fwd":
-        stages = [2, 3] if big else [2, 3, 4]
         return [
             dict(BLOCK_M=m, BLOCK_N=block, num_warps=w, num_stages=s, warp_specialize=ws)
-            for m, w, s, ws in itertools.product(outer, warps, stages, [False, True])
+            for m, w, s, ws in itertools.product(outer, warps, [2, 3, 4], [False, True])
         ]
     if group == "dkdv":
         return [
@@ -102,7 +102,30 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
             for m, w, s in itertools.product(outer, warps, [2, 3])
         ]
     if group == "bwd":
-        return _one_launch_candidates(big)
+        return _one_launch_candidates(False)
+    raise ValueError(f"unknown key group {group!r}")
+
+
+def _dense_candidates_big(group: str, block: int) -> list[dict]:
+    """Head dims above 128 (tiles of 256, incl. 192/128): the tiles that compile for sm_90a without
+    spills and within shared memory (``experiments/results/cpu-aot/headdim_configs.md``), so the
+    search does not spend its time on configs that cannot win. There a 128-row tile needs 8 warps
+    (4 spill kilobytes), key tiles of 128 overflow shared memory, and dK/dV fits only 16 or 32 query
+    rows per step (64 spills at 256), so ``block`` caps the key tile at 64 instead of setting it.
+    The first candidate of each group is the default's tile."""
+    n = min(block, 64)
+    if group == "fwd":
+        cands = [dict(BLOCK_M=m, BLOCK_N=bn, num_warps=8, num_stages=s, warp_specialize=ws)
+                 for m, bn, s, ws in itertools.product([128, 64], sorted({n, 32}, reverse=True), [2, 3], [False, True])]
+        return cands + [dict(BLOCK_M=64, BLOCK_N=n, num_warps=4, num_stages=2, warp_specialize=False)]
+    if group == "dkdv":
+        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=s)
+                for m, s in itertools.product([16, 32], [2, 3])]
+    if group == "dq":
+        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=bn, dq_num_warps=w, dq_num_stages=2)
+                for m, bn, w in ((64, n, 8), (64, 32, 8), (128, 32, 8), (64, 32, 4))]
+    if group == "bwd":
+        return _one_launch_candidates(True)
     raise ValueError(f"unknown key group {group!r}")
 
 

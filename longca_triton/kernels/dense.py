@@ -84,9 +84,9 @@ import torch
 import triton
 
 from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
+from ._runtime import block_head_dim, config_head_dim, head_dim_meta
 from ._runtime import bsh_strides as _bsh_strides
 from ._runtime import check_qkv as _check_qkv
-from ._runtime import block_head_dim, config_head_dim, head_dim_meta
 from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
@@ -107,7 +107,8 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
-    "BWD_ORDERS", "check_deterministic",
+    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
+    "headdim_candidates",
 ]
 
 LOG2E = 1.4426950408889634
@@ -134,37 +135,90 @@ CONFIG_KEYS = (
 
 
 
+#: the interpreter's one pinned config: it cannot autotune, and small tiles keep it quick
+INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
+                          DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
+                          DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
+                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1)
+
+#: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
+#: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
+#: memory per config: ``experiments/results/cpu-aot/headdim_configs.md`` (sm_90a, compiled on a CPU).
+HOPPER_CONFIGS = {
+    # fwd 165 registers, 113 KiB, 1 block of 8 warps per SM; dK/dV 221 registers; dQ 2 blocks per SM;
+    # all spill-free. H100: fwd 386 / 359 TFLOP/s full / causal (0.81 / 0.76x cuDNN)
+    64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
+             DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
+             DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
+             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
+    # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
+    # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
+    # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
+    128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
+              DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
+              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
+    # 256 and 192/128 (issue 17, sm_90a AOT; not yet timed): the old forward (64x64, 4 warps) and
+    # dQ (64x32, 4 warps) left one warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second
+    # block fits neither), 0.57x cuDNN. Now two warpgroups: forward 128x64/8 warps/2 stages (228
+    # registers, 192 KiB at 256; 165, 160 KiB at 192/128), dQ 64x64/8 warps (221 / 204 registers).
+    # dK/dV stays 16x64/8 warps: the only spill-free tile at 256 (32x64/8 warps spills 16/36 bytes
+    # there, none at 192/128; 64x64 spills 264 bytes and more)
+    256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
+              DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
+              DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2),
+}
+
+#: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
+#: the keys that differ (forward keys, backward keys or both). ``experiments/gpu/headdim_check.py
+#: --configs`` times each against the default and sdpa-cudnn; ``"old"`` is the default before the
+#: sm_90a AOT sweep (``experiments/results/cpu-aot/headdim_configs.md`` has their registers).
+HEADDIM_CANDIDATES = {
+    64: {
+        # 114 registers: 2 blocks (16 warps) per SM against the default's one
+        "fwd128x64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+        # 155 registers, 3 blocks of 4 warps per SM
+        "fwd64x128w4s2": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+        # dK/dV 226 registers, 2 blocks of 4 warps
+        "dkdv64x64w4s3": dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3),
+    },
+    256: {
+        "old": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2,
+                    DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2),
+        # the same 64x64 tile on two warpgroups (165 registers, 161 KiB)
+        "fwd64x64w8s2": dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+        # 210 / 139 registers, 160 / 136 KiB: a deeper ring of narrower key tiles
+        "fwd128x32w8s3": dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
+        # dK/dV twice the query rows per step: spills 16/36 bytes at 256, none at 192/128 (223 registers)
+        "dkdv32x64w8s2": dict(DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2),
+        # dQ 193 / 173 registers, 128 / 97 KiB
+        "dq64x32w8s2": dict(DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=8, dq_num_stages=2),
+    },
+}
+
+
+def _table_key(head_dim: int) -> int:
+    return next((d for d in sorted(HOPPER_CONFIGS) if head_dim <= d), max(HOPPER_CONFIGS))
+
+
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Sane launch parameters for Hopper (and a small pinned one for the CPU interpreter).
+    """Sane launch parameters for Hopper (``HOPPER_CONFIGS``; ``INTERPRETER_CONFIG`` in the CPU
+    interpreter), a fresh dict.
 
     ``head_dim`` is the padded tile the kernels work on (``_runtime.config_head_dim(D_qk, D_v)``:
     80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted."""
     if _interpreting():
-        # one pinned config: the interpreter cannot autotune, and small tiles keep it quick
-        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
-                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
-                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
-                    one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1)
-    if head_dim <= 64:
-        # compiled for sm_90 without spills, not yet timed on a GPU
-        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
-                    DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-                    one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3)
-    if head_dim <= 128:
-        # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
-        # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
-        # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
-        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
-                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-                    one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3)
-    # D=256 (compiled for sm_90, not yet timed on a GPU): dK/dV 32x64/4 warps spills 1 KB,
-    # 16x64/8 warps does not
-    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, warp_specialize=False,
-                DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
-                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2, fused_dq=False,
-                one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2)
+        return dict(INTERPRETER_CONFIG)
+    return dict(HOPPER_CONFIGS[_table_key(head_dim)])
+
+
+def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
+    """``{name: full config}`` for head dims ``d_qk`` / ``d_v``: the Hopper default (``"default"``)
+    and each of ``HEADDIM_CANDIDATES`` overlaid on it (none where a dim has no candidates)."""
+    d = config_head_dim(d_qk, d_v if d_v is not None else d_qk)
+    base = dict(HOPPER_CONFIGS[_table_key(d)])
+    return {"default": base, **{n: {**base, **c} for n, c in HEADDIM_CANDIDATES.get(_table_key(d), {}).items()}}
 
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
