@@ -286,6 +286,21 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     return out, lse
 
 
+def _bwd_inputs(dout, q, k, v, out, lse, dlse):
+    """What both Gluon backward designs start from: inputs ready for TMA (q and dO with each
+    group's heads contiguous, as the key-major kernels read a group's Q and dO as one
+    ``[Sq, G * D]`` matrix), empty ``dq, dk, dv``, contiguous ``lse`` and ``delta = rowsum(dO * O)``
+    (minus ``dlse``). ``delta`` is None, and the grads zeros, when there is nothing to compute."""
+    d = q.shape[-1]
+    q, dout = (t if t.stride(3) == 1 and t.stride(2) == d else t.contiguous() for t in (q, dout))
+    q, k, v, out, dout = (descriptor_ready(t) for t in (q, k, v, out, dout))
+    grads = tuple(torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))
+    if q.numel() == 0 or k.shape[1] == 0:
+        return q, k, v, dout, lse, None, tuple(g.zero_() for g in grads)
+    ensure_allocator(q.device)
+    return q, k, v, dout, lse.contiguous(), launch_bwd_preprocess(out, dout, dlse), grads
+
+
 def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softmax_scale: float,
               cfg: dict, dlse=None):
     """Launch delta preprocess, the Gluon dQ kernel and the Gluon dK/dV kernel. Returns
@@ -298,19 +313,11 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
     if dkdv_plan.tiles.block_m != cfg["dkdv_block_mq"] or dkdv_plan.tiles.block_n != BLOCK_M:
         raise ValueError(f"dK/dV plan is for tiles {dkdv_plan.tiles.block_m}x{dkdv_plan.tiles.block_n}, "
                          f"config says {cfg['dkdv_block_mq']}x{BLOCK_M}")
+    q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
+    if delta is None:
+        return dq, dk, dv
     b, sq, hq, d = q.shape
-    # the dK/dV kernel reads a group's Q and dO as one [Sq, G * D] matrix: heads must be contiguous
-    q, dout = (t if t.stride(3) == 1 and t.stride(2) == d else t.contiguous() for t in (q, dout))
-    q, k, v, out, dout = (descriptor_ready(t) for t in (q, k, v, out, dout))
     sk, hkv = k.shape[1], k.shape[2]
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
-    if b * hq * d == 0 or sq == 0 or sk == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    ensure_allocator(q.device)
-    lse = lse.contiguous()
-    delta = launch_bwd_preprocess(out, dout, dlse)
     producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
     regs = dict(CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
                 maxnreg=maxnreg)
@@ -347,19 +354,11 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     if plan.tiles.block_m != mq or plan.tiles.block_n != BLOCK_M:
         raise ValueError(f"fused backward plan is for tiles {plan.tiles.block_m}x{plan.tiles.block_n}, "
                          f"config says {mq}x{BLOCK_M}")
+    q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
+    if delta is None:
+        return dq, dk, dv
     b, sq, hq, d = q.shape
-    # the kernel reads a group's Q and dO as one [Sq, G * D] matrix: heads must be contiguous
-    q, dout = (t if t.stride(3) == 1 and t.stride(2) == d else t.contiguous() for t in (q, dout))
-    q, k, v, out, dout = (descriptor_ready(t) for t in (q, k, v, out, dout))
     sk, hkv = k.shape[1], k.shape[2]
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=q.dtype)
-    dk = torch.empty((b, sk, hkv, d), device=k.device, dtype=k.dtype)
-    dv = torch.empty((b, sk, hkv, d), device=v.device, dtype=v.dtype)
-    if b * hq * d == 0 or sq == 0 or sk == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    ensure_allocator(q.device)
-    lse = lse.contiguous()
-    delta = launch_bwd_preprocess(out, dout, dlse)
     num_tiles_q = -(-sq // mq)
     # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
     dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)

@@ -391,6 +391,69 @@ def _dkdv_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_s
 
 
 @gluon.jit
+def _key_major_program(ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, num_bkv, num_heads_q, num_heads_kv, group_size):
+    """The key-major program ``pid`` (dK/dV and fused kernels): ``(b, h_kv, plan)``, ``plan`` the
+    cursor tuple ``(start_n, lse_base, r0, r_end, n_full, steps)`` of its 128-row key tile, where
+    ``steps`` counts the tile's query tiles over every query head of the KV group."""
+    pid = gl.program_id(0)
+    rank = pid // num_bkv
+    bkv = pid % num_bkv
+    b = bkv // num_heads_kv
+    h_kv = bkv % num_heads_kv
+    tile_n = gl.load(ORDER + rank)
+    start_n = tile_n * (2 * M_WG)
+    r0 = gl.load(RUN_PTR + tile_n)
+    r_end = gl.load(RUN_PTR + tile_n + 1)
+    # (b, first query head of the group): the lse / delta rows are [B, Hq, Sq]
+    lse_base = b * num_heads_q + h_kv * group_size
+    plan = (start_n, lse_base, r0, r_end, gl.load(RUN_NFULL + tile_n),
+            gl.load(RUN_COUNT + tile_n) * group_size)
+    return b, h_kv, plan
+
+
+@gluon.jit
+def _key_major_descs(Q, K, V, DO, DK, DV, stride_qb, stride_qs, stride_dob, stride_dos,
+                     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                     b, h_kv, group_size, Sq, Sk, HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr):
+    """TMA descriptors of a key-major program: Q and dO of the whole KV group as one
+    ``[Sq, G * D]`` matrix in ``[BLOCK_MQ, D]`` tiles (heads contiguous: the launchers check), and
+    K, V, dK, dV of its KV head in ``[64, D]`` tiles (one per consumer warpgroup)."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_MQ, HEAD_DIM], dtype)
+    b64 = b.to(gl.int64)
+    hq0 = h_kv * group_size
+    q_desc = tma.make_tensor_descriptor(Q + b64 * stride_qb + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
+                                        [stride_qs, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
+    do_desc = tma.make_tensor_descriptor(DO + b64 * stride_dob + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
+                                         [stride_dos, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
+    k_desc = _tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, M_WG, HEAD_DIM, kv_layout)
+    v_desc = _tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, M_WG, HEAD_DIM, kv_layout)
+    dk_desc = _tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, M_WG, HEAD_DIM, kv_layout)
+    dv_desc = _tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, M_WG, HEAD_DIM, kv_layout)
+    return q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc
+
+
+@gluon.jit
+def _key_major_buffers(dtype: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr,
+                       NUM_STAGES: gl.constexpr):
+    """Shared memory of a key-major program: K and V (one 64-row half per consumer, loaded once
+    behind ``kv_bar``) and the ``NUM_STAGES`` ring of Q / dO tiles with its ready/empty barriers
+    (empty: both consumers arrive)."""
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_MQ, HEAD_DIM], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    in_ready, in_empty = _ring(NUM_STAGES, 2)
+    return k_smem, v_smem, q_smem, do_smem, kv_bar, in_ready, in_empty
+
+
+@gluon.jit
 def gluon_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, Lse, Delta,
     stride_qb, stride_qs, stride_dob, stride_dos,
@@ -405,43 +468,14 @@ def gluon_bwd_dkdv_kernel(
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, SKEW: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    pid = gl.program_id(0)
-    rank = pid // num_bkv
-    bkv = pid % num_bkv
-    b = bkv // num_heads_kv
-    h_kv = bkv % num_heads_kv
-    tile_n = gl.load(ORDER + rank)
-    start_n = tile_n * (2 * M_WG)
-    r0 = gl.load(RUN_PTR + tile_n)
-    r_end = gl.load(RUN_PTR + tile_n + 1)
-    # (b, first query head of the group): the lse / delta rows are [B, Hq, Sq]
-    lse_base = b * num_heads_q + h_kv * group_size
-    plan = (start_n, lse_base, r0, r_end, gl.load(RUN_NFULL + tile_n),
-            gl.load(RUN_COUNT + tile_n) * group_size)
-
-    dtype: gl.constexpr = Q.dtype.element_ty
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_MQ, HEAD_DIM], dtype)
-    b64 = b.to(gl.int64)
-    hq0 = h_kv * group_size
-    # Q and dO of the whole group as one [Sq, G * D] matrix (heads contiguous: the launcher checks)
-    q_desc = tma.make_tensor_descriptor(Q + b64 * stride_qb + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
-                                        [stride_qs, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
-    do_desc = tma.make_tensor_descriptor(DO + b64 * stride_dob + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
-                                         [stride_dos, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
-    k_desc = _tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, M_WG, HEAD_DIM, kv_layout)
-    v_desc = _tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, M_WG, HEAD_DIM, kv_layout)
-    dk_desc = _tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, M_WG, HEAD_DIM, kv_layout)
-    dv_desc = _tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, M_WG, HEAD_DIM, kv_layout)
-
-    k_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    mbarrier.init(kv_bar, count=1)
-    in_ready, in_empty = _ring(NUM_STAGES, 2)
+    b, h_kv, plan = _key_major_program(ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, num_bkv, num_heads_q,
+                                       num_heads_kv, group_size)
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc = _key_major_descs(
+        Q, K, V, DO, DK, DV, stride_qb, stride_qs, stride_dob, stride_dos, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+        b, h_kv, group_size, Sq, Sk, HEAD_DIM, BLOCK_MQ)
+    k_smem, v_smem, q_smem, do_smem, kv_bar, in_ready, in_empty = _key_major_buffers(
+        Q.dtype.element_ty, HEAD_DIM, BLOCK_MQ, NUM_STAGES)
     bars = (kv_bar, in_ready, in_empty)
 
     gl.warp_specialize([

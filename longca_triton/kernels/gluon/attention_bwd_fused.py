@@ -71,9 +71,12 @@ from .attention_bwd import (
     _dkdv_producer,
     _ds,
     _interval_mask_t,
+    _key_major_buffers,
+    _key_major_descs,
+    _key_major_program,
     _row_stats,
 )
-from .attention_fwd import M_WG, _ring, _tile_desc
+from .attention_fwd import M_WG
 
 __all__ = ["gluon_bwd_fused_kernel", "dq_accum_cast_kernel"]
 
@@ -209,47 +212,20 @@ def gluon_bwd_fused_kernel(
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    pid = gl.program_id(0)
-    rank = pid // num_bkv
-    bkv = pid % num_bkv
-    b = bkv // num_heads_kv
-    h_kv = bkv % num_heads_kv
-    tile_n = gl.load(ORDER + rank)
-    start_n = tile_n * (2 * M_WG)
-    r0 = gl.load(RUN_PTR + tile_n)
-    r_end = gl.load(RUN_PTR + tile_n + 1)
-    # (b, first query head of the group): the lse / delta rows are [B, Hq, Sq]
-    lse_base = b * num_heads_q + h_kv * group_size
-    plan = (start_n, lse_base, r0, r_end, gl.load(RUN_NFULL + tile_n),
-            gl.load(RUN_COUNT + tile_n) * group_size)
-
+    b, h_kv, plan = _key_major_program(ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, num_bkv, num_heads_q,
+                                       num_heads_kv, group_size)
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc = _key_major_descs(
+        Q, K, V, DO, DK, DV, stride_qb, stride_qs, stride_dob, stride_dos, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+        b, h_kv, group_size, Sq, Sk, HEAD_DIM, BLOCK_MQ)
+    # the dK/dV kernel's buffers, plus dS^T of (step parity, warpgroup) for the dQ GEMM:
+    # [2 * 2, 64 keys, BLOCK_MQ], and one ds_ready barrier per step parity (both consumers arrive)
     dtype: gl.constexpr = Q.dtype.element_ty
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, HEAD_DIM], dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_MQ, HEAD_DIM], dtype)
+    k_smem, v_smem, q_smem, do_smem, kv_bar, in_ready, in_empty = _key_major_buffers(
+        dtype, HEAD_DIM, BLOCK_MQ, NUM_STAGES)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_MQ], dtype)
-    b64 = b.to(gl.int64)
-    hq0 = h_kv * group_size
-    # Q and dO of the whole group as one [Sq, G * D] matrix (heads contiguous: the launcher checks)
-    q_desc = tma.make_tensor_descriptor(Q + b64 * stride_qb + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
-                                        [stride_qs, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
-    do_desc = tma.make_tensor_descriptor(DO + b64 * stride_dob + hq0 * HEAD_DIM, [Sq, group_size * HEAD_DIM],
-                                         [stride_dos, 1], [BLOCK_MQ, HEAD_DIM], q_layout)
-    k_desc = _tile_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, M_WG, HEAD_DIM, kv_layout)
-    v_desc = _tile_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, M_WG, HEAD_DIM, kv_layout)
-    dk_desc = _tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, M_WG, HEAD_DIM, kv_layout)
-    dv_desc = _tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, M_WG, HEAD_DIM, kv_layout)
-
-    k_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, M_WG, HEAD_DIM], kv_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_MQ, HEAD_DIM], q_layout)
-    # dS^T of (step parity, warpgroup): [2 * 2, 64 keys, BLOCK_MQ]
     ds_smem = gl.allocate_shared_memory(dtype, [4, M_WG, BLOCK_MQ], ds_layout)
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    mbarrier.init(kv_bar, count=1)
-    in_ready, in_empty = _ring(NUM_STAGES, 2)
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
     bars = (kv_bar, in_ready, in_empty, ds_ready)
