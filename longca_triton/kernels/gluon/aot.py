@@ -14,8 +14,8 @@ import argparse
 import dataclasses
 import os
 import re
-import subprocess
-import tempfile
+
+from ..aot import ptxas_info
 
 __all__ = ["Compiled", "compile_fwd", "compile_bwd", "ptxas_info"]
 
@@ -119,38 +119,25 @@ def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_
     raise ValueError(f"kind must be 'dq', 'dkdv' or 'fused', got {kind!r}")
 
 
-def ptxas_info(ptx: str) -> dict:
-    """``ptxas -v`` on ``ptx`` for sm_90a: ``{"registers", "spill_stores", "spill_loads"}``."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90).path
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True, check=True)
-    log = res.stderr + res.stdout
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return {"registers": int(regs.group(1)) if regs else -1,
-            "spill_stores": int(spill.group(1)) if spill else -1,
-            "spill_loads": int(spill.group(2)) if spill else -1}
+#: per kernel, the config keys of its tile and of its ring (what --tile / --stages set)
+_KNOBS = {"fwd": ("BLOCK_N", "num_stages"), "dq": ("dq_block_n", "dq_stages"),
+          "dkdv": ("dkdv_block_mq", "dkdv_stages"), "fused": ("fused_block_mq", "fused_stages")}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", choices=tuple(_KNOBS), default="fwd")
     ap.add_argument("--head-dim", type=int, default=128, help="D_qk (and D_v unless --head-dim-v)")
     ap.add_argument("--head-dim-v", type=int, default=None, help="D_v when it differs (forward only)")
-    ap.add_argument("--block-n", type=int, default=None)
-    ap.add_argument("--stages", type=int, default=None)
-    ap.add_argument("--no-pingpong", action="store_true")
-    ap.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "fused"), default="fwd")
+    ap.add_argument("--tile", type=int, default=None,
+                    help="the kernel's tile key: BLOCK_N (fwd), dq_block_n, dkdv_block_mq, fused_block_mq")
+    ap.add_argument("--stages", type=int, default=None, help="the kernel's ring depth")
+    ap.add_argument("--pingpong", action=argparse.BooleanOptionalAction, default=None, help="forward only")
     ap.add_argument("--dump", help="write <DUMP>.ttgir and <DUMP>.ptx")
     a = ap.parse_args(argv)
-    cfg = {k: v for k, v in (("BLOCK_N", a.block_n), ("num_stages", a.stages)) if v is not None}
-    if a.no_pingpong:
-        cfg["pingpong"] = False
+    tile_key, stages_key = _KNOBS[a.kernel]
+    cfg = {k: v for k, v in ((tile_key, a.tile), (stages_key, a.stages), ("pingpong", a.pingpong))
+           if v is not None}
     if a.kernel == "fwd":
         c = compile_fwd(a.head_dim, cfg or None, head_dim_v=a.head_dim_v)
     else:
@@ -162,7 +149,7 @@ def main(argv=None) -> None:
 
     r = resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v)
     print(f"{a.kernel} D={a.head_dim}" + (f"/{a.head_dim_v}" if a.head_dim_v else "")
-          + f" BLOCK_N={r['BLOCK_N']} stages={r['num_stages']}: "
+          + f" {tile_key}={r[tile_key]} {stages_key}={r[stages_key]}: "
           f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
           f"wgmma {c.count('wgmma.mma_async')}, registers {info['registers']}, "
           f"spills {info['spill_stores']}/{info['spill_loads']} B")
