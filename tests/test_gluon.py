@@ -232,8 +232,8 @@ def test_backend_says_why_it_cannot_run_here():
     for dev in ("cpu", "cuda"):
         ok, why = b.check(Problem(mask=mask, device=dev, dtype=torch.bfloat16, head_dim=128))
         assert not ok and "sm_90" in why
-    # the head-dim answers, on a machine where the device would do (checked without one): every
-    # dim the plain-Triton kernels take (192/128 included), nothing else
+    # the head-dim answers, on a machine where the device would do (checked without one): the
+    # GPU-checked pairs; the other dims the plain-Triton kernels take are refused with the reason
     import longca_triton.adapters.triton_base as TB
     import longca_triton.kernels.gluon.attention as GA
     real, real_here = GA.device_reason, TB.runs_here
@@ -242,12 +242,16 @@ def test_backend_says_why_it_cannot_run_here():
         TB.runs_here = lambda dev: (True, "")
         answers = {(d, dv): b.supports(Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=d,
                                                  head_dim_v=dv))
-                   for d, dv in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64), (100, 100), (264, 264),
-                                 (128, 132))}
+                   for d, dv in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64), (128, 128), (100, 100),
+                                 (264, 264), (128, 132))}
     finally:
         GA.device_reason, TB.runs_here = real, real_here
-    for dims in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64)):
+    # offered: the pairs a GPU checked; the other valid dims compile but are refused until then
+    for dims in G.GPU_CHECKED_HEAD_DIMS:
         assert answers[dims] == (True, ""), (dims, answers[dims])
+    for dims in ((192, 128), (256, 256), (96, 96), (80, 80)):
+        ok, why = answers[dims]
+        assert not ok and "not yet passed its GPU tests" in why and "use triton" in why, (dims, why)
     for dims, word in (((100, 100), "100"), ((264, 264), "264"), ((128, 132), "132")):
         ok, why = answers[dims]
         assert not ok and word in why and "multiples of 8" in why, (dims, why)

@@ -4,8 +4,10 @@ Forward and backward are Gluon (FlashAttention-3's design on sm_90: TMA producer
 consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). It runs on
 sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case is ``unsupported`` with the
 reason, never a crash. A config with ``gluon_bwd=False`` runs our plain-Triton backward instead.
-Head dims: every one our plain-Triton kernels take (multiples of 8 up to 256, D_v may differ from
-D_qk); the Gluon backward only at 64 and 128 with D_v == D_qk, other dims run the plain-Triton one.
+Head dims: the kernels take every one our plain-Triton kernels take (multiples of 8 up to 256, D_v
+may differ from D_qk; the Gluon backward only at 64 and 128 with D_v == D_qk, other dims run the
+plain-Triton one), but this backend offers only the pairs checked on a GPU
+(``GPU_CHECKED_HEAD_DIMS``); the others answer ``unsupported`` with that reason.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from .triton_base import TritonBackend
 class TritonGluon(TritonBackend):
     name = "triton-gluon"
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
-                   "producer, ping-pong consumer warpgroups, async wgmma) and warp-specialized dQ + dK/dV "
-                   "backward kernels")
+                   "producer, two consumer warpgroups over async wgmma) and warp-specialized dQ + dK/dV "
+                   "backward kernels (or one fused kernel with dQ by atomics: bwd_design='fused')")
 
     def available(self):
         try:
@@ -47,14 +49,23 @@ class TritonGluon(TritonBackend):
         ok, why = super().supports(problem)
         if not ok:
             return ok, why
-        # head dims: the base class's check (multiples of 8 up to 256, D_v may differ); the Gluon
-        # backward takes 64 and 128 with D_v == D_qk, other dims run the plain-Triton backward
-        from longca_triton.kernels.gluon.attention import device_reason
+        # head dims: the base class's check (multiples of 8 up to 256, D_v may differ), then only
+        # the pairs a GPU has checked (the kernels compile for all of them)
+        from longca_triton.kernels.gluon.attention import (
+            GPU_CHECKED_HEAD_DIMS,
+            device_reason,
+        )
 
+        dims = (problem.head_dim, problem.d_v)
+        if dims not in GPU_CHECKED_HEAD_DIMS:
+            return False, (f"head dims {dims[0]}/{dims[1]}: the Gluon forward compiles for them but has not "
+                           f"yet passed its GPU tests (checked: {', '.join(f'{a}/{b}' for a, b in GPU_CHECKED_HEAD_DIMS)}); "
+                           "use triton")
         why = device_reason(torch.device("cuda"))
         return (not why), why
 
-    #: both backwards write every gradient tile once, no atomics (``gluon_attention``'s docstring)
+    #: the split backward writes every gradient tile once (no atomics); the fused one (atomics) is
+    #: refused or dropped under deterministic=True (``gluon_attention``'s docstring)
     honours_deterministic = True
 
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):

@@ -71,6 +71,11 @@ BLOCK_M = 128
 #: plain-Triton kernels take (``_runtime.head_dim_reason``: multiples of 8 up to 256, D_v may
 #: differ), and other dims run the plain-Triton backward (``bwd_reason``)
 BWD_HEAD_DIMS = (64, 128)
+#: (D_qk, D_v) pairs whose forward has passed tests/test_gluon_gpu.py on an H100
+#: (experiments/results/h100/gluon/test_gluon_gpu.txt). ``gluon_attention`` takes every head dim
+#: the plain-Triton kernels take; the ``triton-gluon`` backend offers only these until a GPU run
+#: of the padded-dim tests adds the others here.
+GPU_CHECKED_HEAD_DIMS = ((64, 64), (128, 128))
 #: dynamic shared memory one CTA may use on sm_90 (227 KB)
 SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
