@@ -113,6 +113,17 @@ def test_default_configs_validate_and_fit(d, dv):
     assert (cfg["BLOCK_N"], cfg["num_stages"]) == wide.get((d, dv), (128, 3))
 
 
+@pytest.mark.parametrize("name,d,want", [("full", 128, 64), ("causal", 128, 32), ("full_document", 128, 32),
+                                          ("full", 64, 64)], ids=lambda x: str(x))
+def test_full_mask_walks_64_row_query_tiles_in_dkdv(name, d, want):
+    """The one mask-dependent default: a mask keeping every pair takes ``dkdv_block_mq=64`` at
+    D = 128 (measured 1.20x on full, 0.86x on causal); an explicit config still wins."""
+    mask = small_mask(name, 300)
+    assert G.resolve_config(d, torch.bfloat16, mask=mask)["dkdv_block_mq"] == want
+    assert G.resolve_config(d, torch.bfloat16, dict(dkdv_block_mq=32), mask=mask)["dkdv_block_mq"] == 32
+    assert G.resolve_config(d, torch.bfloat16)["dkdv_block_mq"] == G.default_config(d)["dkdv_block_mq"]
+
+
 def test_deterministic_refuses_explicit_fused_and_drops_cached_fused(monkeypatch):
     """Mirror of the plain-Triton ``fused_dq`` rule: the fused Gluon backward adds dQ by atomics."""
     from longca_triton.kernels import config as C
@@ -243,13 +254,14 @@ def test_backend_says_why_it_cannot_run_here():
         answers = {(d, dv): b.supports(Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=d,
                                                  head_dim_v=dv))
                    for d, dv in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64), (128, 128), (100, 100),
-                                 (264, 264), (128, 132))}
+                                 (264, 264), (128, 132), (64, 128), (256, 64), (40, 40))}
     finally:
         GA.device_reason, TB.runs_here = real, real_here
     # offered: the pairs a GPU checked; the other valid dims compile but are refused until then
     for dims in G.GPU_CHECKED_HEAD_DIMS:
         assert answers[dims] == (True, ""), (dims, answers[dims])
-    for dims in ((192, 128), (256, 256), (96, 96), (80, 80)):
+    assert {(192, 128), (256, 256), (96, 96), (80, 80)} <= set(G.GPU_CHECKED_HEAD_DIMS)
+    for dims in ((64, 128), (256, 64), (40, 40)):
         ok, why = answers[dims]
         assert not ok and "not yet passed its GPU tests" in why and "use triton" in why, (dims, why)
     for dims, word in (((100, 100), "100"), ((264, 264), "264"), ((128, 132), "132")):

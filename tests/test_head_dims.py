@@ -318,7 +318,7 @@ def test_gpu_script_config_entries():
     fwd = [n for n, _ in mod.config_entries(256, 256, "fwd")]
     bwd = [n for n, _ in mod.config_entries(192, 128, "bwd")]
     assert fwd == ["default", "old", "fwd64x64w8s2", "fwd128x32w8s3"]
-    assert bwd == ["default", "old", "dkdv32x64w8s2", "dq64x32w8s2"]  # "old" changes dQ too
+    assert bwd == ["default", "old", "dkdv16x64w8s2", "dq64x32w8s2"]  # "old" changes dQ too
     assert [n for n, _ in mod.config_entries(96, 96, "fwd")] == ["default"]
 
 
@@ -332,7 +332,7 @@ def test_gpu_script_configs_smoke(tmp_path, monkeypatch):
                                       str(tmp_path)])
     assert mod.main() == 0
     md = (tmp_path / "configs.md").read_text()
-    for name in ("default", "fwd128x64w8s3", "fwd64x128w4s2", "dkdv64x64w4s3", "sdpa-math"):
+    for name in ("default", "old", "fwd128x64w8s3", "sdpa-math"):
         assert f"| {name}" in md, md
     rows = [__import__("json").loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * (4 + 3) and all(r["status"] == "ok" and r["check"]["ok"] for r in rows)
@@ -350,7 +350,7 @@ def test_gpu_script_configs_smoke_wide_tiles(tmp_path, monkeypatch):
                                       str(tmp_path)])
     assert mod.main() == 0
     rows = [__import__("json").loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
-    assert {r["name"] for r in rows} >= {"default", "old", "fwd64x64w8s2", "dkdv32x64w8s2"}
+    assert {r["name"] for r in rows} >= {"default", "old", "fwd64x64w8s2", "dkdv16x64w8s2"}
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
 
 
@@ -370,7 +370,9 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_default_configs_compile_without_spills_for_hopper():
     """The Hopper defaults at 64, 192/128 and 256 compile for sm_90a (on the CPU) without register
-    spills, within shared memory, and (256 tiles) with two warpgroups per SM."""
+    spills, within shared memory, and (256 tiles) with two warpgroups per SM. One chosen exception:
+    dK/dV at D = 256 (32x64/8 warps) spills a few bytes and still ran 1.36x the spill-free 16x64
+    tile on the H100 (experiments/results/h100/headdim/configs); it may spill no more than that."""
     import json
     import subprocess
     import sys
@@ -385,7 +387,10 @@ def test_default_configs_compile_without_spills_for_hopper():
     rows = json.loads(res.stdout.strip().splitlines()[-1])
     for r in rows:
         assert not r["error"], r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        if (r["dims"], r["kernel"]) == ("256", "dkdv"):
+            assert r["spill_stores"] <= 64 and r["spill_loads"] <= 64, r
+        else:
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
         assert r["blocks_per_sm"] >= 1, r
         if r["dims"] != "64":
             assert r["warps_per_sm"] >= 8, r

@@ -145,10 +145,12 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, war
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
 #: memory per config: ``experiments/results/cpu-aot/headdim_configs.md`` (sm_90a, compiled on a CPU).
 HOPPER_CONFIGS = {
-    # fwd 165 registers, 113 KiB, 1 block of 8 warps per SM; dK/dV 221 registers; dQ 2 blocks per SM;
-    # all spill-free. H100: fwd 386 / 359 TFLOP/s full / causal (0.81 / 0.76x cuDNN)
-    64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
-             DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
+    # H100 (experiments/results/h100/headdim/configs, 16K GQA 64:8): forward 64x128/4 warps/2 stages
+    # (155 registers, 3 blocks per SM) 450 / 439 TFLOP/s full / causal = 0.95 / 0.90x cuDNN, 1.16 /
+    # 1.22x the old 128x128/8 warps/3 stages; dK/dV 64x64/4 warps/3 stages (226 registers) backward
+    # 371 / 370 = 0.82 / 0.84x cuDNN, 1.06 / 1.09x the old 64x128/8 warps; dQ 128x64/8 warps
+    64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, warp_specialize=False,
+             DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
@@ -158,14 +160,16 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
-    # 256 and 192/128 (issue 17, sm_90a AOT; not yet timed): the old forward (64x64, 4 warps) and
-    # dQ (64x32, 4 warps) left one warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second
-    # block fits neither), 0.57x cuDNN. Now two warpgroups: forward 128x64/8 warps/2 stages (228
-    # registers, 192 KiB at 256; 165, 160 KiB at 192/128), dQ 64x64/8 warps (221 / 204 registers).
-    # dK/dV stays 16x64/8 warps: the only spill-free tile at 256 (32x64/8 warps spills 16/36 bytes
-    # there, none at 192/128; 64x64 spills 264 bytes and more)
+    # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
+    # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
+    # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
+    # 192/128), dQ 64x64/8 warps (221 / 204 registers); dK/dV 32x64/8 warps/2 stages (spills 16/36
+    # bytes at 256, none at 192/128, and still the fastest). H100 (experiments/results/h100/headdim/
+    # configs, 16K GQA 64:8, full / causal): 256 forward 535 / 531 TFLOP/s = 0.79 / 0.82x cuDNN
+    # (1.35x the old), backward 165 / 175 = 0.46x (1.36x the 16x64 dK/dV tile); 192/128 forward
+    # 368 / 372 = 0.58 / 0.64x, backward 124 / 129 = 0.44 / 0.27x
     256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
-              DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
+              DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2),
 }
@@ -176,23 +180,23 @@ HOPPER_CONFIGS = {
 #: sm_90a AOT sweep (``experiments/results/cpu-aot/headdim_configs.md`` has their registers).
 HEADDIM_CANDIDATES = {
     64: {
-        # 114 registers: 2 blocks (16 warps) per SM against the default's one
+        # the default before the H100 head-dim run (128x128 forward, 64x128/8 warps dK/dV)
+        "old": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3,
+                    DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3),
+        # 114 registers: 2 blocks (16 warps) per SM; H100 0.96 / 1.00x the default
         "fwd128x64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-        # 155 registers, 3 blocks of 4 warps per SM
-        "fwd64x128w4s2": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
-        # dK/dV 226 registers, 2 blocks of 4 warps
-        "dkdv64x64w4s3": dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3),
     },
     256: {
         "old": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2,
+                    DKDV_BLOCK_M=16, DKDV_BLOCK_N=64,
                     DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=2),
-        # the same 64x64 tile on two warpgroups (165 registers, 161 KiB)
+        # the same 64x64 tile on two warpgroups (165 registers, 161 KiB); H100 0.48x the default
         "fwd64x64w8s2": dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
-        # 210 / 139 registers, 160 / 136 KiB: a deeper ring of narrower key tiles
+        # 210 / 139 registers, 160 / 136 KiB: a deeper ring of narrower key tiles; H100 0.87-0.97x
         "fwd128x32w8s3": dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
-        # dK/dV twice the query rows per step: spills 16/36 bytes at 256, none at 192/128 (223 registers)
-        "dkdv32x64w8s2": dict(DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2),
-        # dQ 193 / 173 registers, 128 / 97 KiB
+        # dK/dV half the query rows per step: the only spill-free dK/dV tile at 256; H100 0.72-0.75x
+        "dkdv16x64w8s2": dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2),
+        # dQ 193 / 173 registers, 128 / 97 KiB; H100 0.87-0.88x
         "dq64x32w8s2": dict(DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=8, dq_num_stages=2),
     },
 }

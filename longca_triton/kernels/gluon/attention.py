@@ -72,10 +72,11 @@ BLOCK_M = 128
 #: differ), and other dims run the plain-Triton backward (``bwd_reason``)
 BWD_HEAD_DIMS = (64, 128)
 #: (D_qk, D_v) pairs whose forward has passed tests/test_gluon_gpu.py on an H100
-#: (experiments/results/h100/gluon/test_gluon_gpu.txt). ``gluon_attention`` takes every head dim
-#: the plain-Triton kernels take; the ``triton-gluon`` backend offers only these until a GPU run
-#: of the padded-dim tests adds the others here.
-GPU_CHECKED_HEAD_DIMS = ((64, 64), (128, 128))
+#: (experiments/results/h100/gluon/test_gluon_gpu.txt: 64, 128; gluon/run2/gluon_gpu_new.txt:
+#: ``test_padded_head_dims`` at 80, 96, 192/128, 256 on four shapes each, and gluon/run2/
+#: headdims_diag.jsonl). ``gluon_attention`` takes every head dim the plain-Triton kernels take;
+#: the ``triton-gluon`` backend offers only these until a GPU run of the tests adds others here.
+GPU_CHECKED_HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256))
 #: dynamic shared memory one CTA may use on sm_90 (227 KB)
 SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
@@ -105,9 +106,16 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     tiles lose 10-20 %. Backward (gluon_bwd_configs.log): rings of 3 for dQ and 2 for dK/dV beat 2/3
     by 14-17 % (full 69.8 -> 59.7 ms, causal 32.2 -> 26.7 ms).
 
-    Compile-checked guesses, not timed (tests/test_gluon.py: no spills at 240 registers, shared
-    memory within ``SMEM_LIMIT``): D = 64 (and any padded tile <= 128: 80, 96) keeps the 128-row key
-    tiles and 3-stage ring. A 256-wide padded tile (D_qk or D_v in 136..256: 192/128, 256) takes
+    One rule by mask, D = 128 (``resolve_config``, gluon/run2/bwd_configs.log): where the mask
+    keeps every pair (density 1, ``full``) the dK/dV kernel walks 64-row query tiles
+    (``dkdv_block_mq=64``): full 62.2 -> 51.7 ms; on causal the same tiles lose (27.2 -> 31.6 ms),
+    and the masks between were not measured, so they keep 32.
+
+    Forward at the other head dims (gluon/run2/headdims.log, 16K): D = 64 449 / 445 TFLOP/s full /
+    causal (0.94 / 0.95x cuDNN), 96 510 / 464 (1.03x), 192/128 615 / 575 (0.96 / 0.95x), 256 721 / 657
+    (1.04 / 0.99x) with the defaults below, chosen on the CPU (tests/test_gluon.py: no spills at 240
+    registers, shared memory within ``SMEM_LIMIT``): D = 64 (and any padded tile <= 128: 80, 96) keeps
+    the 128-row key tiles and 3-stage ring. A 256-wide padded tile (D_qk or D_v in 136..256: 192/128, 256) takes
     64-row key tiles (FA3 uses 80 at D = 256; ours are powers of two) and the deepest ring up to 3
     that fits: 192/128 3 stages (Q 64 KB, K 32 KB and V 16 KB a stage), 256 2 stages (32 + 32 KB a
     stage). Why not 128-row key tiles there: they fit one stage only and spill at 240 registers
@@ -179,8 +187,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     if head_dim_v is None:
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v
-    cfg = _resolve(_SPEC, default_config(head_dim, dtype, dv), config, q=q, k=k, mask=mask,
-                   v=v if dv != head_dim else None)
+    base = default_config(head_dim, dtype, dv)
+    if head_dim == dv == 128 and mask is not None and getattr(mask, "density", 0.0) >= 1.0:
+        # the one mask-dependent default (default_config's docstring: full 1.20x, causal 0.86x)
+        base["dkdv_block_mq"] = 64
+    cfg = _resolve(_SPEC, base, config, q=q, k=k, mask=mask, v=v if dv != head_dim else None)
     no_bwd = bwd_reason(head_dim, dv)
     if no_bwd:
         if config is not None and config.get("gluon_bwd"):
