@@ -345,6 +345,15 @@ def test_bench_cp_smoke(tmp_path):
     assert launch("smoke", {"masks": "causal_document", "schemes": "ring_p2p", "plans": "zigzag", "modes": "fwd_bwd"},
                   str(tmp_path), peer=False) == 0
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(rows)
+    # ... but a point whose row only said this machine lacked something is retried (as in `bench dense`)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    i = next(n for n, x in enumerate(lines) if (json.loads(x)["scheme"], json.loads(x)["plan"]) == ("ring_p2p", "zigzag"))
+    lines[i] = json.dumps(dict(json.loads(lines[i]), status="unsupported: not installed", unavailable=True))
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    assert launch("smoke", {"masks": "causal_document", "schemes": "ring_p2p", "plans": "zigzag", "modes": "fwd_bwd"},
+                  str(tmp_path), peer=False) == 0
+    after = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(after) == len(rows) + 1 and after[-1]["scheme"] == "ring_p2p" and after[-1]["status"] == "ok"
 
 
 def test_fused_merge_matches_torch_merge():

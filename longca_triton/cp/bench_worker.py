@@ -67,9 +67,10 @@ def _agree(ok: bool, device) -> bool:
 
 
 def worker(cfg: dict) -> int:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
-    from datetime import timedelta
 
     from longca_triton import cp
     from longca_triton.masks import make_mask
@@ -81,14 +82,23 @@ def worker(cfg: dict) -> int:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=int(cfg.get("timeout_s", 600))))
     rank, N = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    from longca_triton.bench.store import ResultStore, collect_env, row_key
+    from longca_triton.bench.store import (
+        ResultStore,
+        collect_env,
+        environment_unsupported,
+        row_key,
+        status_kind,
+    )
     from longca_triton.bench.store import jsonable as _jsonable
 
     out = Path(cfg["out"])
     store = ResultStore(out / "results.jsonl")
     done = set()
     if rank == 0:
-        done = {row_key(r) for r in store.rows() if str(r.get("status", "")).split(":")[0] in ("ok", "unsupported")}
+        # finished: measured, or judged unsupported for the case itself; a row saying only that this
+        # machine lacked something (not installed, no GPU) is retried, as the dense bench does
+        done = {row_key(r) for r in store.rows()
+                if status_kind(r) == "ok" or (status_kind(r) == "unsupported" and not environment_unsupported(r))}
     obj = [done]
     dist.broadcast_object_list(obj, src=0)
     done = obj[0]
