@@ -304,3 +304,17 @@ def test_validation_errors():
         flashmask_attention(q, k, k, "causal")
     for d in (32, 64, 128, 256):
         assert set(default_config(d, torch.bfloat16)) == set(CONFIG_KEYS)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+def test_hopper_defaults_are_the_dense_table(monkeypatch, d):
+    """FlashMask and the dense kernel are compared on equal tiling: its Hopper tiles, warps and
+    stages are read from ``dense.HOPPER_CONFIGS``, never a second copy."""
+    from longca_triton.kernels import dense
+    from longca_triton.kernels import flashmask as FM
+
+    monkeypatch.setattr(FM, "_interpreting", lambda: False)
+    cfg = FM.default_config(d)
+    table = dense.hopper_config(d)
+    assert {k: cfg[k] for k in FM._TILE_KEYS} == {k: table[k] for k in FM._TILE_KEYS}
+    assert cfg["one_launch"] is False

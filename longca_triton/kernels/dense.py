@@ -107,7 +107,7 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
-    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
+    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
     "headdim_candidates",
 ]
 
@@ -214,6 +214,12 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted."""
     if _interpreting():
         return dict(INTERPRETER_CONFIG)
+    return hopper_config(head_dim)
+
+
+def hopper_config(head_dim: int) -> dict:
+    """The ``HOPPER_CONFIGS`` entry for padded head dim ``head_dim`` (a fresh dict), interpreter or
+    not: the FlashMask kernel reads its tiles from here."""
     return dict(HOPPER_CONFIGS[_table_key(head_dim)])
 
 

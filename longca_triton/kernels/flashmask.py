@@ -111,6 +111,7 @@ from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
 from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
+from .dense import hopper_config as dense_hopper_config
 from .dense import launch_bwd_preprocess
 from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
 from .flashmask_fwd import flashmask_classify_kernel, flashmask_fwd_kernel
@@ -147,12 +148,15 @@ CONFIG_KEYS = (
 
 
 def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Launch parameters: the dense kernel's Hopper defaults (same tiles, warps, stages), so the
-    two masking schemes are compared on equal tiling; a small pinned config in the interpreter.
-    The backward runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``).
+    """Launch parameters: the dense kernel's Hopper defaults (``dense.HOPPER_CONFIGS``: the same
+    tiles, warps and stages, read from that one table), so the two masking schemes are compared on
+    equal tiling; a small pinned config in the interpreter. The backward runs as two kernels
+    (``one_launch`` off, ``config.with_one_launch_defaults``).
 
-    Compiled for sm_90a with Triton 3.6 on a CPU host (``triton.compile`` + ``ptxas -v``), not
-    timed on a GPU yet: no register spills at D = 32, 64, 128, 256 except where noted.
+    The table was timed for the dense kernel (its comments carry the H100 numbers); these kernels
+    compile to the same footprint for sm_90a (Triton 3.6 on a CPU host, causal, 16K, GQA 64:8):
+    no register spills at D = 64, 128, 192/128, and at D = 256 the dK/dV kernel spills 32/44 bytes
+    (dense's 16/36, which still ran 1.36x the spill-free 16x64 tile there).
     """
     return with_one_launch_defaults(_tile_config(head_dim))
 
@@ -163,21 +167,15 @@ def _tile_config(head_dim: int) -> dict:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
                     DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1)
-    if head_dim <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3,
-                    DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3)
-    if head_dim <= 128:
-        # dK/dV 32x64/4 warps: two fp32 [BLOCK_N, D] accumulators plus P^T and dP^T (see dense.py);
-        # kept at 3 stages like dense, though with UT-only masks (causal) ptxas spills 4 bytes
-        # there (none at 2 stages)
-        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3,
-                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3)
-    # D=256: as dense, except dQ on 8 warps (4 warps spill 20 bytes here, 8 do not)
-    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2,
-                DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
-                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_num_warps=8, dq_num_stages=2)
+    table = dense_hopper_config(head_dim)
+    return {k: table[k] for k in _TILE_KEYS}
+
+
+#: the keys this kernel shares with the dense table (its own one-launch keys come from
+#: ``with_one_launch_defaults``)
+_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
+              "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
+              "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages")
 
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
