@@ -185,3 +185,17 @@ def test_environment_unsupported_classification(status, env):
 def test_row_key_ignores_the_unavailable_flag():
     r = {"backend": "fa4", "mask": "causal", "seqlen": 1024, "mode": "fwd", "status": "unsupported: x is not installed"}
     assert row_key(r) == row_key(dict(r, unavailable=True))
+
+
+def test_fa2_shadowed_by_fa4s_flash_attn_package_is_an_environment_reason(monkeypatch):
+    """On the H100, flash-attn-4 installs a ``flash_attn`` package without FA2's functions: the fa2
+    row must say FA2 is not installed (so a resume retries it where FA2 is), not blame the case."""
+    import types
+
+    from longca_triton.adapters import flash
+    from longca_triton.bench.store import environment_unsupported
+
+    monkeypatch.setattr(flash, "try_import", lambda name: (types.ModuleType(name), ""))
+    ok, why = flash.FA2().available()
+    assert not ok and "flash-attn / flash_attn is not installed" in why and "flash_attn_func" in why, why
+    assert environment_unsupported({"status": f"unsupported: {why}"})

@@ -72,7 +72,11 @@ class FlashFamily(PlannedBackend):
             return False, f"{pkg} is not installed ({why})"
         for fn in ("flash_attn_func", "flash_attn_varlen_func"):
             if not hasattr(mod, fn):
-                return False, f"{self.module} has no {fn}"
+                # seen on the H100: flash-attn-4 installs a ``flash_attn`` package (``flash_attn.cute``)
+                # that has none of FA2's functions
+                pkg = " / ".join(self.dists) or self.module
+                return False, (f"{pkg} is not installed: the importable {self.module!r} has no {fn} "
+                               f"(another distribution, e.g. flash-attn-4's flash_attn.cute, provides that name)")
         ok, why = super().available()
         if not ok:
             return False, why
