@@ -220,10 +220,98 @@ def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):
     (dict(fused_block_mq=48), "power of two"),
     (dict(fused_stages=1), "fused_stages"),
     (dict(fused_stages=12), "fused_stages"),
+    (dict(split_d=True), "split_d.*nothing to split"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else x)
 def test_bad_configs_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         G.resolve_config(128, torch.bfloat16, bad)
+
+
+# ------------------------------------------------------------------ split head dims (split_d)
+def test_split_pieces_are_two_powers_of_two():
+    """The dims split_d takes, and their pieces: two powers of two D0 > D1 >= 16 (wgmma's k16)."""
+    from longca_triton.kernels.gluon.attention_fwd import (
+        MIN_PIECE,
+        head_pieces,
+        split_pieces,
+    )
+
+    splittable = {d: split_pieces(d) for d in range(8, 257, 8) if split_pieces(d)}
+    assert splittable == {48: (32, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32),
+                          192: (128, 64)}
+    for d, (d0, d1) in splittable.items():
+        assert d0 + d1 == d and d0 > d1 >= MIN_PIECE and not d0 & (d0 - 1) and not d1 & (d1 - 1)
+    # powers of two: nothing to split; 112 = 64 + 32 + 16 (three pieces); 72 = 64 + 8, 40 = 32 + 8
+    # (a piece below k16); 24 = 16 + 8
+    for d in (16, 32, 64, 128, 256, 112, 72, 40, 24, 200, 136):
+        assert split_pieces(d) is None, d
+    # what the kernel works on: the padded tile (second piece 0) unless split_d and the dim splits
+    assert head_pieces(96, 128, False) == (128, 0) and head_pieces(96, 128, True) == (64, 32)
+    assert head_pieces(80, 128, True) == (64, 16) and head_pieces(128, 128, True) == (128, 0)
+    assert head_pieces(112, 128, True) == (128, 0) and head_pieces(192, 256, False) == (256, 0)
+
+
+@pytest.mark.parametrize("d,dv", [(80, 80), (96, 96), (96, 128), (128, 96), (192, 128), (48, 48), (160, 160)],
+                         ids=str)
+def test_split_d_accepted_where_a_dim_splits(d, dv):
+    cfg = G.resolve_config(d, torch.bfloat16, dict(split_d=True), head_dim_v=dv)
+    assert cfg["split_d"] is True
+    assert G.split_d_reason(d, dv) == ""
+    # the split tiles take less shared memory than the padded ones, never more
+    for bn, st in ((cfg["BLOCK_N"], cfg["num_stages"]), (64, 2)):
+        assert (G.smem_bytes(d, bn, st, head_dim_v=dv, split_d=True)
+                < G.smem_bytes(d, bn, st, head_dim_v=dv))
+
+
+@pytest.mark.parametrize("d,dv,match", [
+    (128, 128, "powers of two: nothing to split"), (64, 64, "powers of two"), (64, 128, "powers of two"),
+    (112, 112, "head dim 112 .*not two powers of two"), (72, 72, "head dim 72"),
+    (96, 112, "head dim 112 \\(of 96/112\\)"), (200, 128, "head dim 200"),
+], ids=str)
+def test_split_d_refused_where_no_dim_splits(d, dv, match):
+    assert G.split_d_reason(d, dv)
+    with pytest.raises(ValueError, match=f"config\\['split_d'\\]=True: .*{match}"):
+        G.resolve_config(d, torch.bfloat16, dict(split_d=True), head_dim_v=dv)
+    # off, or other keys only: fine; the default is off at every dim
+    assert not G.resolve_config(d, torch.bfloat16, dict(split_d=False), head_dim_v=dv)["split_d"]
+    assert not G.resolve_config(d, torch.bfloat16, None, head_dim_v=dv)["split_d"]
+
+
+def test_split_d_from_the_autotune_cache_is_dropped_where_it_cannot_split(monkeypatch):
+    import longca_triton.kernels.config as C
+
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(split_d=True))
+    mask = lt.make_mask("causal", 64)
+    for d, want in ((128, False), (112, False), (96, True), (80, True)):
+        q = torch.zeros(1, 64, 2, d)
+        assert G.resolve_config(d, torch.bfloat16, None, q=q, k=q, mask=mask)["split_d"] is want, d
+
+
+def test_split_d_smem_and_deeper_rings():
+    """Split tiles hold the true dims: 96 is Q 2 x 64 x 96 and K + V 128 x (96 + 96) a stage, so a
+    4-stage ring fits where the padded 128-wide one does not (80: 5 stages)."""
+    assert G.smem_bytes(96, 128, 3, split_d=True) == 128 * 96 * 2 + 3 * 128 * 192 * 2 + 1024
+    assert G.smem_bytes(80, 128, 5, split_d=True) == 128 * 80 * 2 + 5 * 128 * 160 * 2 + 1024
+    assert G.smem_bytes(96, 128, 3, head_dim_v=128, split_d=True) == 128 * 96 * 2 + 3 * 128 * 224 * 2 + 1024
+    # a dim that does not split keeps its padded tile even with split_d
+    assert G.smem_bytes(112, 128, 3, split_d=True) == G.smem_bytes(112, 128, 3)
+    assert G.resolve_config(96, torch.bfloat16, dict(split_d=True, num_stages=4))["num_stages"] == 4
+    assert G.resolve_config(80, torch.bfloat16, dict(split_d=True, num_stages=5))["num_stages"] == 5
+    for d, st in ((96, 4), (80, 4), (96, 5), (80, 6)):
+        with pytest.raises(ValueError, match="does not fit"):
+            G.resolve_config(d, torch.bfloat16, dict(num_stages=st, split_d=st > 4 + (d == 80)))
+
+
+def test_o_fits_q_by_piece():
+    """O is staged in Q's buffers (TMA store) where its pieces fit Q's, piece by piece."""
+    from longca_triton.kernels.gluon.attention_fwd import o_fits_q
+
+    assert o_fits_q(96, 96, 128, 128, True) and o_fits_q(80, 80, 128, 128, True)
+    assert o_fits_q(96, 80, 128, 128, True)  # (64, 16) into (64, 32): a view of piece 1
+    assert not o_fits_q(96, 128, 128, 128, True)  # (128, 0) into (64, 32)
+    assert not o_fits_q(80, 96, 128, 128, True)  # piece 1: 32 into 16
+    assert o_fits_q(192, 128, 256, 128, True) and o_fits_q(192, 128, 256, 128, False)
+    assert o_fits_q(96, 128, 128, 128, False) and not o_fits_q(64, 128, 64, 128, True)
 
 
 @pytest.mark.parametrize("d,dv,bad", [
@@ -297,7 +385,7 @@ def test_kernel_entry_checks_inputs_before_any_launch():
 
 # ------------------------------------------------------------------ sm_90a compilation (no GPU)
 _COMPILE = textwrap.dedent("""
-    import json, os
+    import json, os, re
     os.environ["TRITON_INTERPRET"] = "0"
     from longca_triton.kernels.gluon.aot import compile_bwd, compile_fwd, ptxas_info
     cases = [("d128", 128, None, {}), ("d64", 64, None, {}),
@@ -309,7 +397,12 @@ _COMPILE = textwrap.dedent("""
              # padded head dims: true dims as descriptor shapes, power-of-two tiles
              ("d96", 96, None, {}), ("d192-128", 192, None, dict(head_dim_v=128)), ("d256", 256, None, {}),
              ("d64-128", 64, None, dict(head_dim_v=128)),
-             ("fp32-out-192-128", 192, None, dict(store_tma=False, dtype="fp16", head_dim_v=128))]
+             ("fp32-out-192-128", 192, None, dict(store_tma=False, dtype="fp16", head_dim_v=128)),
+             # split head dims: two exact power-of-two pieces per operand (split_d)
+             ("d96-split", 96, dict(split_d=True), {}), ("d80-split", 80, dict(split_d=True), {}),
+             ("d96-split-st4", 96, dict(split_d=True, num_stages=4), dict(has_partial=False, num_iv=1)),
+             ("fp32-out-d96-split", 96, dict(split_d=True), dict(store_tma=False, dtype="fp16")),
+             ("d96-128-split", 96, dict(split_d=True), dict(head_dim_v=128))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -329,6 +422,8 @@ _COMPILE = textwrap.dedent("""
         print(json.dumps(dict(name=name, d=d, dv=kw.get("head_dim_v", d), shared=c.shared,
                               regs=sorted(set(c.setmaxnreg())), wgmma=c.count(r"wgmma\\.mma_async"),
                               wait1=c.count(r"wgmma\\.wait_group\\.sync\\.aligned 1;"),
+                              wait2=c.count(r"wgmma\\.wait_group\\.sync\\.aligned 2;"),
+                              mma_shapes=sorted(set(re.findall(r"wgmma\\.mma_async\\S*\\.(m64n\\d+k16)", c.ptx))),
                               tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
                               tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
                               **info)))
@@ -361,6 +456,29 @@ def test_every_variant_compiles_for_sm90a():
         # 4 B for dK/dV at D=128); the skewed dK/dV variant trades spills for overlap
         if name != "dkdv-skew":
             assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
+    split = {n: rows.pop(n) for n in [n for n in rows if "split" in n]}
+    assert set(split) == {"d96-split", "d80-split", "d96-split-st4", "fp32-out-d96-split", "d96-128-split"}
+    for name, r in split.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert {240, 24} <= set(r["regs"]) and r["shared"] <= G.SMEM_LIMIT, r
+    # per consumer: S_0, then per loop step S_j and P V, then the last P V; at 96 Q K^T takes 4 + 2
+    # k16 steps (n128), P V 8 k16 steps each of n64 and n32: 2 x (6 + 6 + 16 + 16) = 88 (the
+    # padded 128-wide tile: 64); at 80, 4 + 1 k-steps and n64 + n16: 2 x (5 + 5 + 16 + 16) = 84
+    assert split["d96-split"]["wgmma"] == 88 and split["d80-split"]["wgmma"] == 84, split
+    assert split["d96-split"]["mma_shapes"] == ["m64n128k16", "m64n32k16", "m64n64k16"], split["d96-split"]
+    assert "m64n16k16" in split["d80-split"]["mma_shapes"]
+    # S_j is waited for with both P V groups still in flight (wait_group 2, one per consumer)
+    for name in ("d96-split", "d80-split", "d96-split-st4", "fp32-out-d96-split"):
+        assert split[name]["wait2"] == 2 and split[name]["wait1"] == 0, split[name]
+    # Q K^T split only (V 128 is one tile): one P V group, the usual wait_group 1
+    assert split["d96-128-split"]["wait1"] == 2 and split["d96-128-split"]["wgmma"] == 2 * (6 + 6 + 8 + 8)
+    # O leaves by two TMA stores (one per piece) unless it is fp32 or its pieces do not fit Q's
+    assert split["d96-split"]["tma_store"] >= 2 and split["fp32-out-d96-split"]["tma_store"] == 0
+    assert split["d96-128-split"]["tma_store"] == 0
+    for name, d, dv, st in (("d96-split", 96, 96, 3), ("d80-split", 80, 80, 3), ("d96-split-st4", 96, 96, 4),
+                            ("d96-128-split", 96, 128, 3)):
+        est = G.smem_bytes(d, 128, st, head_dim_v=dv, split_d=True)
+        assert est - 1024 <= split[name]["shared"] <= est, (name, split[name]["shared"], est)
     assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "fp32-out", "regs232", "d96", "d192-128",
                          "d256", "d64-128", "fp32-out-192-128"}
     for name, r in rows.items():
@@ -542,7 +660,33 @@ def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
     assert (kw["HEAD_DIM_QK"], kw["HEAD_DIM_V"], kw["BLOCK_DQK"], kw["BLOCK_DV"]) == (d, dv, pad(d), pad(dv))
     assert kw["BLOCK_N"] == cfg["BLOCK_N"] and kw["NUM_STAGES"] == cfg["num_stages"]
     assert kw["STORE_TMA"] == store_tma
+    assert kw["SPLIT_D"] is False, "split_d is off by default"
     # a float32 output (context parallelism's partials) always takes the masked pointer store
     fwd.calls.clear()
     out, _ = G.gluon_fwd(q, k, v, plan, 0.125, cfg, out_dtype=f32)
     assert out.shape[-1] == dv and out.dtype == f32 and not fwd.calls[0][2]["STORE_TMA"]
+
+
+@pytest.mark.parametrize("d,dv,store_tma", [(96, 96, True), (80, 80, True), (96, 128, False), (192, 128, True)],
+                         ids=lambda x: str(x))
+def test_forward_launcher_binds_split_d(monkeypatch, d, dv, store_tma):
+    """split_d reaches the kernel as SPLIT_D; the padded tiles stay the BLOCK_D* constexprs (the
+    kernel derives its pieces from both); O leaves by TMA where its pieces fit Q's."""
+    from longca_triton.kernels.gluon import attention_fwd
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
+    monkeypatch.setattr(attention_fwd, "gluon_fwd_kernel", fwd)
+    mask = random_range_mask(300, 200, seed=4)
+    q = torch.randn(2, 300, 4, d, dtype=torch.bfloat16)
+    k = torch.randn(2, 200, 2, d, dtype=torch.bfloat16)
+    v = torch.randn(2, 200, 2, dv, dtype=torch.bfloat16)
+    cfg = G.resolve_config(d, torch.bfloat16, dict(split_d=True), head_dim_v=dv)
+    plan = get_ws_plan(mask, G.BLOCK_M, cfg["BLOCK_N"], "cpu")
+    out, lse = G.gluon_fwd(q, k, v, plan, 0.125, cfg)
+    assert out.shape == (2, 300, 4, dv) and lse.shape == (2, 4, 300)
+    _check_binding(fwd, {"Q": torch.bfloat16, "K": torch.bfloat16, "V": torch.bfloat16, "Out": torch.bfloat16,
+                         "Lse": torch.float32})
+    kw = fwd.calls[0][2]
+    assert kw["SPLIT_D"] is True and kw["STORE_TMA"] == store_tma
+    assert (kw["HEAD_DIM_QK"], kw["HEAD_DIM_V"]) == (d, dv)

@@ -3,7 +3,8 @@
 bf16 at awkward sizes against a float32 reference (the chunked reference, TF32 off): random
 overlapping ``RangeMask``s with fully masked rows, ``Sq != Sk``, GQA, every static mask, head dims
 64 and 128 and the padded ones (80, 96, 192/128, 256: the forward on power-of-two tiles, the
-plain-Triton backward, which those dims get automatically), both ping-pong settings, 64- and
+plain-Triton backward, which those dims get automatically), the split ones (``split_d``: 80, 96,
+96/128, 128/96, 192/128 as two exact power-of-two pieces per operand), both ping-pong settings, 64- and
 128-row key tiles, fwd and bwd (the Gluon dQ and dK/dV kernels, the fused Gluon backward with
 ``bwd_design="fused"``, and the plain-Triton backward with ``gluon_bwd=False``). The bar is PyTorch's own bf16 attention on the
 same inputs (SDPA with the boolean mask): our error must stay within 2x of its error (plus 1e-3
@@ -118,6 +119,76 @@ def test_padded_head_dims(sq, sk, seed, D, Dv):
 def test_padded_head_dims_configs(D, Dv, config):
     """Other rings and key tiles at padded dims; D_v wider than D_qk (O by the masked pointer store)."""
     _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 2, D, config=config, Dv=Dv)
+
+
+SPLIT = [(80, 80), (96, 96)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv", SPLIT, ids=lambda d: str(d))
+@pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
+def test_split_head_dims(sq, sk, seed, D, Dv):
+    """``split_d``: Q, K, V, O as two exact pieces (80 = 64 + 16, 96 = 64 + 32: two descriptors
+    each, S = Q0 K0^T + Q1 K1^T, O0 = P V0 and O1 = P V1, two TMA stores), GQA, Sq != Sk, rows
+    that attend nothing; the backward is the plain-Triton one."""
+    mask = random_range_mask(sq, sk, seed, n_slices=6)
+    _check(mask, 8, 2, D, config=dict(split_d=True), seed=seed, Dv=Dv)
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv,config", [
+    (96, 96, dict(num_stages=4)), (80, 80, dict(num_stages=5)), (96, 96, dict(BLOCK_N=64, num_stages=4)),
+    (80, 80, dict(BLOCK_N=64)), (96, 96, dict(pingpong=True, num_stages=2)), (96, 96, dict(num_stages=1)),
+    # one operand splits, the other is one tile: Q K^T only (O by the pointer store), P V only
+    (96, 128, None), (128, 96, None),
+    # 192 as 128 + 64 (instead of a 256-wide tile with a zero quarter), D_v 128 one tile
+    (192, 128, None), (160, 160, None), (48, 48, None),
+], ids=str)
+def test_split_head_dims_configs(D, Dv, config):
+    """Deeper rings (the split tiles need less shared memory), 64-row key tiles, ping-pong, one
+    stage; mixed split / power-of-two operands; the other dims that split."""
+    _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 2, D, config=dict(config or {}, split_d=True),
+           Dv=Dv)
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv", [(96, 96), (80, 80), (96, 128)], ids=str)
+def test_split_head_dims_fp32_partial_output(D, Dv):
+    """The float32 partial output through the pointer store, one store per piece (columns D0..)."""
+    from longca_triton.kernels.gluon.attention import gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    mask = random_range_mask(700, 900, seed=2, n_slices=6)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = (torch.randn(1, n, 4, D, device="cuda", dtype=torch.bfloat16, generator=g) for n in (700, 900))
+    v = torch.randn(1, 900, 4, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    cfg = resolve_config(D, torch.bfloat16, dict(split_d=True), head_dim_v=Dv)
+    plan = get_ws_plan(mask, 128, cfg["BLOCK_N"], "cuda")
+    out, lse = gluon_fwd(q, k, v, plan, D ** -0.5, cfg, out_dtype=torch.float32)
+    ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
+    rows = mask.to_dense().cuda().any(1)
+    assert out.dtype == torch.float32 and out.shape == (1, 700, 4, Dv)
+    assert torch.all(out[:, ~rows] == 0)
+    assert _rel(out, ref, rows) <= 2e-2
+
+
+@needs_sm90
+def test_split_matches_padded():
+    """The split forward and the padded one compute the same sums in another order: close to each
+    other (bf16 output rounding apart), on every static mask at D = 96."""
+    from longca_triton.kernels.gluon.attention import gluon_attention
+
+    for name in STATIC_MASK_NAMES:
+        mask = small_mask(name, 1500, seed=7)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v = (torch.randn(1, 1500, h, 96, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for h in (8, 2, 2))
+        a, la = gluon_attention(q, k, v, mask, return_lse=True)
+        b, lb = gluon_attention(q, k, v, mask, return_lse=True, config=dict(split_d=True))
+        assert torch.equal(torch.isinf(la), torch.isinf(lb)), name
+        fin = torch.isfinite(la)
+        assert (la[fin] - lb[fin]).abs().max().item() <= 1e-4, name
+        assert _rel(b, a) <= 1e-2, name
 
 
 @needs_sm90

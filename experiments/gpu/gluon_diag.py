@@ -5,6 +5,9 @@ timing of the forward and backward next to the plain-Triton kernels and cuDNN.
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT [--budget 300]
     # the padded head dims only (cases, then the forward timed next to sdpa-cudnn at each):
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --head-dims 96,192/128,256,64
+    # ... and a Gluon config next to the default one (issue 17: split head dims vs padded tiles)
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --head-dims 96,80,128 --fwd-only \
+        --config-json '{"split_d": true}'
 
 Per case (bf16, against the float32 chunked reference with TF32 off):
 
@@ -15,7 +18,10 @@ Per case (bf16, against the float32 chunked reference with TF32 off):
   (skipped at head dims the Gluon backward does not take: the padded ones, D_v != D_qk);
 * ``bwd_triton``: the plain-Triton backward after the Gluon forward (``gluon_bwd=False``);
 * ``bwd_fused``: the fused Gluon backward (``bwd_design="fused"``: one kernel, dQ by atomics;
-  skipped where ``bwd`` is).
+  skipped where ``bwd`` is);
+* ``fwd+<key=value,...>``: with ``--config-json``, the forward with each of those configs, checked
+  like ``fwd`` (skipped where ``resolve_config`` refuses it, e.g. ``split_d`` at a power-of-two
+  dim). The timing then has a ``triton-gluon+<key=value,...>`` row per config next to the default.
 
 Each stage records ``ok`` / the error text and the traceback's last lines, so one failing kernel
 still lets the others report. Rows go to ``<out>/gluon_diag.jsonl`` as they finish.
@@ -50,6 +56,8 @@ CASES = [
     ("random-777x2049-D192/128-gqa", "random", 777, 2049, 4, 2, 192, 128),
     ("causal-1000-D96-gqa", "causal", 1000, 1000, 4, 2, 96),
     ("random-2048x300-D80", "random", 2048, 300, 2, 2, 80),
+    ("random-777x2049-D96-gqa", "random", 777, 2049, 4, 2, 96),
+    ("full-1024-D80-gqa", "full", 1024, 1024, 4, 2, 80),
     ("random-1000x1000-D256-gqa", "random", 1000, 1000, 8, 2, 256),
     ("full-1024-D64/128", "full", 1024, 1024, 2, 2, 64, 128),
 ]
@@ -77,7 +85,54 @@ def _tail(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])[-3000:]
 
 
-def run_case(idx: int) -> dict:
+def _extra_configs(text: str | None) -> list[dict]:
+    """``--config-json``: one config object or a list of them (Gluon ``CONFIG_KEYS``)."""
+    if not text:
+        return []
+    val = json.loads(text)
+    return [val] if isinstance(val, dict) else list(val)
+
+
+def _label(cfg: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def _config_reason(cfg: dict, d: int, dv: int) -> str:
+    """Why ``cfg`` cannot run at these head dims (empty when it can): ``resolve_config``'s error."""
+    import torch
+
+    from longca_triton.kernels.gluon.attention import resolve_config
+
+    try:
+        resolve_config(d, torch.bfloat16, cfg, head_dim_v=dv)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _fwd_check(q, k, v, mask, ref, ref_lse, rows, config=None) -> dict:
+    """The Gluon forward alone against the reference: error, lse, empty rows, the -inf pattern."""
+    import torch
+
+    from longca_triton.kernels.gluon.attention import gluon_attention
+
+    t0 = time.time()
+    try:
+        with torch.no_grad():
+            out, lse = gluon_attention(q, k, v, mask, return_lse=True, config=config)
+        torch.cuda.synchronize()
+        fin = torch.isfinite(ref_lse)
+        return dict(
+            ok=True, s=round(time.time() - t0, 1), err_out=_rel(out, ref, rows),
+            lse_maxdiff=(lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0,
+            nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
+            empty_rows_zero=bool(torch.all(out[:, ~rows] == 0)),
+            lse_inf_pattern=bool(torch.equal(torch.isinf(lse), torch.isinf(ref_lse))))
+    except Exception as e:  # noqa: BLE001 -- recorded, the next stage still runs
+        return dict(ok=False, s=round(time.time() - t0, 1), error=_tail(e))
+
+
+def run_case(idx: int, extra: list | None = None) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -106,21 +161,12 @@ def run_case(idx: int) -> dict:
     pt = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense).transpose(1, 2)
     row["bar_out"] = _rel(pt, ref, rows)
 
-    t0 = time.time()
-    try:
-        with torch.no_grad():
-            out, lse = gluon_attention(q, k, v, mask, return_lse=True)
-        torch.cuda.synchronize()
-        fin = torch.isfinite(ref_lse)
-        row["fwd"] = dict(
-            ok=True, s=round(time.time() - t0, 1), err_out=_rel(out, ref, rows),
-            lse_maxdiff=(lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0,
-            nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
-            empty_rows_zero=bool(torch.all(out[:, ~rows] == 0)),
-            lse_inf_pattern=bool(torch.equal(torch.isinf(lse), torch.isinf(ref_lse))))
-    except Exception as e:  # noqa: BLE001 -- recorded, the next stage still runs
-        row["fwd"] = dict(ok=False, s=round(time.time() - t0, 1), error=_tail(e))
+    row["fwd"] = _fwd_check(q, k, v, mask, ref, ref_lse, rows)
+    if not row["fwd"]["ok"]:
         return row
+    for cfg in extra or []:
+        why = _config_reason(cfg, d, dv)
+        row[f"fwd+{_label(cfg)}"] = dict(skipped=why) if why else _fwd_check(q, k, v, mask, ref, ref_lse, rows, cfg)
     for stage, cfg in (("bwd", dict(gluon_bwd=True)), ("bwd_triton", dict(gluon_bwd=False)),
                        ("bwd_fused", dict(gluon_bwd=True, bwd_design="fused"))):
         if stage != "bwd_triton" and bwd_reason(d, dv):
@@ -143,11 +189,12 @@ def run_case(idx: int) -> dict:
     return row
 
 
-def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False) -> list:
+def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False, extra: list | None = None) -> list:
     """Forward and backward (``fwd_only``: forward) TFLOP/s at ``S`` of the plain-Triton kernel,
-    the Gluon one and PyTorch's cuDNN SDPA (full and causal; it takes D_v != D_qk since torch 2.5,
-    an error is recorded otherwise), B=1, GQA 64:8, bf16, head dims ``d``/``dv``. The FLOP count
-    is that of the true dims (``mask.flops(hq, d, mode, dv)``)."""
+    the Gluon one (its default config, and each of ``extra`` that is valid at these dims as
+    ``triton-gluon+<key=value,...>``) and PyTorch's cuDNN SDPA (full and causal; it takes
+    D_v != D_qk since torch 2.5, an error is recorded otherwise), B=1, GQA 64:8, bf16, head dims
+    ``d``/``dv``. The FLOP count is that of the true dims (``mask.flops(hq, d, mode, dv)``)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -171,6 +218,11 @@ def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False) -> l
             "triton": lambda c=None: dense_attention(q, k, v, mask),
             "triton-gluon": lambda: gluon_attention(q, k, v, mask),
         }
+        gluon_cfgs = {"triton-gluon": None}
+        for cfg in extra or []:
+            if not _config_reason(cfg, d, dv):
+                gluon_cfgs[f"triton-gluon+{_label(cfg)}"] = cfg
+                fns[f"triton-gluon+{_label(cfg)}"] = lambda cfg=cfg: gluon_attention(q, k, v, mask, config=cfg)
         if name in ("full", "causal"):
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
@@ -197,8 +249,11 @@ def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False) -> l
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=name == "causal", enable_gqa=True)
                     do = dout.transpose(1, 2)
+                elif b == "triton":
+                    o = dense_attention(qg, kg, vg, mask)
+                    do = dout
                 else:
-                    o = (dense_attention if b == "triton" else gluon_attention)(qg, kg, vg, mask)
+                    o = gluon_attention(qg, kg, vg, mask, config=gluon_cfgs[b])
                     do = dout
                 t = time_fn(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
                             max_ms=3000)["median_ms"]
@@ -261,17 +316,21 @@ def main() -> None:
                     help="only the cases at these head dims (D or D_qk/D_v, e.g. 96,192/128,256), then a "
                          "timing at each (default: every case, one timing at D=128)")
     ap.add_argument("--fwd-only", action="store_true", help="time the forward only")
+    ap.add_argument("--config-json", default=None, metavar="JSON",
+                    help="Gluon config(s) to check and time next to the default: a JSON object or list of "
+                         "them, e.g. '{\"split_d\": true}' (skipped at dims where resolve_config refuses it)")
     ap.add_argument("--dims", default="128", help=argparse.SUPPRESS)
     args = ap.parse_args()
     parse = lambda t: tuple(int(x) for x in t.split("/")) * (2 if "/" not in t else 1)  # noqa: E731
+    extra = _extra_configs(args.config_json)
     if args.case is not None:
-        print("ROW " + json.dumps(run_case(args.case)), flush=True)
+        print("ROW " + json.dumps(run_case(args.case, extra)), flush=True)
         return
     if args.bwd_configs is not None:
         run_bwd_configs(args.bwd_configs)
         return
     if args.timing is not None:
-        for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only):
+        for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only, extra=extra):
             print("ROW " + json.dumps(r), flush=True)
         return
     out = Path(args.out)
@@ -279,6 +338,9 @@ def main() -> None:
     t_end = time.time() + args.budget
     jl = out / "gluon_diag.jsonl"
     fwd_ok = False
+    # (config label, D_qk, D_v) of extra configs that failed a case's forward check: not timed at
+    # those dims (numerics first)
+    failed: set = set()
     if args.head_dims:
         dims = [parse(t.strip()) for t in args.head_dims.split(",")]
         jobs = [("case", i) for i in range(len(CASES)) if _dims(CASES[i]) in dims]
@@ -297,6 +359,12 @@ def main() -> None:
         if kind == "timing":
             cmd = [sys.executable, __file__, "--timing", str(arg[0]), "--dims", arg[1]]
             cmd += ["--fwd-only"] if args.fwd_only else []
+        at = parse(arg[1]) if kind == "timing" else None
+        timed = [c for c in extra if kind == "case" or (_label(c), *at) not in failed]
+        cmd += ["--config-json", json.dumps(timed)] if timed else []
+        if kind == "timing" and len(timed) < len(extra):
+            print(f"timing at {arg[1]} without {[_label(c) for c in extra if c not in timed]}: their forward "
+                  "failed a case there")
         t0 = time.time()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(left, 240 if kind == "case" else 200))
@@ -312,6 +380,11 @@ def main() -> None:
                 f.write(json.dumps(r) + "\n")
                 print(json.dumps(r)[:1500], flush=True)
                 fwd_ok |= bool(r.get("fwd", {}).get("ok") and r["fwd"].get("err_out", 1) < 0.05)
+                for c in extra:
+                    st = r.get(f"fwd+{_label(c)}")
+                    if st is not None and "skipped" not in st and not (st.get("ok") and st.get("err_out", 1) < 0.05
+                                                                       and st.get("empty_rows_zero")):
+                        failed.add((_label(c), r.get("D"), r.get("D_v")))
 
 
 if __name__ == "__main__":

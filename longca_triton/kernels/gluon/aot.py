@@ -6,6 +6,7 @@ reading the kernel can dump its TTGIR / PTX the same way::
 
     python -m longca_triton.kernels.gluon.aot --head-dim 128 --dump /tmp/fwd
     python -m longca_triton.kernels.gluon.aot --kernel fwd --head-dim 192 --head-dim-v 128
+    python -m longca_triton.kernels.gluon.aot --head-dim 96 --split-d --stages 4
 """
 
 from __future__ import annotations
@@ -72,21 +73,22 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
                 head_dim_v: int | None = None) -> Compiled:
     """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)
     at D_qk = ``head_dim`` and D_v = ``head_dim_v`` (default D_qk). ``store_tma`` as the launcher
-    sets it: only where O's padded tile fits in Q's buffer (``BLOCK_DV <= BLOCK_DQK``)."""
+    sets it: only where O's tiles fit in Q's buffers (``attention_fwd.o_fits_q``: ``BLOCK_DV <=
+    BLOCK_DQK``, piece by piece with ``split_d``)."""
     import torch
 
     from .._runtime import head_dim_meta
     from .attention import _regs, resolve_config
-    from .attention_fwd import gluon_fwd_kernel
+    from .attention_fwd import gluon_fwd_kernel, o_fits_q
 
     dv = head_dim if head_dim_v is None else head_dim_v
     c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
     producer, maxnreg = _regs(c["consumer_regs"])
     dims = head_dim_meta(head_dim, dv)
-    store_tma = store_tma and dims["BLOCK_DV"] <= dims["BLOCK_DQK"]
+    store_tma = store_tma and o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"])
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
-                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer)
+                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 
@@ -133,11 +135,13 @@ def main(argv=None) -> None:
                     help="the kernel's tile key: BLOCK_N (fwd), dq_block_n, dkdv_block_mq, fused_block_mq")
     ap.add_argument("--stages", type=int, default=None, help="the kernel's ring depth")
     ap.add_argument("--pingpong", action=argparse.BooleanOptionalAction, default=None, help="forward only")
+    ap.add_argument("--split-d", action=argparse.BooleanOptionalAction, default=None,
+                    help="forward only: a non-power-of-two head dim as two exact pieces (config split_d)")
     ap.add_argument("--dump", help="write <DUMP>.ttgir and <DUMP>.ptx")
     a = ap.parse_args(argv)
     tile_key, stages_key = _KNOBS[a.kernel]
-    cfg = {k: v for k, v in ((tile_key, a.tile), (stages_key, a.stages), ("pingpong", a.pingpong))
-           if v is not None}
+    cfg = {k: v for k, v in ((tile_key, a.tile), (stages_key, a.stages), ("pingpong", a.pingpong),
+                             ("split_d", a.split_d)) if v is not None}
     if a.kernel == "fwd":
         c = compile_fwd(a.head_dim, cfg or None, head_dim_v=a.head_dim_v)
     else:
@@ -149,9 +153,11 @@ def main(argv=None) -> None:
 
     r = resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v)
     print(f"{a.kernel} D={a.head_dim}" + (f"/{a.head_dim_v}" if a.head_dim_v else "")
-          + f" {tile_key}={r[tile_key]} {stages_key}={r[stages_key]}: "
+          + f" {tile_key}={r[tile_key]} {stages_key}={r[stages_key]}"
+          + (" split_d" if a.kernel == "fwd" and r["split_d"] else "") + ": "
           f"shared {c.shared} B, setmaxnreg {sorted(set(c.setmaxnreg()))}, "
-          f"wgmma {c.count('wgmma.mma_async')}, registers {info['registers']}, "
+          f"wgmma {c.count('wgmma.mma_async')}, wait_group {c.count('wgmma.wait_group')}, "
+          f"registers {info['registers']}, "
           f"spills {info['spill_stores']}/{info['spill_loads']} B")
     if a.dump:
         for ext, text in (("ttgir", c.ttgir), ("ptx", c.ptx)):

@@ -9,7 +9,8 @@ dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring
 
 Head dims: the forward takes every head dim our plain-Triton kernels take (multiples of 8 up to
 256, D_v may differ from D_qk: 64, 80, 96, 128, 192/128, 256...) on power-of-two tiles
-(``attention_fwd``'s docstring); the Gluon backward only 64 and 128 with D_v == D_qk
+(``attention_fwd``'s docstring), or with ``split_d`` a dim that is two powers of two (80 = 64 + 16,
+96 = 64 + 32) as two exact pieces; the Gluon backward only 64 and 128 with D_v == D_qk
 (``BWD_HEAD_DIMS``), other dims run the plain-Triton backward (``gluon_bwd`` is turned off,
 ``bwd_reason`` says why).
 
@@ -21,6 +22,10 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
 * ``consumer_regs``: registers per thread of each consumer warpgroup (``setmaxnreg``). The SM's
   65536 registers over three warpgroups of 128 threads allow 504 per thread summed over the three;
   the producer gets ``504 - 2 * consumer_regs`` (240 / 240 / 24 is FA3's split).
+* ``split_d``: run a head dim that is not a power of two as two exact power-of-two pieces (96 =
+  64 + 32: two TMA descriptors per operand, ``S = Q0 K0^T + Q1 K1^T``, two ``P V`` accumulators;
+  ``attention_fwd``'s docstring) instead of one zero-padded tile (96 -> 128). Off by default
+  until a GPU has measured it; ``split_d_reason`` says which dims it takes.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``); ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
@@ -58,11 +63,12 @@ from ..core import LOG2E
 from ..dense import check_deterministic as dense_check_deterministic
 from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
+from .attention_fwd import head_pieces, o_fits_q, split_pieces
 from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
+    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
 ]
 
 #: query-tile rows per CTA: two consumer warpgroups of 64 rows
@@ -82,13 +88,13 @@ SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
 REG_BUDGET = 504
 
-CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "gluon_bwd",
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                "bwd_design", "fused_block_mq", "fused_stages")
 BWD_DESIGNS = ("split", "fused")
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
-                   bool_keys=("pingpong", "dkdv_skew", "gluon_bwd"),
+                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd"),
                    tuned_name="triton-gluon")
 
 
@@ -121,6 +127,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     stage). Why not 128-row key tiles there: they fit one stage only and spill at 240 registers
     (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
     ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
+
+    ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off: compiled
+    on the CPU only (experiments/results/cpu-aot/gluon_split_d.md), not yet timed or checked on a
+    GPU. With it on, the ring depth default stays the padded one's (a split tile needs less shared
+    memory, so a deeper ring may fit: 4 stages at 96, 5 at 80).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
@@ -129,7 +140,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
-    return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=240,
+    return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=240, split_d=False,
                 gluon_bwd=not bwd_reason(head_dim, dv),
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -143,12 +154,14 @@ def fused_split_d(head_dim: int) -> bool:
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
-               head_dim_v: Optional[int] = None) -> int:
+               head_dim_v: Optional[int] = None, split_d: bool = False) -> int:
     """Shared memory of one forward CTA, an upper bound: Q (two 64-row tiles of the padded D_qk,
     reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
-    D_qk) tiles, and 1 KB for the mbarriers and the allocator's alignment. ``head_dim``: D_qk."""
-    dqk = block_head_dim(head_dim)
-    dv = block_head_dim(head_dim if head_dim_v is None else head_dim_v)
+    D_qk) tiles, and 1 KB for the mbarriers and the allocator's alignment. ``head_dim``: D_qk.
+    With ``split_d`` a dim that splits takes its true width (its two pieces), not the padded one."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    dqk = sum(head_pieces(head_dim, block_head_dim(head_dim), split_d))
+    dv = sum(head_pieces(dv, block_head_dim(dv), split_d))
     q = BLOCK_M * dqk * elem
     ring = num_stages * block_n * (dqk + dv) * elem
     return q + ring + 1024
@@ -161,6 +174,23 @@ def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
         return ""
     return (f"the Gluon backward takes head dims {BWD_HEAD_DIMS} with D_v == D_qk, not "
             f"{head_dim_label(head_dim, dv)}; the plain-Triton backward runs instead (gluon_bwd=False)")
+
+
+def split_d_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
+    """Why ``split_d`` cannot take these head dims (empty when it can): at least one of D_qk, D_v
+    must not be a power of two, and each one that is not must be two powers of two ``D0 > D1 >=
+    16`` (``attention_fwd.split_pieces``: 48, 80, 96, 144, 160, 192). A power-of-two dim keeps its
+    one tile (96/128 splits Q K^T only)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    odd = [d for d in dict.fromkeys((head_dim, dv)) if d & (d - 1)]
+    label = head_dim_label(head_dim, dv)
+    if not odd:
+        return f"head dims {label} are powers of two: nothing to split (split_d is for 80, 96, ...)"
+    bad = [d for d in odd if split_pieces(d) is None]
+    if bad:
+        return (f"head dim {bad[0]} (of {label}) is not two powers of two D0 > D1 >= 16 (wgmma's k16 step): "
+                f"split_d takes 48, 80, 96, 144, 160, 192; use split_d=False (a zero-padded tile)")
+    return ""
 
 
 def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: int = 2) -> int:
@@ -183,7 +213,8 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     validated: tiles, ring depth against shared memory, the register split. ``head_dim`` is D_qk,
     ``head_dim_v`` D_v (else ``v``'s, else D_qk). Where the Gluon backward cannot take the dims
     (``bwd_reason``) ``gluon_bwd`` is turned off, silently when it came from the defaults or the
-    autotune cache, with ValueError when ``config`` asks for it."""
+    autotune cache, with ValueError when ``config`` asks for it; ``split_d`` likewise where the
+    dims do not split (``split_d_reason``)."""
     if head_dim_v is None:
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v
@@ -197,10 +228,16 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         if config is not None and config.get("gluon_bwd"):
             raise ValueError(f"config['gluon_bwd']=True: {no_bwd}")
         cfg["gluon_bwd"] = False
+    if cfg["split_d"]:
+        no_split = split_d_reason(head_dim, dv)
+        if no_split:
+            if config is not None and config.get("split_d"):
+                raise ValueError(f"config['split_d']=True: {no_split}")
+            cfg["split_d"] = False
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     stages = int(cfg["num_stages"])
-    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv)
+    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"])
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
@@ -284,6 +321,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     ensure_allocator(q.device)
     producer_regs, maxnreg = _regs(cfg["consumer_regs"])
     dims = head_dim_meta(d, dv)
+    split = cfg["split_d"]
     grid = (tiles.num_m * b * hq,)
     gluon_fwd_kernel[grid](
         q, k, v, out, lse,
@@ -293,10 +331,11 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         sq, sk, b * hq, hq, hq // hkv,
         **dims, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
         HAS_PARTIAL_TILES=plan.has_partial, PINGPONG=cfg["pingpong"],
-        # O is staged in Q's buffer for the TMA store: same dtype, and a tile that fits there
-        STORE_TMA=out.dtype == q.dtype and dims["BLOCK_DV"] <= dims["BLOCK_DQK"],
+        # O is staged in Q's buffers for the TMA store: same dtype, and tiles that fit there
+        STORE_TMA=out.dtype == q.dtype and o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split),
         CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
+        SPLIT_D=split,
         num_warps=4, maxnreg=maxnreg,
     )
     return out, lse

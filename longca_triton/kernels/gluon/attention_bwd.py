@@ -164,8 +164,9 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sme
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(q_desc, [start_m + w * M_WG, 0], in_bar, q_smem.index(w))
         tma.async_copy_global_to_shared(do_desc, [start_m + w * M_WG, 0], in_bar, do_smem.index(w))
-    _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
-                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES)
+    # one head-dim piece each (the forward's ring also takes split head dims, ``SPLIT_D``)
+    _load_kv_ring((k_desc,), (v_desc,), (k_smem,), (v_smem,), k_ready, k_empty, v_ready, v_empty, RUN_START,
+                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES, 0, 0, 0, 0)
 
 
 @gluon.jit

@@ -49,6 +49,37 @@ the true dims. O is staged in Q's buffer for its TMA store where its tile
 fits there (``BLOCK_DV <= BLOCK_DQK``: a ``_reinterpret`` view when smaller), else it leaves by the
 masked pointer store. With ``BLOCK_D* == HEAD_DIM_*`` the kernel is the one written for 64 / 128
 (the same PTX).
+
+Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
+-----------------------------------------------------------
+Padding 96 to 128 wastes a quarter of every wgmma. wgmma takes K in steps of 16 and N in
+multiples of 8, so a dim that is the sum of two powers of two, the smaller >= 16
+(``split_pieces``: 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32, 144, 160, 192 = 128 + 64), runs
+exactly as two *pieces* ``D0 + D1``. Each of Q, K, V, O then has two TMA descriptors over the same
+``[rows, HEAD_DIM]`` matrix: ``[BLOCK, D0]`` tiles loaded at column 0 and ``[BLOCK, D1]`` tiles
+loaded at column ``D0``, both inside the matrix (no zero fill), each into its own shared buffer
+with the swizzle its width gets (``NVMMASharedLayout.get_default_for``: 128 B for a 64-wide bf16
+piece, 64 B for 32, 32 B for 16). With ``q = [q0 | q1]`` and ``k = [k0 | k1]`` split along the
+head dim::
+
+    S  = Q0 K0^T + Q1 K1^T     two chained async wgmma into one accumulator   # [M_WG, BLOCK_N]
+    O0 = P V0,  O1 = P V1      two accumulators, the same P registers as A     # [M_WG, D0], [M_WG, D1]
+
+(96: 6 k16 steps for ``Q K^T`` instead of 8, n64 + n32 for ``P V`` instead of n128), the softmax
+rescale and the final ``1 / l`` apply to both accumulators, and the epilogue stores two tiles
+(staged in the two Q buffers, or two pointer stores). Per operand: D_qk and D_v split each on
+their own (96/128 splits ``Q K^T`` only); a power-of-two dim keeps one tile. Pieces are tuples
+(``(q0,)`` or ``(q0, q1)``), so a kernel without a split sees one-element tuples and compiles to
+the same PTX as before the split existed; ``SPLIT_D`` is turned into the widths ``D*0, D*1``
+(``head_pieces``, ``D*1 == 0``: no second piece) once, in ``gluon_fwd_kernel``.
+
+Why not one ``[BLOCK_N, 96]`` V tile and one n96 ``P V`` (fewer, larger wgmma; a 192-byte row
+would take the 64-byte swizzle): Gluon 3.6 refuses it at the first step, every shape must be a
+power of two (``allocate_shared_memory``: "shape must have power-of-2 and non-zero dimensions";
+``make_tensor_descriptor``: "Shape element 1 must be a power of 2"), and the accumulator would be
+a ``[64, 96]`` register tensor, which it refuses likewise. Two pieces are the legal exact form.
+The wait after ``S_j`` leaves every ``P V`` group in flight (``warpgroup_mma_wait(NUM_PV)``: one
+commit group per async wgmma call, so 2 with a split V).
 """
 
 from triton.experimental import gluon
@@ -63,7 +94,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .. import core as _core
 
-__all__ = ["gluon_fwd_kernel", "M_WG", "qk_used"]
+__all__ = ["gluon_fwd_kernel", "M_WG", "qk_used", "split_pieces", "head_pieces", "o_fits_q", "MIN_PIECE"]
 
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
@@ -78,6 +109,45 @@ def qk_used(head_dim_qk: int, block_dqk: int) -> int:
 
 
 _qk_used = gluon.constexpr_function(qk_used)
+
+#: the narrowest head-dim piece: wgmma's K step (``Q K^T`` runs over the head dim as its K)
+MIN_PIECE = 16
+
+
+@gluon.constexpr_function
+def split_pieces(head_dim: int):
+    """``(D0, D1)``: ``head_dim`` as two powers of two ``D0 > D1 >= MIN_PIECE`` (80 -> (64, 16),
+    96 -> (64, 32)); None when it is a power of two (nothing to split) or no such sum (112 needs
+    three pieces, 72 = 64 + 8 a piece below wgmma's k16). A ``constexpr_function``: the kernel
+    calls it at compile time, the host like any function."""
+    d = int(head_dim)
+    d0 = 1 << (d.bit_length() - 1) if d > 0 else 0
+    d1 = d - d0
+    if d1 < MIN_PIECE or d1 & (d1 - 1):
+        return None
+    return d0, d1
+
+
+@gluon.constexpr_function
+def head_pieces(head_dim: int, block_d: int, split_d: bool) -> tuple:
+    """The head-dim tiles the forward works on: ``(block_d, 0)`` (one tile, the padded power of
+    two), or with ``split_d`` where ``split_pieces`` splits ``head_dim``, its two exact pieces."""
+    pieces = split_pieces(head_dim) if split_d else None
+    return pieces if pieces else (int(block_d), 0)
+
+
+def o_fits_q(head_dim_qk: int, head_dim_v: int, block_dqk: int, block_dv: int, split_d: bool) -> bool:
+    """Whether O's tiles fit Q's buffers piece by piece (then O is staged there for a TMA store):
+    ``DV0 <= DQK0`` and ``DV1 <= DQK1``. Without a split: ``BLOCK_DV <= BLOCK_DQK``."""
+    q0, q1 = head_pieces(head_dim_qk, block_dqk, split_d)
+    v0, v1 = head_pieces(head_dim_v, block_dv, split_d)
+    return v0 <= q0 and v1 <= q1
+
+
+@gluon.constexpr_function
+def _piece(head_dim, block_d, split_d, i):
+    """Width of head-dim piece ``i`` (``head_pieces``; 0: no second piece)."""
+    return head_pieces(head_dim, block_d, split_d)[i]
 
 
 @gluon.jit
@@ -108,8 +178,61 @@ def _padded_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constex
     tiles, ``BLOCK_D >= HEAD_DIM`` the padded (power-of-two) head dim: rows >= ``rows`` and columns
     >= ``HEAD_DIM`` load as zeros (``padding_option="zero"``, the TMA's out-of-bounds fill), stores
     clip both. The padded columns of Q and K add zeros to ``Q K^T``; those of V give output
-    columns that are never stored. With ``BLOCK_D == HEAD_DIM`` it is ``_tile_desc``."""
+    columns that are never stored. With ``BLOCK_D == HEAD_DIM`` it is ``_tile_desc``; with
+    ``BLOCK_D < HEAD_DIM`` (a head-dim piece, ``SPLIT_D``) the tiles lie inside the matrix at the
+    column the copy names."""
     return tma.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, BLOCK_D], layout)
+
+
+@gluon.jit
+def _piece_descs(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, D0: gl.constexpr,
+                 D1: gl.constexpr, dtype: gl.constexpr):
+    """The descriptors of one head's ``[rows, HEAD_DIM]`` matrix by head-dim piece: ``(d0,)``, the
+    ``[BLOCK, D0]`` tile (``D0 >= HEAD_DIM``: padded, zero-filled), or with a second piece
+    (``D1 > 0``) ``(d0, d1)``: ``[BLOCK, D0]`` tiles read at column 0 and ``[BLOCK, D1]`` tiles at
+    column ``D0``, each with the swizzle its width gets."""
+    l0: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D0], dtype)
+    d0 = _padded_desc(base, rows, stride_s, BLOCK, HEAD_DIM, D0, l0)
+    descs = (d0,)
+    if D1 > 0:
+        l1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D1], dtype)
+        descs = (d0, _padded_desc(base, rows, stride_s, BLOCK, HEAD_DIM, D1, l1))
+    return descs
+
+
+@gluon.jit
+def _piece_buffers(descs, NUM: gl.constexpr, BLOCK: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
+                   dtype: gl.constexpr):
+    """Shared buffers ``[NUM, BLOCK, D*]`` per head-dim piece, in the layouts of ``descs``."""
+    b0 = gl.allocate_shared_memory(dtype, [NUM, BLOCK, D0], descs[0].layout)
+    bufs = (b0,)
+    if D1 > 0:
+        bufs = (b0, gl.allocate_shared_memory(dtype, [NUM, BLOCK, D1], descs[1].layout))
+    return bufs
+
+
+@gluon.jit
+def _index(bufs, i, D1: gl.constexpr):
+    """Buffer ``i`` of every piece: ``(b0[i],)`` or ``(b0[i], b1[i])``."""
+    b = (bufs[0].index(i),)
+    if D1 > 0:
+        b = (bufs[0].index(i), bufs[1].index(i))
+    return b
+
+
+@gluon.constexpr_function
+def _nbytes(descs):
+    """Bytes one tile of every piece brings (what a TMA ``expect`` waits for), at compile time."""
+    return sum(d.block_type.nbytes for d in descs)
+
+
+@gluon.jit
+def _load_pieces(descs, row, bar, bufs, i, D0: gl.constexpr, D1: gl.constexpr):
+    """TMA copies of rows ``[row, row + BLOCK)`` of every piece into buffer ``i`` (piece 1 starts
+    at column ``D0``), all completing ``bar``."""
+    tma.async_copy_global_to_shared(descs[0], [row, 0], bar, bufs[0].index(i))
+    if D1 > 0:
+        tma.async_copy_global_to_shared(descs[1], [row, D0], bar, bufs[1].index(i))
 
 
 @gluon.jit
@@ -139,8 +262,12 @@ def _ring(NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 @gluon.jit
 def _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
-                  RUN_END, r0, num_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer's loop: K_j and V_j of every key tile on the run list into the ring."""
+                  RUN_END, r0, num_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  DQK0: gl.constexpr, DQK1: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr):
+    """The producer's loop: K_j and V_j of every key tile on the run list into the ring (every
+    head-dim piece of each into its stage; one ``expect`` for all of them). ``k_desc``, ``k_smem``,
+    ``v_desc``, ``v_smem`` are piece tuples (the backward's dQ kernel passes one-element ones);
+    ``DQK0`` / ``DV0`` are the columns the second pieces start at (unused when ``D*1 == 0``)."""
     r = r0
     n = gl.load(RUN_START + r)
     e = gl.load(RUN_END + r)
@@ -149,11 +276,11 @@ def _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
         # the first round passes at once: a fresh barrier has "completed" the phase before 0
         ph = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(st), ph)
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [n * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+        mbarrier.expect(k_ready.index(st), _nbytes(k_desc))
+        _load_pieces(k_desc, n * BLOCK_N, k_ready.index(st), k_smem, st, DQK0, DQK1)
         mbarrier.wait(v_empty.index(st), ph)
-        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [n * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+        mbarrier.expect(v_ready.index(st), _nbytes(v_desc))
+        _load_pieces(v_desc, n * BLOCK_N, v_ready.index(st), v_smem, st, DV0, DV1)
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
 
@@ -191,20 +318,89 @@ def _softmax(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _qk(q, k, s_zero, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr):
-    """``S = Q K^T`` issued as async wgmma over the first ``QK_USED`` columns of the head dim: all
-    ``BLOCK_DQK`` of them, or (``QK_USED < BLOCK_DQK``, D_qk in 136..192 on a 256-wide tile) the
-    first half and a quarter, two chained GEMMs that skip the zero-filled last quarter."""
-    if QK_USED == BLOCK_DQK:
-        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+def _qk(q, k, s_zero, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr):
+    """``S = Q K^T`` issued as async wgmma; ``q``, ``k``: the head-dim pieces' buffers.
+
+    One piece: over the first ``QK_USED`` columns of the padded tile: all ``DQK0`` of them, or
+    (``QK_USED < DQK0``, D_qk in 136..192 on a 256-wide tile) the first half and a quarter, two
+    chained GEMMs that skip the zero-filled last quarter. Two pieces (``DQK1 > 0``):
+    ``Q0 K0^T + Q1 K1^T``, two chained GEMMs over the exact dim. Returns ``[M_WG, BLOCK_N]``."""
+    if DQK1 > 0:
+        s = warpgroup_mma(q[0], k[0].permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q[1], k[1].permute((1, 0)), s, is_async=True)
+    elif QK_USED == DQK0:
+        s = warpgroup_mma(q[0], k[0].permute((1, 0)), s_zero, use_acc=False, is_async=True)
     else:
-        HALF: gl.constexpr = BLOCK_DQK // 2
+        HALF: gl.constexpr = DQK0 // 2
         REST: gl.constexpr = QK_USED - HALF
-        s = warpgroup_mma(q.slice(0, HALF, dim=1), k.slice(0, HALF, dim=1).permute((1, 0)), s_zero,
+        s = warpgroup_mma(q[0].slice(0, HALF, dim=1), k[0].slice(0, HALF, dim=1).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
-        s = warpgroup_mma(q.slice(HALF, REST, dim=1), k.slice(HALF, REST, dim=1).permute((1, 0)), s,
+        s = warpgroup_mma(q[0].slice(HALF, REST, dim=1), k[0].slice(HALF, REST, dim=1).permute((1, 0)), s,
                           is_async=True)
     return s
+
+
+@gluon.jit
+def _pv(p_op, v, acc, DV1: gl.constexpr, p1_layout: gl.constexpr):
+    """``O += P V`` issued as async wgmma per head-dim piece of V: ``acc`` is ``(O0,)`` or
+    ``(O0, O1)``; both GEMMs take the same P registers as A operand (``p1_layout`` is the A
+    layout of piece 1's accumulator: the same registers, a layout with that parent)."""
+    a0 = warpgroup_mma(p_op, v[0], acc[0], is_async=True)
+    out = (a0,)
+    if DV1 > 0:
+        out = (a0, warpgroup_mma(gl.convert_layout(p_op, p1_layout), v[1], acc[1], is_async=True))
+    return out
+
+
+@gluon.jit
+def _wait_pv(acc, DV1: gl.constexpr):
+    """Wait for every ``P V`` GEMM: ``acc`` as a tuple of finished accumulators."""
+    if DV1 > 0:
+        out = warpgroup_mma_wait(0, deps=(acc[0], acc[1]))
+    else:
+        out = (warpgroup_mma_wait(0, deps=(acc[0],)),)
+    return out
+
+
+@gluon.jit
+def _scale_rows(acc, x, row_o: gl.constexpr, row_o1: gl.constexpr, DV1: gl.constexpr):
+    """Every accumulator piece times the per-row factor ``x [M_WG]``."""
+    a0 = acc[0] * gl.expand_dims(gl.convert_layout(x, row_o), 1)
+    out = (a0,)
+    if DV1 > 0:
+        out = (a0, acc[1] * gl.expand_dims(gl.convert_layout(x, row_o1), 1))
+    return out
+
+
+@gluon.jit
+def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr):
+    """The shared buffer that stages one O piece ``[M_WG, DV]`` for its TMA store: this warpgroup's
+    Q buffer ``q`` of the same piece (no longer read), or where O's piece is narrower, its first
+    ``[M_WG, DV]`` tile (a view of the ``[2, M_WG, DQK]`` buffers as ``2 * DQK / DV`` tiles)."""
+    if DV == DQK:
+        o_smem = q
+    else:
+        # the launcher asks for STORE_TMA only when DV <= DQK (``o_fits_q``)
+        RATIO: gl.constexpr = DQK // DV
+        o_smem = q_smem._reinterpret(q_smem.dtype, [2 * RATIO, M_WG, DV], o_desc.layout).index(WG * RATIO)
+    return o_smem
+
+
+@gluon.jit
+def _store_piece(out, Out, row0, Sq, stride_os, C0: gl.constexpr, DV: gl.constexpr,
+                 HEAD_DIM_V: gl.constexpr, o_layout: gl.constexpr):
+    """Masked pointer store of one O piece ``out [M_WG, DV]`` to columns ``[C0, C0 + DV)`` (those
+    >= ``HEAD_DIM_V``, the padding, are not stored)."""
+    rows = row0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    if C0 > 0:
+        cols = C0 + cols
+    ptrs = Out + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
+    if C0 + DV <= HEAD_DIM_V:
+        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows < Sq, 1))
+    else:  # the padded columns >= HEAD_DIM_V are not stored
+        ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
+        gl.store(ptrs, out.to(Out.dtype.element_ty), mask=ok)
 
 
 @gluon.jit
@@ -224,32 +420,44 @@ def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, Lse, LO, HI,
                   RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
-                  HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr, QK_USED: gl.constexpr,
-                  BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+                  HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
+                  DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr):
-    """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile."""
+    """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile.
+
+    ``q_smem``, ``k_smem``, ``v_smem``, ``o_desc``: tuples over the head-dim pieces (one, or two
+    with ``DQK1`` / ``DV1 > 0``); the accumulator ``acc`` likewise (``[M_WG, DV0]``, ``[M_WG, DV1]``)."""
     q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
     start_m, bh, r0, num_full, num_tiles = plan
-    dtype: gl.constexpr = q_smem.dtype
+    dtype: gl.constexpr = q_smem[0].dtype
+    # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
+    NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_DV, 16])
+                                                       instr_shape=[16, DV0, 16])
     # P goes to the second GEMM from registers: the accumulator of S and the A operand of P V
     # hold the same elements in the same threads (k_width = 2 bf16 per 32-bit register)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # the second V piece's accumulator (unused without one: DV1 == 0 never reads these)
+    o1_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, max(DV1, 8), 16])
+    p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout, k_width=2)
+    row_o1: gl.constexpr = gl.SliceLayout(1, o1_layout)
 
     row0 = start_m + WG * M_WG
     offs_m = row0 + gl.arange(0, M_WG, layout=row_s)  # [M_WG]
     m_i = gl.full([M_WG], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([M_WG], gl.float32, row_s)
-    acc = gl.zeros([M_WG, BLOCK_DV], gl.float32, o_layout)
+    acc = (gl.zeros([M_WG, DV0], gl.float32, o_layout),)  # [M_WG, DV0]
+    if DV1 > 0:
+        acc = (acc[0], gl.zeros([M_WG, DV1], gl.float32, o1_layout))  # and [M_WG, DV1]
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
-    q = q_smem.index(WG)  # [M_WG, BLOCK_DQK]
+    q = _index(q_smem, WG, DQK1)  # [M_WG, DQK0] (and [M_WG, DQK1])
     if WG == 1:
         if PINGPONG:
             # the token starts with consumer 0
@@ -263,7 +471,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         # ---- step 0: S_0 and its softmax; there is no P V yet
         _sched_wait(sched, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
-        s = _qk(q, k_smem.index(0), s_zero, BLOCK_DQK, QK_USED)
+        s = _qk(q, _index(k_smem, 0, DQK1), s_zero, DQK0, DQK1, QK_USED)
         _sched_pass(sched, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
@@ -280,20 +488,20 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             pst = (j - 1) % NUM_STAGES
             _sched_wait(sched, WG, j, PINGPONG)
             mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
-            s = _qk(q, k_smem.index(st), s_zero, BLOCK_DQK, QK_USED)
+            s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
-            acc = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout)
             _sched_pass(sched, WG, PINGPONG)
-            # S_j is done when at most one group (the P V) is still in flight
-            s = warpgroup_mma_wait(1, deps=(s,))
+            # S_j is done when at most the P V groups are still in flight
+            s = warpgroup_mma_wait(NUM_PV, deps=(s,))
             mbarrier.arrive(k_empty.index(st))
             if HAS_PARTIAL_TILES:
                 if r >= r0 + num_full:
                     s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
             m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            acc = _wait_pv(acc, DV1)
             mbarrier.arrive(v_empty.index(pst))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
@@ -301,53 +509,50 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         lst = (num_tiles - 1) % NUM_STAGES
         _sched_wait(sched, WG, num_tiles, PINGPONG)
         mbarrier.wait(v_ready.index(lst), ((num_tiles - 1) // NUM_STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(lst), acc, is_async=True)
+        acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout)
         _sched_pass(sched, WG, PINGPONG)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
 
     # ---- epilogue: fully masked rows (l_i == 0) give out = 0, lse = -inf
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-    out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)  # [M_WG, BLOCK_DV]
+    out = _scale_rows(acc, 1.0 / l_safe, row_o, row_o1, DV1)  # [M_WG, DV0] (and [M_WG, DV1])
     if STORE_TMA:
-        # Q is no longer read: its buffer stages O for a TMA store (clipped at Sq and at HEAD_DIM_V)
-        if BLOCK_DV == BLOCK_DQK:
-            o_smem = q
-        else:
-            # the launcher asks for STORE_TMA only when BLOCK_DV <= BLOCK_DQK: this warpgroup's Q
-            # buffer viewed as RATIO tiles of [M_WG, BLOCK_DV], the first of them stages O
-            RATIO: gl.constexpr = BLOCK_DQK // BLOCK_DV
-            o_smem = q_smem._reinterpret(dtype, [2 * RATIO, M_WG, BLOCK_DV], o_desc.layout).index(WG * RATIO)
-        o_smem.store(out.to(dtype))
+        # Q is no longer read: its buffers stage O for a TMA store (clipped at Sq and at HEAD_DIM_V),
+        # piece by piece (the launcher asks for STORE_TMA only where O's pieces fit Q's)
+        o_smem = _o_stage(q[0], o_desc[0], WG, q_smem[0], DQK0, DV0)
+        o_smem.store(out[0].to(dtype))
+        if DV1 > 0:
+            o1_smem = _o_stage(q[1], o_desc[1], WG, q_smem[1], DQK1, DV1)
+            o1_smem.store(out[1].to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], o_smem)
+        tma.async_copy_shared_to_global(o_desc[0], [row0, 0], o_smem)
+        if DV1 > 0:
+            tma.async_copy_shared_to_global(o_desc[1], [row0, DV0], o1_smem)
         tma.store_wait(0)
     else:
         # another output dtype (float32 partial outputs for context parallelism)
-        rows = row0 + gl.arange(0, M_WG, layout=row_o)
-        cols = gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, o_layout))
-        ptrs = Out + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
-        if BLOCK_DV == HEAD_DIM_V:
-            gl.store(ptrs, out.to(Out.dtype.element_ty), mask=gl.expand_dims(rows < Sq, 1))
-        else:  # the padded columns >= HEAD_DIM_V are not stored
-            ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
-            gl.store(ptrs, out.to(Out.dtype.element_ty), mask=ok)
+        _store_piece(out[0], Out, row0, Sq, stride_os, 0, DV0, HEAD_DIM_V, o_layout)
+        if DV1 > 0:
+            _store_piece(out[1], Out, row0, Sq, stride_os, DV0, DV1, HEAD_DIM_V, o1_layout)
 
 
 @gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
-                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer warp: Q once, then K_j and V_j of every key tile into the ring."""
+                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
+                  DV0: gl.constexpr, DV1: gl.constexpr):
+    """The producer warp: Q once, then K_j and V_j of every key tile into the ring (the descriptors
+    and buffers are tuples over the head-dim pieces)."""
     q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
     start_m, bh, r0, num_full, num_tiles = plan
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [start_m + M_WG, 0], q_bar, q_smem.index(1))
+    mbarrier.expect(q_bar, 2 * _nbytes(q_desc))
+    _load_pieces(q_desc, start_m, q_bar, q_smem, 0, DQK0, DQK1)
+    _load_pieces(q_desc, start_m + M_WG, q_bar, q_smem, 1, DQK0, DQK1)
 
     _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
-                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES)
+                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1)
 
 
 @gluon.jit
@@ -364,6 +569,7 @@ def gluon_fwd_kernel(
     BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SPLIT_D: gl.constexpr,
 ):
     # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
     # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
@@ -374,27 +580,30 @@ def gluon_fwd_kernel(
     plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
 
     dtype: gl.constexpr = Q.dtype.element_ty
-    # the head-dim columns Q K^T covers: D_qk in 136..192 skips the last (all-zero) quarter of its
-    # 256-wide tile (``_qk``); else the whole tile
+    # the head-dim pieces, decided once here (``head_pieces``): (BLOCK_D*, 0), one padded tile, or
+    # with SPLIT_D where the dim splits, its two exact power-of-two pieces (96: 64 + 32)
+    DQK0: gl.constexpr = _piece(HEAD_DIM_QK, BLOCK_DQK, SPLIT_D, 0)
+    DQK1: gl.constexpr = _piece(HEAD_DIM_QK, BLOCK_DQK, SPLIT_D, 1)
+    DV0: gl.constexpr = _piece(HEAD_DIM_V, BLOCK_DV, SPLIT_D, 0)
+    DV1: gl.constexpr = _piece(HEAD_DIM_V, BLOCK_DV, SPLIT_D, 1)
+    # the head-dim columns Q K^T covers on one padded tile: D_qk in 136..192 skips the last
+    # (all-zero) quarter of its 256-wide tile (``_qk``); else the whole tile
     QK_USED: gl.constexpr = _qk_used(HEAD_DIM_QK, BLOCK_DQK)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_DQK], dtype)
-    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DQK], dtype)
-    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_DV], dtype)
-    os_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_DV], dtype)
     b64 = b.to(gl.int64)
-    # true head dims as the tensors' shapes, padded ones as the tiles: zero-filled, clipped on store
-    q_desc = _padded_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM_QK, BLOCK_DQK,
-                          q_layout)
-    k_desc = _padded_desc(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM_QK,
-                          BLOCK_DQK, k_layout)
-    v_desc = _padded_desc(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM_V,
-                          BLOCK_DV, v_layout)
-    o_desc = _padded_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM_V, BLOCK_DV,
-                          os_layout)
+    # true head dims as the tensors' shapes, the pieces (padded ones: zero-filled, clipped on
+    # store) as the tiles
+    q_desc = _piece_descs(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM_QK, DQK0, DQK1,
+                          dtype)
+    k_desc = _piece_descs(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM_QK, DQK0,
+                          DQK1, dtype)
+    v_desc = _piece_descs(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM_V, DV0,
+                          DV1, dtype)
+    o_desc = _piece_descs(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM_V, DV0, DV1,
+                          dtype)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, M_WG, BLOCK_DQK], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_DQK], k_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_DV], v_layout)
+    q_smem = _piece_buffers(q_desc, 2, M_WG, DQK0, DQK1, dtype)  # [2, M_WG, DQK*]
+    k_smem = _piece_buffers(k_desc, NUM_STAGES, BLOCK_N, DQK0, DQK1, dtype)  # [NUM_STAGES, BLOCK_N, DQK*]
+    v_smem = _piece_buffers(v_desc, NUM_STAGES, BLOCK_N, DV0, DV1, dtype)  # [NUM_STAGES, BLOCK_N, DV*]
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     mbarrier.init(q_bar, count=1)
@@ -409,13 +618,13 @@ def gluon_fwd_kernel(
     o_base = Out + b64 * stride_ob + h * stride_oh
     gl.warp_specialize([
         (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                          BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, BLOCK_DQK, QK_USED, BLOCK_DV,
+                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                          BLOCK_N, NUM_IV,
                          NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END,
-                         plan, BLOCK_N, NUM_STAGES)),
+                         plan, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
