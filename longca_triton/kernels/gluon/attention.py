@@ -31,7 +31,11 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   no atomics) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
   pair, dQ added into fp32 by atomics, then cast; not deterministic). ``"split"`` stays the
   default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
-  64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's.
+  64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's, and ``fused_dq`` its dQ
+  path: ``"atomic"`` (default: the consumer warpgroups add their dQ^T partial by fp32 atomics
+  from registers) or ``"writer"`` (they stage it in shared memory and a 2-warp writer partition
+  adds it by coalesced 4-wide atomics; not measured on a GPU yet). The writer runs on the
+  producer warpgroup's registers, so ``"writer"`` takes ``bwd_consumer_regs`` <= 232 (its default).
 """
 
 from __future__ import annotations
@@ -83,8 +87,13 @@ REG_BUDGET = 504
 
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "gluon_bwd",
                "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
-               "bwd_design", "fused_block_mq", "fused_stages")
+               "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 BWD_DESIGNS = ("split", "fused")
+#: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
+#: dQ-writer partition fed through shared memory
+FUSED_DQ = ("atomic", "writer")
+#: the most ``bwd_consumer_regs`` the ``fused_dq="writer"`` kernel takes (its default there)
+FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "dkdv_skew", "gluon_bwd"),
@@ -125,7 +134,8 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 gluon_bwd=not bwd_reason(head_dim, dv),
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
-                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3)
+                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
+                fused_dq="atomic")
 
 
 def fused_split_d(head_dim: int) -> bool:
@@ -158,9 +168,13 @@ def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
 def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: int = 2) -> int:
     """Shared memory of a backward CTA (upper bound, 1 KB for barriers): ``"dq"`` holds Q and dO
     (128 rows each) and a ring of K, V tiles of ``tile`` rows; ``"dkdv"`` holds K and V (128 rows)
-    and a ring of Q, dO tiles of ``tile`` rows."""
-    if kind == "fused":  # plus two dS^T buffers of [128 keys, tile] per step parity
-        return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
+    and a ring of Q, dO tiles of ``tile`` rows; ``"fused"`` the dK/dV kernel's plus the dS^T buffers,
+    ``"fused_writer"`` (``fused_dq="writer"``) those plus the fp32 dQ^T staging buffers."""
+    if kind in ("fused", "fused_writer"):  # plus two dS^T buffers of [128 keys, tile] per step parity
+        base = (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
+        # fused_dq="writer": fp32 dQ^T partials of (step parity, warpgroup), [rows, tile] each
+        rows = head_dim // 2 if fused_split_d(head_dim) else head_dim
+        return base + (2 * 2 * rows * tile * 4 if kind == "fused_writer" else 0)
     return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
@@ -206,9 +220,12 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['bwd_design'] must be one of {BWD_DESIGNS}, got {cfg['bwd_design']!r}")
     if cfg["fused_block_mq"] not in (32, 64):
         raise ValueError(f"config['fused_block_mq'] must be 32 or 64; got {cfg['fused_block_mq']}")
+    if cfg["fused_dq"] not in FUSED_DQ:
+        raise ValueError(f"config['fused_dq'] must be one of {FUSED_DQ}, got {cfg['fused_dq']!r}")
+    fused_kind = "fused_writer" if cfg["fused_dq"] == "writer" else "fused"
     for key, need in (("dq_stages", lambda st: bwd_smem_bytes("dq", head_dim, cfg["dq_block_n"], st)),
                       ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st)),
-                      ("fused_stages", lambda st: bwd_smem_bytes("fused", head_dim, cfg["fused_block_mq"], st))):
+                      ("fused_stages", lambda st: bwd_smem_bytes(fused_kind, head_dim, cfg["fused_block_mq"], st))):
         st = int(cfg[key])
         # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise);
         # at dims the Gluon backward does not take, its rings are never built
@@ -219,6 +236,13 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     regs = int(cfg["bwd_consumer_regs"])
     if regs % 8 or not 24 <= _regs(regs)[0] <= regs <= 256:
         raise ValueError(f"config['bwd_consumer_regs'] must be a multiple of 8 in [168, 240]; got {regs}")
+    # the dQ writer shares the producer's warpgroup and its 504 - 2 * bwd_consumer_regs registers:
+    # at 24 (240) its loop spills (ptxas), at 40 (232) nothing in the kernel does
+    if cfg["bwd_design"] == "fused" and cfg["fused_dq"] == "writer" and regs > FUSED_WRITER_REGS:
+        if config is not None and "bwd_consumer_regs" in config:
+            raise ValueError(f"config['bwd_consumer_regs']={regs} leaves the fused_dq='writer' partition "
+                             f"{_regs(regs)[0]} registers; use <= {FUSED_WRITER_REGS} (or leave it out)")
+        regs = FUSED_WRITER_REGS
     cfg["num_stages"], cfg["consumer_regs"], cfg["bwd_consumer_regs"] = stages, regs_fwd, regs
     return cfg
 
@@ -351,9 +375,14 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
 
 def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, dlse=None):
     """Launch delta preprocess, the fused Gluon backward (``attention_bwd_fused.py``: dK, dV
-    written once, dQ added into an fp32 ``dq_accum`` by atomics) and the ``dq_accum -> dQ`` cast.
+    written once, dQ added into an fp32 ``dq_accum`` by atomics: from the MMA warpgroups, or with
+    ``fused_dq="writer"`` by a writer partition) and the ``dq_accum -> dQ`` cast.
     Returns ``dq, dk, dv`` in the inputs' dtype."""
-    from .attention_bwd_fused import dq_accum_cast_kernel, gluon_bwd_fused_kernel
+    from .attention_bwd_fused import (
+        dq_accum_cast_kernel,
+        gluon_bwd_fused_kernel,
+        gluon_bwd_fused_writer_kernel,
+    )
 
     mq = cfg["fused_block_mq"]
     if plan.tiles.block_m != mq or plan.tiles.block_n != BLOCK_M:
@@ -368,7 +397,8 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
     dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)
     producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
-    gluon_bwd_fused_kernel[(plan.tiles.num_n * b * hkv,)](
+    kernel = gluon_bwd_fused_writer_kernel if cfg["fused_dq"] == "writer" else gluon_bwd_fused_kernel
+    kernel[(plan.tiles.num_n * b * hkv,)](
         q, k, v, dout, dk, dv, dq_accum, lse, delta,
         q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
         *bsh_strides(k, v, dk, dv),
