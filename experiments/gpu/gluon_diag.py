@@ -215,7 +215,10 @@ BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=1
                dict(bwd_consumer_regs=232),
                # the fused design (FA3's one kernel, dQ by atomics): its default and its knobs
                dict(bwd_design="fused"), dict(bwd_design="fused", fused_stages=3),
-               dict(bwd_design="fused", fused_block_mq=64), dict(bwd_design="fused", bwd_consumer_regs=232)]
+               dict(bwd_design="fused", fused_block_mq=64), dict(bwd_design="fused", bwd_consumer_regs=232),
+               # its dQ-writer path (dQ^T staged in shared memory, a writer partition's 4-wide
+               # atomics; 232 consumer registers by default): experiments/results/cpu-aot/gluon_fused_bwd.md
+               dict(bwd_design="fused", fused_dq="writer"), dict(bwd_design="fused", fused_dq="writer", fused_stages=3)]
 
 
 def run_bwd_configs(S: int) -> list:
