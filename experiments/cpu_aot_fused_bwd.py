@@ -1,7 +1,8 @@
 """Issue 12 on a CPU: what the Gluon backward kernels compile to for sm_90a, per loop iteration.
 
 For each variant (the split design's dQ and dK/dV kernels, the fused kernel with each ``fused_dq``
-mode) at D = 64 and 128, full and causal, it records the *real* launch (the launchers
+mode: ``atomic``, ``writer``, ``writer_keys``, and 64-row query tiles at D = 128) at D = 64 and 128,
+full and causal, it records the *real* launch (the launchers
 ``attention.gluon_bwd`` / ``attention.gluon_bwd_fused`` on CPU tensors of the H100 problem:
 S = 16K, GQA 64:8, bf16), so every constexpr and every argument specialisation (pointer and int
 divisibility by 16, ints equal to 1) is what Triton would see on the GPU (``kernels.aot.specialize``;
@@ -46,6 +47,7 @@ VARIANTS = [
     ("split-dkdv", "dkdv", {}, None),
     ("fused-atomic", "fused", dict(bwd_design="fused"), None),
     ("fused-writer", "fused", dict(bwd_design="fused", fused_dq="writer"), None),
+    ("fused-writer-keys", "fused", dict(bwd_design="fused", fused_dq="writer_keys"), (128,)),
     ("fused-atomic-mq64", "fused", dict(bwd_design="fused", fused_block_mq=64), (128,)),
     ("fused-writer-mq64", "fused", dict(bwd_design="fused", fused_dq="writer", fused_block_mq=64), (128,)),
 ]

@@ -33,9 +33,12 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
   64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's, and ``fused_dq`` its dQ
   path: ``"atomic"`` (default: the consumer warpgroups add their dQ^T partial by fp32 atomics
-  from registers) or ``"writer"`` (they stage it in shared memory and a 2-warp writer partition
-  adds it by coalesced 4-wide atomics; not measured on a GPU yet). The writer runs on the
-  producer warpgroup's registers, so ``"writer"`` takes ``bwd_consumer_regs`` <= 232 (its default).
+  from registers), ``"writer"`` (they stage it in shared memory and a 2-warp writer partition
+  adds it by coalesced 4-wide atomics) or ``"writer_keys"`` (the same, but at D = 128 each
+  warpgroup computes its own keys' dQ^T over all 128 head-dim rows and the writer sums the two,
+  so the warpgroups no longer wait for each other's dS^T every tile; at D = 64 it is ``"writer"``).
+  Neither writer is measured on a GPU yet. The writer runs on the producer warpgroup's
+  registers, so both take ``bwd_consumer_regs`` <= 232 (their default).
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "gluon_bwd"
 BWD_DESIGNS = ("split", "fused")
 #: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
 #: dQ-writer partition fed through shared memory
-FUSED_DQ = ("atomic", "writer")
-#: the most ``bwd_consumer_regs`` the ``fused_dq="writer"`` kernel takes (its default there)
+FUSED_DQ = ("atomic", "writer", "writer_keys")
+#: the most ``bwd_consumer_regs`` the dQ-writer kernel takes (its default there)
 FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
@@ -138,10 +141,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 fused_dq="atomic")
 
 
-def fused_split_d(head_dim: int) -> bool:
+def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
     """Whether the fused backward's warpgroups split dQ^T by head-dim rows (D = 128: one atomic per
-    element per key tile) rather than by keys (D = 64: 32 rows would be below wgmma's 64)."""
-    return head_dim >= 2 * 64
+    element per key tile, each warpgroup waiting for the other's dS^T) rather than by keys (D = 64:
+    32 rows would be below wgmma's 64; ``fused_dq="writer_keys"``: the writer sums the partials)."""
+    return head_dim >= 2 * 64 and fused_dq != "writer_keys"
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
@@ -169,12 +173,15 @@ def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: i
     """Shared memory of a backward CTA (upper bound, 1 KB for barriers): ``"dq"`` holds Q and dO
     (128 rows each) and a ring of K, V tiles of ``tile`` rows; ``"dkdv"`` holds K and V (128 rows)
     and a ring of Q, dO tiles of ``tile`` rows; ``"fused"`` the dK/dV kernel's plus the dS^T buffers,
-    ``"fused_writer"`` (``fused_dq="writer"``) those plus the fp32 dQ^T staging buffers."""
-    if kind in ("fused", "fused_writer"):  # plus two dS^T buffers of [128 keys, tile] per step parity
+    ``"fused_writer"`` / ``"fused_writer_keys"`` (``fused_dq="writer"`` / ``"writer_keys"``) those
+    plus the fp32 dQ^T staging buffers."""
+    if kind in ("fused", "fused_writer", "fused_writer_keys"):  # plus two dS^T buffers of [128, tile] per parity
         base = (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
-        # fused_dq="writer": fp32 dQ^T partials of (step parity, warpgroup), [rows, tile] each
-        rows = head_dim // 2 if fused_split_d(head_dim) else head_dim
-        return base + (2 * 2 * rows * tile * 4 if kind == "fused_writer" else 0)
+        if kind == "fused":
+            return base
+        # the writer's fp32 dQ^T partials of (step parity, warpgroup), [rows, tile] each
+        rows = head_dim // 2 if fused_split_d(head_dim, kind[len("fused_"):]) else head_dim
+        return base + 2 * 2 * rows * tile * 4
     return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
@@ -222,7 +229,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['fused_block_mq'] must be 32 or 64; got {cfg['fused_block_mq']}")
     if cfg["fused_dq"] not in FUSED_DQ:
         raise ValueError(f"config['fused_dq'] must be one of {FUSED_DQ}, got {cfg['fused_dq']!r}")
-    fused_kind = "fused_writer" if cfg["fused_dq"] == "writer" else "fused"
+    fused_kind = "fused" if cfg["fused_dq"] == "atomic" else f"fused_{cfg['fused_dq']}"
     for key, need in (("dq_stages", lambda st: bwd_smem_bytes("dq", head_dim, cfg["dq_block_n"], st)),
                       ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st)),
                       ("fused_stages", lambda st: bwd_smem_bytes(fused_kind, head_dim, cfg["fused_block_mq"], st))):
@@ -238,10 +245,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['bwd_consumer_regs'] must be a multiple of 8 in [168, 240]; got {regs}")
     # the dQ writer shares the producer's warpgroup and its 504 - 2 * bwd_consumer_regs registers:
     # at 24 (240) its loop spills (ptxas), at 40 (232) nothing in the kernel does
-    if cfg["bwd_design"] == "fused" and cfg["fused_dq"] == "writer" and regs > FUSED_WRITER_REGS:
+    if cfg["bwd_design"] == "fused" and cfg["fused_dq"] != "atomic" and regs > FUSED_WRITER_REGS:
         if config is not None and "bwd_consumer_regs" in config:
-            raise ValueError(f"config['bwd_consumer_regs']={regs} leaves the fused_dq='writer' partition "
-                             f"{_regs(regs)[0]} registers; use <= {FUSED_WRITER_REGS} (or leave it out)")
+            raise ValueError(f"config['bwd_consumer_regs']={regs} leaves the fused_dq={cfg['fused_dq']!r} "
+                             f"partition {_regs(regs)[0]} registers; use <= {FUSED_WRITER_REGS} (or leave it out)")
         regs = FUSED_WRITER_REGS
     cfg["num_stages"], cfg["consumer_regs"], cfg["bwd_consumer_regs"] = stages, regs_fwd, regs
     return cfg
@@ -376,7 +383,7 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
 def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, dlse=None):
     """Launch delta preprocess, the fused Gluon backward (``attention_bwd_fused.py``: dK, dV
     written once, dQ added into an fp32 ``dq_accum`` by atomics: from the MMA warpgroups, or with
-    ``fused_dq="writer"`` by a writer partition) and the ``dq_accum -> dQ`` cast.
+    ``fused_dq="writer"`` / ``"writer_keys"`` by a writer partition) and the ``dq_accum -> dQ`` cast.
     Returns ``dq, dk, dv`` in the inputs' dtype."""
     from .attention_bwd_fused import (
         dq_accum_cast_kernel,
@@ -397,7 +404,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
     dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)
     producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
-    kernel = gluon_bwd_fused_writer_kernel if cfg["fused_dq"] == "writer" else gluon_bwd_fused_kernel
+    kernel = gluon_bwd_fused_kernel if cfg["fused_dq"] == "atomic" else gluon_bwd_fused_writer_kernel
     kernel[(plan.tiles.num_n * b * hkv,)](
         q, k, v, dout, dk, dv, dq_accum, lse, delta,
         q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
@@ -406,7 +413,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
         softmax_scale * LOG2E, softmax_scale,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         HEAD_DIM=d, BLOCK_MQ=mq, NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["fused_stages"],
-        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d),
+        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d, cfg["fused_dq"]),
         CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
         maxnreg=maxnreg,
     )

@@ -14,7 +14,7 @@ final ``dq_accum -> dQ`` cast. Measured on the H100 (experiments/results/h100/gl
 GQA 64:8, D = 128) it is 1.34x (full) and 1.65x (causal) *slower* than split; why, from the
 sm_90a SASS of one loop iteration: ``experiments/results/cpu-aot/gluon_fused_bwd.md``.
 
-Two dQ paths (config ``fused_dq``; two kernels, one prologue ``_fused_setup``):
+Three dQ paths (config ``fused_dq``; two kernels, one prologue ``_fused_setup``):
 
 * ``"atomic"`` (default): ``gl.atomic_add(sem="relaxed")`` straight from the dQ^T accumulator's
   registers after the step's last wgmma wait, by the MMA warpgroups themselves. In a real launch
@@ -27,6 +27,10 @@ Two dQ paths (config ``fused_dq``; two kernels, one prologue ``_fused_setup``):
   instruction: a quarter of the L2 requests); at D = 64 it also sums the two warpgroups' partials
   first (half the atomics). ``gluon_bwd_fused_writer_kernel``: ``_fused_consumer_staged``,
   ``_dq_writer``.
+* ``"writer_keys"``: the writer kernel with ``DQ_SPLIT_D`` off at D = 128 too: each warpgroup
+  stages its own keys' ``[128, BLOCK_MQ]`` partial (twice the staging traffic, 16 more registers)
+  and the writer sums the two, so the warpgroups never wait for each other's dS^T (no ``ds_ready``
+  in the loop) and can drift apart as the split dK/dV kernel's do.
 
 Tiling: one CTA = a 128-row key tile of one KV head, like ``gluon_bwd_dkdv_kernel``: two consumer
 warpgroups of 64 keys each hold their ``dK, dV [64, D]`` fp32 in registers across every query
