@@ -61,14 +61,14 @@ split is below wgmma's 64-row minimum) each warpgroup adds its own 64 keys' part
 
 Registers (ptxas, sm_90a, 240 per consumer thread, masked variant): 0 B of spills at D = 128 with
 BLOCK_MQ = 32 (also with 232 registers) and at D = 64 with BLOCK_MQ = 32 or 64; D = 128 with
-BLOCK_MQ = 64 spills ~330 B (dK, dV alone are 128 registers per thread), with a 3-stage ring 44 B;
-with the writer (232 consumer / 40 writer registers) at most 40 B, none in the consumers' loops (one
-4-B reload in the writer's loop at D = 64; ``gluon_fused_bwd.md``); BLOCK_MQ = 64 at D = 128 still
-spills there. The schedule is the simple one (no skew: a tile's S^T, dP^T wait for nothing of the
+BLOCK_MQ = 64 spills 250-380 B (dK, dV alone are 128 registers per thread); with the writer (232
+consumer / 40 writer registers) at most 40 B, none in the consumers' loops (one 4-B reload in the
+writer's loop at D = 64 and with ``writer_keys``; ``gluon_fused_bwd.md``), and BLOCK_MQ = 64 at
+D = 128 still spills. The schedule is the simple one (no skew: a tile's S^T, dP^T wait for nothing of the
 previous tile's; carrying an in-flight dK wgmma across the loop's back edge makes ptxas serialise
-every wgmma, C7515, as tried for the writer's consumers). At D = 128 the two
-warpgroups meet at ``ds_ready`` once per tile (each needs the other's dS^T for its dQ^T rows), so
-they run in step rather than overlapping each other's softmax (the split dK/dV kernel's do).
+every wgmma, C7515, as tried for the writer's consumers). At D = 128 (but with ``writer_keys``) the
+two warpgroups meet at ``ds_ready`` once per tile (each needs the other's dS^T for its dQ^T rows),
+so they run in step rather than overlapping each other's softmax (the split dK/dV kernel's do).
 
 Masking walks the key-major merged run lists of ``plan.py`` exactly as the dK/dV kernel does
 (``_advance_wrap``: next query head of the group after the last run). Query rows >= Sq are
