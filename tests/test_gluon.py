@@ -107,6 +107,10 @@ def test_default_configs_validate_and_fit(d, dv):
         assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"]) <= G.SMEM_LIMIT
         assert cfg["bwd_design"] == "split", "split stays the default until a GPU measures fused faster"
+        assert cfg["fused_dq"] == "atomic", "the dQ writer stays off until a GPU measures it"
+        for mode in ("writer", "writer_keys"):
+            w = G.resolve_config(d, torch.bfloat16, dict(bwd_design="fused", fused_dq=mode))
+            assert G.bwd_smem_bytes(f"fused_{mode}", d, w["fused_block_mq"], w["fused_stages"]) <= G.SMEM_LIMIT
     # padded tiles <= 128 keep D=128's forward defaults; 256-wide ones take 64-row key tiles and
     # the deepest ring (<= 3) that fits
     wide = {(192, 128): (64, 3), (256, 256): (64, 2), (256, 64): (64, 3)}
@@ -153,6 +157,44 @@ def test_deterministic_refuses_explicit_fused_and_drops_cached_fused(monkeypatch
     assert seen.pop()[0] == "split", "a cached fused config falls back to split"
     G.gluon_attention(q, k, k, mask)
     assert seen.pop()[0] == "fused"
+
+
+def test_fused_writer_registers_and_shared_memory(monkeypatch):
+    """``fused_dq="writer"`` / ``"writer_keys"``: the writer partition runs on the producer
+    warpgroup's registers, so the consumers get <= 232 (the default there, 40 left for the writer);
+    an explicit 240 is refused, one from the autotune cache lowered; nothing changes for the split
+    design. Shared memory: the atomic kernel's plus the fp32 dQ^T staging, 2 parities x 2
+    warpgroups x [rows, tile], rows 64 (a head-dim half at D=128, all of D=64) or, with
+    ``writer_keys`` at D=128, all 128 (each warpgroup's own keys' partial, no ds_ready wait)."""
+    base = dict(bwd_design="fused", fused_dq="writer")
+    for d, mode, rows in ((64, "writer", 64), (128, "writer", 64), (64, "writer_keys", 64),
+                          (128, "writer_keys", 128)):
+        cfg = G.resolve_config(d, torch.bfloat16, dict(base, fused_dq=mode))
+        assert cfg["bwd_consumer_regs"] == G.FUSED_WRITER_REGS == 232 and G._regs(232)[0] == 40
+        assert G.resolve_config(d, torch.bfloat16, dict(base, bwd_consumer_regs=224))["bwd_consumer_regs"] == 224
+        mq, st = cfg["fused_block_mq"], cfg["fused_stages"]
+        assert (G.bwd_smem_bytes(f"fused_{mode}", d, mq, st) - G.bwd_smem_bytes("fused", d, mq, st)
+                == 2 * 2 * rows * mq * 4)
+        assert G.fused_split_d(d, mode) == (rows == 64 and d == 128)
+    assert G.fused_split_d(128) and not G.fused_split_d(64)
+    # the key is the fused design's: with split it is inert
+    split = G.resolve_config(128, torch.bfloat16, dict(fused_dq="writer", bwd_consumer_regs=240))
+    assert split["bwd_consumer_regs"] == 240 and split["bwd_design"] == "split"
+    import longca_triton.kernels.config as C
+
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(base, bwd_consumer_regs=240))
+    q = torch.zeros(1, 64, 2, 128)
+    assert G.resolve_config(128, torch.bfloat16, None, q=q, k=q, mask=lt.make_mask("causal", 64))[
+        "bwd_consumer_regs"] == 232
+
+
+def test_fused_writer_is_not_deterministic(monkeypatch):
+    monkeypatch.setattr(G, "device_reason", lambda dev: "")
+    mask = lt.make_mask("causal", 256)
+    q = torch.randn(1, 256, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="deterministic=True cannot use config bwd_design='fused'"):
+        G.gluon_attention(q, q[:, :, :2], q[:, :, :2], mask, config=dict(bwd_design="fused", fused_dq="writer"),
+                          deterministic=True)
 
 
 def test_dq_accum_cast_maps_tiles_back():
@@ -221,6 +263,11 @@ def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):
     (dict(fused_stages=1), "fused_stages"),
     (dict(fused_stages=12), "fused_stages"),
     (dict(split_d=True), "split_d.*nothing to split"),
+    (dict(fused_dq="tma"), "fused_dq"),
+    (dict(bwd_design="fused", fused_dq="writer", bwd_consumer_regs=240), "leaves the fused_dq='writer' partition 24"),
+    (dict(bwd_design="fused", fused_dq="writer_keys", bwd_consumer_regs=240), "fused_dq='writer_keys' partition 24"),
+    # the writer's fp32 staging (2 x 2 x 64 x 64 x 4 B) on top of 64-row tiles and a 3-stage ring
+    (dict(bwd_design="fused", fused_dq="writer", fused_block_mq=64, fused_stages=3), "fused_stages"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else x)
 def test_bad_configs_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -505,6 +552,66 @@ def test_every_variant_compiles_for_sm90a():
                             ("d256", 256, 64, 2), ("d64-128", 64, 128, 3)):
         est = G.smem_bytes(d, bn, st, head_dim_v=rows[name]["dv"])
         assert est - 1024 <= rows[name]["shared"] <= est, (name, rows[name]["shared"], est)
+
+
+_COMPILE_WRITER = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "0"
+    sys.path.insert(0, "experiments")
+    from cpu_aot_fused_bwd import compile_variant
+    for label, d, mask, cfg in (("fused-writer", 128, "full", dict(bwd_design="fused", fused_dq="writer")),
+                                ("fused-writer", 128, "causal", dict(bwd_design="fused", fused_dq="writer")),
+                                ("fused-writer", 64, "full", dict(bwd_design="fused", fused_dq="writer")),
+                                ("fused-writer-keys", 128, "full", dict(bwd_design="fused", fused_dq="writer_keys")),
+                                ("fused-atomic", 128, "full", dict(bwd_design="fused"))):
+        print(json.dumps(compile_variant(label, "fused", d, mask, cfg)))
+""")
+
+
+@pytest.mark.slow
+def test_fused_writer_compiles_for_sm90a():
+    """``fused_dq="writer"`` (and ``"writer_keys"``) compiled from the launcher's real launch (S = 16K, GQA 64:8: the
+    argument specialisation a GPU run gets; ``experiments/cpu_aot_fused_bwd.py``): no wgmma
+    serialisation, 232 / 40 registers, no atomics and no spill traffic in the MMA warpgroups'
+    loops, 4-wide atomics in the writer's, the host's shared-memory bound. The atomic variant's
+    loop, for contrast, adds dQ^T from the MMA warpgroups 2 floats at a time."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", _COMPILE_WRITER], capture_output=True, text=True, timeout=900,
+                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(ln) for ln in res.stdout.strip().splitlines()]
+    for r in rows:
+        assert not r["ptxas_warnings"], r["ptxas_warnings"]
+        consumers = [lp for lp in r["loops"] if lp["role"] == "consumer"]
+        writers = [lp for lp in r["loops"] if lp["role"] == "dq_writer"]
+        assert len(consumers) == 2, r["loops"]  # one loop per MMA warpgroup
+        for lp in consumers:
+            c = lp["counts"]
+            assert sum(v for k, v in c.items() if k.startswith("HGMMA")) >= 20, c
+            assert not c.get("STL") and not c.get("LDL"), f"spill traffic in the MMA loop: {c}"
+            atomics = {k: v for k, v in c.items() if k.startswith(("ATOMG", "REDG"))}
+            if r["label"] == "fused-atomic":
+                assert atomics == {"ATOMG.F32x2": 8}, atomics
+            else:
+                assert not atomics and c.get("STS.64"), c
+                # dQ^T staged while dK runs: a wait that leaves one group in flight
+                assert c.get("WGMMA_WAIT(1)", 0) >= 2, c
+                # in_ready, dq_empty, and (heads-dim split of dQ^T) the other warpgroup's dS^T
+                split = r["label"] == "fused-writer" and r["d"] == 128
+                assert c.get("MBAR_WAIT") == 2 + split, c
+        if r["label"] == "fused-atomic":
+            assert not writers
+            continue
+        assert {232, 40} <= set(r["setmaxnreg"]), r["setmaxnreg"]
+        assert len(writers) == 1 and writers[0]["counts"].get("ATOMG.F32x4") == 16, writers
+        assert not any(k.startswith("HGMMA") for k in writers[0]["counts"])
+        mode = "writer_keys" if r["label"] == "fused-writer-keys" else "writer"
+        cfg = G.resolve_config(r["d"], torch.bfloat16, dict(bwd_design="fused", fused_dq=mode))
+        est = G.bwd_smem_bytes(f"fused_{mode}", r["d"], cfg["fused_block_mq"], cfg["fused_stages"])
+        assert est - 1024 <= r["shared"] <= est <= G.SMEM_LIMIT, (r["shared"], est)
+        assert r["spill_stores"] <= 64 and r["spill_loads"] <= 64, r  # outside the MMA loops (above)
 
 
 # ------------------------------------------------------------------ the default backend rule

@@ -270,11 +270,17 @@ BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=1
                dict(bwd_consumer_regs=232),
                # the fused design (FA3's one kernel, dQ by atomics): its default and its knobs
                dict(bwd_design="fused"), dict(bwd_design="fused", fused_stages=3),
-               dict(bwd_design="fused", fused_block_mq=64), dict(bwd_design="fused", bwd_consumer_regs=232)]
+               dict(bwd_design="fused", fused_block_mq=64), dict(bwd_design="fused", bwd_consumer_regs=232),
+               # its dQ-writer path (dQ^T staged in shared memory, a writer partition's 4-wide
+               # atomics; 232 consumer registers by default): experiments/results/cpu-aot/gluon_fused_bwd.md
+               dict(bwd_design="fused", fused_dq="writer"), dict(bwd_design="fused", fused_dq="writer", fused_stages=3),
+               dict(bwd_design="fused", fused_dq="writer_keys"),
+               dict(bwd_design="fused", fused_dq="writer_keys", fused_stages=3)]
 
 
-def run_bwd_configs(S: int) -> list:
-    """The Gluon backward's knobs at ``S`` (full, causal; GQA 64:8, D=128): ms of dq, dk, dv."""
+def run_bwd_configs(S: int, only_fused: bool = False) -> list:
+    """The Gluon backward's knobs at ``S`` (full, causal; GQA 64:8, D=128): ms of dq, dk, dv.
+    ``only_fused``: the split default and the fused design's configs only."""
     import torch
 
     from longca_triton.bench.timing import time_fn
@@ -288,7 +294,7 @@ def run_bwd_configs(S: int) -> list:
     dout = torch.randn_like(q)
     for name in ("full", "causal"):
         mask = make_mask(name, S, seed=0)
-        for cfg in BWD_CONFIGS:
+        for cfg in [c for c in BWD_CONFIGS if not only_fused or not c or c.get("bwd_design") == "fused"]:
             row = dict(mask=name, S=S, config=cfg)
             try:
                 qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
@@ -311,6 +317,8 @@ def main() -> None:
     ap.add_argument("--timing", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bwd-configs", type=int, default=None, metavar="S",
                     help="only time the Gluon backward's configs at this length")
+    ap.add_argument("--bwd-only-fused", action="store_true",
+                    help="with --bwd-configs: the split default and the fused design's configs only")
     ap.add_argument("--S", type=int, default=16384, help="sequence length of the timing")
     ap.add_argument("--head-dims", default=None, metavar="D,...",
                     help="only the cases at these head dims (D or D_qk/D_v, e.g. 96,192/128,256), then a "
@@ -327,7 +335,7 @@ def main() -> None:
         print("ROW " + json.dumps(run_case(args.case, extra)), flush=True)
         return
     if args.bwd_configs is not None:
-        run_bwd_configs(args.bwd_configs)
+        run_bwd_configs(args.bwd_configs, args.bwd_only_fused)
         return
     if args.timing is not None:
         for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only, extra=extra):

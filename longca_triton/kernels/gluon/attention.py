@@ -36,7 +36,14 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   no atomics) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
   pair, dQ added into fp32 by atomics, then cast; not deterministic). ``"split"`` stays the
   default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
-  64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's.
+  64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's, and ``fused_dq`` its dQ
+  path: ``"atomic"`` (default: the consumer warpgroups add their dQ^T partial by fp32 atomics
+  from registers), ``"writer"`` (they stage it in shared memory and a 2-warp writer partition
+  adds it by coalesced 4-wide atomics) or ``"writer_keys"`` (the same, but at D = 128 each
+  warpgroup computes its own keys' dQ^T over all 128 head-dim rows and the writer sums the two,
+  so the warpgroups no longer wait for each other's dS^T every tile; at D = 64 it is ``"writer"``).
+  Neither writer is measured on a GPU yet. The writer runs on the producer warpgroup's
+  registers, so both take ``bwd_consumer_regs`` <= 232 (their default).
 """
 
 from __future__ import annotations
@@ -90,8 +97,13 @@ REG_BUDGET = 504
 
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
-               "bwd_design", "fused_block_mq", "fused_stages")
+               "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 BWD_DESIGNS = ("split", "fused")
+#: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
+#: dQ-writer partition fed through shared memory
+FUSED_DQ = ("atomic", "writer", "writer_keys")
+#: the most ``bwd_consumer_regs`` the dQ-writer kernel takes (its default there)
+FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd"),
@@ -144,13 +156,15 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 gluon_bwd=not bwd_reason(head_dim, dv),
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
-                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3)
+                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
+                fused_dq="atomic")
 
 
-def fused_split_d(head_dim: int) -> bool:
+def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
     """Whether the fused backward's warpgroups split dQ^T by head-dim rows (D = 128: one atomic per
-    element per key tile) rather than by keys (D = 64: 32 rows would be below wgmma's 64)."""
-    return head_dim >= 2 * 64
+    element per key tile, each warpgroup waiting for the other's dS^T) rather than by keys (D = 64:
+    32 rows would be below wgmma's 64; ``fused_dq="writer_keys"``: the writer sums the partials)."""
+    return head_dim >= 2 * 64 and fused_dq != "writer_keys"
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
@@ -196,9 +210,16 @@ def split_d_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
 def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: int = 2) -> int:
     """Shared memory of a backward CTA (upper bound, 1 KB for barriers): ``"dq"`` holds Q and dO
     (128 rows each) and a ring of K, V tiles of ``tile`` rows; ``"dkdv"`` holds K and V (128 rows)
-    and a ring of Q, dO tiles of ``tile`` rows."""
-    if kind == "fused":  # plus two dS^T buffers of [128 keys, tile] per step parity
-        return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
+    and a ring of Q, dO tiles of ``tile`` rows; ``"fused"`` the dK/dV kernel's plus the dS^T buffers,
+    ``"fused_writer"`` / ``"fused_writer_keys"`` (``fused_dq="writer"`` / ``"writer_keys"``) those
+    plus the fp32 dQ^T staging buffers."""
+    if kind in ("fused", "fused_writer", "fused_writer_keys"):  # plus two dS^T buffers of [128, tile] per parity
+        base = (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim + 2 * BLOCK_M * tile) * elem + 1024
+        if kind == "fused":
+            return base
+        # the writer's fp32 dQ^T partials of (step parity, warpgroup), [rows, tile] each
+        rows = head_dim // 2 if fused_split_d(head_dim, kind[len("fused_"):]) else head_dim
+        return base + 2 * 2 * rows * tile * 4
     return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
@@ -254,9 +275,12 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['bwd_design'] must be one of {BWD_DESIGNS}, got {cfg['bwd_design']!r}")
     if cfg["fused_block_mq"] not in (32, 64):
         raise ValueError(f"config['fused_block_mq'] must be 32 or 64; got {cfg['fused_block_mq']}")
+    if cfg["fused_dq"] not in FUSED_DQ:
+        raise ValueError(f"config['fused_dq'] must be one of {FUSED_DQ}, got {cfg['fused_dq']!r}")
+    fused_kind = "fused" if cfg["fused_dq"] == "atomic" else f"fused_{cfg['fused_dq']}"
     for key, need in (("dq_stages", lambda st: bwd_smem_bytes("dq", head_dim, cfg["dq_block_n"], st)),
                       ("dkdv_stages", lambda st: bwd_smem_bytes("dkdv", head_dim, cfg["dkdv_block_mq"], st)),
-                      ("fused_stages", lambda st: bwd_smem_bytes("fused", head_dim, cfg["fused_block_mq"], st))):
+                      ("fused_stages", lambda st: bwd_smem_bytes(fused_kind, head_dim, cfg["fused_block_mq"], st))):
         st = int(cfg[key])
         # why >= 2: the dQ GEMM of tile j-1 reads K_{j-1} while K_j lands (and dK/dV likewise);
         # at dims the Gluon backward does not take, its rings are never built
@@ -267,6 +291,13 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     regs = int(cfg["bwd_consumer_regs"])
     if regs % 8 or not 24 <= _regs(regs)[0] <= regs <= 256:
         raise ValueError(f"config['bwd_consumer_regs'] must be a multiple of 8 in [168, 240]; got {regs}")
+    # the dQ writer shares the producer's warpgroup and its 504 - 2 * bwd_consumer_regs registers:
+    # at 24 (240) its loop spills (ptxas), at 40 (232) nothing in the kernel does
+    if cfg["bwd_design"] == "fused" and cfg["fused_dq"] != "atomic" and regs > FUSED_WRITER_REGS:
+        if config is not None and "bwd_consumer_regs" in config:
+            raise ValueError(f"config['bwd_consumer_regs']={regs} leaves the fused_dq={cfg['fused_dq']!r} "
+                             f"partition {_regs(regs)[0]} registers; use <= {FUSED_WRITER_REGS} (or leave it out)")
+        regs = FUSED_WRITER_REGS
     cfg["num_stages"], cfg["consumer_regs"], cfg["bwd_consumer_regs"] = stages, regs_fwd, regs
     return cfg
 
@@ -401,9 +432,14 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
 
 def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, dlse=None):
     """Launch delta preprocess, the fused Gluon backward (``attention_bwd_fused.py``: dK, dV
-    written once, dQ added into an fp32 ``dq_accum`` by atomics) and the ``dq_accum -> dQ`` cast.
+    written once, dQ added into an fp32 ``dq_accum`` by atomics: from the MMA warpgroups, or with
+    ``fused_dq="writer"`` / ``"writer_keys"`` by a writer partition) and the ``dq_accum -> dQ`` cast.
     Returns ``dq, dk, dv`` in the inputs' dtype."""
-    from .attention_bwd_fused import dq_accum_cast_kernel, gluon_bwd_fused_kernel
+    from .attention_bwd_fused import (
+        dq_accum_cast_kernel,
+        gluon_bwd_fused_kernel,
+        gluon_bwd_fused_writer_kernel,
+    )
 
     mq = cfg["fused_block_mq"]
     if plan.tiles.block_m != mq or plan.tiles.block_n != BLOCK_M:
@@ -418,7 +454,8 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
     dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)
     producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
-    gluon_bwd_fused_kernel[(plan.tiles.num_n * b * hkv,)](
+    kernel = gluon_bwd_fused_kernel if cfg["fused_dq"] == "atomic" else gluon_bwd_fused_writer_kernel
+    kernel[(plan.tiles.num_n * b * hkv,)](
         q, k, v, dout, dk, dv, dq_accum, lse, delta,
         q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
         *bsh_strides(k, v, dk, dv),
@@ -426,7 +463,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
         softmax_scale * LOG2E, softmax_scale,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         HEAD_DIM=d, BLOCK_MQ=mq, NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["fused_stages"],
-        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d),
+        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d, cfg["fused_dq"]),
         CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
         maxnreg=maxnreg,
     )
