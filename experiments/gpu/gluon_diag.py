@@ -265,8 +265,10 @@ def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False, extr
     return rows
 
 
-BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128),
-               dict(dkdv_block_mq=64), dict(dq_block_n=128), dict(dkdv_stages=2, dq_stages=3),
+# 128-row dQ key tiles fit a ring of 2 only (3 needs 263168 B: run 2 refused them)
+BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=128, dq_stages=2),
+               dict(dkdv_block_mq=32), dict(dkdv_block_mq=64), dict(dq_block_n=128, dq_stages=2),
+               dict(dkdv_stages=2, dq_stages=3),
                dict(bwd_consumer_regs=232),
                # the fused design (FA3's one kernel, dQ by atomics): its default and its knobs
                dict(bwd_design="fused"), dict(bwd_design="fused", fused_stages=3),
@@ -278,9 +280,11 @@ BWD_CONFIGS = [dict(), dict(dkdv_skew=True), dict(dkdv_block_mq=64, dq_block_n=1
                dict(bwd_design="fused", fused_dq="writer_keys", fused_stages=3)]
 
 
-def run_bwd_configs(S: int, only_fused: bool = False) -> list:
-    """The Gluon backward's knobs at ``S`` (full, causal; GQA 64:8, D=128): ms of dq, dk, dv.
-    ``only_fused``: the split default and the fused design's configs only."""
+def run_bwd_configs(S: int, only_fused: bool = False, masks=("full", "causal"), configs=None) -> list:
+    """The Gluon backward's knobs at ``S`` (``masks``; GQA 64:8, D=128): ms of dq, dk, dv.
+    ``only_fused``: the split default and the fused design's configs only; ``configs``: these
+    (after the default ``{}``) instead of ``BWD_CONFIGS``. ``{"gluon_bwd": false}`` times the
+    plain-Triton backward under the Gluon forward."""
     import torch
 
     from longca_triton.bench.timing import time_fn
@@ -292,9 +296,11 @@ def run_bwd_configs(S: int, only_fused: bool = False) -> list:
     q = torch.randn(1, S, 64, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(1, S, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     dout = torch.randn_like(q)
-    for name in ("full", "causal"):
+    todo = [dict(), *configs] if configs else [c for c in BWD_CONFIGS if not only_fused or not c
+                                               or c.get("bwd_design") == "fused"]
+    for name in masks:
         mask = make_mask(name, S, seed=0)
-        for cfg in [c for c in BWD_CONFIGS if not only_fused or not c or c.get("bwd_design") == "fused"]:
+        for cfg in todo:
             row = dict(mask=name, S=S, config=cfg)
             try:
                 qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
@@ -319,6 +325,8 @@ def main() -> None:
                     help="only time the Gluon backward's configs at this length")
     ap.add_argument("--bwd-only-fused", action="store_true",
                     help="with --bwd-configs: the split default and the fused design's configs only")
+    ap.add_argument("--masks", default="full,causal", metavar="NAME,...",
+                    help="with --bwd-configs: the static masks to time (default full,causal; 'all': every one)")
     ap.add_argument("--S", type=int, default=16384, help="sequence length of the timing")
     ap.add_argument("--head-dims", default=None, metavar="D,...",
                     help="only the cases at these head dims (D or D_qk/D_v, e.g. 96,192/128,256), then a "
@@ -335,7 +343,13 @@ def main() -> None:
         print("ROW " + json.dumps(run_case(args.case, extra)), flush=True)
         return
     if args.bwd_configs is not None:
-        run_bwd_configs(args.bwd_configs, args.bwd_only_fused)
+        from longca_triton.masks import STATIC_MASK_NAMES as STATIC_MASKS
+
+        masks = list(STATIC_MASKS) if args.masks == "all" else [m.strip() for m in args.masks.split(",")]
+        unknown = [m for m in masks if m not in STATIC_MASKS]
+        if unknown:
+            ap.error(f"--masks: unknown {unknown}; valid: {', '.join(STATIC_MASKS)}")
+        run_bwd_configs(args.bwd_configs, args.bwd_only_fused, masks, extra or None)
         return
     if args.timing is not None:
         for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only, extra=extra):
