@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from .cli_errors import OneLineErrors
-from .output import emit, format_option
 from .masks import MASK_NAMES, MASK_SPECS
+from .output import emit, format_option
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})

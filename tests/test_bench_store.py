@@ -7,7 +7,13 @@ import multiprocessing as mp
 
 import pytest
 
-from longca_triton.bench.store import ResultStore, collect_env, params_digest, row_key, status_kind
+from longca_triton.bench.store import (
+    ResultStore,
+    collect_env,
+    params_digest,
+    row_key,
+    status_kind,
+)
 from longca_triton.bench.timing import peak_memory, time_fn
 
 

@@ -266,9 +266,15 @@ def _terminate(signum, frame):
 
 
 def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from .report import mask_label
     from .runner import run_experiment
