@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from .cli_errors import OneLineErrors
-from .output import emit, format_option
 from .masks import MASK_NAMES, MASK_SPECS
+from .output import emit, format_option
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -102,7 +102,8 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default="fwd_bwd", show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
-              help="results JSONL files (repeatable; default: experiments/results/**/results.jsonl of this checkout)")
+              help="results JSONL files, plain or .jsonl.gz (repeatable; default: experiments/results/**/results.jsonl "
+                   "and results.jsonl.gz of this checkout, the plain one where a folder has both)")
 @format_option
 def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results, fmt):
     """The best kernel and context-parallel scheme for a mask, a length and a GPU count, from the
@@ -129,7 +130,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
         raise click.BadParameter(str(e), param_hint="--head-dim") from None
     paths = list(results) or default_results()
     if not paths:
-        raise click.UsageError("no results: pass --results FILE (a bench results.jsonl), or run from a checkout "
+        raise click.UsageError("no results: pass --results FILE (a bench results.jsonl or .jsonl.gz), or run from a checkout "
                                "with experiments/results/")
     rec = recommend(load_rows(paths), mask, parse_seqlen(seqlen), gpus, heads=hq_hkv, head_dim=head_dim,
                     mode=mode, dtype=dtype)
@@ -153,8 +154,10 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
 def findings_command(results, out, plots_dir, mode, no_plots):
     """Generate the study's findings from result rows: per mask the winner at each length and its
     margin, crossovers, where our kernels lose, memory walls, the support matrix, block-sparse
-    TFLOP/s against density, CP efficiency; with plots. RESULTS are JSONL files or folders
-    (searched for *.jsonl); none given: the committed experiments/results/**/results.jsonl.
+    TFLOP/s against density, CP efficiency; with plots. RESULTS are JSONL files (plain or gzipped,
+    .jsonl.gz) or folders (searched for *.jsonl and *.jsonl.gz); none given: the committed
+    experiments/results/**/results.jsonl and results.jsonl.gz. Where a search finds both X.jsonl and
+    X.jsonl.gz, X.jsonl is read (a bench appends to it) and a warning names the .gz left unread.
 
     \b
     Examples:

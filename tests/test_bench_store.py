@@ -7,7 +7,13 @@ import multiprocessing as mp
 
 import pytest
 
-from longca_triton.bench.store import ResultStore, collect_env, params_digest, row_key, status_kind
+from longca_triton.bench.store import (
+    ResultStore,
+    collect_env,
+    params_digest,
+    row_key,
+    status_kind,
+)
 from longca_triton.bench.timing import peak_memory, time_fn
 
 
@@ -156,3 +162,71 @@ def test_rewrite_replaces_the_file(tmp_path):
     store.rewrite([r for r in store.rows() if r["a"] != 1] + [{"a": 3}])
     assert store.rows() == [{"a": 2}, {"a": 3}]
     assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]  # no temporary left behind
+
+
+# ---------------------------------------------------------------------------- gzipped results files
+def _gzip(src, dst):
+    import gzip
+
+    dst.write_bytes(gzip.compress(src.read_bytes(), compresslevel=9, mtime=0))
+    return dst
+
+
+def test_gzipped_results_read_as_the_plain_file(tmp_path):
+    from longca_triton.bench.store import read_lines
+
+    plain = tmp_path / "results.jsonl"
+    ResultStore(plain).extend([_row(i, mode=m) for i, m in enumerate(("fwd", "bwd", "fwd_bwd"))])
+    with open(plain, "a") as f:
+        f.write("{not json\n" + json.dumps(_row(9))[:20])  # a garbled line and a cut last line
+    gz = _gzip(plain, tmp_path / "results.jsonl.gz")
+    a, b = ResultStore(plain), ResultStore(gz)
+    assert b.rows() == a.rows() and len(a.rows()) == 3 and b.skipped_lines == a.skipped_lines == 2
+    assert b.done_keys() == a.done_keys() and len(b) == 3
+    assert list(read_lines(gz)) == list(read_lines(plain))
+    # written only plain: a bench never appends to (or rewrites) a .gz
+    with pytest.raises(ValueError, match="gzipped"):
+        b.append(_row(5))
+    with pytest.raises(ValueError, match="gzipped"):
+        b.rewrite(a.rows())
+    assert ResultStore(tmp_path / "absent.jsonl.gz").rows() == []
+
+
+def test_gzip_cut_short_keeps_the_rows_before_the_cut(tmp_path):
+    plain = tmp_path / "r.jsonl"
+    ResultStore(plain).extend([_row(i, blob="x" * 2000 + str(i)) for i in range(200)])  # incompressible enough
+    gz = _gzip(plain, tmp_path / "r.jsonl.gz")
+    data = gz.read_bytes()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) // 2])  # a copy killed mid-write
+    s = ResultStore(cut)
+    rows = s.rows()
+    assert 0 < len(rows) < 200 and rows == ResultStore(plain).rows()[: len(rows)]
+    assert s.skipped_lines <= 1  # the cut line, if the cut fell inside one
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_text(json.dumps(_row(0)) + "\n")  # named .gz, not gzip
+    with pytest.raises(ValueError, match="bad.jsonl.gz: not a readable gzip file"):
+        ResultStore(bad).rows()
+
+
+def test_both_plain_and_gzip_in_one_folder_the_plain_wins_with_a_warning(tmp_path):
+    from longca_triton.bench.store import BothResultsWarning, prefer_plain, results_in
+
+    plain, gz = tmp_path / "results.jsonl", tmp_path / "results.jsonl.gz"
+    with pytest.raises(FileNotFoundError, match="no results file"):
+        results_in(tmp_path)
+    ResultStore(plain).extend([_row(0)])
+    assert results_in(tmp_path) == plain
+    _gzip(plain, gz)
+    plain.unlink()
+    assert results_in(tmp_path) == gz  # only the .gz: it
+    ResultStore(plain).extend([_row(0), _row(1, mode="bwd")])  # the plain one, newer (a bench appended to it)
+    with pytest.warns(BothResultsWarning, match=r"results.jsonl.gz.*reading results.jsonl, not results.jsonl.gz"):
+        assert results_in(tmp_path) == plain
+    other = tmp_path / "sub" / "results.jsonl.gz"
+    other.parent.mkdir()
+    _gzip(plain, other)
+    with pytest.warns(BothResultsWarning):
+        assert prefer_plain([plain, gz, other]) == [plain, other]
+    with pytest.warns(BothResultsWarning):
+        assert prefer_plain([gz, other]) == [plain, other]  # the plain one next to it on disk, not listed

@@ -103,3 +103,32 @@ def test_doctor_lists_every_backend_with_reasons(runner):
     assert names["reference"]["available"] and info["env"]["torch"]
     r = runner.invoke(doctor, [])
     assert r.exit_code == 0 and "backends" in r.output and "sdpa-cudnn" in r.output
+
+
+def test_report_and_plot_read_gzipped_results(runner, tmp_path):
+    """report / plot take a results.jsonl.gz (named, or the one in a folder) as the plain file; a
+    folder with both reads the plain one and says so."""
+    import gzip
+
+    from longca_triton.bench.report import load_rows
+
+    plain = tmp_path / "plain" / "results.jsonl"
+    ResultStore(plain).extend([{"kind": "dense", "backend": b, "mask": "causal", "mask_params": {}, "seqlen": 4096,
+                                "batch": 1, "heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16",
+                                "mode": "fwd", "status": "ok", "tflops": t, "time_ms": 1.0, "gpu": "GPU-X",
+                                "time": f"2026-11-22T00:00:0{i}+00:00"}
+                               for i, (b, t) in enumerate((("triton", 500.0), ("flex", 400.0)))])
+    gz = tmp_path / "gz" / "results.jsonl.gz"
+    gz.parent.mkdir()
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_rows(gz) == load_rows(plain) == load_rows(gz.parent) and len(load_rows(gz)) == 2
+    a, b = runner.invoke(report, [str(plain)]), runner.invoke(report, [str(gz)])
+    assert a.exit_code == b.exit_code == 0, b.output
+    assert b.output == a.output.replace(str(plain), str(gz))
+    r = runner.invoke(plot, [str(gz.parent), "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "p").glob("*.png"))
+    (gz.parent / "results.jsonl").write_bytes(plain.read_bytes()[: plain.read_bytes().index(b"\n") + 1])
+    r = runner.invoke(cli, ["report", str(gz.parent)])
+    assert r.exit_code == 0 and "warning: both" in r.output and "reading results.jsonl, not results.jsonl.gz" in r.output
+    assert "(1 points)" in r.output or "1 point" in r.output

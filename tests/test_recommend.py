@@ -129,3 +129,46 @@ def test_block_sparse_model_scales_without_building_the_mask(tmp_path):
     assert time.perf_counter() - t0 < 5
     assert rec.kernel["backend"] == "triton-sparse [block_sparse[block=64,density=0.5]]" and rec.kernel["extrapolated"]
     assert "x6.55e+04" in rec.cp["source"]  # (2^20 / 4096)^2
+
+
+def test_gzipped_results_recommend_the_same(results, tmp_path, monkeypatch):
+    """load_rows and the CLI take a results.jsonl.gz as the plain file (the cut last line skipped
+    alike); the committed-results glob finds .gz files, and where a folder has both it reads the
+    plain one and warns."""
+    import gzip
+    from dataclasses import asdict
+
+    from longca_triton.bench.store import BothResultsWarning
+    from longca_triton.study.recommend import default_results
+
+    gz = tmp_path / "g" / "results.jsonl.gz"
+    gz.parent.mkdir()
+    gz.write_bytes(gzip.compress(results.read_bytes()))
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "_file"} for r in rows]
+
+    assert strip(load_rows([gz])) == strip(load_rows([results])) and len(load_rows([gz])) == 13
+    for mode in ("fwd", "fwd_bwd"):
+        a, b = recommend(load_rows([results]), "causal", 16384, 2, mode=mode), recommend(load_rows([gz]), "causal", 16384, 2, mode=mode)
+        assert asdict(a) | {"kernel": None} == asdict(b) | {"kernel": None}
+        assert {k: v for k, v in a.kernel.items() if k != "file"} == {k: v for k, v in b.kernel.items() if k != "file"}
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K", "--results", str(gz)])
+    assert r.exit_code == 0 and "kernel: fa4" in r.output, r.output
+    # the committed-results glob, from a checkout's root
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "experiments" / "results" / "h100" / "study" / "dense"
+    other = tmp_path / "experiments" / "results" / "h100" / "dense_16k"
+    study.mkdir(parents=True)
+    other.mkdir(parents=True)
+    (study / "results.jsonl.gz").write_bytes(gz.read_bytes())
+    (other / "results.jsonl").write_bytes(results.read_bytes())
+    assert [str(p) for p in default_results()] == ["experiments/results/h100/dense_16k/results.jsonl",
+                                                    "experiments/results/h100/study/dense/results.jsonl.gz"]
+    (study / "results.jsonl").write_bytes(results.read_bytes())
+    with pytest.warns(BothResultsWarning, match="reading results.jsonl, not results.jsonl.gz"):
+        assert [str(p) for p in default_results()] == ["experiments/results/h100/dense_16k/results.jsonl",
+                                                        "experiments/results/h100/study/dense/results.jsonl"]
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K"])
+    assert r.exit_code == 0 and "kernel: fa4" in r.output
+    assert "warning: both experiments/results/h100/study/dense/results.jsonl and results.jsonl.gz" in r.output

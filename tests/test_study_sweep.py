@@ -77,3 +77,63 @@ def test_study_sweep_script_checks_its_study():
     r = subprocess.run(["bash", str(script)], check=False, env={"STUDY": "nope", "PATH": "/usr/bin:/bin"}, capture_output=True,
                        text=True, cwd=REPO)
     assert r.returncode == 2 and "STUDY must be dense, sparse or varblock" in r.stderr
+
+
+def test_study_sweep_resumes_from_the_committed_gz_and_returns_one(tmp_path):
+    """The device script on the CPU, its GPU steps stubbed: it gunzips the committed
+    results.jsonl.gz into $OUT/results.jsonl, the bench appends there, and at the end
+    $OUT/results.jsonl.gz holds every row; a .gz that cannot be read whole stops the call before
+    the bench; a plain results.jsonl beside the .gz is the one resumed (with a warning)."""
+    import gzip
+    import json
+    import shutil
+    import sys
+
+    repo, out, bin_ = tmp_path / "repo", tmp_path / "out", tmp_path / "bin"
+    (repo / "experiments" / "gpu").mkdir(parents=True)
+    for name in ("study_sweep.sh", "bench_check.sh"):
+        shutil.copy(REPO / "experiments" / "gpu" / name, repo / "experiments" / "gpu" / name)
+    (repo / "experiments" / "gpu" / "wheels.sh").write_text("true\n")  # no wheels here
+    (repo / "experiments" / "dense.toml").write_text("")
+    study = repo / "experiments" / "results" / "h100" / "study" / "dense"
+    study.mkdir(parents=True)
+    committed = [{"status": "ok", "seqlen": 1024, "i": i} for i in range(3)]
+    (study / "results.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in committed).encode()))
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho no-gpu\n")
+    # python3: the bench appends one row to --out's results.jsonl; doctor, pip, report, plot do nothing
+    (bin_ / "python3").write_text(f"""#!/bin/bash
+case "$1 $2 $3" in
+  "-m longca_triton.cli bench") while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+    echo '{{"status":"ok","seqlen":2048}}' >> "$out/results.jsonl"; exit 0 ;;
+  "-m longca_triton.cli "*|"-m pip install") exit 0 ;;
+esac
+exec {sys.executable} "$@"
+""")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+
+    def sweep():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        return subprocess.run(["bash", "experiments/gpu/study_sweep.sh"], cwd=repo, capture_output=True, text=True,
+                              env={"STUDY": "dense", "OUT": str(out), "PATH": f"{bin_}:/usr/bin:/bin"})
+
+    r = sweep()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming from 3 rows of experiments/results/h100/study/dense/results.jsonl.gz" in r.stdout
+    rows = [json.loads(x) for x in gzip.decompress((out / "results.jsonl.gz").read_bytes()).splitlines()]
+    assert rows == committed + [{"status": "ok", "seqlen": 2048}]
+    assert (out / "results.jsonl").read_bytes() == gzip.decompress((out / "results.jsonl.gz").read_bytes())
+    assert len(list(out.iterdir())) <= 8  # the run tool returns at most 8 files
+    # a plain results.jsonl next to the .gz: resumed from, with a warning
+    (study / "results.jsonl").write_text(json.dumps(committed[0]) + "\n")
+    r = sweep()
+    assert r.returncode == 0 and "warning: both" in r.stderr and "resuming from 1 rows of" in r.stdout
+    (study / "results.jsonl").unlink()
+    # a .gz cut short: the call stops before the bench (its rows would lack the committed ones)
+    data = (study / "results.jsonl.gz").read_bytes()
+    (study / "results.jsonl.gz").write_bytes(data[: len(data) - 12])
+    r = sweep()
+    assert r.returncode != 0 and "could not read" in r.stderr and "setup:" not in r.stdout
+    assert not (out / "results.jsonl").exists() and not (out / "results.jsonl.gz").exists()

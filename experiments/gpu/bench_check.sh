@@ -6,16 +6,19 @@
 # Here (once):  cd <repo> && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null ../shared/scripts/vendor-wheels.sh cudnn
 #               (and fa3fwd, fa4, ...) -> .whl/<group>/<n>/ (ignored; pass them with the run tool's `carry`;
 #               a group over 64 MiB goes in two calls: the first only `bash experiments/gpu/wheels.sh stage`)
-# On the device: [BENCH_KIND=dense|sparse|varblock] [BENCH_RESUME=path/results.jsonl] \
+# On the device: [BENCH_KIND=dense|sparse|varblock] [BENCH_RESUME=path/results.jsonl[.gz]] \
 #                  bash experiments/gpu/bench_check.sh [CONFIG] [EXTRA bench args...]
 #   e.g. bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --max-minutes 5
 #        bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --backends flex --retry-errors
-# BENCH_RESUME: an earlier run's results.jsonl (in the working tree, committed or not) copied to
-# $OUT/results.jsonl first, so finished points are skipped (and rows that only said a backend was
-# not installed are retried where it is installed now). Set LONGCA_GIT_COMMIT to the commit the
-# tree came from (no .git travels).
+# BENCH_RESUME: an earlier run's results.jsonl, or a gzipped results.jsonl.gz (in the working tree,
+# committed or not), copied (gunzipped) to $OUT/results.jsonl first, so finished points are skipped
+# (and rows that only said a backend was not installed are retried where it is installed now); if
+# it cannot be read whole the call stops there (its $OUT/results.jsonl would lack rows and must not
+# be copied back over the committed one). Set LONGCA_GIT_COMMIT to the commit the tree came from
+# (no .git travels).
 #
-# $OUT holds at most 7 files, no folders (the run tool returns 8 files, 2 folder levels):
+# $OUT holds at most 7 files, no folders (the run tool returns 8 files of <= 16 MiB, 2 folder
+# levels; study_sweep.sh adds the 8th, results.jsonl.gz):
 #   results.jsonl  every row, the resumed ones first      bench_log.txt  the bench's per-point log
 #   report.md      markdown report of results.jsonl       env.txt        nvidia-smi, command, doctor
 #   commands.txt, experiment.json  written by the bench   plots.tgz      the plots (tarred)
@@ -32,7 +35,11 @@ T0=$(date +%s)
 mkdir -p "$OUTDIR"
 if [ -n "${BENCH_RESUME:-}" ]; then
   if [ -f "$BENCH_RESUME" ]; then
-    cp "$BENCH_RESUME" "$OUTDIR/results.jsonl" && echo "resuming from $(wc -l < "$BENCH_RESUME") rows of $BENCH_RESUME"
+    case "$BENCH_RESUME" in
+      *.gz) gzip -dc "$BENCH_RESUME" > "$OUTDIR/results.jsonl" ;;
+      *) cp "$BENCH_RESUME" "$OUTDIR/results.jsonl" ;;
+    esac || { echo "error: could not read $BENCH_RESUME whole; stopping" >&2; rm -f "$OUTDIR/results.jsonl"; exit 1; }
+    echo "resuming from $(wc -l < "$OUTDIR/results.jsonl") rows of $BENCH_RESUME"
   else
     echo "starting from scratch (no $BENCH_RESUME)"
   fi

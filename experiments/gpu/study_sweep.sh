@@ -4,16 +4,25 @@
 #   STUDY=dense|sparse|varblock [MINUTES=6] LONGCA_GIT_COMMIT=<commit> \
 #     bash experiments/gpu/study_sweep.sh [bench overrides: --masks ... --seqlens ... --heads ... --head-dim ...]
 #
-# The study's results live in experiments/results/h100/study/<STUDY>/results.jsonl. This script has
-# experiments/gpu/bench_check.sh copy that file (it travels with the working tree, committed or not)
-# to $OUT/results.jsonl and run the bench with --out $OUT, so the sweep resumes where the last call
-# stopped (finished points are skipped; rows that only said a backend was not installed are retried
-# when it is installed now) and every point is in $OUT/results.jsonl as soon as it finishes: a call
-# killed at any moment still returns what it measured. $OUT ends with results.jsonl, report.md,
-# bench_log.txt, env.txt (nvidia-smi, command, doctor), commands.txt, experiment.json, plots.tgz
-# (7 files, no folders). After each call copy $OUT/results.jsonl over
-# experiments/results/h100/study/<STUDY>/results.jsonl (and bench_log.txt, report.md next to it)
-# and call again; commit the folder after each call, then `longca-triton findings --out docs/findings.md`.
+# The study's results live in experiments/results/h100/study/<STUDY>/results.jsonl.gz (gzipped:
+# ~1.5 KB a row uncompressed, 18x smaller so, and the working tree that travels is limited to 64 MiB
+# with the carried wheels). This script has experiments/gpu/bench_check.sh gunzip that file (it
+# travels with the working tree, committed or not) into $OUT/results.jsonl and run the bench with
+# --out $OUT, so the sweep resumes where the last call stopped (finished points are skipped; rows
+# that only said a backend was not installed are retried when it is installed now) and every point
+# is in $OUT/results.jsonl as soon as it finishes: a call killed at any moment still returns what it
+# measured. At the end it writes $OUT/results.jsonl.gz (gzip -9 -n of $OUT/results.jsonl). $OUT
+# ends with results.jsonl, results.jsonl.gz, report.md, bench_log.txt, env.txt (nvidia-smi,
+# command, doctor), commands.txt, experiment.json, plots.tgz (8 files, no folders: the run tool's
+# limit). After each call copy $OUT/results.jsonl.gz over
+# experiments/results/h100/study/<STUDY>/results.jsonl.gz (and bench_log.txt, report.md next to it;
+# never a plain results.jsonl into that folder: where both are there, readers take the plain one
+# and warn) and call again; commit the folder after each call, then
+# `longca-triton findings --out docs/findings.md`. A call killed before its end has no .gz: then
+# `gzip -9 -n -c results.jsonl > .../results.jsonl.gz` from the returned results.jsonl. The run
+# tool returns files of at most 16 MiB: once results.jsonl passes that (~11,000 rows) only the .gz
+# comes back, so from then on a call must end on its own (MINUTES) for its rows to come back.
+# A study folder with a plain results.jsonl (none yet) is resumed from that instead.
 # Carry the wheels as in bench_check.sh (.whl/cudnn, .whl/fa3fwd, .whl/fa4 for dense; .whl/vsa,
 # .whl/flashinfer for sparse and varblock): without them those backends' rows say `not installed`
 # (the 1K-4K slice of 2026-11-23 ran so; a later call with the wheels retries exactly those points).
@@ -52,11 +61,17 @@ case "$STUDY" in
   *) echo "error: STUDY must be dense, sparse or varblock, got '$STUDY'" >&2; exit 2 ;;
 esac
 CFG=experiments/$STUDY.toml
-RES=experiments/results/h100/study/$STUDY/results.jsonl
+RES=experiments/results/h100/study/$STUDY/results.jsonl.gz
+if [ -f "${RES%.gz}" ]; then
+  [ -f "$RES" ] && echo "warning: both ${RES%.gz} and $RES: resuming from the plain one (readers take it too)" >&2
+  RES=${RES%.gz}
+fi
 TIMEOUT=$(awk -v m="$MINUTES" 'BEGIN { printf "%d", m * 60 + 60 }')
 BENCH_OUT=$OUT BENCH_RESUME=$RES BENCH_KIND=$KIND BENCH_TIMEOUT=$TIMEOUT \
   bash experiments/gpu/bench_check.sh "$CFG" --max-minutes "$MINUTES" "$@"
 rc=$?
+[ -f "$OUT/results.jsonl" ] && gzip -9 -n -c "$OUT/results.jsonl" > "$OUT/results.jsonl.gz.part" \
+  && mv "$OUT/results.jsonl.gz.part" "$OUT/results.jsonl.gz" && ls -l "$OUT/results.jsonl.gz"
 python3 - "$OUT/results.jsonl" <<'EOF'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().endswith("}")]

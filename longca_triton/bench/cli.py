@@ -266,9 +266,15 @@ def _terminate(signum, frame):
 
 
 def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from .report import mask_label
     from .runner import run_experiment
@@ -342,8 +348,9 @@ def _write_outputs(con, store, out: Path, no_plots: bool):
 @click.argument("results", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory for the PNG files.")
 def plot(results, out):
-    """Plot a results file: TFLOP/s and peak memory against S (a panel per mask, a line per
-    backend, fwd and bwd separately) and a backend × mask heat map of support and speed.
+    """Plot a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
+    results.jsonl.gz): TFLOP/s and peak memory against S (a panel per mask, a line per backend,
+    fwd and bwd separately) and a backend × mask heat map of support and speed.
 
     \b
     Example:
@@ -369,8 +376,9 @@ def plot(results, out):
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the markdown here instead of stdout.")
 @click.option("--title", help="Report title.")
 def report(results, out, title):
-    """Markdown report of a results file: environment, a TFLOP/s table per mode and head layout
-    (backends as columns), why points were not measured, and every measurement.
+    """Markdown report of a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
+    results.jsonl.gz): environment, a TFLOP/s table per mode and head layout (backends as columns),
+    why points were not measured, and every measurement.
 
     \b
     Example:

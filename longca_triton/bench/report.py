@@ -7,16 +7,24 @@ from pathlib import Path
 from typing import Iterable
 
 from .params import row_head_dim
-from .store import ResultStore, environment_unsupported, row_key, status_kind
+from .store import (
+    ResultStore,
+    environment_unsupported,
+    results_in,
+    row_key,
+    status_kind,
+)
 
 __all__ = ["latest_rows", "row_time", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
 
 
 def load_rows(path: str | Path) -> list[dict]:
-    """Rows of a results file, or of ``results.jsonl`` inside a directory."""
+    """Rows of a results file (``.jsonl``, or gzipped ``.jsonl.gz``), or of the one inside a directory
+    (``results.jsonl``, else ``results.jsonl.gz``; both there: the plain one, with a warning:
+    ``store.results_in``)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "results.jsonl"
+        p = results_in(p)
     if not p.exists():
         raise FileNotFoundError(f"no results file at {p}")
     return ResultStore(p).rows()

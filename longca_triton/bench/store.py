@@ -11,6 +11,19 @@
 * ``done_keys(statuses=None)``: ``row_key`` of every row (optionally only rows whose status kind,
   ``ok | unsupported | oom | error``, is in ``statuses``).
 
+Compressed results: a results file may be committed gzipped (``results.jsonl.gz``, stdlib ``gzip``;
+a big study's rows, so that they travel to the GPU machine within its size limit). Every reader
+takes it as it takes the plain file: ``ResultStore(path).rows()``, ``read_lines``, the report, the
+plots, ``findings``, ``recommend``. Writing stays plain: ``append`` / ``rewrite`` on a ``.gz`` path
+raise, and a bench run appends to ``results.jsonl``. A ``.gz`` cut short (a copy killed mid-write)
+reads like a plain file cut short: the rows before the cut, the cut line skipped. Where results
+files are *found* (a folder searched, the committed ``experiments/results/**`` glob, a folder given
+to ``report`` / ``plot``) and both ``X.jsonl`` and ``X.jsonl.gz`` sit in one folder, the plain file
+wins and a ``BothResultsWarning`` names the ``.gz`` left unread (``prefer_plain``): the plain file is
+the one a bench appends to, so it is the newer whenever the two differ (a ``.gz`` beside it is a
+snapshot of it, as ``experiments/gpu/study_sweep.sh`` leaves in ``$OUT``); delete the one you do
+not mean. Files named one by one are read as named.
+
 ``environment_unsupported(row)``: whether an ``unsupported`` row says the *machine* lacks the backend
 (package not installed, no GPU, wrong architecture, a torch without the feature) rather than that the
 *case* is outside what the backend can do (head dim, mask kind, length). Such a row is not an answer
@@ -27,6 +40,7 @@ with one head dim keep the keys they had before ``d_v`` was recorded). ``collect
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import hashlib
 import importlib.metadata as md
 import json
@@ -36,17 +50,24 @@ import platform
 import re
 import socket
 import subprocess
+import warnings
+import zlib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 __all__ = [
     "KEY_FIELDS",
+    "RESULTS_PATTERNS",
     "VENDOR_DISTS",
+    "BothResultsWarning",
     "ResultStore",
     "collect_env",
     "environment_unsupported",
     "jsonable",
     "params_digest",
+    "prefer_plain",
+    "read_lines",
+    "results_in",
     "row_key",
     "status_kind",
 ]
@@ -139,14 +160,91 @@ def environment_unsupported(row: dict) -> bool:
     return bool(row.get("unavailable")) or bool(ENVIRONMENT_REASONS.search(str(row.get("status", ""))))
 
 
+#: names a results file may have: plain JSONL, and gzipped JSONL (read only; see module doc)
+RESULTS_PATTERNS = ("*.jsonl", "*.jsonl.gz")
+
+
+class BothResultsWarning(UserWarning):
+    """``X.jsonl`` and ``X.jsonl.gz`` found in one folder: the plain one is read (see module doc)."""
+
+
+def _gzipped(path: Path) -> bool:
+    return path.name.endswith(".gz")
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The raw lines (bytes, each with its ``\\n``; a last line cut short without one) of a results
+    file, plain or gzipped (``.gz``). A gzip stream that ends early yields what it held, its cut
+    last line without ``\\n``, as a plain file cut mid-write does; a file that is not gzip at all is
+    a ``ValueError`` naming it."""
+    p = Path(path)
+    if not _gzipped(p):
+        with open(p, "rb") as f:
+            yield from f
+        return
+    with gzip.open(p, "rb") as f:
+        rest = b""
+        while True:
+            try:
+                chunk = f.read1(1 << 16)  # read1: nothing decompressed is lost when the stream is cut
+            except EOFError:  # "Compressed file ended before the end-of-stream marker was reached"
+                chunk = b""
+            except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+                raise ValueError(f"{p}: not a readable gzip file ({e})") from None
+            if not chunk:
+                break
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
+
+
+def prefer_plain(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """``paths`` (found by a search), less every ``X.jsonl.gz`` whose ``X.jsonl`` is among them or
+    next to it on disk: the plain file wins, and a ``BothResultsWarning`` says which ``.gz`` was
+    left unread (see module doc). Order kept."""
+    paths = [Path(p) for p in paths]
+    listed = set(paths)
+    out = []
+    for p in paths:
+        plain = p.with_name(p.name[: -len(".gz")]) if _gzipped(p) else None
+        if plain is not None and (plain in listed or plain.exists()):
+            warnings.warn(f"both {plain} and {p.name} next to it: reading {plain.name}, not {p.name} (the plain file "
+                          f"is the one a bench appends to; delete the one you do not mean)", BothResultsWarning,
+                          stacklevel=2)
+            if plain not in listed:
+                out.append(plain)
+                listed.add(plain)
+            continue
+        out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def results_in(folder: str | os.PathLike) -> Path:
+    """The results file of a folder: ``results.jsonl``, else ``results.jsonl.gz`` (both there: the
+    plain one, with a ``BothResultsWarning``). ``FileNotFoundError`` when neither is there."""
+    d = Path(folder)
+    plain, gz = d / "results.jsonl", d / "results.jsonl.gz"
+    if plain.exists() or gz.exists():
+        return prefer_plain([gz if gz.exists() else plain])[0]
+    raise FileNotFoundError(f"no results file at {plain} (nor {gz.name})")
+
+
 class ResultStore:
-    """Append-only JSONL results file (see module doc)."""
+    """Append-only JSONL results file (see module doc); a ``.gz`` one is read only."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.skipped_lines = 0
 
+    def _writable(self) -> None:
+        if _gzipped(self.path):
+            raise ValueError(f"{self.path} is gzipped: results are read from it, never written to it (a bench "
+                             f"appends to a plain results.jsonl; gzip that for the repository)")
+
     def append(self, row: dict) -> None:
+        self._writable()
         line = json.dumps(row, default=_json_default, separators=(",", ":"), allow_nan=True)
         if "\n" in line:  # json.dumps never emits raw newlines, but be explicit
             raise ValueError("row serialises to more than one line")
@@ -173,6 +271,7 @@ class ResultStore:
 
     def rewrite(self, rows: Iterable[dict]) -> None:
         """Replace the whole file by ``rows`` atomically (a temporary file renamed over it)."""
+        self._writable()
         lines = [json.dumps(r, default=_json_default, separators=(",", ":"), allow_nan=True) + "\n" for r in rows]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -187,24 +286,23 @@ class ResultStore:
         if not self.path.exists():
             return []
         out = []
-        with open(self.path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):  # truncated last line
-                    if raw.strip():
-                        self.skipped_lines += 1
-                    continue
-                text = raw.strip()
-                if not text:
-                    continue
-                try:
-                    obj = json.loads(text)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+        for raw in read_lines(self.path):
+            if not raw.endswith(b"\n"):  # truncated last line
+                if raw.strip():
                     self.skipped_lines += 1
-                    continue
-                if isinstance(obj, dict):
-                    out.append(obj)
-                else:
-                    self.skipped_lines += 1
+                continue
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                self.skipped_lines += 1
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+            else:
+                self.skipped_lines += 1
         return out
 
     def done_keys(self, statuses: Iterable[str] | None = None) -> set:

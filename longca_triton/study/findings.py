@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from longca_triton.bench.report import latest_rows, markdown_table, mask_label, row_time
-from longca_triton.bench.store import ResultStore, environment_unsupported, status_kind
+from longca_triton.bench.store import (
+    RESULTS_PATTERNS,
+    ResultStore,
+    environment_unsupported,
+    prefer_plain,
+    status_kind,
+)
 
 __all__ = ["KERNEL_KINDS", "Cell", "Findings", "collect_paths", "compute", "load_results", "render_markdown",
            "valid_tflops"]
@@ -58,16 +64,18 @@ OURS_PREFIX = "triton"
 
 # ---------------------------------------------------------------------------- loading
 def collect_paths(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files as given; directories searched recursively for ``*.jsonl``. A missing path, or a
-    directory without any JSONL file, is an error naming it."""
+    """Files as given; directories searched recursively for ``*.jsonl`` and ``*.jsonl.gz`` (where
+    both ``X.jsonl`` and ``X.jsonl.gz`` are found, the plain one, with a warning:
+    ``bench.store.prefer_plain``). A missing path, or a directory without any results file, is an
+    error naming it."""
     out: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = sorted(p.rglob("*.jsonl"))
+            found = sorted(f for pattern in RESULTS_PATTERNS for f in p.rglob(pattern))
             if not found:
-                raise FileNotFoundError(f"no *.jsonl results file under {p}")
-            out += found
+                raise FileNotFoundError(f"no *.jsonl (or *.jsonl.gz) results file under {p}")
+            out += prefer_plain(found)
         elif p.exists():
             out.append(p)
         else:

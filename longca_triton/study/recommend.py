@@ -72,21 +72,30 @@ class Recommendation:
 
 
 def default_results() -> list[Path]:
-    """The committed results of a checkout (``experiments/results/**/results.jsonl``), if here."""
-    return [Path(p) for p in sorted(glob.glob("experiments/results/**/results.jsonl", recursive=True))]
+    """The committed results of a checkout (``experiments/results/**/results.jsonl`` and
+    ``results.jsonl.gz``; both in one folder: the plain one, with a warning:
+    ``bench.store.prefer_plain``), if here."""
+    from longca_triton.bench.store import prefer_plain
+
+    found = [p for name in ("results.jsonl", "results.jsonl.gz")
+             for p in glob.glob(f"experiments/results/**/{name}", recursive=True)]
+    return prefer_plain(sorted(found))
 
 
 def load_rows(paths) -> list[dict]:
-    """Every row of the JSONL files (a cut last line is skipped); each row remembers its file."""
+    """Every row of the JSONL files, plain or gzipped (``.jsonl.gz``; a cut last line is skipped);
+    each row remembers its file."""
+    from longca_triton.bench.store import read_lines
+
     rows = []
     for p in paths:
         p = Path(p)
         if not p.exists():
             raise FileNotFoundError(f"results file {p} not found")
-        for line in p.read_text().splitlines():
+        for line in read_lines(p):
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):  # a garbled line
                 continue
             if isinstance(r, dict):
                 r["_file"] = str(p)
