@@ -123,7 +123,10 @@ def valid_tflops(r: dict) -> float | None:
 
 
 def _slice(r: dict) -> tuple:
-    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("dtype"), r.get("batch") or 1)
+    # D_v != D_qk is its own slice, labelled "192/128" as the bench's plots name it (d192-128)
+    d, dv = r.get("head_dim"), r.get("d_v")
+    dims = f"{d}/{dv}" if dv is not None and d is not None and dv != d else d
+    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), dims, r.get("dtype"), r.get("batch") or 1)
 
 
 def slice_title(key: tuple) -> str:
