@@ -36,19 +36,17 @@
 # `timeout 450`, which killed the copy step at the end (results.jsonl now sits in $OUT from the
 # start, so only report.md and plots.tgz would be lost).
 #
-# Plan (python3 experiments/gpu/study_plan.py, recalibrated on the 2026-11-23 slice: a point that runs
-# costs 0.09 s + 2.66 x its timed work, a refused one (not installed, a mask it cannot take) 5 ms;
-# calls' times from the backends' measured TFLOP/s at the nearest length; the model gives 412 s for
-# that slice's 1K-2K (3264 points, no wheels), measured 355 s; +-40%, compile and reference-check
-# growth with S not modelled):
+# Plan (python3 experiments/gpu/study_plan.py, refit after session 6's two slices with the wheels:
+# a point that runs costs 0.25 s + 2.22 x its timed work, a refused one 4 ms; calls' times from the
+# backends' measured TFLOP/s at the nearest length; +-40 %, compile and reference-check growth with
+# S not modelled). Done: 1K, 2K with every installed vendor kernel, 4K half. Left, roughly:
 #   dense.toml    12,576 points (12 masks x 9 S x 2 heads x 2 head dims x 2 modes x 17 backends, the
-#                 (S, backend) pairs above [backend_max_seqlen] left out): ~330 min of bench time,
-#                 most of it at 16K-128K (31 + 47 + 60 + 34 + 128 min) -> ~55 calls; 1K-2K are done
-#                 but for the wheels' backends (cudnn, fa3-fwd, fa4, flex-fa4: ~1.5 min to redo)
-#   sparse.toml      504 points: ~88 min (128K: 60 min) -> ~15 calls
-#   varblock.toml    240 points: ~25 min -> ~5 calls
-#   all: ~443 min of bench time, ~74 calls of 6 min + 150 s (setup, start-up, report, plots) = ~628
-#   device-minutes, ~26 sessions of 30 device-minutes. Cheapest cuts, if that is too much: --no-check
+#                 (S, backend) pairs above [backend_max_seqlen] left out): ~319 min of bench time,
+#                 most of it at 16K-128K (35 + 45 + 60 + 30 + 108 min) -> ~54 calls
+#   sparse.toml      504 points: ~75 min (128K: 50 min) -> ~13 calls
+#   varblock.toml    240 points: ~21 min -> ~4 calls
+#   all: ~415 min of bench time, ~70 calls of 6 min + 150 s (setup, start-up, report, plots) = ~590
+#   device-minutes, ~24 sessions of 30 device-minutes. Cheapest cuts, if that is too much: --no-check
 #   above 16K (the float32 reference), the MHA or head-dim-64 half for 64K-128K, or rep = 10 as
 #   sparse.toml has.
 set -o pipefail
