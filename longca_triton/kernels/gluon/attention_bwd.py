@@ -272,21 +272,31 @@ def _dkdv_step_math(s_t, dp_t, g, m, offs_k, partial, Lse, Delta, LO, HI, lse_ba
     return _ds(s_t * qk_scale, dp_t, gl.expand_dims(lse2, 0), gl.expand_dims(delta, 0))
 
 
-@gluon.jit
-def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc,
-                   Lse, Delta, LO, HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq,
-                   HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr, NUM_IV: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, SKEW: gl.constexpr):
-    kv_bar, in_ready, in_empty = bars
-    start_n, lse_base, r0, r_end, num_full, num_steps = plan
-    dtype: gl.constexpr = k_smem.dtype
-    # S^T, dP^T: [64 keys, BLOCK_MQ queries]; dK, dV: [64 keys, D]
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_MQ, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+@gluon.constexpr_function
+def _key_major_layouts(block_mq, head_dim):
+    """``(t_layout, acc_layout, op_layout)`` of a key-major consumer warpgroup: S^T, dP^T
+    ``[64 keys, BLOCK_MQ queries]``; dK, dV ``[64 keys, D]``; P^T / dS^T as a register A operand."""
+    t_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_mq, 16])
+    acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 16])
+    op_layout = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    return t_layout, acc_layout, op_layout
 
+
+@gluon.jit
+def _run_cursor(r0, RUN_START, RUN_END):
+    """The run-list cursor ``(r, m, e, g)`` at a key tile's first query tile (``_advance_wrap``)."""
+    r = r0
+    m = gl.load(RUN_START + r)
+    e = gl.load(RUN_END + r)
+    g = 0
+    return r, m, e, g
+
+
+@gluon.jit
+def _key_major_consumer_start(WG: gl.constexpr, k_smem, v_smem, kv_bar, start_n, t_layout: gl.constexpr,
+                              acc_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr):
+    """A key-major consumer warpgroup's keys ``key0 ..`` (``offs_k``), the zero S^T accumulator,
+    zero dK, dV, and its K, V halves once ``kv_bar`` has seen them loaded."""
     key0 = start_n + WG * M_WG
     offs_k = key0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, t_layout))
     t_zero = gl.zeros([M_WG, BLOCK_MQ], gl.float32, t_layout)
@@ -295,14 +305,39 @@ def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_d
     k = k_smem.index(WG)
     v = v_smem.index(WG)
     mbarrier.wait(kv_bar, 0)
+    return key0, offs_k, t_zero, dk, dv, k, v
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale):
+    """K and V are no longer read: their buffers stage dK and dV for TMA stores (clipped at Sk)."""
+    dtype: gl.constexpr = k.dtype
+    k.store((dk * softmax_scale).to(dtype))
+    v.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [key0, 0], k)
+    tma.async_copy_shared_to_global(dv_desc, [key0, 0], v)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc,
+                   Lse, Delta, LO, HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq,
+                   HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr, NUM_IV: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, SKEW: gl.constexpr):
+    kv_bar, in_ready, in_empty = bars
+    start_n, lse_base, r0, r_end, num_full, num_steps = plan
+    dtype: gl.constexpr = k_smem.dtype
+    t_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[0]
+    acc_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[1]
+    op_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[2]
+    key0, offs_k, t_zero, dk, dv, k, v = _key_major_consumer_start(WG, k_smem, v_smem, kv_bar, start_n, t_layout,
+                                                                   acc_layout, HEAD_DIM, BLOCK_MQ)
 
     if not SKEW:
         # one tile at a time: fewer live registers (no P^T, dS^T operands carried across steps);
         # the two warpgroups still overlap each other's math and GEMMs
-        r = r0
-        m = gl.load(RUN_START + r)
-        e = gl.load(RUN_END + r)
-        g = 0
+        r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
         for j in range(num_steps):
             st = j % NUM_STAGES
             mbarrier.wait(in_ready.index(st), (j // NUM_STAGES) & 1)
@@ -320,10 +355,7 @@ def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_d
             mbarrier.arrive(in_empty.index(st))
             r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
     elif num_steps > 0:
-        r = r0
-        m = gl.load(RUN_START + r)
-        e = gl.load(RUN_END + r)
-        g = 0
+        r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
         mbarrier.wait(in_ready.index(0), 0)
         s_t = warpgroup_mma(k, q_smem.index(0).permute((1, 0)), t_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v, do_smem.index(0).permute((1, 0)), t_zero, use_acc=False, is_async=True)
@@ -357,13 +389,7 @@ def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_d
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
         mbarrier.arrive(in_empty.index(lst))
 
-    # K and V are no longer read: their buffers stage dK and dV for TMA stores (clipped at Sk)
-    k.store((dk * softmax_scale).to(dtype))
-    v.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [key0, 0], k)
-    tma.async_copy_shared_to_global(dv_desc, [key0, 0], v)
-    tma.store_wait(0)
+    _store_dkdv(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale)
 
 
 @gluon.jit
@@ -376,10 +402,7 @@ def _dkdv_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_s
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [start_n + w * M_WG, 0], kv_bar, k_smem.index(w))
         tma.async_copy_global_to_shared(v_desc, [start_n + w * M_WG, 0], kv_bar, v_smem.index(w))
-    r = r0
-    m = gl.load(RUN_START + r)
-    e = gl.load(RUN_END + r)
-    g = 0
+    r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
     for j in range(num_steps):
         st = j % NUM_STAGES
         mbarrier.wait(in_empty.index(st), ((j // NUM_STAGES) & 1) ^ 1)

@@ -83,7 +83,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -94,9 +93,13 @@ from .attention_bwd import (
     _ds,
     _interval_mask_t,
     _key_major_buffers,
+    _key_major_consumer_start,
     _key_major_descs,
+    _key_major_layouts,
     _key_major_program,
     _row_stats,
+    _run_cursor,
+    _store_dkdv,
 )
 from .attention_fwd import M_WG
 
@@ -139,6 +142,31 @@ def _step_math(s_t, dp_t, g, m, offs_k, partial, Lse, Delta, LO, HI, lse_base, q
 
 
 @gluon.jit
+def _fused_consumer_start(WG: gl.constexpr, k_smem, v_smem, kv_bar, plan, RUN_START, RUN_END,
+                          t_layout: gl.constexpr, acc_layout: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          BLOCK_MQ: gl.constexpr, DQ_ROWS: gl.constexpr):
+    """Both fused consumers' prologue: ``_key_major_consumer_start``, the zero dQ^T accumulator
+    ``[DQ_ROWS head-dim rows, BLOCK_MQ queries]`` (S^T's layout) and the run cursor ``(r, m, e, g)``."""
+    key0, offs_k, t_zero, dk, dv, k, v = _key_major_consumer_start(WG, k_smem, v_smem, kv_bar, plan[0], t_layout,
+                                                                   acc_layout, HEAD_DIM, BLOCK_MQ)
+    dq_zero = gl.zeros([DQ_ROWS, BLOCK_MQ], gl.float32, t_layout)
+    r, m, e, g = _run_cursor(plan[2], RUN_START, RUN_END)
+    return key0, offs_k, t_zero, dq_zero, dk, dv, k, v, r, m, e, g
+
+
+@gluon.jit
+def _fused_consumer_end(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale, ds_ready, num_steps,
+                        DQ_SPLIT_D: gl.constexpr):
+    """Both fused consumers' epilogue: K and V are no longer read, so their buffers stage dK and dV
+    (``_store_dkdv``). Why the barrier: with DQ_SPLIT_D the other warpgroup's last dQ^T GEMM reads
+    this K half."""
+    if DQ_SPLIT_D:
+        mbarrier.arrive(ds_ready.index(num_steps % 2))
+        mbarrier.wait(ds_ready.index(num_steps % 2), (num_steps // 2) & 1)
+    _store_dkdv(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale)
+
+
+@gluon.jit
 def _fused_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, dk_desc,
                     dv_desc, DQA, num_tiles_q, Lse, Delta, LO, HI, RUN_START, RUN_END, plan,
                     qk_scale, softmax_scale, Sq, HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr,
@@ -147,30 +175,14 @@ def _fused_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
     kv_bar, in_ready, in_empty, ds_ready = bars
     start_n, lse_base, r0, r_end, num_full, num_steps = plan
     dtype: gl.constexpr = k_smem.dtype
-    # S^T, dP^T: [64 keys, BLOCK_MQ queries]; dK, dV: [64 keys, D]
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_MQ, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    t_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[0]
+    acc_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[1]
+    op_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[2]
     # dQ^T of this warpgroup: [DQ_ROWS head-dim rows, BLOCK_MQ queries]
     DQ_ROWS: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_layout: gl.constexpr = t_layout
-
-    key0 = start_n + WG * M_WG
-    offs_k = key0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, t_layout))
-    t_zero = gl.zeros([M_WG, BLOCK_MQ], gl.float32, t_layout)
-    dq_zero = gl.zeros([DQ_ROWS, BLOCK_MQ], gl.float32, dq_layout)
-    dk = gl.zeros([M_WG, HEAD_DIM], gl.float32, acc_layout)
-    dv = gl.zeros([M_WG, HEAD_DIM], gl.float32, acc_layout)
-    k = k_smem.index(WG)
-    v = v_smem.index(WG)
-    mbarrier.wait(kv_bar, 0)
-
-    r = r0
-    m = gl.load(RUN_START + r)
-    e = gl.load(RUN_END + r)
-    g = 0
+    key0, offs_k, t_zero, dq_zero, dk, dv, k, v, r, m, e, g = _fused_consumer_start(
+        WG, k_smem, v_smem, kv_bar, plan, RUN_START, RUN_END, t_layout, acc_layout, HEAD_DIM, BLOCK_MQ, DQ_ROWS)
     for j in range(num_steps):
         st = j % NUM_STAGES
         mbarrier.wait(in_ready.index(st), (j // NUM_STAGES) & 1)
@@ -211,17 +223,7 @@ def _fused_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
         _dq_atomic_add(dq_t, tile, WG * DQ_ROWS if DQ_SPLIT_D else 0, dq_layout, DQ_ROWS, BLOCK_MQ)
         r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
 
-    # K and V are no longer read: their buffers stage dK and dV for TMA stores (clipped at Sk).
-    # Why the barrier: with DQ_SPLIT_D the other warpgroup's last dQ^T GEMM reads this K half
-    if DQ_SPLIT_D:
-        mbarrier.arrive(ds_ready.index(num_steps % 2))
-        mbarrier.wait(ds_ready.index(num_steps % 2), (num_steps // 2) & 1)
-    k.store((dk * softmax_scale).to(dtype))
-    v.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [key0, 0], k)
-    tma.async_copy_shared_to_global(dv_desc, [key0, 0], v)
-    tma.store_wait(0)
+    _fused_consumer_end(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale, ds_ready, num_steps, DQ_SPLIT_D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,29 +254,13 @@ def _fused_consumer_staged(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds
     kv_bar, in_ready, in_empty, ds_ready, dq_full, dq_empty = bars
     start_n, lse_base, r0, r_end, num_full, num_steps = plan
     dtype: gl.constexpr = k_smem.dtype
-    # S^T, dP^T: [64 keys, BLOCK_MQ queries]; dK, dV: [64 keys, D]; dQ^T: [DQ_ROWS, BLOCK_MQ]
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_MQ, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    t_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[0]
+    acc_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[1]
+    op_layout: gl.constexpr = _key_major_layouts(BLOCK_MQ, HEAD_DIM)[2]
     DQ_ROWS: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     idx_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [1, 0])
-
-    key0 = start_n + WG * M_WG
-    offs_k = key0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, t_layout))
-    t_zero = gl.zeros([M_WG, BLOCK_MQ], gl.float32, t_layout)
-    dq_zero = gl.zeros([DQ_ROWS, BLOCK_MQ], gl.float32, t_layout)
-    dk = gl.zeros([M_WG, HEAD_DIM], gl.float32, acc_layout)
-    dv = gl.zeros([M_WG, HEAD_DIM], gl.float32, acc_layout)
-    k = k_smem.index(WG)
-    v = v_smem.index(WG)
-    mbarrier.wait(kv_bar, 0)
-
-    r = r0
-    m = gl.load(RUN_START + r)
-    e = gl.load(RUN_END + r)
-    g = 0
+    key0, offs_k, t_zero, dq_zero, dk, dv, k, v, r, m, e, g = _fused_consumer_start(
+        WG, k_smem, v_smem, kv_bar, plan, RUN_START, RUN_END, t_layout, acc_layout, HEAD_DIM, BLOCK_MQ, DQ_ROWS)
     for j in range(num_steps):
         st = j % NUM_STAGES
         buf = j % 2
@@ -321,17 +307,7 @@ def _fused_consumer_staged(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds
         mbarrier.arrive(in_empty.index(st))
         r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
 
-    # as in _fused_consumer: K, V stage dK, dV; with DQ_SPLIT_D the other warpgroup's last dQ^T
-    # GEMM reads this K half
-    if DQ_SPLIT_D:
-        mbarrier.arrive(ds_ready.index(num_steps % 2))
-        mbarrier.wait(ds_ready.index(num_steps % 2), (num_steps // 2) & 1)
-    k.store((dk * softmax_scale).to(dtype))
-    v.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [key0, 0], k)
-    tma.async_copy_shared_to_global(dv_desc, [key0, 0], v)
-    tma.store_wait(0)
+    _fused_consumer_end(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale, ds_ready, num_steps, DQ_SPLIT_D)
 
 
 @gluon.jit
