@@ -742,11 +742,9 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
         G.gluon_bwd_fused(torch.randn_like(q), q, k, v, out, lse, dq_plan, 0.125, fcfg)
 
 
-@pytest.mark.parametrize("d,dv,store_tma", [(192, 128, True), (96, 96, True), (256, 256, True), (64, 128, False)],
-                         ids=lambda x: str(x))
-def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
-    """True dims and padded tiles reach the kernel's constexprs; out has D_v columns; O leaves by TMA
-    only where its padded tile fits Q's buffer."""
+def _recorded_forward(monkeypatch, d, dv, config=None):
+    """``gluon_fwd`` at head dims ``d`` / ``dv`` (GQA 4:2, Sq=300, Sk=200) with the kernel recorded,
+    its outputs' shapes and its pointer dtypes checked. Returns ``(recorder, run(**kw), cfg)``."""
     from longca_triton.kernels.gluon import attention_fwd
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
@@ -756,12 +754,23 @@ def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
     q = torch.randn(2, 300, 4, d, dtype=torch.bfloat16)
     k = torch.randn(2, 200, 2, d, dtype=torch.bfloat16)
     v = torch.randn(2, 200, 2, dv, dtype=torch.bfloat16)
-    cfg = G.resolve_config(d, torch.bfloat16, head_dim_v=dv)
+    cfg = G.resolve_config(d, torch.bfloat16, config, head_dim_v=dv)
     plan = get_ws_plan(mask, G.BLOCK_M, cfg["BLOCK_N"], "cpu")
-    out, lse = G.gluon_fwd(q, k, v, plan, 0.125, cfg)
+    run = lambda **kw: G.gluon_fwd(q, k, v, plan, 0.125, cfg, **kw)  # noqa: E731
+    out, lse = run()
     assert out.shape == (2, 300, 4, dv) and lse.shape == (2, 4, 300)
-    bf, f32 = torch.bfloat16, torch.float32
-    _check_binding(fwd, {"Q": bf, "K": bf, "V": bf, "Out": bf, "Lse": f32})
+    bf = torch.bfloat16
+    _check_binding(fwd, {"Q": bf, "K": bf, "V": bf, "Out": bf, "Lse": torch.float32})
+    return fwd, run, cfg
+
+
+@pytest.mark.parametrize("d,dv,store_tma", [(192, 128, True), (96, 96, True), (256, 256, True), (64, 128, False)],
+                         ids=lambda x: str(x))
+def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
+    """True dims and padded tiles reach the kernel's constexprs; out has D_v columns; O leaves by TMA
+    only where its padded tile fits Q's buffer."""
+    fwd, run, cfg = _recorded_forward(monkeypatch, d, dv)
+    f32 = torch.float32
     kw = fwd.calls[0][2]
     pad = lambda x: max(16, 1 << (x - 1).bit_length())  # noqa: E731
     assert (kw["HEAD_DIM_QK"], kw["HEAD_DIM_V"], kw["BLOCK_DQK"], kw["BLOCK_DV"]) == (d, dv, pad(d), pad(dv))
@@ -770,7 +779,7 @@ def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
     assert kw["SPLIT_D"] is False, "split_d is off by default"
     # a float32 output (context parallelism's partials) always takes the masked pointer store
     fwd.calls.clear()
-    out, _ = G.gluon_fwd(q, k, v, plan, 0.125, cfg, out_dtype=f32)
+    out, _ = run(out_dtype=f32)
     assert out.shape[-1] == dv and out.dtype == f32 and not fwd.calls[0][2]["STORE_TMA"]
 
 
@@ -779,21 +788,7 @@ def test_forward_launcher_binds_padded_head_dims(monkeypatch, d, dv, store_tma):
 def test_forward_launcher_binds_split_d(monkeypatch, d, dv, store_tma):
     """split_d reaches the kernel as SPLIT_D; the padded tiles stay the BLOCK_D* constexprs (the
     kernel derives its pieces from both); O leaves by TMA where its pieces fit Q's."""
-    from longca_triton.kernels.gluon import attention_fwd
-    from longca_triton.kernels.gluon.plan import get_ws_plan
-
-    fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
-    monkeypatch.setattr(attention_fwd, "gluon_fwd_kernel", fwd)
-    mask = random_range_mask(300, 200, seed=4)
-    q = torch.randn(2, 300, 4, d, dtype=torch.bfloat16)
-    k = torch.randn(2, 200, 2, d, dtype=torch.bfloat16)
-    v = torch.randn(2, 200, 2, dv, dtype=torch.bfloat16)
-    cfg = G.resolve_config(d, torch.bfloat16, dict(split_d=True), head_dim_v=dv)
-    plan = get_ws_plan(mask, G.BLOCK_M, cfg["BLOCK_N"], "cpu")
-    out, lse = G.gluon_fwd(q, k, v, plan, 0.125, cfg)
-    assert out.shape == (2, 300, 4, dv) and lse.shape == (2, 4, 300)
-    _check_binding(fwd, {"Q": torch.bfloat16, "K": torch.bfloat16, "V": torch.bfloat16, "Out": torch.bfloat16,
-                         "Lse": torch.float32})
+    fwd, _, _ = _recorded_forward(monkeypatch, d, dv, dict(split_d=True))
     kw = fwd.calls[0][2]
     assert kw["SPLIT_D"] is True and kw["STORE_TMA"] == store_tma
     assert (kw["HEAD_DIM_QK"], kw["HEAD_DIM_V"]) == (d, dv)

@@ -67,6 +67,7 @@ from .._runtime import (
 from ..config import ConfigSpec
 from ..config import resolve as _resolve
 from ..core import LOG2E
+from ..dense import _check_plan as check_plan
 from ..dense import check_deterministic as dense_check_deterministic
 from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
@@ -339,9 +340,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     from .attention_fwd import gluon_fwd_kernel
 
     tiles = plan.tiles
-    if tiles.block_m != BLOCK_M or tiles.block_n != cfg["BLOCK_N"]:
-        raise ValueError(f"plan is for tiles {tiles.block_m}x{tiles.block_n}, the Gluon forward "
-                         f"needs {BLOCK_M}x{cfg['BLOCK_N']}")
+    check_plan(tiles, BLOCK_M, cfg["BLOCK_N"], "Gluon forward")
     q, k, v = (descriptor_ready(t) for t in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -393,12 +392,8 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softm
     ``dq, dk, dv`` in the inputs' dtype."""
     from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
 
-    if dq_plan.tiles.block_m != BLOCK_M or dq_plan.tiles.block_n != cfg["dq_block_n"]:
-        raise ValueError(f"dQ plan is for tiles {dq_plan.tiles.block_m}x{dq_plan.tiles.block_n}, "
-                         f"config says {BLOCK_M}x{cfg['dq_block_n']}")
-    if dkdv_plan.tiles.block_m != cfg["dkdv_block_mq"] or dkdv_plan.tiles.block_n != BLOCK_M:
-        raise ValueError(f"dK/dV plan is for tiles {dkdv_plan.tiles.block_m}x{dkdv_plan.tiles.block_n}, "
-                         f"config says {cfg['dkdv_block_mq']}x{BLOCK_M}")
+    check_plan(dq_plan.tiles, BLOCK_M, cfg["dq_block_n"], "dQ")
+    check_plan(dkdv_plan.tiles, cfg["dkdv_block_mq"], BLOCK_M, "dK/dV")
     q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
     if delta is None:
         return dq, dk, dv
@@ -442,9 +437,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     )
 
     mq = cfg["fused_block_mq"]
-    if plan.tiles.block_m != mq or plan.tiles.block_n != BLOCK_M:
-        raise ValueError(f"fused backward plan is for tiles {plan.tiles.block_m}x{plan.tiles.block_n}, "
-                         f"config says {mq}x{BLOCK_M}")
+    check_plan(plan.tiles, mq, BLOCK_M, "fused backward")
     q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
     if delta is None:
         return dq, dk, dv
