@@ -76,6 +76,10 @@ def test_need_layout_exact(world):
                 gk = np.concatenate([np.arange(a, b) for a, b, _ in segs]) if segs else np.zeros(0, np.int64)
                 want = dense[pr][:, gk]
                 assert torch.equal(rm.to_dense() if rm is not None else torch.zeros_like(want), want), (name, kind, r)
+                # the joint mode's one call: own keys, then the received ones
+                jm = lay.joint_mask(r)
+                want = dense[pr][:, np.concatenate([pr, gk])]
+                assert torch.equal(jm.to_dense() if jm is not None else torch.zeros_like(want), want), (name, kind, r)
             for s in range(world):
                 idx = lay.send_index(s)
                 assert len(idx) == sum(lay.send_splits(s)) and (idx < plan.local_len).all()
@@ -155,6 +159,39 @@ def test_balanced_plan_keeps_documents_whole():
         cp.make_plan(m, 4, "balanced", balance_tol=-1)
 
 
+def test_joint_applies_to_group_cast_only():
+    plan = cp.make_plan(make_mask("causal", 64), 1)
+    q = torch.zeros(1, 64, 2, 16)
+    with pytest.raises(ValueError, match="joint applies to the group_cast scheme only"):
+        cp.attention(q, q[:, :, :1], q[:, :, :1], plan, "ring_p2p", joint=False)
+
+
+def test_after_dkdv_runs_before_dq(monkeypatch):
+    """The backward's hook (where group_cast posts the dK/dV transfer) fires after the dK/dV launch
+    and before the dQ launch, with the finished dK/dV, in the dtype asked for."""
+    from longca_triton.kernels import dense
+
+    calls = []
+    real_dkdv, real_dq = dense.launch_bwd_dkdv, dense.launch_bwd_dq
+    monkeypatch.setattr(dense, "launch_bwd_dkdv", lambda *a, **k: (calls.append("dkdv"), real_dkdv(*a, **k))[1])
+    monkeypatch.setattr(dense, "launch_bwd_dq", lambda *a, **k: (calls.append("dq"), real_dq(*a, **k))[1])
+    mask = make_mask("causal_document", 96, seed=1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 96, h, 16, generator=g) for h in (4, 2, 2))
+    step = cp.TritonStep(config={"BLOCK_M": 32, "BLOCK_N": 32, "DKDV_BLOCK_M": 32, "DKDV_BLOCK_N": 32,
+                                 "DQ_BLOCK_M": 32, "DQ_BLOCK_N": 32})
+    out, lse = step.forward(q, k, v, mask, 0.25, partial=False)
+    assert out.dtype == q.dtype
+    seen = {}
+
+    def hook(dk, dv):
+        calls.append("hook")
+        seen["dk"], seen["dv"] = dk.clone(), dv.clone()
+    dq, dk, dv = step.backward(torch.ones_like(out), q, k, v, out, lse, mask, 0.25, partial=False, after_dkdv=hook)
+    assert calls == ["dkdv", "hook", "dq"]
+    assert torch.equal(seen["dk"], dk) and torch.equal(seen["dv"], dv) and dq.dtype == q.dtype
+
+
 def test_group_cast_errors_and_cli():
     from click.testing import CliRunner
 
@@ -189,7 +226,9 @@ def _worker(rank, world, outdir):
         prob = make_problem(mask, 2, HEADS[world], 16, torch.float64, "cpu", seed=world)
         for kind in cp.PLAN_KINDS:
             plan = cp.make_plan(mask, world, kind)
-            results.append(run_case(Case("group_cast", plan, "reference", count_bytes=True, label=f"{mname}/{kind}"), prob))
+            for joint in (True, False):  # one call over own + received keys / local call + remote call + merge
+                results.append(run_case(Case("group_cast", plan, "reference", count_bytes=True, joint=joint,
+                                             label=f"{mname}/{kind}/{'joint' if joint else 'split'}"), prob))
         if mname == "random":  # the generic recompute-under-autograd step kernel, and the area-only balanced plan
             plan = cp.make_plan(mask, world, "balanced", locality=False)
             results.append(run_case(Case("group_cast", plan, cp.AutogradStep("reference"), count_bytes=True,
@@ -213,7 +252,7 @@ def test_group_cast_matches_reference(world, tmp_path):
 
     spawn(_worker, world, str(tmp_path))
     res = [r for k in range(world) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
-    assert len(res) == world * (9 * len(cp.PLAN_KINDS) + 1 + (2 if world == 4 else 0))
+    assert len(res) == world * (2 * 9 * len(cp.PLAN_KINDS) + 1 + (2 if world == 4 else 0))
     bad = [r for r in res if not r["ok"]]
     assert not bad, f"{len(bad)} of {len(res)} rank-cases failed, first: {bad[:2]}"
     assert all(r.get("bytes_ok") for r in res)
@@ -226,8 +265,9 @@ def _triton_worker(rank, world, outdir):
     _Ring.FUSED_MERGE = True  # the CUDA path's fused merge, interpreted
     mask = doc_prefix_mask(128, [40, 30, 58], 6)
     prob = make_problem(mask, 1, (4, 2), 16, torch.float32, "cpu", seed=1)
-    res = [run_case(Case("group_cast", cp.make_plan(mask, world, kind), "triton", count_bytes=True, label=kind), prob, tol=1e-4)
-           for kind in ("zigzag", "balanced")]
+    res = [run_case(Case("group_cast", cp.make_plan(mask, world, kind), "triton", count_bytes=True, joint=joint,
+                         label=f"{kind}/{'joint' if joint else 'split'}"), prob, tol=1e-4)
+           for kind in ("zigzag", "balanced") for joint in (True, False)]
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
 
@@ -239,7 +279,7 @@ def test_group_cast_with_triton_kernel(tmp_path):
 
     spawn(_triton_worker, 2, str(tmp_path))
     res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
-    assert len(res) == 4 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
+    assert len(res) == 8 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
 
 
 def test_bench_report_issue16_table(tmp_path):

@@ -256,8 +256,9 @@ class _AllGatherAttention(torch.autograd.Function):
         mask = plan.pair_mask((comm.rank,), tuple(range(N)))
         acc = acc_dtype(q.dtype)
         if mask is not None:
-            out, lse = kernel.forward(q, kv_all[..., :d_qk], kv_all[..., d_qk:], mask, scale)
-            out, lse = out.to(q.dtype), lse.to(acc)  # one step: no merge, the output in q's dtype
+            # one step: no merge, the output in q's dtype straight from the kernel
+            out, lse = kernel.forward(q, kv_all[..., :d_qk], kv_all[..., d_qk:], mask, scale, partial=False)
+            out, lse = out.to(q.dtype), lse.to(acc)
         else:
             out = q.new_zeros((B, q.shape[1], q.shape[2], v.shape[-1]))
             lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
@@ -277,7 +278,7 @@ class _AllGatherAttention(torch.autograd.Function):
             dout = torch.zeros_like(out)
         if mask is not None:
             dq, dk, dv = kernel.backward(dout.contiguous(), q, kv_all[..., :d_qk], kv_all[..., d_qk:], out, lse, mask,
-                                         scale, dlse)
+                                         scale, dlse, partial=False)
             dkv = torch.cat([dk, dv], dim=-1).to(acc)  # [B, N L, Hkv, D_qk + D_v]
         else:
             dq = torch.zeros_like(q)
@@ -369,7 +370,7 @@ def _expand_kv(k: torch.Tensor, U: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- public entry
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, scheme: str = "ring_p2p", group=None,
               backend="triton", return_lse: bool = False, *, softmax_scale: float | None = None,
-              ulysses_degree: int | None = None, window: int | None = None):
+              ulysses_degree: int | None = None, window: int | None = None, joint: bool | None = None):
     """Context-parallel attention of this rank's shards (``q [B, L, Hq, D_qk]``, ``k [B, L, Hkv, D_qk]``,
     ``v [B, L, Hkv, D_v]`` from :func:`dispatch`). Returns this rank's ``out [B, L, Hq, D_v]`` and, with ``return_lse``,
     ``lse [B, Hq, L]`` (float32; float64 for float64 inputs). Differentiable in q, k, v (and
@@ -377,12 +378,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
 
     ``scheme``: ulysses | ring_p2p | ring_allgather | usp | loongtrain | group_cast. ``ulysses_degree`` (usp,
     loongtrain) and ``window`` (loongtrain's inner ring) shape the mesh (``mesh.py`` for defaults).
+    ``joint`` (group_cast only): one kernel call over the own and the received keys (default), or
+    with ``False`` a local call that overlaps the transfer, a remote call and a merge (``group_cast.py``).
     ``backend``: a backend name (``triton``, ``reference``, any registered backend returning lse)
     or a :class:`~longca_triton.cp.kernels.StepKernel`. Every rank of ``group`` must call this
     with the same arguments.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
+    if joint is not None and scheme != "group_cast":
+        raise ValueError(f"joint applies to the group_cast scheme only, not {scheme!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be [batch, local_len, heads, head_dim], got shape {tuple(t.shape)}")
@@ -407,7 +412,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
     if scheme == "group_cast":
         from .group_cast import GroupCastAttention
 
-        out, lse = GroupCastAttention.apply(q, k, v, plan, Comm(group), kernel, scale)
+        out, lse = GroupCastAttention.apply(q, k, v, plan, Comm(group), kernel, scale, True if joint is None else bool(joint))
         return (out, lse) if return_lse else out
 
     mesh = get_mesh(group, U, W, O)

@@ -282,6 +282,9 @@ def _cp_point(cp, kernel, mask, scheme, kind, sopt, B, Hq, Hkv, D, dtype, device
         kw = dict(ulysses_degree=sopt.get("ulysses_degree"), window=sopt.get("window"))
         U, W, O = cp.resolve_dims(scheme, dist.get_world_size(), Hq, kw["ulysses_degree"], kw["window"])
         res.update(ulysses_degree=U, ring_inner=W, ring_outer=O)
+        if scheme == "group_cast":  # [scheme.group_cast] joint = false: the split mode (group_cast.py)
+            kw["joint"] = bool(sopt.get("joint", True))
+            res["joint"] = kw["joint"]
 
         if mode == "fwd":
             def fn():

@@ -34,6 +34,7 @@ class Case:
     ulysses_degree: int | None = None
     window: int | None = None
     count_bytes: bool = False
+    joint: bool | None = None  # group_cast's mode (None: its default)
     label: str = ""
 
 
@@ -107,7 +108,7 @@ def run_case(case: Case, prob: Problem, group=None, tol: float = 1e-9, keep: boo
     COUNTER.reset()
     t0 = time.perf_counter()
     out, lse = attention(ql, kl, vl, plan, case.scheme, group, case.backend, return_lse=True,
-                         ulysses_degree=case.ulysses_degree, window=case.window)
+                         ulysses_degree=case.ulysses_degree, window=case.window, joint=case.joint)
     loss = (out * gout_l).sum() + (_finite(lse) * glse_l.to(lse.dtype)).sum()
     loss.backward()
     seconds = time.perf_counter() - t0

@@ -1,6 +1,22 @@
 """``group_cast``: move only the keys the mask needs (MagiAttention's GroupCast / GroupReduce idea).
 
-Forward, on rank ``r`` (layout from :mod:`.need`):
+Two modes. **Joint** (the default, ``joint=True``), on rank ``r``:
+
+1. every rank gathers, for every other rank, the K/V rows of its local keys that rank's queries
+   attend (KV heads only: with GQA the query heads never move) and exchanges them by **one
+   all-to-all with variable splits**;
+2. one kernel call of ``r``'s queries against ``cat([own K/V, received K/V])`` under the joint
+   mask (``NeedLayout.joint_mask``): no merge, the output straight in the inputs' dtype;
+3. backward: one kernel call; as soon as its dK/dV are written (before its dQ kernel runs) the
+   received keys' dK/dV partials (float32) go back to their owners by the **reverse all-to-all**,
+   overlapping the dQ kernel, and each owner adds them into its dK/dV (``index_add_``).
+
+Why joint by default: on 2 x H200 at 8K tokens per GPU the split mode's two calls per query tile
+cost 20 % more kernel time than one (each query tile's prologue, epilogue and float32 partial
+twice, then a merge and a dQ sum), more than the forward transfer it hides
+(``experiments/results/h200x2/group_cast/profile``).
+
+**Split** (``joint=False``), forward, on rank ``r``:
 
 1. every rank gathers, for every other rank, the K/V rows of its local keys that rank's queries
    attend (KV heads only: with GQA the query heads never move) and posts **one all-to-all with
@@ -10,7 +26,7 @@ Forward, on rank ``r`` (layout from :mod:`.need`):
    remote mask (the global mask remapped to the received key coordinates), and the two partials
    are merged by their lse (``merge.py``; the fused Triton merge on CUDA).
 
-Backward (no recomputation, FlashAttention style with the merged ``out`` / ``lse``): the remote
+Split backward (no recomputation, FlashAttention style with the merged ``out`` / ``lse``): the remote
 part first, so that its dK/dV partials (float32) can go back to their owners by the **reverse
 all-to-all** (the same splits, transposed) while the local part's backward runs; each owner then
 adds what comes back into its dK/dV by the gathered positions (``index_add_``, so a key needed by
@@ -59,16 +75,17 @@ def _use_fused(q) -> bool:
 
 class GroupCastAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float):
+    def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float, joint: bool = True):
         me = comm.rank
         lay = need_layout(plan)
-        B = k.shape[0]
         acc = acc_dtype(q.dtype)
         work = recv = None
         if lay.any_traffic:
             idx = _index(plan, me, k.device)  # gather only what leaves: [n_send, 2, B, Hkv, D]
             send = torch.stack([k.index_select(1, idx).transpose(0, 1), v.index_select(1, idx).transpose(0, 1)], dim=1)
             recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
+        if joint:
+            return _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work)
         local_mask = plan.pair_mask((me,), (me,))
         parts = []
         if local_mask is not None:
@@ -80,8 +97,7 @@ class GroupCastAttention(torch.autograd.Function):
         if remote_mask is not None:
             parts.append(kernel.forward(q, kv_r[0], kv_r[1], remote_mask, scale))
         if not parts:
-            out = torch.zeros_like(q)
-            lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
+            out, lse = _empty(q, v, acc)
         elif len(parts) == 1:
             out, lse = parts[0][0].to(q.dtype), parts[0][1].to(acc)
         else:
@@ -96,14 +112,16 @@ class GroupCastAttention(torch.autograd.Function):
                 merge_(out, lse, o2, l2)
                 out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, kv_r if kv_r is not None else torch.empty(0), out, lse)
-        ctx.info = (plan, comm, kernel, scale, local_mask, remote_mask)
+        ctx.info = (plan, comm, kernel, scale, local_mask, remote_mask, False)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if ctx.info[-1]:
+            return _joint_backward(ctx, dout, dlse)
         q, k, v, kv_r, out, lse = ctx.saved_tensors
-        plan, comm, kernel, scale, local_mask, remote_mask = ctx.info
+        plan, comm, kernel, scale, local_mask, remote_mask, _ = ctx.info
         me = comm.rank
         lay = need_layout(plan)
         acc = acc_dtype(q.dtype)
@@ -129,12 +147,76 @@ class GroupCastAttention(torch.autograd.Function):
         else:
             dk = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv = torch.zeros(v.shape, dtype=acc, device=v.device)
-        if work is not None:
-            work.wait()
-            if back.shape[0]:
-                idx = _index(plan, me, k.device)
-                dk.index_add_(1, idx, back[:, 0].transpose(0, 1))
-                dv.index_add_(1, idx, back[:, 1].transpose(0, 1))
+        _add_returned(plan, me, dk, dv, back, work)
         if dq is None:
             dq = torch.zeros_like(q)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def _empty(q, v, acc):
+    """Output and lse of queries that attend nothing: zeros and ``-inf``."""
+    B, L, H = q.shape[:3]
+    return q.new_zeros((B, L, H, v.shape[-1])), torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
+
+
+def _add_returned(plan, me, dk, dv, back, work):
+    """Wait for the dK/dV partials other ranks computed for this rank's keys and add them in."""
+    if work is None:
+        return
+    work.wait()
+    if back.shape[0]:
+        idx = _index(plan, me, dk.device)
+        dk.index_add_(1, idx, back[:, 0].transpose(0, 1))
+        dv.index_add_(1, idx, back[:, 1].transpose(0, 1))
+
+
+def _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work):
+    me = comm.rank
+    acc = acc_dtype(q.dtype)
+    mask = lay.joint_mask(me)  # host work while the transfer flies
+    if work is not None:
+        work.wait()
+    if recv is not None and recv.shape[0]:
+        kv_r = _unrows(recv)  # [2, B, n, Hkv, D]
+        kj, vj = torch.cat([k, kv_r[0]], dim=1), torch.cat([v, kv_r[1]], dim=1)
+    else:
+        kj, vj = k, v
+    if mask is None:
+        out, lse = _empty(q, v, acc)
+    else:
+        # one call, no merge: the output in q's dtype straight from the kernel
+        out, lse = kernel.forward(q, kj, vj, mask, scale, partial=False)
+        out, lse = out.to(q.dtype), lse.to(acc)
+    ctx.save_for_backward(q, kj, vj, out, lse)
+    ctx.info = (lay.plan, comm, kernel, scale, mask, k.shape[1], k.dtype, v.dtype, True)
+    ctx.set_materialize_grads(False)
+    return out, lse
+
+
+def _joint_backward(ctx, dout, dlse):
+    q, kj, vj, out, lse = ctx.saved_tensors
+    plan, comm, kernel, scale, mask, L, k_dtype, v_dtype, _ = ctx.info
+    me = comm.rank
+    lay = need_layout(plan)
+    acc = acc_dtype(q.dtype)
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    sent = {}
+
+    def send_back(dkj, dvj):
+        # the received keys' dK/dV partials go home while the dQ kernel runs
+        if lay.any_traffic:
+            dkv_r = _rows(torch.stack([dkj[:, L:], dvj[:, L:]]).to(acc))  # [n_recv, 2, B, Hkv, D]
+            sent["back"], sent["work"] = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv",
+                                                           async_op=True)
+
+    if mask is not None:
+        dq, dkj, dvj = kernel.backward(dout, q, kj, vj, out, lse, mask, scale, dlse, partial=False, after_dkdv=send_back)
+        dk, dv = dkj[:, :L].to(acc), dvj[:, :L].to(acc)
+    else:
+        dq = torch.zeros_like(q)
+        dkj = torch.zeros(kj.shape, dtype=acc, device=q.device)
+        dvj = torch.zeros(vj.shape, dtype=acc, device=q.device)
+        send_back(dkj, dvj)
+        dk, dv = dkj[:, :L], dvj[:, :L]
+    _add_returned(plan, me, dk, dv, sent.get("back"), sent.get("work"))
+    return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None

@@ -9,6 +9,12 @@ A step kernel has two methods, FlashAttention style:
   the kernel's usual equations give exactly this block's share of the gradients, so a ring
   backward needs no recomputation of the forward and no correction terms.
 
+Both take keyword-only options: ``partial=False`` says the call is the only one for its queries (no
+merge and no dQ sum follow), so ``out`` / ``dq`` may come back in the inputs' dtype instead of a
+float32 partial; ``after_dkdv(dk, dv)`` (backward) is called as soon as dK/dV are ready and before
+dQ is computed, so that a scheme can post their transfer while dQ runs (kernels that compute both
+together call it at the end).
+
 Resolution of a backend name (:func:`get_step_kernel`):
 
 1. a registered backend with ``cp_forward`` / ``cp_backward`` methods: those;
@@ -42,10 +48,10 @@ def _safe(lse: torch.Tensor) -> torch.Tensor:
 class StepKernel:
     name = "step"
 
-    def forward(self, q, k, v, mask, scale):
+    def forward(self, q, k, v, mask, scale, *, partial=True):
         raise NotImplementedError
 
-    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
+    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
         raise NotImplementedError
 
     def single_device(self) -> "StepKernel":
@@ -58,14 +64,14 @@ class TorchStep(StepKernel):
 
     name = "torch"
 
-    def forward(self, q, k, v, mask, scale):
+    def forward(self, q, k, v, mask, scale, *, partial=True):
         from longca_triton.reference import naive_attention
 
         with torch.no_grad():
             out, lse = naive_attention(q, k, v, mask, scale, return_lse=True)
         return out, lse.to(acc_dtype(q.dtype))
 
-    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
+    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
         acc = acc_dtype(q.dtype)
         B, Sq, Hq, D = q.shape
         Hkv = k.shape[2]
@@ -87,7 +93,10 @@ class TorchStep(StepKernel):
         Sk = k.shape[1]
         dk = dk.view(B, Hkv, g, Sk, D).sum(2)
         dv = dv.view(B, Hkv, g, Sk, v.shape[3]).sum(2)  # v may have its own head dim
-        return dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
+        dk, dv = dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
+        if after_dkdv is not None:
+            after_dkdv(dk, dv)
+        return dq.transpose(1, 2).to(q.dtype), dk, dv
 
 
 class TritonStep(StepKernel):
@@ -129,16 +138,17 @@ class TritonStep(StepKernel):
     # why float32 partials: a rank merges one partial output (and adds one partial dQ, dK, dV) per
     # step; rounding each to bf16 first made the error grow with the ring (2x the single-GPU error
     # at N = 4 on an H200). The kernels store float32 directly, and the merge rounds once.
-    def forward(self, q, k, v, mask, scale):
+    def forward(self, q, k, v, mask, scale, *, partial=True):
         cfg, (fwd, _, _) = self._setup(q, k, v, mask)
         return self.dense.dense_fwd(q, k, v, fwd, float(scale), cfg,
-                                    out_dtype=acc_dtype(q.dtype) if self.float32_partials else None)
+                                    out_dtype=acc_dtype(q.dtype) if self.float32_partials and partial else None)
 
-    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
+    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
         cfg, (_, dkdv, dq) = self._setup(q, k, v, mask)
+        grad = acc_dtype(q.dtype) if self.float32_partials else None
         return self.dense.dense_bwd(dout, q, k, v, out.to(q.dtype), lse.float(), dkdv, dq, float(scale), cfg,
-                                    dlse=None if dlse is None else dlse.float(),
-                                    grad_dtype=acc_dtype(q.dtype) if self.float32_partials else None)
+                                    dlse=None if dlse is None else dlse.float(), grad_dtype=grad,
+                                    dq_dtype=grad if partial else q.dtype, after_dkdv=after_dkdv)
 
 
 class AutogradStep(StepKernel):
@@ -152,12 +162,18 @@ class AutogradStep(StepKernel):
             raise ValueError(f"backend {self.backend.name!r} does not return the log-sum-exp, which context parallelism needs")
         self.name = f"{self.backend.name}:autograd"
 
-    def forward(self, q, k, v, mask, scale):
+    def forward(self, q, k, v, mask, scale, *, partial=True):
         with torch.no_grad():
             out, lse = self.backend.attention(q, k, v, mask, softmax_scale=scale, return_lse=True)
         return out, lse.to(acc_dtype(q.dtype))
 
-    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
+    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
+        dq, dk, dv = self._grads(dout, q, k, v, out, lse, mask, scale, dlse)
+        if after_dkdv is not None:
+            after_dkdv(dk, dv)
+        return dq, dk, dv
+
+    def _grads(self, dout, q, k, v, out, lse, mask, scale, dlse):
         acc = acc_dtype(q.dtype)
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -212,11 +228,14 @@ class _MethodStep(StepKernel):
         self.impl = impl
         self.name = getattr(impl, "name", "backend")
 
-    def forward(self, q, k, v, mask, scale):
+    def forward(self, q, k, v, mask, scale, *, partial=True):
         return self.impl.cp_forward(q, k, v, mask, scale)
 
-    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None):
-        return self.impl.cp_backward(dout, q, k, v, out, lse, mask, scale, dlse)
+    def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
+        dq, dk, dv = self.impl.cp_backward(dout, q, k, v, out, lse, mask, scale, dlse)
+        if after_dkdv is not None:
+            after_dkdv(dk, dv)
+        return dq, dk, dv
 
 
 def default_scale(head_dim: int, softmax_scale: float | None) -> float:

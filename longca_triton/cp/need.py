@@ -95,6 +95,18 @@ class NeedLayout:
             self._cache[key] = m
         return self._cache[key]
 
+    def joint_mask(self, r: int):
+        """Mask between ``r``'s local queries and its own keys followed by its received keys (the
+        layout of ``cat([own K, received K])``; ``None`` when nothing is attended): the one call of
+        ``group_cast``'s joint mode."""
+        key = ("joint", r)
+        if key not in self._cache:
+            L = self.plan.local_len
+            ks = self.plan.segments((r,)) + [(g0, g1, off + L) for g0, g1, off in self.recv_segments(r)]
+            self._cache[key] = layout_mask(self.plan.mask, self.plan.segments((r,)), ks, L, L + int(self.counts[r].sum()),
+                                           name=f"{self.plan.mask.name}@{self.plan.kind}[{r}]x(own+received)")
+        return self._cache[key]
+
     def describe(self) -> str:
         recv = self.counts.sum(axis=1)
         return (f"NeedLayout(N={self.world_size}, tokens received per rank {recv.tolist()} of "

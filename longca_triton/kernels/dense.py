@@ -311,9 +311,14 @@ def dense_fwd(q, k, v, plan: TilePlan, softmax_scale: float, cfg: dict, out_dtyp
 
 
 def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
-              softmax_scale: float, cfg: dict, dlse=None, grad_dtype=None):
+              softmax_scale: float, cfg: dict, dlse=None, grad_dtype=None, dq_dtype=None, after_dkdv=None):
     """Launch preprocess, dK/dV and dQ. Returns ``dq, dk, dv`` in the inputs' dtype (or
-    ``grad_dtype``: float32 partial gradients for context parallelism's accumulation)."""
+    ``grad_dtype``: float32 partial gradients for context parallelism's accumulation; ``dq_dtype``
+    overrides it for dQ alone).
+
+    ``after_dkdv(dk, dv)`` is called once dK/dV are enqueued and before dQ is: context parallelism
+    posts the transfer of dK/dV there so that it overlaps the dQ kernel (with the one-launch and
+    fused-dQ variants, which finish dK/dV and dQ together, it is called at the end)."""
     _check_plan(dkdv_plan, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], "dK/dV")
     _check_plan(dq_plan, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], "dQ")
     q, k, v, out, dout = (_descriptor_ready(t) for t in (q, k, v, out, dout))
@@ -321,8 +326,12 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
     sk = k.shape[1]
     dk = torch.empty(k.shape, device=k.device, dtype=grad_dtype or k.dtype)  # [B, Sk, Hkv, D_qk]
     dv = torch.empty(v.shape, device=v.device, dtype=grad_dtype or v.dtype)  # [B, Sk, Hkv, D_v]
+    dq_dtype = dq_dtype or grad_dtype or q.dtype
+    hook = after_dkdv or (lambda dk_, dv_: None)
     if b * hq * d == 0 or sq == 0 or sk == 0:
-        return q.new_zeros((b, sq, hq, d), dtype=grad_dtype or q.dtype), dk.zero_(), dv.zero_()
+        dk.zero_(), dv.zero_()
+        hook(dk, dv)
+        return q.new_zeros((b, sq, hq, d), dtype=dq_dtype), dk, dv
     _ensure_allocator(q.device)
     lse = lse.contiguous()
     delta = launch_bwd_preprocess(out, dout, dlse)
@@ -330,12 +339,15 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         dq_acc = torch.zeros((b, sq, hq, d), device=q.device, dtype=torch.float32)
         launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg,
                         dq_acc=dq_acc)
-        return dq_acc.to(grad_dtype or q.dtype), dk, dv
-    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=grad_dtype or q.dtype)
+        hook(dk, dv)
+        return dq_acc.to(dq_dtype), dk, dv
+    dq = torch.empty((b, sq, hq, d), device=q.device, dtype=dq_dtype)
     if cfg["one_launch"]:
         launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan, dq_plan, softmax_scale, cfg)
+        hook(dk, dv)
         return dq, dk, dv
     launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
+    hook(dk, dv)
     launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
     return dq, dk, dv
 

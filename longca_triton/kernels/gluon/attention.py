@@ -125,10 +125,21 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     tiles lose 10-20 %. Backward (gluon_bwd_configs.log): rings of 3 for dQ and 2 for dK/dV beat 2/3
     by 14-17 % (full 69.8 -> 59.7 ms, causal 32.2 -> 26.7 ms).
 
-    One rule by mask, D = 128 (``resolve_config``, gluon/run2/bwd_configs.log): where the mask
-    keeps every pair (density 1, ``full``) the dK/dV kernel walks 64-row query tiles
-    (``dkdv_block_mq=64``): full 62.2 -> 51.7 ms; on causal the same tiles lose (27.2 -> 31.6 ms),
-    and the masks between were not measured, so they keep 32.
+    Two rules by mask (``resolve_config``). D = 128: where every tile the mask touches is full (no
+    partial tiles: ``full``, ``block_causal_document``) the dK/dV kernel walks 64-row query tiles
+    (``dkdv_block_mq=64``); every static mask at 16K, GQA 64:8, H100 (gluon/run3/bwd_masks.log,
+    ms, 32 / 64): full 60.0 / 51.2, block_causal_document 13.4 / 11.7; causal 28.1 / 31.5,
+    full_document 14.1 / 16.8, causal_document 8.0 / 9.1, share_question 10.6 / 14.5,
+    causal_blockwise 21.4 / 24.2, prefix_lm_causal 47.4 / 57.1 (0.9 % partial tiles and still
+    -17 %), prefix_lm_document 8.2 / 9.3, sliding_window 7.5 / 8.7, sliding_window_causal 4.4 / 5.0,
+    global_sliding_window 13.9 / 14.4. The same run timed the plain-Triton backward under the Gluon
+    forward (``gluon_bwd=False``): ahead on share_question only (10.1 vs 10.5 ms), 1-9 % behind on
+    the other eleven, so ``gluon_bwd`` stays on. D = 96: ``split_d`` on where the mask's density is
+    at least 0.5 (gluon/run3/split_d.log, TFLOP/s, padded / split: full 506 / 522, causal 456 / 494,
+    causal_document 383 / 354, cuDNN 492 / 450); at D = 80 split loses on full (434 / 415) and
+    causal_document (325 / 278) and wins causal by 2 % (400 / 407): off. The dQ-writer variants of
+    the fused backward (``fused_dq``) are right on the GPU (gluon/run3) and 1.6x faster than its
+    atomic dQ (full 83.1 -> 54.0 ms, causal 44.9 -> 31.4) but still behind split (51.4 / 27.3).
 
     Forward at the other head dims (gluon/run2/headdims.log, 16K): D = 64 449 / 445 TFLOP/s full /
     causal (0.94 / 0.95x cuDNN), 96 510 / 464 (1.03x), 192/128 615 / 575 (0.96 / 0.95x), 256 721 / 657
@@ -141,10 +152,10 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
     ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
 
-    ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off: compiled
-    on the CPU only (experiments/results/cpu-aot/gluon_split_d.md), not yet timed or checked on a
-    GPU. With it on, the ring depth default stays the padded one's (a split tile needs less shared
-    memory, so a deeper ring may fit: 4 stages at 96, 5 at 80).
+    ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
+    turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
+    gluon/run3/split_d_tests.txt). With it on, the ring depth default stays the padded one's (a split
+    tile needs less shared memory, so a deeper ring may fit: 4 stages at 96, 5 at 80; not timed).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
@@ -229,6 +240,21 @@ def _regs(consumer_regs: int) -> tuple[int, int]:
     return REG_BUDGET - 2 * consumer_regs, REG_BUDGET // 3
 
 
+def _tiles_all_full(mask, block_m: int, block_n: int) -> bool:
+    """True when every ``block_m x block_n`` tile the mask touches is entirely allowed: all its
+    slices are full rectangles on tile boundaries (or the sequence's end)."""
+    slices = getattr(mask, "slices", None)
+    if not slices:
+        return False
+    sq, sk = mask.seqlen_q, mask.seqlen_k
+    for qs, qe, ks, ke, kind in slices:
+        if getattr(kind, "name", kind) != "FULL":
+            return False
+        if qs % block_m or ks % block_n or (qe % block_m and qe != sq) or (ke % block_n and ke != sk):
+            return False
+    return True
+
+
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None,
                    k=None, mask=None, v=None, head_dim_v: Optional[int] = None) -> dict:
     """``config`` (else the autotune cache's ``triton-gluon`` entry) over :func:`default_config`,
@@ -241,9 +267,14 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v
     base = default_config(head_dim, dtype, dv)
-    if head_dim == dv == 128 and mask is not None and getattr(mask, "density", 0.0) >= 1.0:
-        # the one mask-dependent default (default_config's docstring: full 1.20x, causal 0.86x)
+    if head_dim == dv == 128 and mask is not None and _tiles_all_full(mask, 64, 128):
+        # mask-dependent default (default_config's docstring: 64-row dK/dV query tiles win on the
+        # masks without partial tiles, full and block_causal_document, and lose on every other)
         base["dkdv_block_mq"] = 64
+    if head_dim == dv == 96 and mask is not None and getattr(mask, "density", 0.0) >= 0.5:
+        # exact 64 + 32 pieces instead of a padded 128 tile win where rows walk many key tiles
+        # (default_config's docstring: full +3 %, causal +8 %; causal_document -8 %)
+        base["split_d"] = True
     cfg = _resolve(_SPEC, base, config, q=q, k=k, mask=mask, v=v if dv != head_dim else None)
     no_bwd = bwd_reason(head_dim, dv)
     if no_bwd:

@@ -1,0 +1,179 @@
+"""Where a CP scheme's time goes beyond half the single-GPU time (issue 16), on 2+ GPUs.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python experiments/gpu/cp_profile.py --out $OUT [--masks causal_document,full]
+
+For each mask x (scheme, plan) (8K tokens per GPU, GQA 64:8, D = 128, bf16, fwd+bwd, our Triton step
+kernel), every rank reports, into ``OUT/profile_r<rank>.txt`` and one JSON row per point in
+``OUT/profile.jsonl`` (rank 0):
+
+* ``cp_ms``: one CP call (fwd+bwd), the slowest rank's median over 10 (CUDA events, barrier before each);
+* ``kernel_ms``: the same rank's step-kernel calls alone, without any collective, merge, cast or copy
+  (group_cast: the one call over own + received keys, or with ``+split`` the local + remote calls;
+  ring_allgather: the one call against the gathered keys) -- the compute floor of the scheme on that rank;
+* ``single_ms``: the whole mask on one GPU (the benchmark's baseline);
+* a torch.profiler table (the top device-time ops of three calls) and the device-busy fraction
+  (kernel time / wall time of those calls: below ~0.95 the GPU waits on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+
+def _med(fn, reps=10):
+    import torch
+    import torch.distributed as dist
+
+    ts = []
+    for _ in range(reps):
+        dist.barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def worker(a) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from longca_triton import cp
+    from longca_triton.cp.kernels import TritonStep
+    from longca_triton.cp.need import need_layout
+    from longca_triton.masks import make_mask
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    rank, N = dist.get_rank(), dist.get_world_size()
+    S, Hq, Hkv, D = a.tokens_per_gpu * N, 64, 8, 128
+    out = Path(a.out)
+    log = open(out / f"profile_r{rank}.txt", "a")
+    kern = TritonStep()
+    scale = D ** -0.5
+    dev = torch.device("cuda", local)
+    for mname in a.masks.split(","):
+        kw = dict(block=1024) if mname == "block_causal_document" else {}
+        mask = make_mask(mname, S, seed=0, **kw)
+        # the single-GPU baseline, every rank on its own GPU (rank 0's is reported)
+        g = torch.Generator(device=dev).manual_seed(1)
+        qs = torch.randn(1, S, Hq, D, device=dev, dtype=torch.bfloat16, generator=g)
+        ks, vs = (torch.randn(1, S, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
+        single = kern.single_device()
+
+        def one():
+            o, lse = single.forward(qs, ks, vs, mask, scale)
+            single.backward(torch.ones_like(o), qs, ks, vs, o, lse, mask, scale)
+        one()
+        single_ms = _med(one)
+        for spec in a.points.split(","):
+            scheme, kind = spec.split("/")
+            scheme, _, mode = scheme.partition("+")  # group_cast+split: the split mode
+            kw = dict(joint=mode != "split") if scheme == "group_cast" else {}
+            plan = cp.make_plan(mask, N, kind)
+            L = plan.local_len
+            g = torch.Generator(device=dev).manual_seed(100 + rank)
+            q = torch.randn(1, L, Hq, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+            k = torch.randn(1, L, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+            v = torch.randn(1, L, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+            do = torch.randn_like(q)
+
+            def call():
+                o = cp.attention(q, k, v, plan, scheme, None, kern, **kw)
+                return torch.autograd.grad(o, (q, k, v), do)
+            for _ in range(3):
+                call()
+            cp_ms = _med(call)
+            # the same rank's kernel calls alone
+            calls = []
+            if scheme == "group_cast" and kw["joint"]:
+                lay = need_layout(plan)
+                jm = lay.joint_mask(rank)
+                kj = torch.randn(1, L + sum(lay.recv_splits(rank)), Hkv, D, device=dev, dtype=torch.bfloat16)
+                if jm is not None:
+                    calls.append((kj, kj, jm, False))
+            elif scheme == "group_cast":
+                lay = need_layout(plan)
+                lm, rm = plan.pair_mask((rank,), (rank,)), lay.remote_mask(rank)
+                n_r = sum(lay.recv_splits(rank))
+                kr = torch.randn(1, max(n_r, 1), Hkv, D, device=dev, dtype=torch.bfloat16)
+                if lm is not None:
+                    calls.append((k.detach(), v.detach(), lm, True))
+                if rm is not None:
+                    calls.append((kr, kr, rm, True))
+            else:
+                kall = torch.randn(1, N * L, Hkv, D, device=dev, dtype=torch.bfloat16)
+                m = plan.pair_mask((rank,), tuple(range(N)))
+                if m is not None:
+                    calls.append((kall, kall, m, False))
+            qd = q.detach()
+
+            def kernels_only():
+                for kk, vv, m, part in calls:
+                    o, lse = kern.forward(qd, kk, vv, m, scale, partial=part)
+                    kern.backward(do, qd, kk, vv, o, lse, m, scale, partial=part)
+            kernels_only()
+            kernel_ms = _med(kernels_only)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    call()
+                torch.cuda.synchronize()
+            ev = prof.key_averages()
+            dev_total = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 1e3
+            t = torch.tensor([cp_ms, kernel_ms, single_ms], device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            table = ev.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60)
+            print(f"\n==== {mname} {spec} rank {rank}: cp {cp_ms:.3f} ms, kernels alone {kernel_ms:.3f} ms, "
+                  f"single {single_ms:.3f} ms, device time in 3 calls {dev_total:.3f} ms\n{table}", file=log, flush=True)
+            if rank == 0:
+                row = dict(mask=mname, scheme=scheme + ("+split" if mode == "split" else ""), plan=kind, N=N, S=S, cp_ms_max=t[0].item(),
+                           kernel_ms_max=t[1].item(), single_ms=t[2].item(), rank0_cp_ms=cp_ms,
+                           rank0_kernel_ms=kernel_ms, rank0_device_ms_per_call=dev_total / 3,
+                           efficiency=t[2].item() / (N * t[0].item()),
+                           kernel_ceiling=t[2].item() / (N * t[1].item()))
+                with open(out / "profile.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+            torch.cuda.empty_cache()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "results/cp-profile"))
+    p.add_argument("--masks", default="causal_document,full")
+    p.add_argument("--points", default="group_cast/balanced,group_cast+split/balanced,ring_allgather/balanced",
+                   help="scheme[+split]/plan, comma-separated (group_cast+split: its split mode)")
+    p.add_argument("--tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    import torch
+
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    n = torch.cuda.device_count()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
+           "--worker", "--out", a.out, "--masks", a.masks, "--points", a.points,
+           "--tokens-per-gpu", str(a.tokens_per_gpu)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(cmd, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
