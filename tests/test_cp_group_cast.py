@@ -76,13 +76,20 @@ def test_need_layout_exact(world):
                 gk = np.concatenate([np.arange(a, b) for a, b, _ in segs]) if segs else np.zeros(0, np.int64)
                 want = dense[pr][:, gk]
                 assert torch.equal(rm.to_dense() if rm is not None else torch.zeros_like(want), want), (name, kind, r)
-                # the joint mode's one call: own keys, then the received ones
+                # the joint mode's one call: own and received keys interleaved in global order
+                pieces = lay.joint_pieces(r)
+                assert [p[0] for p in pieces] == [0] + [p[1] for p in pieces[:-1]]
+                jk = np.concatenate([(pr, gk)[src][a:a + j1 - j0] for j0, j1, src, a in pieces])
+                assert sorted(jk.tolist()) == jk.tolist() and len(jk) == len(pr) + len(gk)
                 jm = lay.joint_mask(r)
-                want = dense[pr][:, np.concatenate([pr, gk])]
+                want = dense[pr][:, jk]
                 assert torch.equal(jm.to_dense() if jm is not None else torch.zeros_like(want), want), (name, kind, r)
             for s in range(world):
                 idx = lay.send_index(s)
                 assert len(idx) == sum(lay.send_splits(s)) and (idx < plan.local_len).all()
+                runs = lay.send_ranges(s)  # the same positions as runs of consecutive keys
+                flat = np.concatenate([np.arange(a, b) for a, b in runs]) if runs else np.zeros(0, np.int64)
+                assert np.array_equal(flat, idx) and all(b1 != a2 for (_, b1), (a2, _) in zip(runs, runs[1:]))
 
 
 def test_sparse_need_layout_has_idle_ranks():

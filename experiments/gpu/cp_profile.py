@@ -79,6 +79,13 @@ def worker(a) -> int:
             single.backward(torch.ones_like(o), qs, ks, vs, o, lse, mask, scale)
         one()
         single_ms = _med(one)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                one()
+            torch.cuda.synchronize()
+        print(f"\n==== {mname} single GPU (whole mask) rank {rank}: {single_ms:.3f} ms\n"
+              f"{prof.key_averages().table(sort_by='self_device_time_total', row_limit=10, max_name_column_width=60)}",
+              file=log, flush=True)
         for spec in a.points.split(","):
             scheme, kind = spec.split("/")
             scheme, _, mode = scheme.partition("+")  # group_cast+split: the split mode

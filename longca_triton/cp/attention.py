@@ -45,7 +45,7 @@ from .comm import SCHEMES, Comm
 from .kernels import StepKernel, acc_dtype, default_scale, get_step_kernel
 from .mesh import CPMesh, get_mesh, resolve_dims
 from .merge import merge_, merge_into
-from .plan import CPPlan
+from .plan import CPPlan, layout_mask
 
 __all__ = ["attention", "merge_", "SCHEMES"]
 
@@ -243,6 +243,34 @@ class _RingAttention(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------- all-gather ring
+def _global_runs(plan: CPPlan) -> list[tuple[int, int, int, int]]:
+    """The padded sequence in global order as runs of one rank's local keys:
+    ``(global_start, rank, local_start, local_end)``, consecutive chunks of one rank merged."""
+    if "global_runs" not in plan._cache:
+        c, owner = plan.chunk_size, {}
+        for r, chs in enumerate(plan.chunks):
+            for i, ch in enumerate(chs):
+                owner[ch] = (r, i * c)
+        runs = []
+        for ch in range(plan.num_chunks):
+            r, a = owner[ch]
+            if runs and runs[-1][1] == r and runs[-1][3] == a:
+                runs[-1] = (runs[-1][0], r, runs[-1][2], a + c)
+            else:
+                runs.append((ch * c, r, a, a + c))
+        plan._cache["global_runs"] = runs
+    return plan._cache["global_runs"]
+
+
+def _global_rows_mask(plan: CPPlan, rank: int):
+    """Mask between ``rank``'s local queries and the whole (padded) sequence in global order."""
+    key = ("global_rows", rank)
+    if key not in plan._cache:
+        plan._cache[key] = layout_mask(plan.mask, plan.segments((rank,)), [(0, plan.padded_len, 0)], plan.local_len,
+                                       plan.padded_len, name=f"{plan.mask.name}@{plan.kind}[{rank}]x(all)")
+    return plan._cache[key]
+
+
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float):
@@ -252,8 +280,12 @@ class _AllGatherAttention(torch.autograd.Function):
         N = comm.size
         kv = torch.cat([k, v], dim=-1)  # [B, L, Hkv, D_qk + D_v]
         g = comm.all_gather(kv, "fwd", "kv") if N > 1 else kv[None]  # [N, B, L, Hkv, D_qk + D_v]
-        kv_all = g.permute(1, 0, 2, 3, 4).reshape(B, N * L, Hkv, kv.shape[-1])
-        mask = plan.pair_mask((comm.rank,), tuple(range(N)))
+        # the gathered keys in global order (one copy): a row's keys stay one interval where the
+        # mask has one, so the kernel sees the single-GPU tile structure (rank-major order split
+        # causal rows in two and cost 5-20 % of kernel time on the document masks)
+        runs = _global_runs(plan)
+        kv_all = torch.cat([g[r][:, a:b] for _, r, a, b in runs], dim=1)  # [B, padded S, Hkv, D_qk + D_v]
+        mask = _global_rows_mask(plan, comm.rank)
         acc = acc_dtype(q.dtype)
         if mask is not None:
             # one step: no merge, the output in q's dtype straight from the kernel
@@ -263,14 +295,14 @@ class _AllGatherAttention(torch.autograd.Function):
             out = q.new_zeros((B, q.shape[1], q.shape[2], v.shape[-1]))
             lse = torch.full((B, q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
         ctx.save_for_backward(q, kv_all, out, lse)
-        ctx.info = (mask, comm, kernel, scale, d_qk)
+        ctx.info = (mask, comm, kernel, scale, d_qk, plan)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, kv_all, out, lse = ctx.saved_tensors
-        mask, comm, kernel, scale, d_qk = ctx.info
+        mask, comm, kernel, scale, d_qk, _ = ctx.info
         acc = acc_dtype(q.dtype)
         B, NL, Hkv, D2 = kv_all.shape
         N = comm.size
@@ -283,6 +315,9 @@ class _AllGatherAttention(torch.autograd.Function):
         else:
             dq = torch.zeros_like(q)
             dkv = torch.zeros(kv_all.shape, dtype=acc, device=q.device)
+        # back to rank-major order for the reduce-scatter
+        dkv = torch.cat([dkv[:, p:p + (b - a)] for p, _, a, b in sorted(_global_runs(ctx.info[5]), key=lambda t: t[1:3])],
+                        dim=1)
         dkv = dkv.view(B, N, NL // N, Hkv, D2).transpose(0, 1)  # [N, B, L, Hkv, D_qk + D_v]
         mine = comm.reduce_scatter(dkv, "bwd", "dkv") if N > 1 else dkv[0]
         return (dq.to(q.dtype), mine[..., :d_qk].to(kv_all.dtype), mine[..., d_qk:].to(kv_all.dtype),

@@ -5,8 +5,10 @@ Two modes. **Joint** (the default, ``joint=True``), on rank ``r``:
 1. every rank gathers, for every other rank, the K/V rows of its local keys that rank's queries
    attend (KV heads only: with GQA the query heads never move) and exchanges them by **one
    all-to-all with variable splits**;
-2. one kernel call of ``r``'s queries against ``cat([own K/V, received K/V])`` under the joint
-   mask (``NeedLayout.joint_mask``): no merge, the output straight in the inputs' dtype;
+2. one kernel call of ``r``'s queries against its own and the received K/V interleaved in global
+   order (``NeedLayout.joint_pieces``: a row's keys stay one interval where the mask has one, so
+   the kernel sees the single-GPU tile structure) under the joint mask: no merge, the output
+   straight in the inputs' dtype;
 3. backward: one kernel call; as soon as its dK/dV are written (before its dQ kernel runs) the
    received keys' dK/dV partials (float32) go back to their owners by the **reverse all-to-all**,
    overlapping the dQ kernel, and each owner adds them into its dK/dV (``index_add_``).
@@ -81,8 +83,11 @@ class GroupCastAttention(torch.autograd.Function):
         acc = acc_dtype(q.dtype)
         work = recv = None
         if lay.any_traffic:
-            idx = _index(plan, me, k.device)  # gather only what leaves: [n_send, 2, B, Hkv, D]
-            send = torch.stack([k.index_select(1, idx).transpose(0, 1), v.index_select(1, idx).transpose(0, 1)], dim=1)
+            # gather only what leaves, [n_send, 2, B, Hkv, D]: runs of consecutive keys copied by one
+            # cat (an indexed gather cost ~0.6 ms of host time per call on the H200s, profile_split/)
+            rows = _rows(torch.stack([k, v]))  # [L, 2, B, Hkv, D]
+            runs = lay.send_ranges(me)
+            send = torch.cat([rows[a:b] for a, b in runs]) if runs else rows[:0]
             recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
         if joint:
             return _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work)
@@ -170,17 +175,28 @@ def _add_returned(plan, me, dk, dv, back, work):
         dv.index_add_(1, idx, back[:, 1].transpose(0, 1))
 
 
+def _source_runs(lay, me: int, source: int) -> list[tuple[int, int]]:
+    """Joint-buffer runs ``(start, end)`` of one source (0 own, 1 received) in that source's order."""
+    key = ("joint_runs", me, source)
+    if key not in lay._cache:
+        lay._cache[key] = [(j0, j1) for _, j0, j1 in sorted((a, j0, j1) for j0, j1, s, a in lay.joint_pieces(me) if s == source)]
+    return lay._cache[key]
+
+
 def _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work):
     me = comm.rank
     acc = acc_dtype(q.dtype)
     mask = lay.joint_mask(me)  # host work while the transfer flies
+    pieces = lay.joint_pieces(me)
     if work is not None:
         work.wait()
-    if recv is not None and recv.shape[0]:
-        kv_r = _unrows(recv)  # [2, B, n, Hkv, D]
-        kj, vj = torch.cat([k, kv_r[0]], dim=1), torch.cat([v, kv_r[1]], dim=1)
-    else:
+    if len(pieces) == 1 and pieces[0][2] == 0:  # nothing received: the own keys, already in order
         kj, vj = k, v
+    else:
+        # own and received keys interleaved in global order: rows keep the mask's intervals
+        src = (torch.stack([k, v]), _unrows(recv) if recv is not None and recv.shape[0] else None)  # [2, B, *, Hkv, D]
+        kvj = torch.cat([src[s][:, :, a:a + (j1 - j0)] for j0, j1, s, a in pieces], dim=2)
+        kj, vj = kvj[0], kvj[1]
     if mask is None:
         out, lse = _empty(q, v, acc)
     else:
@@ -200,23 +216,26 @@ def _joint_backward(ctx, dout, dlse):
     lay = need_layout(plan)
     acc = acc_dtype(q.dtype)
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-    sent = {}
+    got = {}
 
-    def send_back(dkj, dvj):
-        # the received keys' dK/dV partials go home while the dQ kernel runs
+    def split(dkj, dvj):
+        # the joint buffer's dK/dV back into own (local order) and received (received order) rows;
+        # the received keys' partials go home while the dQ kernel runs
+        d = torch.stack([dkj.to(acc), dvj.to(acc)])  # [2, B, L + n, Hkv, D]
+        own = torch.cat([d[:, :, a:b] for a, b in _source_runs(lay, me, 0)], dim=2)  # [2, B, L, Hkv, D]
+        got["dk"], got["dv"] = own[0], own[1]
         if lay.any_traffic:
-            dkv_r = _rows(torch.stack([dkj[:, L:], dvj[:, L:]]).to(acc))  # [n_recv, 2, B, Hkv, D]
-            sent["back"], sent["work"] = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv",
-                                                           async_op=True)
+            runs = _source_runs(lay, me, 1)
+            dkv_r = _rows(torch.cat([d[:, :, a:b] for a, b in runs], dim=2)) if runs else \
+                d.new_zeros((0, 2) + (d.shape[1],) + tuple(d.shape[3:]))  # [n_recv, 2, B, Hkv, D]
+            got["back"], got["work"] = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv",
+                                                         async_op=True)
 
     if mask is not None:
-        dq, dkj, dvj = kernel.backward(dout, q, kj, vj, out, lse, mask, scale, dlse, partial=False, after_dkdv=send_back)
-        dk, dv = dkj[:, :L].to(acc), dvj[:, :L].to(acc)
+        dq, _, _ = kernel.backward(dout, q, kj, vj, out, lse, mask, scale, dlse, partial=False, after_dkdv=split)
     else:
         dq = torch.zeros_like(q)
-        dkj = torch.zeros(kj.shape, dtype=acc, device=q.device)
-        dvj = torch.zeros(vj.shape, dtype=acc, device=q.device)
-        send_back(dkj, dvj)
-        dk, dv = dkj[:, :L], dvj[:, :L]
-    _add_returned(plan, me, dk, dv, sent.get("back"), sent.get("work"))
+        split(torch.zeros(kj.shape, dtype=acc, device=q.device), torch.zeros(vj.shape, dtype=acc, device=q.device))
+    dk, dv = got["dk"], got["dv"]
+    _add_returned(plan, me, dk, dv, got.get("back"), got.get("work"))
     return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None

@@ -73,6 +73,16 @@ class NeedLayout:
             self._cache[key] = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return self._cache[key]
 
+    def send_ranges(self, s: int) -> list[tuple[int, int]]:
+        """:meth:`send_index` as runs of consecutive local positions ``(start, end)`` (one copy each
+        instead of an indexed gather)."""
+        key = ("send_ranges", s)
+        if key not in self._cache:
+            idx = self.send_index(s)
+            cut = np.nonzero(np.diff(idx) != 1)[0] + 1
+            self._cache[key] = [(int(run[0]), int(run[-1]) + 1) for run in np.split(idx, cut) if run.size]
+        return self._cache[key]
+
     def recv_segments(self, r: int) -> list[tuple[int, int, int]]:
         """Layout of the keys ``r`` receives: ``(global_start, global_end, offset in the received buffer)``."""
         out, off = [], 0
@@ -95,15 +105,40 @@ class NeedLayout:
             self._cache[key] = m
         return self._cache[key]
 
+    def joint_pieces(self, r: int) -> list[tuple[int, int, int, int]]:
+        """The layout of ``group_cast``'s joint key buffer of ``r``: its own keys and the received
+        ones **in global order** (so a row's keys stay one interval where they are one in the mask,
+        and the kernel's tiles see the single-GPU structure), as ``(joint_start, joint_end, source,
+        source_start)`` with source 0 = own local position, 1 = offset in the received buffer;
+        runs contiguous in both the joint buffer and their source are merged."""
+        key = ("joint_pieces", r)
+        if key not in self._cache:
+            segs = sorted([(g0, g1, 0, l0) for g0, g1, l0 in self.plan.segments((r,))]
+                          + [(g0, g1, 1, off) for g0, g1, off in self.recv_segments(r)])
+            out, pos = [], 0
+            for g0, g1, src, start in segs:
+                n = g1 - g0
+                if out and out[-1][2] == src and out[-1][3] + (out[-1][1] - out[-1][0]) == start:
+                    out[-1] = (out[-1][0], pos + n, src, out[-1][3])
+                else:
+                    out.append((pos, pos + n, src, start))
+                pos += n
+            self._cache[key] = (out, segs)
+        return self._cache[key][0]
+
     def joint_mask(self, r: int):
-        """Mask between ``r``'s local queries and its own keys followed by its received keys (the
-        layout of ``cat([own K, received K])``; ``None`` when nothing is attended): the one call of
+        """Mask between ``r``'s local queries and its joint key buffer (:meth:`joint_pieces`:
+        own and received keys in global order; ``None`` when nothing is attended): the one call of
         ``group_cast``'s joint mode."""
         key = ("joint", r)
         if key not in self._cache:
-            L = self.plan.local_len
-            ks = self.plan.segments((r,)) + [(g0, g1, off + L) for g0, g1, off in self.recv_segments(r)]
-            self._cache[key] = layout_mask(self.plan.mask, self.plan.segments((r,)), ks, L, L + int(self.counts[r].sum()),
+            self.joint_pieces(r)
+            segs = self._cache[("joint_pieces", r)][1]
+            ks, pos = [], 0
+            for g0, g1, _, _ in segs:
+                ks.append((g0, g1, pos))
+                pos += g1 - g0
+            self._cache[key] = layout_mask(self.plan.mask, self.plan.segments((r,)), ks, self.plan.local_len, pos,
                                            name=f"{self.plan.mask.name}@{self.plan.kind}[{r}]x(own+received)")
         return self._cache[key]
 
