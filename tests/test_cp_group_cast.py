@@ -166,6 +166,30 @@ def test_balanced_plan_keeps_documents_whole():
         cp.make_plan(m, 4, "balanced", balance_tol=-1)
 
 
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "full_document"])
+def test_two_rank_balanced_plan_is_the_exact_optimum(name):
+    """On two ranks the balanced plan tries every split of its chunks: of all splits within the area
+    budget, none moves fewer keys in its busier direction (then in all), checked by brute force
+    against the exact need layout."""
+    from longca_triton.cp import plan as P
+
+    S_ = 4096
+    m = make_mask(name, S_, doc_lens=issue_doc_lens(S_, 5) if name != "full_document" else [300, 2500, 700, 596])
+    plan = cp.make_plan(m, 2, "balanced")
+    C, per = plan.num_chunks, len(plan.chunks[0])
+    areas = P._chunk_areas(m, plan.chunk_size, C)
+    base = P._balance(areas, 2, per)
+    budget = max(max(int(areas[b].sum()) for b in base), int(np.floor(areas.sum() / 2 * (1 + P.BALANCE_TOL))))
+
+    def key(chunks0):
+        p = P.CPPlan(m, 2, "balanced", plan.chunk_size, (tuple(chunks0), tuple(c for c in range(C) if c not in chunks0)))
+        counts = need_layout(p).counts
+        return int(counts.sum(1).max()), int(counts.sum())
+    best = min(key(c) for c in itertools.combinations(range(C), per)
+               if 0 in c and max(areas[list(c)].sum(), areas.sum() - areas[list(c)].sum()) <= budget)
+    assert key(plan.chunks[0] if 0 in plan.chunks[0] else plan.chunks[1]) == best
+
+
 def test_joint_applies_to_group_cast_only():
     plan = cp.make_plan(make_mask("causal", 64), 1)
     q = torch.zeros(1, 64, 2, 16)
