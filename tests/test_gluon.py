@@ -667,12 +667,22 @@ def test_gluon_tunable_search_space_fits_and_skips_off_gpu():
         assert len(bwd) >= 8
         for c in bwd:
             G.resolve_config(d, torch.bfloat16, c)
-    for block, d in ((64, 128), (128, 128), (128, 64)):
+    for block, d in ((64, 128), (128, 128), (128, 64), (128, 96)):
         cands = t.candidates("fwd", block, d)
         assert cands and all(c["BLOCK_N"] == block for c in cands)
         for c in cands:
             G.resolve_config(d, torch.bfloat16, c)  # every candidate is a valid config
         assert {c["pingpong"] for c in cands} == {True, False}
+        # split head dims are searched where the dim splits, and only there
+        assert {c["split_d"] for c in cands} == ({False, True} if d == 96 else {False})
+    # the measured per-mask winners are in the backward's space: 64-row dK/dV query tiles at
+    # D = 128, the plain-Triton backward under the Gluon forward
+    bwd = t.candidates("bwd", 128, 128)
+    assert {c.get("dkdv_block_mq") for c in bwd} >= {32, 64} and dict(gluon_bwd=False) in bwd
+    # the default a search starts from is what a user gets for that mask
+    assert t.default(128, torch.bfloat16, small_mask("full", 300))["dkdv_block_mq"] == 64
+    assert t.default(128, torch.bfloat16, small_mask("causal", 300))["dkdv_block_mq"] == 32
+    assert t.default(96, torch.bfloat16, small_mask("full", 300))["split_d"] is True
     assert "sm_90" in t.device_reason(torch.device("cpu"))
 
 

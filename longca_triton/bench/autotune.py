@@ -165,30 +165,34 @@ register_tunable(_dense_tunable())
 
 def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     """The Gluon kernels' knobs. Forward: key tile = the block (64 or 128), every ring depth that
-    fits in shared memory, ping-pong on/off. Backward: the dQ kernel's key tile and ring, the dK/dV
-    kernel's query tile, ring and skew (at head dims without a Gluon backward: only
-    ``gluon_bwd=False``). The register split stays at FA3's 240/240/24 (232/232/40
+    fits in shared memory, ping-pong on/off, and at head dims that split (80, 96, ...) the exact
+    pieces (``split_d``) against the padded tile. Backward: the dQ kernel's key tile and ring, the
+    dK/dV kernel's query tile (32 and 64 at every dim: 64 won by 15-17 % at D = 128 on the masks
+    without partial tiles, gluon/run3), ring and skew, and the plain-Triton backward under the Gluon
+    forward (``gluon_bwd=False``: ahead on share_question in the same run; at head dims without a
+    Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py)."""
     from ..kernels.gluon.attention import (
         SMEM_LIMIT,
         bwd_reason,
         bwd_smem_bytes,
         smem_bytes,
+        split_d_reason,
     )
 
     if group == "fwd":
         bn = block if block in (64, 128) else 128
-        return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240)
-                for pp, st in itertools.product([True, False], [2, 1, 3, 4])
-                if smem_bytes(head_dim, bn, st) <= SMEM_LIMIT]
+        splits = [False, True] if not split_d_reason(head_dim) else [False]
+        return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240, split_d=sd)
+                for sd, pp, st in itertools.product(splits, [True, False], [2, 1, 3, 4])
+                if smem_bytes(head_dim, bn, st, split_d=sd) <= SMEM_LIMIT]
     if group == "bwd":
         if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
             return [dict(gluon_bwd=False)]
-        mq = [32] if head_dim > 64 else [64, 32]
         return [dict(dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks, dkdv_skew=skew)
-                for bn, qs, m, ks, skew in itertools.product([64, 128], [2, 3], mq, [3, 2, 4], [False, True])
+                for bn, qs, m, ks, skew in itertools.product([64, 128], [2, 3], [32, 64], [3, 2, 4], [False, True])
                 if bwd_smem_bytes("dq", head_dim, bn, qs) <= SMEM_LIMIT
-                and bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT]
+                and bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT] + [dict(gluon_bwd=False)]
     raise ValueError(f"unknown key group {group!r}")
 
 
@@ -199,9 +203,10 @@ def _gluon_tunable() -> Tunable:
         return gluon_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None):
-        from ..kernels.gluon.attention import default_config
+        # what a user gets: the defaults with their mask-dependent rules (resolve_config)
+        from ..kernels.gluon.attention import resolve_config
 
-        return default_config(head_dim, dtype)
+        return resolve_config(head_dim, dtype, None, mask=mask)
 
     def device_reason(device):
         from ..kernels.gluon.attention import device_reason as why
