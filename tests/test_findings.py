@@ -237,9 +237,12 @@ def test_committed_findings_page_is_the_regenerated_one(tmp_path, monkeypatch):
     # the dense study's 1K-4K, its not-installed rows retried with the vendor wheels: the backends
     # still missing there are absent, not losing
     assert ("`experiments/results/h100/study/dense/results.jsonl.gz` ran without fa2, fa3, flashmask, te on its "
-            "machine (this build lacks it; not installed)") in text
+            "machine (not installed)") in text
     assert not [d for d in f.losses if "not installed" in str(d)]
     assert "**partial**" in text
+    # a run without the FA4 / cuDNN wheels appended to the same file: said per length
+    assert ("`experiments/results/h100/study/dense/results.jsonl.gz` at 8K: cudnn, fa4, flex-fa4 missing on "
+            in text)
 
 
 def _gzip(src: Path, dst: Path) -> Path:

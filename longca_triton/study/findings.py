@@ -496,6 +496,27 @@ def _absence_kind(r: dict) -> str:
     return "this build lacks it"
 
 
+def _partly_absent(path: str, by_b: dict, probs: dict) -> list[str]:
+    """Notes for backends measured somewhere in a file but missing (every row of a problem saying
+    the machine lacked them) at some of its lengths: a run without a vendor's wheels appended to a
+    file that has them elsewhere. At those problems they neither win nor lose."""
+    gaps: dict = defaultdict(list)  # (S, missing problems, why) -> backends
+    for b, rs in sorted(by_b.items()):
+        per: dict = defaultdict(list)
+        for r in rs:
+            per[(r["seqlen"], (mask_label(r), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("mode")))].append(r)
+        for S in sorted(probs):
+            miss = [k for k, v in per.items() if k[0] == S and all(environment_unsupported(r) for r in v)]
+            if miss:
+                gaps[(S, len(miss), _absence_kind(per[miss[0]][0]))].append(b)
+    out = []
+    for (S, n, why), bs in sorted(gaps.items()):
+        share = "every problem" if n >= len(probs[S]) else f"{n} of its {len(probs[S])} problems"
+        out.append(f"- `{path}` at {fmt_s(S)}: {', '.join(bs)} missing on {share} ({why}): there they neither win nor "
+                   "lose, and the winners stand for the backends that ran.")
+    return out
+
+
 def _coverage(f: Findings) -> list[str]:
     """Per results file: lengths, the (mask, heads, head dim, mode) problems and points at each (a
     length with fewer problems than the file's fullest: partial), backends measured and absent."""
@@ -535,6 +556,7 @@ def _coverage(f: Findings) -> list[str]:
             notes.append(f"- `{path}` ran without {', '.join(gone)} on its machine ({'; '.join(absent)}): at {at} its "
                          f"winners are among {', '.join(measured) or 'none'} only, and the absent backends neither win nor "
                          "lose there (where another file measured the same point, that row stands).")
+        notes += _partly_absent(path, {b: rs for b, rs in by_b.items() if b not in gone}, probs)
     return out + [markdown_table(["file", "lengths (problems, points)", "backends measured", "absent from its machine"], table),
                   "", *notes, *([""] if notes else [])]
 
