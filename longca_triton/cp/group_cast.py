@@ -64,6 +64,14 @@ def _rows(kv: torch.Tensor) -> torch.Tensor:
     return kv.permute(2, 0, 1, 3, 4).contiguous()
 
 
+def _take_rows(k: torch.Tensor, v: torch.Tensor, runs) -> torch.Tensor:
+    """Keys ``runs`` (``(start, end)`` along dim 1) of ``k`` and ``v [B, L, H, D]`` as all-to-all rows
+    ``[n, 2, B, H, D]``: one cat of views per tensor, one stack."""
+    if not runs:
+        return k.new_zeros((0, 2, k.shape[0]) + tuple(k.shape[2:]))
+    return torch.stack([torch.cat([t[:, a:b] for a, b in runs], dim=1).transpose(0, 1) for t in (k, v)], dim=1)
+
+
 def _unrows(x: torch.Tensor) -> torch.Tensor:
     """``[n, 2, B, H, D]`` -> ``[2, B, n, H, D]`` contiguous."""
     return x.permute(1, 2, 0, 3, 4).contiguous()
@@ -85,9 +93,8 @@ class GroupCastAttention(torch.autograd.Function):
         if lay.any_traffic:
             # gather only what leaves, [n_send, 2, B, Hkv, D]: runs of consecutive keys copied by one
             # cat (an indexed gather cost ~0.6 ms of host time per call on the H200s, profile_split/)
-            rows = _rows(torch.stack([k, v]))  # [L, 2, B, Hkv, D]
             runs = lay.send_ranges(me)
-            send = torch.cat([rows[a:b] for a, b in runs]) if runs else rows[:0]
+            send = _take_rows(k, v, runs)
             recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
         if joint:
             return _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work)
@@ -193,10 +200,12 @@ def _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work):
     if len(pieces) == 1 and pieces[0][2] == 0:  # nothing received: the own keys, already in order
         kj, vj = k, v
     else:
-        # own and received keys interleaved in global order: rows keep the mask's intervals
-        src = (torch.stack([k, v]), _unrows(recv) if recv is not None and recv.shape[0] else None)  # [2, B, *, Hkv, D]
-        kvj = torch.cat([src[s][:, :, a:a + (j1 - j0)] for j0, j1, s, a in pieces], dim=2)
-        kj, vj = kvj[0], kvj[1]
+        # own and received keys interleaved in global order (rows keep the mask's intervals), each
+        # of K and V by one cat of views: received rows [n, 2, B, Hkv, D] are read in place
+        def joint(own, i):
+            return torch.cat([own[:, a:a + (j1 - j0)] if s == 0 else recv[a:a + (j1 - j0), i].transpose(0, 1)
+                              for j0, j1, s, a in pieces], dim=1)
+        kj, vj = joint(k, 0), joint(v, 1)
     if mask is None:
         out, lse = _empty(q, v, acc)
     else:
@@ -219,15 +228,14 @@ def _joint_backward(ctx, dout, dlse):
     got = {}
 
     def split(dkj, dvj):
-        # the joint buffer's dK/dV back into own (local order) and received (received order) rows;
-        # the received keys' partials go home while the dQ kernel runs
-        d = torch.stack([dkj.to(acc), dvj.to(acc)])  # [2, B, L + n, Hkv, D]
-        own = torch.cat([d[:, :, a:b] for a, b in _source_runs(lay, me, 0)], dim=2)  # [2, B, L, Hkv, D]
-        got["dk"], got["dv"] = own[0], own[1]
+        # the joint buffer's dK/dV back into own (local order) and received (received order) rows,
+        # each by one cat of views; the received keys' partials go home while the dQ kernel runs
+        dkj, dvj = dkj.to(acc), dvj.to(acc)  # [B, L + n, Hkv, D]; no copy when already float32
+        own = _source_runs(lay, me, 0)
+        got["dk"] = torch.cat([dkj[:, a:b] for a, b in own], dim=1)  # [B, L, Hkv, D]
+        got["dv"] = torch.cat([dvj[:, a:b] for a, b in own], dim=1)
         if lay.any_traffic:
-            runs = _source_runs(lay, me, 1)
-            dkv_r = _rows(torch.cat([d[:, :, a:b] for a, b in runs], dim=2)) if runs else \
-                d.new_zeros((0, 2) + (d.shape[1],) + tuple(d.shape[3:]))  # [n_recv, 2, B, Hkv, D]
+            dkv_r = _take_rows(dkj, dvj, _source_runs(lay, me, 1))  # [n_recv, 2, B, Hkv, D]
             got["back"], got["work"] = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv",
                                                          async_op=True)
 
