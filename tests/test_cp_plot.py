@@ -61,3 +61,27 @@ def test_group_cast_scaling_uses_the_rows_mask(tmp_path, monkeypatch):
     assert sorted(S for S, _ in seen) == [2048, 4096]
     for S, m in seen:
         assert m.slices == make_mask("causal_document", S, seed=3).slices
+
+
+def test_scaling_models_a_scheme_where_it_was_not_run(tmp_path):
+    """group_cast measured at N = 2 only, ring_allgather at 2 and 4: the comm panel still shows
+    group_cast's modelled bytes at N = 4 (hollow), from ring_allgather's row of that mask and N, and
+    they are at most an all-gather's."""
+    from longca_triton.bench.store import jsonable
+    from longca_triton.cp import plot
+    from longca_triton.masks import make_mask
+
+    rows = []
+    for N in (2, 4):
+        for scheme in ("ring_allgather", "group_cast") if N == 2 else ("ring_allgather",):
+            r = _row("causal_document", scheme, "balanced", N, 1.0, mode="fwd_bwd")
+            r["mask_params"] = jsonable(make_mask("causal_document", 1024 * N, seed=3).params)
+            rows.append(r)
+    gaps = plot._unmeasured(rows, "group_cast", [2, 4])
+    assert [(N, ref["scheme"]) for N, ref in gaps] == [(4, "ring_allgather")]
+    assert plot._unmeasured(rows, "ulysses", [2, 4]) == []  # never measured: no line to extend
+    gc = plot._model_mib("group_cast", 4, gaps[0][1], "fwd_bwd", "balanced", None)
+    ag = plot._model_mib("ring_allgather", 4, gaps[0][1], "fwd_bwd", "balanced", None)
+    assert gc is not None and 0 < gc <= ag
+    files = make_cp_plots(rows, tmp_path)
+    assert any(f.name == "cp_scaling_fwd_bwd.png" for f in files)

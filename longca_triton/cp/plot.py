@@ -125,9 +125,38 @@ def make_cp_plots(rows, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
+def _model_mib(scheme: str, N: int, row: dict, mode: str, plan: str, ulysses_degree) -> float | None:
+    """MiB the ``comm`` model says one GPU sends for ``scheme`` at ``N`` on ``row``'s problem (fwd, or
+    fwd + bwd); ``None`` where it cannot (group_cast of a mask the row does not let us rebuild)."""
     from .comm import comm_model
 
+    try:
+        comm = comm_model(scheme, N, ulysses_degree, seqlen=row["seqlen"], heads=(row["heads_q"], row["heads_kv"]),
+                          head_dim=row["head_dim"], dtype_bytes=2 if row.get("dtype") in ("bfloat16", "float16") else 4,
+                          plan=plan, window=row.get("window"), mask=_row_mask(row) if scheme == "group_cast" else None,
+                          chunks_per_rank=row.get("chunks_per_rank") if plan == "balanced" and row.get("plan") == "balanced"
+                          else None)
+    except ValueError:
+        return None
+    phases = ("fwd",) if mode == "fwd" else ("fwd", "bwd")
+    return sum(c.bytes_sent for c in comm if c.phase in phases) / 2**20
+
+
+def _unmeasured(mr: list, scheme: str, worlds: list) -> list:
+    """``(N, reference row)`` for each world size where ``scheme`` has no row but was measured at
+    another N (so its line has a gap the model can fill) and another scheme has a row of that N."""
+    have = {r["world_size"] for r in mr if r["scheme"] == scheme}
+    if not have:
+        return []
+    out = []
+    for N in worlds:
+        refs = [r for r in mr if r["world_size"] == N and r["scheme"] != "single"]
+        if N not in have and refs:
+            out.append((N, min(refs, key=lambda r: (r["plan"] != "balanced", r["scheme"]))))
+    return out
+
+
+def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
     ncols = len(masks)
     fig, axes = plt.subplots(3, ncols, figsize=(4.2 * ncols, 9.2), squeeze=False)
     colors = {s: plt.get_cmap("tab10")(i) for i, s in enumerate(_SCHEME_ORDER)}
@@ -145,23 +174,20 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
                     xs.append(N)
                     ys.append(best["tflops_per_gpu"])
                     effs.append(best["efficiency"])
-                    try:
-                        comm = comm_model(s, N, best.get("ulysses_degree"), seqlen=best["seqlen"],
-                                          heads=(best["heads_q"], best["heads_kv"]), head_dim=best["head_dim"],
-                                          dtype_bytes=2 if best.get("dtype") in ("bfloat16", "float16") else 4,
-                                          plan=best["plan"], window=best.get("window"),
-                                          mask=_row_mask(best) if s == "group_cast" else None,
-                                          chunks_per_rank=best.get("chunks_per_rank") if best["plan"] == "balanced" else None)
-                    except ValueError:  # group_cast of a mask the row does not let us rebuild
-                        comm = None
-                    phases = ("fwd",) if mode == "fwd" else ("fwd", "bwd")
-                    bytes_.append(None if comm is None else sum(c.bytes_sent for c in comm if c.phase in phases) / 2**20)
+                    bytes_.append(_model_mib(s, N, best, mode, best["plan"], best.get("ulysses_degree")))
             if xs:
                 ax.plot(xs, ys, marker="o", color=colors[s], label=s)
                 axe.plot(xs, effs, marker="o", color=colors[s], label=s)
                 pts = [(x, y) for x, y in zip(xs, bytes_) if y is not None]
                 if pts:
                     axc.plot([x for x, _ in pts], [y for _, y in pts], marker="s", ls="--", color=colors[s], label=s)
+                # world sizes the scheme was not run at: its modelled bytes (hollow), from another
+                # scheme's row of the same mask and N, on the balanced plan
+                model = [(N, _model_mib(s, N, ref, mode, "balanced", None)) for N, ref in _unmeasured(mr, s, worlds)]
+                model = [(x, y) for x, y in model if y is not None]
+                if model:
+                    axc.plot([x for x, _ in model], [y for _, y in model], marker="s", mfc="none", ls="none",
+                             color=colors[s], label=f"{s} (model only)")
         # the single-GPU kernel on each world size's whole sequence (weak scaling: S grows with N)
         singles = sorted((r["seqlen"], r["tflops_per_gpu"])
                          for r in mr if r["world_size"] == 1)
