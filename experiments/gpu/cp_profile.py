@@ -1,6 +1,6 @@
 """Where a CP scheme's time goes beyond half the single-GPU time (issue 16), on 2+ GPUs.
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=. python experiments/gpu/cp_profile.py --out $OUT [--masks causal_document,full]
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python experiments/gpu/cp_profile.py --out $OUT [--masks causal_document,full] [--nccl-probe]
 
 For each mask x (scheme, plan) (8K tokens per GPU, GQA 64:8, D = 128, bf16, fwd+bwd, our Triton step
 kernel), every rank reports, into ``OUT/profile_r<rank>.txt`` and one JSON row per point in
@@ -45,6 +45,34 @@ def _med(fn, reps=10):
     return ts[len(ts) // 2]
 
 
+def _nccl_probe(out: Path, rank: int, N: int, dev) -> None:
+    """What the collectives the CP schemes use reach here: all_gather, all_to_all (even splits) and
+    reduce_scatter of 1-64 MiB per rank, bf16, median of 10 (CUDA events). Rows ``kind: nccl``
+    in profile.jsonl: algorithm bandwidth (bytes per rank / time) and bus bandwidth (NCCL's
+    convention, x (N - 1) / N)."""
+    import torch
+    import torch.distributed as dist
+
+    for mib in (1, 4, 16, 32, 64):
+        n = mib * 2**20 // 2
+        x = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        big = torch.empty(n * N, device=dev, dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        ops = {"all_gather": lambda: dist.all_gather_into_tensor(big, x),
+               "all_to_all": lambda: dist.all_to_all_single(y, x),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(x, big)}
+        for name, fn in ops.items():
+            fn()
+            ms = _med(fn)
+            per_rank = n * 2 * (N if name != "all_to_all" else 1)  # bytes each rank contributes / receives
+            row = dict(kind="nccl", op=name, MiB=mib, N=N, ms=ms, algbw_GBps=per_rank / ms / 1e6,
+                       busbw_GBps=per_rank / ms / 1e6 * (N - 1) / N)
+            if rank == 0:
+                with open(out / "profile.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+
+
 def worker(a) -> int:
     import torch
     import torch.distributed as dist
@@ -65,7 +93,9 @@ def worker(a) -> int:
     kern = TritonStep()
     scale = D ** -0.5
     dev = torch.device("cuda", local)
-    for mname in a.masks.split(","):
+    if a.nccl_probe:
+        _nccl_probe(out, rank, N, dev)
+    for mname in [m for m in a.masks.split(",") if m]:
         kw = dict(block=1024) if mname == "block_causal_document" else {}
         mask = make_mask(mname, S, seed=0, **kw)
         # the single-GPU baseline, every rank on its own GPU (rank 0's is reported)
@@ -167,6 +197,7 @@ def main() -> int:
     p.add_argument("--points", default="group_cast/balanced,group_cast+split/balanced,ring_allgather/balanced",
                    help="scheme[+split]/plan, comma-separated (group_cast+split: its split mode)")
     p.add_argument("--tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--nccl-probe", action="store_true", help="first time all_gather / all_to_all / reduce_scatter, 1-64 MiB")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -177,7 +208,7 @@ def main() -> int:
     n = torch.cuda.device_count()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
            "--worker", "--out", a.out, "--masks", a.masks, "--points", a.points,
-           "--tokens-per-gpu", str(a.tokens_per_gpu)]
+           "--tokens-per-gpu", str(a.tokens_per_gpu)] + (["--nccl-probe"] if a.nccl_probe else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(cmd, env=env).returncode
 
