@@ -16,7 +16,7 @@ Two modes. **Joint** (the default, ``joint=True``), on rank ``r``:
 Why joint by default: on 2 x H200 at 8K tokens per GPU the split mode's two calls per query tile
 cost 20 % more kernel time than one (each query tile's prologue, epilogue and float32 partial
 twice, then a merge and a dQ sum), more than the forward transfer it hides
-(``experiments/results/h200x2/group_cast/profile``).
+(``experiments/results/h200x2/group_cast/profile_split/``).
 
 **Split** (``joint=False``), forward, on rank ``r``:
 
