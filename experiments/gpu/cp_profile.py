@@ -6,7 +6,9 @@ For each mask x (scheme, plan) (8K tokens per GPU, GQA 64:8, D = 128, bf16, fwd+
 kernel), every rank reports, into ``OUT/profile_r<rank>.txt`` and one JSON row per point in
 ``OUT/profile.jsonl`` (rank 0):
 
-* ``cp_ms``: one CP call (fwd+bwd), the slowest rank's median over 10 (CUDA events, barrier before each);
+* ``cp_ms``: one CP call (fwd+bwd), timed as ``bench cp`` times it (``time_fn`` over ranks: L2 flushed,
+  a barrier before each of 10 calls, each counted as its slowest rank; ``*_max`` that, ``rank0_*`` rank 0's
+  own median; rows written before 2026-11-23's review took the max of the ranks' medians, unflushed);
 * ``kernel_ms``: the same rank's step-kernel calls alone, without any collective, merge, cast or copy
   (group_cast: the one call over own + received keys, or with ``+split`` the local + remote calls;
   ring_allgather: the one call against the gathered keys) -- the compute floor of the scheme on that rank;
@@ -28,21 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
-def _med(fn, reps=10):
-    import torch
-    import torch.distributed as dist
+def _time(fn) -> dict:
+    """The CP benchmark's timing (``time_fn`` over ranks: a barrier before each of 10 calls, each
+    counted as its slowest rank): ``median_ms`` the slowest rank's, ``rank_median_ms`` this rank's."""
+    from longca_triton.bench.timing import time_fn
 
-    ts = []
-    for _ in range(reps):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+    return time_fn(fn, rep=10, warmup_calls=0, ranks=True)
 
 
 def _nccl_probe(out: Path, rank: int, N: int, dev) -> None:
@@ -63,7 +56,7 @@ def _nccl_probe(out: Path, rank: int, N: int, dev) -> None:
                "reduce_scatter": lambda: dist.reduce_scatter_tensor(x, big)}
         for name, fn in ops.items():
             fn()
-            ms = _med(fn)
+            ms = _time(fn)["median_ms"]
             per_rank = n * 2 * (N if name != "all_to_all" else 1)  # bytes each rank contributes / receives
             row = dict(kind="nccl", op=name, MiB=mib, N=N, ms=ms, algbw_GBps=per_rank / ms / 1e6,
                        busbw_GBps=per_rank / ms / 1e6 * (N - 1) / N)
@@ -108,7 +101,8 @@ def worker(a) -> int:
             o, lse = single.forward(qs, ks, vs, mask, scale)
             single.backward(torch.ones_like(o), qs, ks, vs, o, lse, mask, scale)
         one()
-        single_ms = _med(one)
+        single = _time(one)
+        single_ms = single["rank_median_ms"]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 one()
@@ -133,7 +127,8 @@ def worker(a) -> int:
                 return torch.autograd.grad(o, (q, k, v), do)
             for _ in range(3):
                 call()
-            cp_ms = _med(call)
+            cp_t = _time(call)
+            cp_ms = cp_t["rank_median_ms"]
             # the same rank's kernel calls alone
             calls = []
             if scheme == "group_cast" and kw["joint"]:
@@ -163,24 +158,23 @@ def worker(a) -> int:
                     o, lse = kern.forward(qd, kk, vv, m, scale, partial=part)
                     kern.backward(do, qd, kk, vv, o, lse, m, scale, partial=part)
             kernels_only()
-            kernel_ms = _med(kernels_only)
+            kern_t = _time(kernels_only)
+            kernel_ms = kern_t["rank_median_ms"]
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
                     call()
                 torch.cuda.synchronize()
             ev = prof.key_averages()
             dev_total = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 1e3
-            t = torch.tensor([cp_ms, kernel_ms, single_ms], device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
             table = ev.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=60)
             print(f"\n==== {mname} {spec} rank {rank}: cp {cp_ms:.3f} ms, kernels alone {kernel_ms:.3f} ms, "
                   f"single {single_ms:.3f} ms, device time in 3 calls {dev_total:.3f} ms\n{table}", file=log, flush=True)
             if rank == 0:
-                row = dict(mask=mname, scheme=scheme + ("+split" if mode == "split" else ""), plan=kind, N=N, S=S, cp_ms_max=t[0].item(),
-                           kernel_ms_max=t[1].item(), single_ms=t[2].item(), rank0_cp_ms=cp_ms,
+                cp_max, kern_max, single_max = cp_t["median_ms"], kern_t["median_ms"], single["median_ms"]
+                row = dict(mask=mname, scheme=scheme + ("+split" if mode == "split" else ""), plan=kind, N=N, S=S,
+                           cp_ms_max=cp_max, kernel_ms_max=kern_max, single_ms=single_max, rank0_cp_ms=cp_ms,
                            rank0_kernel_ms=kernel_ms, rank0_device_ms_per_call=dev_total / 3,
-                           efficiency=t[2].item() / (N * t[0].item()),
-                           kernel_ceiling=t[2].item() / (N * t[1].item()))
+                           efficiency=single_max / (N * cp_max), kernel_ceiling=single_max / (N * kern_max))
                 with open(out / "profile.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)

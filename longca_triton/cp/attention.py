@@ -262,6 +262,14 @@ def _global_runs(plan: CPPlan) -> list[tuple[int, int, int, int]]:
     return plan._cache["global_runs"]
 
 
+def _rank_major_runs(plan: CPPlan) -> list[tuple[int, int, int]]:
+    """:func:`_global_runs` as ``(global_start, local_start, local_end)`` in rank-major order (rank
+    0's keys, then rank 1's ...): the gathered layout the reduce-scatter expects."""
+    if "rank_major_runs" not in plan._cache:
+        plan._cache["rank_major_runs"] = [(p, a, b) for p, _, a, b in sorted(_global_runs(plan), key=lambda t: t[1:3])]
+    return plan._cache["rank_major_runs"]
+
+
 def _global_rows_mask(plan: CPPlan, rank: int):
     """Mask between ``rank``'s local queries and the whole (padded) sequence in global order."""
     key = ("global_rows", rank)
@@ -316,8 +324,7 @@ class _AllGatherAttention(torch.autograd.Function):
             dq = torch.zeros_like(q)
             dkv = torch.zeros(kv_all.shape, dtype=acc, device=q.device)
         # back to rank-major order for the reduce-scatter
-        dkv = torch.cat([dkv[:, p:p + (b - a)] for p, _, a, b in sorted(_global_runs(ctx.info[5]), key=lambda t: t[1:3])],
-                        dim=1)
+        dkv = torch.cat([dkv[:, p:p + (b - a)] for p, a, b in _rank_major_runs(ctx.info[5])], dim=1)
         dkv = dkv.view(B, N, NL // N, Hkv, D2).transpose(0, 1)  # [N, B, L, Hkv, D_qk + D_v]
         mine = comm.reduce_scatter(dkv, "bwd", "dkv") if N > 1 else dkv[0]
         return (dq.to(q.dtype), mine[..., :d_qk].to(kv_all.dtype), mine[..., d_qk:].to(kv_all.dtype),

@@ -59,11 +59,6 @@ def _index(plan: CPPlan, rank: int, device) -> torch.Tensor:
     return plan._cache[key]
 
 
-def _rows(kv: torch.Tensor) -> torch.Tensor:
-    """``[2, B, n, H, D]`` -> ``[n, 2, B, H, D]`` contiguous (all-to-all splits run along dim 0)."""
-    return kv.permute(2, 0, 1, 3, 4).contiguous()
-
-
 def _take_rows(k: torch.Tensor, v: torch.Tensor, runs) -> torch.Tensor:
     """Keys ``runs`` (``(start, end)`` along dim 1) of ``k`` and ``v [B, L, H, D]`` as all-to-all rows
     ``[n, 2, B, H, D]``: one cat of views per tensor, one stack."""
@@ -146,7 +141,7 @@ class GroupCastAttention(torch.autograd.Function):
             n_recv = sum(lay.recv_splits(me))
             if remote_mask is not None:
                 dq, dk_r, dv_r = kernel.backward(dout, q, kv_r[0], kv_r[1], out, lse, remote_mask, scale, dlse)
-                dkv_r = _rows(torch.stack([dk_r, dv_r]).to(acc))
+                dkv_r = _take_rows(dk_r.to(acc), dv_r.to(acc), [(0, dk_r.shape[1])])
                 dq = dq.to(acc)
             else:  # received keys that no query attends (cannot happen for a need; kept for safety)
                 dkv_r = torch.zeros((n_recv, 2) + (k.shape[0],) + tuple(k.shape[2:]), dtype=acc, device=k.device)

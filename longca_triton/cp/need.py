@@ -105,26 +105,29 @@ class NeedLayout:
             self._cache[key] = m
         return self._cache[key]
 
+    def _joint_segments(self, r: int) -> list[tuple[int, int, int, int]]:
+        """``r``'s own and received key segments in global order: ``(global_start, global_end,
+        source, source_start)``, source 0 = own local position, 1 = offset in the received buffer."""
+        return sorted([(g0, g1, 0, l0) for g0, g1, l0 in self.plan.segments((r,))]
+                      + [(g0, g1, 1, off) for g0, g1, off in self.recv_segments(r)])
+
     def joint_pieces(self, r: int) -> list[tuple[int, int, int, int]]:
         """The layout of ``group_cast``'s joint key buffer of ``r``: its own keys and the received
         ones **in global order** (so a row's keys stay one interval where they are one in the mask,
         and the kernel's tiles see the single-GPU structure), as ``(joint_start, joint_end, source,
-        source_start)`` with source 0 = own local position, 1 = offset in the received buffer;
-        runs contiguous in both the joint buffer and their source are merged."""
+        source_start)``; runs contiguous in both the joint buffer and their source are merged."""
         key = ("joint_pieces", r)
         if key not in self._cache:
-            segs = sorted([(g0, g1, 0, l0) for g0, g1, l0 in self.plan.segments((r,))]
-                          + [(g0, g1, 1, off) for g0, g1, off in self.recv_segments(r)])
             out, pos = [], 0
-            for g0, g1, src, start in segs:
+            for g0, g1, src, start in self._joint_segments(r):
                 n = g1 - g0
                 if out and out[-1][2] == src and out[-1][3] + (out[-1][1] - out[-1][0]) == start:
                     out[-1] = (out[-1][0], pos + n, src, out[-1][3])
                 else:
                     out.append((pos, pos + n, src, start))
                 pos += n
-            self._cache[key] = (out, segs)
-        return self._cache[key][0]
+            self._cache[key] = out
+        return self._cache[key]
 
     def joint_mask(self, r: int):
         """Mask between ``r``'s local queries and its joint key buffer (:meth:`joint_pieces`:
@@ -132,10 +135,8 @@ class NeedLayout:
         ``group_cast``'s joint mode."""
         key = ("joint", r)
         if key not in self._cache:
-            self.joint_pieces(r)
-            segs = self._cache[("joint_pieces", r)][1]
             ks, pos = [], 0
-            for g0, g1, _, _ in segs:
+            for g0, g1, _, _ in self._joint_segments(r):
                 ks.append((g0, g1, pos))
                 pos += g1 - g0
             self._cache[key] = layout_mask(self.plan.mask, self.plan.segments((r,)), ks, self.plan.local_len, pos,

@@ -432,26 +432,27 @@ def _exact_two(model: _NeedModel, areas, per_rank: int, budget: int):
 def _balance_local(mask: RangeMask, chunk: int, C: int, world: int, per_rank: int, tol: float) -> list[list[int]]:
     """Area balance and locality: the largest rank area stays within
     ``budget = max(area-only balance, (1 + tol) mean)``; within it, the plan with the fewest keys
-    needed from other ranks among (a) runs of mutually dependent chunks (documents) kept whole,
-    (b) the area-only plan and (c) on two ranks the exact optimum (:func:`_exact_two`, up to 20
-    chunks), each improved by pairwise swaps (:func:`_refine`). Why (c): pairwise swaps stop in
-    local optima; on causal_document at 16K (a 7.6K-token document that must be split) they moved
-    44 % of an all-gather's keys where the best split of the same 16 chunks moves 36 %."""
+    needed from other ranks. On two ranks with up to 20 chunks: the exact optimum
+    (:func:`_exact_two`, busier direction first). Otherwise the better of (a) runs of mutually
+    dependent chunks (documents) kept whole and (b) the area-only plan, each improved by pairwise
+    swaps (:func:`_refine`). Why exact where it is cheap: pairwise swaps stop in local optima; on
+    causal_document at 16K (a 7.6K-token document that must be split) they moved 4.3K keys one way
+    where the best split of the same 16 chunks moves 3.5K."""
     areas = _chunk_areas(mask, chunk, C)
     base = _balance(areas, world, per_rank)
     best_max = max(int(areas[b].sum()) for b in base)
     budget = max(best_max, math.floor(areas.sum() / world * (1 + tol)))
     model = _NeedModel(mask, chunk, C)
-    cands = [base]
-    units = _units_plan(model, areas, world, per_rank, budget)
-    if units is not None:
-        cands.append(units)
     exact = _exact_two(model, areas, per_rank, budget) if world == 2 else None
     if exact is not None:
         # why the busier direction first: the two directions of a two-rank all-to-all run at once,
         # so its time is the larger one's (the total-optimal split of causal_document at 16K moves
-        # 36 % of an all-gather's keys but 5.5K of them one way; this one 4.1K / 41 %)
+        # 36 % of an all-gather's keys but 5.5K of them one way; this one 3.5K / 41 %)
         return exact
+    cands = [base]
+    units = _units_plan(model, areas, world, per_rank, budget)
+    if units is not None:
+        cands.append(units)
     best = None
     for bins in cands:
         bins = _refine(model, bins, areas, budget)

@@ -496,6 +496,11 @@ def _absence_kind(r: dict) -> str:
     return "this build lacks it"
 
 
+def _problem(r: dict) -> tuple:
+    """A row's problem within its length: mask, heads, head dim, mode."""
+    return mask_label(r), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("mode")
+
+
 def _partly_absent(path: str, by_b: dict, probs: dict) -> list[str]:
     """Notes for backends measured somewhere in a file but missing (every row of a problem saying
     the machine lacked them) at some of its lengths: a run without a vendor's wheels appended to a
@@ -504,7 +509,7 @@ def _partly_absent(path: str, by_b: dict, probs: dict) -> list[str]:
     for b, rs in sorted(by_b.items()):
         per: dict = defaultdict(list)
         for r in rs:
-            per[(r["seqlen"], (mask_label(r), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("mode")))].append(r)
+            per[(r["seqlen"], _problem(r))].append(r)
         for S in sorted(probs):
             miss = [k for k, v in per.items() if k[0] == S and all(environment_unsupported(r) for r in v)]
             if miss:
@@ -535,7 +540,7 @@ def _coverage(f: Findings) -> list[str]:
         probs: dict = defaultdict(set)
         pts: dict = defaultdict(int)
         for r in mine:
-            probs[r["seqlen"]].add((mask_label(r), r.get("heads_q"), r.get("heads_kv"), r.get("head_dim"), r.get("mode")))
+            probs[r["seqlen"]].add(_problem(r))
             pts[r["seqlen"]] += 1
         full = max(len(v) for v in probs.values())
         lengths = ", ".join(f"{fmt_s(S)} ({len(probs[S])} problems, {pts[S]} points"

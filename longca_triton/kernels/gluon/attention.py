@@ -240,21 +240,6 @@ def _regs(consumer_regs: int) -> tuple[int, int]:
     return REG_BUDGET - 2 * consumer_regs, REG_BUDGET // 3
 
 
-def _tiles_all_full(mask, block_m: int, block_n: int) -> bool:
-    """True when every ``block_m x block_n`` tile the mask touches is entirely allowed: all its
-    slices are full rectangles on tile boundaries (or the sequence's end)."""
-    slices = getattr(mask, "slices", None)
-    if not slices:
-        return False
-    sq, sk = mask.seqlen_q, mask.seqlen_k
-    for qs, qe, ks, ke, kind in slices:
-        if getattr(kind, "name", kind) != "FULL":
-            return False
-        if qs % block_m or ks % block_n or (qe % block_m and qe != sq) or (ke % block_n and ke != sk):
-            return False
-    return True
-
-
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None,
                    k=None, mask=None, v=None, head_dim_v: Optional[int] = None) -> dict:
     """``config`` (else the autotune cache's ``triton-gluon`` entry) over :func:`default_config`,
@@ -267,7 +252,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v
     base = default_config(head_dim, dtype, dv)
-    if head_dim == dv == 128 and mask is not None and _tiles_all_full(mask, 64, 128):
+    if head_dim == dv == 128 and hasattr(mask, "block_tables") and mask.block_tables(64, 128).num_partial == 0:
         # mask-dependent default (default_config's docstring: 64-row dK/dV query tiles win on the
         # masks without partial tiles, full and block_causal_document, and lose on every other)
         base["dkdv_block_mq"] = 64
