@@ -309,6 +309,10 @@ def _head_dims_worker(rank, world, outdir):
                          ("usp", "zigzag"), ("loongtrain", "balanced")):
         case = Case(scheme, cp.make_plan(mask, world, kind), "reference", count_bytes=True, label=f"ref/{scheme}/{kind}")
         results.append(run_case(case, prob))
+    for joint in (True, False):  # group_cast's rows carry K and V side by side on the last dim
+        case = Case("group_cast", cp.make_plan(mask, world, "balanced"), "reference", count_bytes=True, joint=joint,
+                    label=f"ref/group_cast/{'joint' if joint else 'split'}")
+        results.append(run_case(case, prob))
     prob = make_problem(mask, 1, (4, 2), 48, torch.float32, "cpu", seed=5, head_dim_v=32)
     _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
     for scheme in ("ring_p2p", "ring_allgather"):
@@ -325,7 +329,7 @@ def test_cp_value_head_dim_of_its_own(tmp_path):
 
     spawn(_head_dims_worker, 2, str(tmp_path))
     res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
-    assert len(res) == 2 * 7 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
+    assert len(res) == 2 * 9 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
     assert all(r["bytes_ok"] for r in res if r["label"].startswith("ref/"))
 
 

@@ -60,16 +60,29 @@ def _index(plan: CPPlan, rank: int, device) -> torch.Tensor:
 
 
 def _take_rows(k: torch.Tensor, v: torch.Tensor, runs) -> torch.Tensor:
-    """Keys ``runs`` (``(start, end)`` along dim 1) of ``k`` and ``v [B, L, H, D]`` as all-to-all rows
-    ``[n, 2, B, H, D]``: one cat of views per tensor, one stack."""
-    if not runs:
-        return k.new_zeros((0, 2, k.shape[0]) + tuple(k.shape[2:]))
-    return torch.stack([torch.cat([t[:, a:b] for a, b in runs], dim=1).transpose(0, 1) for t in (k, v)], dim=1)
+    """Keys ``runs`` (``(start, end)`` along dim 1) of ``k [B, L, H, D_qk]`` and ``v [B, L, H, D_v]`` as
+    all-to-all rows ``[n, B, H, D_qk + D_v]`` (K then V on the last dim, so ``D_v != D_qk`` travels
+    too), copied straight into place: one copy per run and tensor (a cat per tensor and a stack
+    cost one more pass over the rows and ~3x the host ops, which sit before the forward kernel on
+    the GPU's critical path: experiments/results/h200x2/group_cast/trace/)."""
+    n, dk = sum(b - a for a, b in runs), k.shape[-1]
+    rows = k.new_empty((n,) + tuple(k.shape[:1]) + tuple(k.shape[2:3]) + (dk + v.shape[-1],))
+    o = 0
+    for a, b in runs:
+        rows[o:o + b - a, ..., :dk].copy_(k[:, a:b].transpose(0, 1))
+        rows[o:o + b - a, ..., dk:].copy_(v[:, a:b].transpose(0, 1))
+        o += b - a
+    return rows
 
 
-def _unrows(x: torch.Tensor) -> torch.Tensor:
-    """``[n, 2, B, H, D]`` -> ``[2, B, n, H, D]`` contiguous."""
-    return x.permute(1, 2, 0, 3, 4).contiguous()
+def _parts(rows: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V halves of all-to-all rows ``[n, B, H, D_qk + D_v]`` (views)."""
+    return rows[..., :dk], rows[..., dk:]
+
+
+def _unrows(rows: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[n, B, H, D_qk + D_v]`` -> ``k [B, n, H, D_qk]``, ``v [B, n, H, D_v]`` contiguous."""
+    return tuple(t.transpose(0, 1).contiguous() for t in _parts(rows, dk))
 
 
 def _use_fused(q) -> bool:
@@ -86,8 +99,8 @@ class GroupCastAttention(torch.autograd.Function):
         acc = acc_dtype(q.dtype)
         work = recv = None
         if lay.any_traffic:
-            # gather only what leaves, [n_send, 2, B, Hkv, D]: runs of consecutive keys copied by one
-            # cat (an indexed gather cost ~0.6 ms of host time per call on the H200s, profile_split/)
+            # gather only what leaves, [n_send, B, Hkv, D_qk + D_v]: runs of consecutive keys copied
+            # in place (an indexed gather cost ~0.6 ms of host time per call on the H200s, profile_split/)
             runs = lay.send_ranges(me)
             send = _take_rows(k, v, runs)
             recv, work = comm.all_to_all_v(send, lay.send_splits(me), lay.recv_splits(me), "fwd", "kv", async_op=True)
@@ -100,7 +113,7 @@ class GroupCastAttention(torch.autograd.Function):
         if work is not None:
             work.wait()
         remote_mask = lay.remote_mask(me)
-        kv_r = _unrows(recv) if recv is not None and recv.shape[0] else None
+        kv_r = _unrows(recv, k.shape[-1]) if recv is not None and recv.shape[0] else None
         if remote_mask is not None:
             parts.append(kernel.forward(q, kv_r[0], kv_r[1], remote_mask, scale))
         if not parts:
@@ -118,7 +131,7 @@ class GroupCastAttention(torch.autograd.Function):
                 out, lse = o1.to(acc), l1.clone()
                 merge_(out, lse, o2, l2)
                 out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, kv_r if kv_r is not None else torch.empty(0), out, lse)
+        ctx.save_for_backward(q, k, v, *(kv_r if kv_r is not None else (torch.empty(0), torch.empty(0))), out, lse)
         ctx.info = (plan, comm, kernel, scale, local_mask, remote_mask, False)
         ctx.set_materialize_grads(False)
         return out, lse
@@ -127,7 +140,7 @@ class GroupCastAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         if ctx.info[-1]:
             return _joint_backward(ctx, dout, dlse)
-        q, k, v, kv_r, out, lse = ctx.saved_tensors
+        q, k, v, k_r, v_r, out, lse = ctx.saved_tensors
         plan, comm, kernel, scale, local_mask, remote_mask, _ = ctx.info
         me = comm.rank
         lay = need_layout(plan)
@@ -140,11 +153,11 @@ class GroupCastAttention(torch.autograd.Function):
         if lay.any_traffic:
             n_recv = sum(lay.recv_splits(me))
             if remote_mask is not None:
-                dq, dk_r, dv_r = kernel.backward(dout, q, kv_r[0], kv_r[1], out, lse, remote_mask, scale, dlse)
+                dq, dk_r, dv_r = kernel.backward(dout, q, k_r, v_r, out, lse, remote_mask, scale, dlse)
                 dkv_r = _take_rows(dk_r.to(acc), dv_r.to(acc), [(0, dk_r.shape[1])])
                 dq = dq.to(acc)
             else:  # received keys that no query attends (cannot happen for a need; kept for safety)
-                dkv_r = torch.zeros((n_recv, 2) + (k.shape[0],) + tuple(k.shape[2:]), dtype=acc, device=k.device)
+                dkv_r = torch.zeros((n_recv, k.shape[0], k.shape[2], k.shape[3] + v.shape[3]), dtype=acc, device=k.device)
             # partial dK/dV of the received keys go back to their owners while the local part runs
             back, work = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv", async_op=True)
         if local_mask is not None:
@@ -173,8 +186,9 @@ def _add_returned(plan, me, dk, dv, back, work):
     work.wait()
     if back.shape[0]:
         idx = _index(plan, me, dk.device)
-        dk.index_add_(1, idx, back[:, 0].transpose(0, 1))
-        dv.index_add_(1, idx, back[:, 1].transpose(0, 1))
+        back_k, back_v = _parts(back, dk.shape[-1])
+        dk.index_add_(1, idx, back_k.transpose(0, 1))
+        dv.index_add_(1, idx, back_v.transpose(0, 1))
 
 
 def _source_runs(lay, me: int, source: int) -> list[tuple[int, int]]:
@@ -196,11 +210,12 @@ def _joint_forward(ctx, q, k, v, lay, comm, kernel, scale, recv, work):
         kj, vj = k, v
     else:
         # own and received keys interleaved in global order (rows keep the mask's intervals), each
-        # of K and V by one cat of views: received rows [n, 2, B, Hkv, D] are read in place
-        def joint(own, i):
-            return torch.cat([own[:, a:a + (j1 - j0)] if s == 0 else recv[a:a + (j1 - j0), i].transpose(0, 1)
+        # of K and V by one cat of views: received rows [n, B, Hkv, D_qk + D_v] are read in place
+        def joint(own, got):
+            return torch.cat([own[:, a:a + (j1 - j0)] if s == 0 else got[a:a + (j1 - j0)].transpose(0, 1)
                               for j0, j1, s, a in pieces], dim=1)
-        kj, vj = joint(k, 0), joint(v, 1)
+        got_k, got_v = _parts(recv, k.shape[-1])
+        kj, vj = joint(k, got_k), joint(v, got_v)
     if mask is None:
         out, lse = _empty(q, v, acc)
     else:
@@ -230,7 +245,7 @@ def _joint_backward(ctx, dout, dlse):
         got["dk"] = torch.cat([dkj[:, a:b] for a, b in own], dim=1)  # [B, L, Hkv, D]
         got["dv"] = torch.cat([dvj[:, a:b] for a, b in own], dim=1)
         if lay.any_traffic:
-            dkv_r = _take_rows(dkj, dvj, _source_runs(lay, me, 1))  # [n_recv, 2, B, Hkv, D]
+            dkv_r = _take_rows(dkj, dvj, _source_runs(lay, me, 1))  # [n_recv, B, Hkv, D_qk + D_v]
             got["back"], got["work"] = comm.all_to_all_v(dkv_r, lay.recv_splits(me), lay.send_splits(me), "bwd", "dkv",
                                                          async_op=True)
 

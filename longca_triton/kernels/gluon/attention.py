@@ -154,8 +154,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
 
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
-    gluon/run3/split_d_tests.txt). With it on, the ring depth default stays the padded one's (a split
-    tile needs less shared memory, so a deeper ring may fit: 4 stages at 96, 5 at 80; not timed).
+    gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
+    16K, gluon/run4/d96, TFLOP/s, split 3 / 4 stages: full 518 / 525, causal 498 / 512; 5 stages at
+    80 not timed, split stays off there).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
@@ -258,8 +259,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         base["dkdv_block_mq"] = 64
     if head_dim == dv == 96 and mask is not None and getattr(mask, "density", 0.0) >= 0.5:
         # exact 64 + 32 pieces instead of a padded 128 tile win where rows walk many key tiles
-        # (default_config's docstring: full +3 %, causal +8 %; causal_document -8 %)
+        # (default_config's docstring: full +3 %, causal +8 %; causal_document -8 %), and the
+        # smaller split stages leave room for a 4-deep ring (gluon/run4: causal 498 -> 512 TFLOP/s)
         base["split_d"] = True
+        if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
+            base["num_stages"] = 4
     cfg = _resolve(_SPEC, base, config, q=q, k=k, mask=mask, v=v if dv != head_dim else None)
     no_bwd = bwd_reason(head_dim, dv)
     if no_bwd:
@@ -272,6 +276,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
             if config is not None and config.get("split_d"):
                 raise ValueError(f"config['split_d']=True: {no_split}")
             cfg["split_d"] = False
+    if not cfg["split_d"] and base["split_d"] and (config is None or "num_stages" not in config):
+        # the 4-deep ring above was for the split tile; a padded one (split_d=False asked for) keeps
+        # the padded default
+        cfg["num_stages"] = default_config(head_dim, dtype, dv)["num_stages"]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     stages = int(cfg["num_stages"])
