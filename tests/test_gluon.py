@@ -347,6 +347,21 @@ def test_split_d_default_by_mask(name, d, want):
     assert G.resolve_config(d, torch.bfloat16, dict(split_d=False), mask=mask)["split_d"] is False
 
 
+def test_split_d_ring_depth_leaves_a_tuned_padded_depth_alone(monkeypatch):
+    """The 4-deep ring comes with the default split tile only: a tuned padded tile keeps its own
+    depth, and a padded tile asked for without a depth gets the padded default."""
+    import longca_triton.kernels.config as C
+
+    mask = small_mask("full", 300)
+    q = torch.zeros(1, 300, 2, 96)
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(split_d=False, num_stages=2))
+    cfg = G.resolve_config(96, torch.bfloat16, None, q=q, k=q, mask=mask)
+    assert (cfg["split_d"], cfg["num_stages"]) == (False, 2)
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: None)
+    cfg = G.resolve_config(96, torch.bfloat16, dict(split_d=False), q=q, k=q, mask=mask)
+    assert (cfg["split_d"], cfg["num_stages"]) == (False, G.default_config(96, torch.bfloat16)["num_stages"])
+
+
 def test_split_d_from_the_autotune_cache_is_dropped_where_it_cannot_split(monkeypatch):
     import longca_triton.kernels.config as C
 

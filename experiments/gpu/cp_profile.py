@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -198,13 +197,12 @@ def main() -> int:
         return worker(a)
     import torch
 
+    from longca_triton.cp.bench import torchrun
+
     Path(a.out).mkdir(parents=True, exist_ok=True)
     n = torch.cuda.device_count()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-           "--worker", "--out", a.out, "--masks", a.masks, "--points", a.points,
-           "--tokens-per-gpu", str(a.tokens_per_gpu)] + (["--nccl-probe"] if a.nccl_probe else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(cmd, env=env).returncode
+    # every rank reruns this script with the same arguments (and their defaults) as a worker
+    return torchrun([__file__, "--worker", *sys.argv[1:]], n)
 
 
 if __name__ == "__main__":

@@ -30,37 +30,29 @@ import argparse
 import gzip
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from longca_triton.cp.kernels import StepKernel, then_dkdv  # noqa: E402 - after the path above
 
-def _after_dq(inner):
+
+class _AfterDQ(StepKernel):
     """A step kernel whose backward hands dK/dV to ``after_dkdv`` only once dQ is done too."""
-    from longca_triton.cp.kernels import StepKernel
 
-    class AfterDQ(StepKernel):
-        name = inner.name + "@dkv_after_dq"
+    def __init__(self, inner: StepKernel):
+        self.inner, self.name = inner, inner.name + "@dkv_after_dq"
 
-        def __init__(self):
-            self.inner = inner
+    def forward(self, *a, **kw):
+        return self.inner.forward(*a, **kw)
 
-        def forward(self, *a, **kw):
-            return self.inner.forward(*a, **kw)
+    def backward(self, *a, after_dkdv=None, **kw):
+        return then_dkdv(after_dkdv, *self.inner.backward(*a, **kw))
 
-        def backward(self, *a, after_dkdv=None, **kw):
-            dq, dk, dv = self.inner.backward(*a, **kw)
-            if after_dkdv is not None:
-                after_dkdv(dk, dv)
-            return dq, dk, dv
-
-        def single_device(self):
-            return self.inner.single_device()
-
-    return AfterDQ()
+    def single_device(self):
+        return self.inner.single_device()
 
 
 def _gpu_events(trace: dict, cuda: bool) -> list[dict]:
@@ -75,7 +67,7 @@ def _timeline(trace: dict, cuda: bool) -> tuple[list[str], dict]:
     t0, t1 = marks[-1][0], marks[-1][1]
     evs = sorted((e for e in _gpu_events(trace, cuda) if e["ts"] >= t0), key=lambda e: e["ts"])
     if not cuda:
-        evs = [e for e in evs if e["ts"] <= t1 and e["name"].startswith("aten::") is False]
+        evs = [e for e in evs if e["ts"] <= t1 and not e["name"].startswith("aten::")]
     lines, busy, comm_only = [], [], 0.0
     for e in evs:
         st = e.get("args", {}).get("stream", e.get("tid"))
@@ -143,7 +135,7 @@ def worker(a) -> int:
         for spec in a.points.split(","):
             scheme, kind = spec.split("/")
             scheme, _, variant = scheme.partition("@")
-            kern = _after_dq(base) if variant == "dkv_after_dq" else base
+            kern = _AfterDQ(base) if variant == "dkv_after_dq" else base
             plan = cp.make_plan(mask, N, kind)
             L = plan.local_len
             g = torch.Generator(device=dev).manual_seed(100 + rank)
@@ -214,13 +206,12 @@ def main() -> int:
         return worker(a)
     import torch
 
+    from longca_triton.cp.bench import torchrun
+
     Path(a.out).mkdir(parents=True, exist_ok=True)
     n = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__, "--worker",
-           "--out", a.out, "--masks", a.masks, "--points", a.points, "--tokens-per-gpu", str(a.tokens_per_gpu),
-           "--heads-q", str(a.heads_q), "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--device", a.device] + (["--high-priority"] if a.high_priority else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(cmd, env=env).returncode
+    # every rank reruns this script with the same arguments (and their defaults) as a worker
+    return torchrun([__file__, "--worker", *sys.argv[1:]], n)
 
 
 if __name__ == "__main__":

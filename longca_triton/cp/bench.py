@@ -30,7 +30,7 @@ from pathlib import Path
 from .bench_report import write_report
 from .bench_worker import worker
 
-__all__ = ["load_config", "launch", "worker", "write_report", "SMOKE"]
+__all__ = ["load_config", "launch", "torchrun", "worker", "write_report", "SMOKE"]
 
 DEFAULTS = dict(
     name="cp", tokens_per_gpu=8192, world_sizes=[2, 4, 8], heads="64:8", head_dim=128, dtype="bfloat16", batch=1,
@@ -104,6 +104,18 @@ def _default_out(cfg) -> Path:
     return Path("results") / f"{cfg['name']}-{slug}"
 
 
+def torchrun(args: list[str], nproc: int) -> int:
+    """``python -m torch.distributed.run --standalone --nproc_per_node=NPROC ARGS`` with the repository
+    on ``PYTHONPATH`` and unbuffered output (the command printed first); returns its exit code. The
+    CP sweep's launcher, and the experiment scripts' way to rerun themselves on every GPU."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(_repo_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, env=env).returncode
+
+
 def launch(config: str | None, overrides: dict | None = None, out: str | None = None, peer: bool = True,
            dry_run: bool = False) -> int:
     """Run the sweep: in place under torchrun, else one torchrun job per world size. Returns an exit code."""
@@ -131,16 +143,9 @@ def launch(config: str | None, overrides: dict | None = None, out: str | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "cp_config.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_repo_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("PYTHONUNBUFFERED", "1")
     rc = 0
     for w in worlds:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={w}",
-               "-m", "longca_triton.cp.bench", str(cfg_path)]
-        print("+", " ".join(cmd), flush=True)
-        r = subprocess.run(cmd, env=env)
-        rc = rc or r.returncode
+        rc = torchrun(["-m", "longca_triton.cp.bench", str(cfg_path)], w) or rc
     if (out_dir / "results.jsonl").exists():
         text = write_report(out_dir)
         print(text.split("\n## ")[1] if "\n## " in text else text, flush=True)

@@ -33,12 +33,20 @@ import math
 
 import torch
 
-__all__ = ["StepKernel", "TorchStep", "TritonStep", "AutogradStep", "get_step_kernel", "acc_dtype"]
+__all__ = ["StepKernel", "TorchStep", "TritonStep", "AutogradStep", "get_step_kernel", "acc_dtype", "then_dkdv"]
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for merges and gradient sums: float32, or float64 for float64 inputs."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def then_dkdv(after_dkdv, dq, dk, dv):
+    """``(dq, dk, dv)``, after handing ``dk, dv`` to ``after_dkdv`` (when given): the hook of a step
+    kernel that finishes dQ and dK/dV together, so has no earlier moment to call it."""
+    if after_dkdv is not None:
+        after_dkdv(dk, dv)
+    return dq, dk, dv
 
 
 def _safe(lse: torch.Tensor) -> torch.Tensor:
@@ -93,10 +101,8 @@ class TorchStep(StepKernel):
         Sk = k.shape[1]
         dk = dk.view(B, Hkv, g, Sk, D).sum(2)
         dv = dv.view(B, Hkv, g, Sk, v.shape[3]).sum(2)  # v may have its own head dim
-        dk, dv = dk.transpose(1, 2).to(k.dtype), dv.transpose(1, 2).to(v.dtype)
-        if after_dkdv is not None:
-            after_dkdv(dk, dv)
-        return dq.transpose(1, 2).to(q.dtype), dk, dv
+        return then_dkdv(after_dkdv, dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype),
+                         dv.transpose(1, 2).to(v.dtype))
 
 
 class TritonStep(StepKernel):
@@ -168,10 +174,7 @@ class AutogradStep(StepKernel):
         return out, lse.to(acc_dtype(q.dtype))
 
     def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
-        dq, dk, dv = self._grads(dout, q, k, v, out, lse, mask, scale, dlse)
-        if after_dkdv is not None:
-            after_dkdv(dk, dv)
-        return dq, dk, dv
+        return then_dkdv(after_dkdv, *self._grads(dout, q, k, v, out, lse, mask, scale, dlse))
 
     def _grads(self, dout, q, k, v, out, lse, mask, scale, dlse):
         acc = acc_dtype(q.dtype)
@@ -232,10 +235,7 @@ class _MethodStep(StepKernel):
         return self.impl.cp_forward(q, k, v, mask, scale)
 
     def backward(self, dout, q, k, v, out, lse, mask, scale, dlse=None, *, partial=True, after_dkdv=None):
-        dq, dk, dv = self.impl.cp_backward(dout, q, k, v, out, lse, mask, scale, dlse)
-        if after_dkdv is not None:
-            after_dkdv(dk, dv)
-        return dq, dk, dv
+        return then_dkdv(after_dkdv, *self.impl.cp_backward(dout, q, k, v, out, lse, mask, scale, dlse))
 
 
 def default_scale(head_dim: int, softmax_scale: float | None) -> float:

@@ -276,9 +276,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
             if config is not None and config.get("split_d"):
                 raise ValueError(f"config['split_d']=True: {no_split}")
             cfg["split_d"] = False
-    if not cfg["split_d"] and base["split_d"] and (config is None or "num_stages" not in config):
-        # the 4-deep ring above was for the split tile; a padded one (split_d=False asked for) keeps
-        # the padded default
+    if (not cfg["split_d"] and base["split_d"] and cfg["num_stages"] == base["num_stages"]
+            and (config is None or "num_stages" not in config)):
+        # the 4-deep ring above was for the split tile: where a padded one runs instead (split_d=False
+        # from the config or the autotune cache) and nobody chose a depth, the padded default
         cfg["num_stages"] = default_config(head_dim, dtype, dv)["num_stages"]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
