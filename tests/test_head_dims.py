@@ -312,6 +312,28 @@ def test_hopper_configs_by_head_dim():
     assert list(dense.headdim_candidates(96)) == ["default"]
 
 
+def test_full_masks_take_their_own_dkdv_tile():
+    """``HOPPER_FULL_MASK``: at D = 128 (and 80 / 96, padded to it) a mask allowing every pair gets
+    the 64x64 dK/dV tile, any other mask (even one allowing all but one pair) the table's; other
+    head dims are unchanged; an explicit config still wins over both."""
+    from longca_triton.kernels import dense
+    from longca_triton.masks import make_mask
+
+    full, causal = make_mask("full", 300), make_mask("causal", 300)
+    overlay = dense.HOPPER_FULL_MASK[128]
+    assert overlay == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2)
+    for d in (96, 128):
+        key = dense._table_key(d)
+        assert dense.hopper_config(d, full) == {**dense.HOPPER_CONFIGS[key], **overlay}
+        assert dense.hopper_config(d, causal) == dense.hopper_config(d) == dense.HOPPER_CONFIGS[key]
+    for d in (64, 256):
+        assert dense.hopper_config(d, full) == dense.HOPPER_CONFIGS[dense._table_key(d)]
+    # the interpreter keeps its one pinned config whatever the mask
+    assert dense.default_config(128, torch.float16, full) == dense.INTERPRETER_CONFIG
+    explicit = dense.resolve_config(128, torch.float16, {"DKDV_BLOCK_M": 16}, mask=full)
+    assert explicit["DKDV_BLOCK_M"] == 16
+
+
 def test_gpu_script_config_entries():
     """``--configs`` times, per mode, the default and the candidates that change that mode's keys."""
     mod = _headdim_script()

@@ -32,7 +32,7 @@ class TritonDense(TritonBackend):
         from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.dense import plans_for, resolve_config
 
-        cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config)
+        cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config, mask=problem.mask)
         plans_for(problem.mask, cfg, q.device)
 
 

@@ -148,7 +148,7 @@ def _dense_tunable() -> Tunable:
     def default(head_dim, dtype, mask=None):
         from ..kernels.dense import default_config
 
-        return default_config(head_dim, dtype)
+        return default_config(head_dim, dtype, mask)
 
     return Tunable(
         name="triton",

@@ -46,7 +46,13 @@ Kernels
   sub-tiles); dK/dV accumulate in registers and are written once: no atomics.
 * ``block_sparse_bwd_dq_kernel``: query-major, like the forward.
 * opt-in ``one_launch``: both program sets in one launch (``block_sparse_bwd_one_launch_kernel``),
-  as in ``dense.py``; measured: not yet.
+  as in ``dense.py``; off by default (dense: 0.89-0.96x of two kernels at best).
+
+Backward measured (H100, block 128, GQA 64:8, D = 128, ``experiments/results/h100/bwd_order/``):
+330-336 TFLOP/s at S = 32K, density 0.3, one pattern per KV head (0.84-0.86x Flex's block-sparse
+backward), 321 at 64K / 0.5 (0.86x), 338 at 64K / 0.3 with one pattern for all heads (0.98x). Five
+other dK/dV / dQ tiles measured slower, and Q / dO through tensor descriptors (one head per tile)
+instead of pointer loads measured the same (330 vs 333): the gap to Flex is not in those loads.
 
 K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
 ``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer

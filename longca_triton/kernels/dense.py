@@ -51,7 +51,8 @@ side by side and read the same K/V tiles from L2 (a "pack GQA" that stacks heads
 moves the same bytes per FLOP through shared memory and only pays off for short query lengths).
 
 Measured (H100, Triton 3.6, bf16, S=16K, GQA 64:8, D=128; experiments/results/h100/):
-forward 477-506 TFLOP/s full / causal (0.79-0.84x cuDNN SDPA), backward 380-411 (0.69-0.75x).
+forward 477-506 TFLOP/s full / causal (0.79-0.84x cuDNN SDPA), backward 433-448 full (0.82x) and
+388-402 causal (0.75-0.78x; experiments/results/h100/bwd_order/, after the dP^T-first dK/dV update).
 On sm_90 Triton 3.6 places ``wgmma.wait_group 0`` before every softmax, so exp2 never overlaps
 the tensor cores, and ``warp_specialize`` changes nothing; that is most of the gap to cuDNN.
 
@@ -107,7 +108,7 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
-    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
+    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HOPPER_FULL_MASK", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
     "headdim_candidates",
 ]
 
@@ -202,25 +203,44 @@ HEADDIM_CANDIDATES = {
 }
 
 
+#: Overlays on ``HOPPER_CONFIGS`` for masks that allow every (query, key) pair (``tuned.mask_class``
+#: ``"full"``), by the same key. D = 128: dK/dV on 64x64 tiles, 4 warps, 2 stages (255 registers,
+#: 88 spill bytes, 99 KB: two blocks per SM) measured 438-448 TFLOP/s backward vs 410-418 for the
+#: 32x64 default on full at 16K (H100, three samples, ``experiments/results/h100/bwd_order/``), but
+#: 383-392 vs 388-402 on causal and below it on the document masks, so only full masks take it (the
+#: autotune cache's ``full`` class found the same tile).
+HOPPER_FULL_MASK = {
+    128: dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
+}
+
+
 def _table_key(head_dim: int) -> int:
     return next((d for d in sorted(HOPPER_CONFIGS) if head_dim <= d), max(HOPPER_CONFIGS))
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Sane launch parameters for Hopper (``HOPPER_CONFIGS``; ``INTERPRETER_CONFIG`` in the CPU
-    interpreter), a fresh dict.
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, mask=None) -> dict:
+    """Sane launch parameters for Hopper (``HOPPER_CONFIGS``, with ``HOPPER_FULL_MASK`` over it when
+    ``mask`` allows every pair; ``INTERPRETER_CONFIG`` in the CPU interpreter), a fresh dict.
 
     ``head_dim`` is the padded tile the kernels work on (``_runtime.config_head_dim(D_qk, D_v)``:
     80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted."""
     if _interpreting():
         return dict(INTERPRETER_CONFIG)
-    return hopper_config(head_dim)
+    return hopper_config(head_dim, mask)
 
 
-def hopper_config(head_dim: int) -> dict:
+def hopper_config(head_dim: int, mask=None) -> dict:
     """The ``HOPPER_CONFIGS`` entry for padded head dim ``head_dim`` (a fresh dict), interpreter or
-    not: the FlashMask kernel reads its tiles from here."""
-    return dict(HOPPER_CONFIGS[_table_key(head_dim)])
+    not (the FlashMask kernel reads its tiles from here), with the ``HOPPER_FULL_MASK`` overlay when
+    ``mask`` is given and allows every pair."""
+    key = _table_key(head_dim)
+    cfg = dict(HOPPER_CONFIGS[key])
+    if mask is not None and key in HOPPER_FULL_MASK:
+        from .tuned import mask_class
+
+        if mask_class(mask) == "full":
+            cfg.update(HOPPER_FULL_MASK[key])
+    return cfg
 
 
 def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
@@ -243,7 +263,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
     ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
     by (``config_head_dim``)."""
-    return _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v),
+    return _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype, mask), config, q=q, k=k, mask=mask, v=v),
                              "dense attention")
 
 

@@ -23,8 +23,13 @@ tiles, same plans, no atomics: deterministic like the two-kernel default. The de
 stays a launch of its own: both program sets read delta from their first tile on, and a grid
 has no barrier to wait for a preprocess part of itself (dQ programs could form their own rows'
 delta, dK/dV programs read every row's).
-Measured: not yet (no GPU in the session that built it; ``experiments/gpu/bwd_variants.py``
-times two kernels vs one launch vs ``fused_dq`` vs Flex and cuDNN on an H100).
+Measured (H100, S = 16K, GQA 64:8, D = 128, ``experiments/results/h100/bwd_variants/``): one launch
+0.89-0.96x of the two kernels at best, ``fused_dq`` 0.36-0.48x; both stay off by default.
+Two kernels after the dP^T-first update (``core.dkdv_update``) and, for full masks, the 64x64 dK/dV
+tile (``dense.HOPPER_FULL_MASK``; ``experiments/results/h100/bwd_order/``): full 433-448 TFLOP/s
+(1.08-1.12x Flex's backward, 0.82x cuDNN), causal 388-402 (1.02-1.04x Flex, 0.75-0.78x cuDNN). The
+dK/dV kernel takes ~60 % of the time; the dQ kernel runs its three matmuls at ~630 TFLOP/s, so what
+is left is the 7-matmul structure (dQ recomputes S and dP) rather than either kernel's schedule.
 
 The kernel bodies are ``_dkdv_program`` / ``_dq_program`` of a program index; the two kernels
 call them with ``tl.program_id(0)``, which Triton inlines into the code they compiled to before.
