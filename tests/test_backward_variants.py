@@ -332,3 +332,29 @@ def test_bwd_variants_script_smoke(tmp_path):
     assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
     md = (tmp_path / "bwd_variants.md").read_text()
     assert "| causal_document |" in md and "| uniform128 |" in md and "variable / uniform" in md
+
+
+def test_bwd_variants_script_picks_variants_and_splits_kernels(tmp_path):
+    """``--variants`` runs exactly the named variants (tile candidates included), each two-kernel
+    variant gets a ``split`` row (dK/dV and dQ timed alone, both positive), ``--no-vendors`` and an
+    empty ``--sparse-masks`` run nothing else; an unknown name stops before any kernel runs."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    spec = importlib.util.spec_from_file_location("bwd_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.TILE_VARIANTS["dkdv64x64w4s2"] == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4,
+                                                       dkdv_num_stages=2)
+    with pytest.raises(SystemExit, match="dkdv7x7"):
+        mod.main(["--smoke", "--out", str(tmp_path / "bad"), "--variants", "two-kernels,dkdv7x7"])
+    rows, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document", "--variants",
+                            "two-kernels,dkdv64x64w4s2", "--sparse-masks", "", "--no-vendors"])
+    assert set(rows[0]["times"]) == {"two-kernels", "dkdv64x64w4s2"} and srows == []
+    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
+    splits = {r["variant"]: r for r in lines if r["kind"] == "split"}
+    assert set(splits) == {"two-kernels", "dkdv64x64w4s2"}
+    assert all(r["dkdv_ms"] > 0 and r["dq_ms"] > 0 for r in splits.values())
+    assert all(r["ok"] for r in lines if r["kind"] == "check")

@@ -27,6 +27,11 @@ docstrings and, where one launch wins, make it the default.
 
 ``--smoke`` runs the same code on the CPU interpreter at a toy size (no Flex, no cuDNN), so that
 the script itself is tested without a GPU.
+
+A/B of two versions of the kernels in one device call: ``LONGCA_PACKAGE_ROOT=DIR`` imports
+``longca_triton`` from ``DIR`` (e.g. ``git archive HEAD longca_triton | tar -x -C _base``) instead of
+this checkout; ``--variants`` picks variants by name (``TILE_VARIANTS`` adds dK/dV tiles to the
+list); every two-kernel variant also gets a ``split`` row (the dK/dV and the dQ kernel timed alone).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # a plain checkout runs without installing
 sys.path.insert(0, str(HERE))
+if os.environ.get("LONGCA_PACKAGE_ROOT"):
+    # why import it here: dense_check puts this checkout first on sys.path; a package already in
+    # sys.modules wins over the path, and its subpackages load from its own directory
+    sys.path.insert(0, os.path.abspath(os.environ["LONGCA_PACKAGE_ROOT"]))
+    import longca_triton  # noqa: F401
 
 import dense_check as DC
 import torch
@@ -54,6 +64,26 @@ from longca_triton.masks import make_mask
 
 MASKS = ("full", "causal", "causal_document", "share_question")
 FUSED_DQ = dict(fused_dq=True, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2)
+
+def dkdv_tile(m: int, n: int, warps: int, stages: int) -> dict:
+    """A dK/dV tile overlay: ``m`` query rows per step, ``n`` keys per program."""
+    return dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, dkdv_num_warps=warps, dkdv_num_stages=stages)
+
+
+def dq_tile(m: int, n: int, warps: int, stages: int) -> dict:
+    """A dQ tile overlay: ``m`` query rows per program, ``n`` keys per step."""
+    return dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, dq_num_warps=warps, dq_num_stages=stages)
+
+
+#: dK/dV tiles (DKDV_BLOCK_M query rows per step x DKDV_BLOCK_N keys per program) beside the
+#: default 32x64/4 warps/3 stages; sm_90a registers / spills / shared memory (compiled on a CPU, the
+#: dP^T-first update of ``core.dkdv_update``): 32x64 w4 s2 235 / 0 / 66 KB; 32x128 w8 230 / 0 /
+#: 115 KB (s3); 64x128 w8 s3 255 / 88 B / 165 KB (Flex's tile); 64x64 w4 s2 255 / 88 B / 99 KB
+_DKDV_TILES = ((32, 64, 4, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 3), (64, 64, 4, 2))
+# dQ tiles beside the default 128x64/8 warps/3 stages (one block per SM: 164 KB of shared memory)
+_DQ_TILES = ((128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 3))
+TILE_VARIANTS = {**{"dkdv{}x{}w{}s{}".format(*t): dkdv_tile(*t) for t in _DKDV_TILES},
+                 **{"dq{}x{}w{}s{}".format(*t): dq_tile(*t) for t in _DQ_TILES}}
 
 
 def variants(smoke: bool) -> dict:
@@ -69,6 +99,36 @@ def variants(smoke: bool) -> dict:
             out[f"one-launch o{order} w4 s2 dq64x64"] = dict(one_launch=True, bwd_order=order, bwd_num_warps=4,
                                                              bwd_num_stages=2, DQ_BLOCK_M=64, DQ_BLOCK_N=64)
     return out
+
+
+def all_variants(smoke: bool) -> dict:
+    """Every variant a ``--variants`` name may pick: ``variants`` and ``TILE_VARIANTS``."""
+    return {**variants(smoke), **TILE_VARIANTS}
+
+
+def pick(available: dict, names: str | None) -> dict:
+    """``available`` restricted to the comma-separated ``names`` (all when None); unknown names raise."""
+    if names is None:
+        return available
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in available]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {sorted(available)}")
+    return {n: available[n] for n in wanted}
+
+
+def split_ms(p: DC.Problem, cfg: dict, out, lse) -> dict:
+    """The dK/dV and the dQ kernel of the two-kernel backward timed alone (preprocess excluded)."""
+    kplan = DC.get_tile_plan(p.mask, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], DC.DEV)
+    qplan = DC.get_tile_plan(p.mask, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], DC.DEV)
+    q, k, v, o, do = (D._descriptor_ready(t) for t in (p.q, p.k, p.v, out, p.dout))
+    lse = lse.contiguous()
+    delta = D.launch_bwd_preprocess(o, do)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dkdv = lambda: D.launch_bwd_dkdv(q, k, v, do, lse, delta, dk, dv, kplan, p.scale, cfg)  # noqa: E731
+    dqf = lambda: D.launch_bwd_dq(q, k, v, do, lse, delta, dq, qplan, p.scale, cfg)  # noqa: E731
+    dkdv(), dqf()
+    return {"dkdv_ms": DC.median_ms(dkdv, rep=250), "dq_ms": DC.median_ms(dqf, rep=250)}
 
 
 def grads(p: DC.Problem, config: dict, deterministic: bool = False):
@@ -109,13 +169,15 @@ def bitwise_twice(emit, p, name: str, config: dict) -> bool:
     return equal
 
 
-def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float) -> dict:
+def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
+             chosen: dict | None = None, vendors: bool = True) -> dict:
     p = DC.Problem(DC.bench_mask(mname, S), hq=hq, hkv=hkv, d=d, dtype=dtype)
     ref = reference_group(p.mask, p.q, p.k, p.v, p.dout, p.scale, True)
-    base = D.resolve_config(d, dtype)
+    base = D.resolve_config(d, dtype, mask=p.mask)  # the mask's default (full masks: HOPPER_FULL_MASK)
     row = dict(mask=mname, S=S, Hq=hq, Hkv=hkv, D=d, times={})
     ok = {}
-    for name, var in variants(smoke).items():
+    chosen = variants(smoke) if chosen is None else chosen
+    for name, var in chosen.items():
         if DC.elapsed() > budget:
             emit(dict(kind="bwd", mask=mname, variant=name, status="skipped: time"))
             continue
@@ -127,12 +189,14 @@ def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: 
         t = timed(emit, lambda: DC.time_ours_bwd(p, cfg, out, lse), p.bwd_flops, mask=mname, S=S, variant=name,
                   config=var)
         row["times"][name] = t
+        if t != float("inf") and not (cfg["one_launch"] or cfg["fused_dq"]):
+            emit(dict(kind="split", mask=mname, S=S, variant=name, config=var, **split_ms(p, cfg, out, lse)))
     ones = {n: t for n, t in row["times"].items() if n.startswith("one-launch")}
     best_one = min(ones, key=ones.get) if ones else None
     for name in ("two-kernels", best_one, "fused_dq"):
         if name is not None and ok.get(name):
-            bitwise_twice(lambda r: emit(dict(mask=mname, **r)), p, name, variants(smoke)[name])
-    if not smoke:
+            bitwise_twice(lambda r: emit(dict(mask=mname, **r)), p, name, chosen[name])
+    if not smoke and vendors:
         for vendor, fn in (("flex", lambda: DC.time_flex(p)[1]),
                            ("sdpa-cudnn", (lambda: DC.time_cudnn(p, mname == "causal")[1])
                             if mname in ("full", "causal") else None)):
@@ -148,6 +212,16 @@ def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: 
 SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters)
     "uniform128": ("block_sparse", 128, {}),
     "varblock256": ("varblock_sparse", 256, {"min_block": 128}),
+}
+
+
+#: block-sparse (block 128) tiles beside its default (dK/dV 64x128/8 warps/2 stages, Flex's; dQ
+#: 128x64/8 warps/2 stages): the dense kernel's dK/dV tiles and a deeper dQ ring
+SPARSE_TILE_VARIANTS = {
+    **{"sdkdv{}x{}w{}s{}".format(*t): dkdv_tile(*t) for t in ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3),
+                                                             (32, 128, 8, 3))},
+    "sdq128x64w8s3": dq_tile(128, 64, 8, 3),
+    "sdkdv64x64w4s2-dqs3": {**dkdv_tile(64, 64, 4, 2), **dq_tile(128, 64, 8, 3)},
 }
 
 
@@ -179,16 +253,17 @@ def flex_sparse_attn(p):
                                 enable_gqa=True).transpose(1, 2)
 
 
-def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float) -> dict:
+def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
+               chosen: dict | None = None, vendors: bool = True, density: float = 0.3, patterns: int = 0) -> dict:
     kind, block, extra = SPARSE_MASKS[name]
-    mask = make_mask(kind, S, block=block if not smoke else 32, density=0.3, patterns=hkv, seed=0,
+    mask = make_mask(kind, S, block=block if not smoke else 32, density=density, patterns=patterns or hkv, seed=0,
                      **({"min_block": 16} if smoke and extra else extra))
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(1, S, h, d, device=DC.DEV, dtype=dtype) for h in (hq, hkv, hkv, hq))
     p = SimpleNamespace(mask=mask, q=q, k=k, v=v, dout=dout, hq=hq, scale=d ** -0.5)  # DC.Problem's fields
     ref = reference_group(mask, p.q, p.k, p.v, p.dout, p.scale, True)
-    row = dict(mask=name, S=S, Hq=hq, Hkv=hkv, D=d, density=mask.density, times={})
-    for vname, var in sparse_variants(smoke).items():
+    row = dict(mask=name, S=S, Hq=hq, Hkv=hkv, D=d, density=mask.density, patterns=patterns or hkv, times={})
+    for vname, var in (sparse_variants(smoke) if chosen is None else chosen).items():
         if DC.elapsed() > budget:
             emit(dict(kind="sparse_bwd", mask=name, variant=vname, status="skipped: time"))
             continue
@@ -205,7 +280,7 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         if res.ok:
             row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
                                         mask.flops(hq, d, "bwd"), mask=name, S=S, variant=vname, config=var)
-    if not smoke and DC.elapsed() <= budget:
+    if not smoke and vendors and DC.elapsed() <= budget:
         row["times"]["flex"] = timed(emit, lambda: autograd_bwd_ms(p, flex_sparse_attn(p)), mask.flops(hq, d, "bwd"),
                                      mask=name, S=S, variant="flex")
     row["tflops"] = {n: mask.flops(hq, d, "bwd") / t * 1e-9 for n, t in row["times"].items() if t != float("inf")}
@@ -218,10 +293,12 @@ def sparse_table(rows: list) -> str:
         tf = r["tflops"]
         ones = {n: x for n, x in tf.items() if n.startswith("one-launch")}
         one = max(ones, key=ones.get) if ones else None
-        ours = max([tf.get("two-kernels", 0.0)] + ([ones[one]] if one else []))
-        flex = f"{ours / tf['flex']:.2f}" if "flex" in tf and ours else "-"
-        lines.append(f"| {r['mask']} | {tf.get('two-kernels', 0):.3g} | {ones[one]:.3g} ({one}) | "
-                     f"{tf.get('flex', float('nan')):.3g} | {flex} |" if one else f"| {r['mask']} | - | - | - | - |")
+        ours = max([x for n, x in tf.items() if n != "flex"], default=0.0)
+        two = f"{tf['two-kernels']:.3g}" if "two-kernels" in tf else "-"
+        best_one = f"{ones[one]:.3g} ({one})" if one else "-"
+        flex = f"{tf['flex']:.3g}" if "flex" in tf else "-"
+        ratio = f"{ours / tf['flex']:.2f}" if "flex" in tf and ours else "-"
+        lines.append(f"| {r['mask']} | {two} | {best_one} | {flex} | {ratio} |")
     if len(rows) == 2 and all(r["tflops"] for r in rows):
         best = [max(r["tflops"][n] for n in r["tflops"] if n != "flex") for r in rows]
         lines += ["", f"variable / uniform (ours, best of each): {best[1] / best[0]:.2f} (target >= 0.8)"]
@@ -229,16 +306,19 @@ def sparse_table(rows: list) -> str:
 
 
 def table(rows: list) -> str:
-    lines = ["| mask | two kernels | best one launch | fused_dq | Flex | cuDNN | ours best / Flex | ours best / cuDNN |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| mask | two kernels | best one launch | fused_dq | best of ours | Flex | cuDNN | ours best / Flex "
+             "| ours best / cuDNN |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tf = r["tflops"]
         one = r["best_one_launch"]
-        ours = max([tf.get("two-kernels", 0.0)] + ([tf.get(one, 0.0)] if one else []))
+        mine = {n: x for n, x in tf.items() if n not in ("flex", "sdpa-cudnn")}
+        best = max(mine, key=mine.get) if mine else None
+        ours = mine[best] if best else 0.0
         cell = lambda n: f"{tf[n]:.0f}" if n in tf else "-"
         ratio = lambda n: f"{ours / tf[n]:.2f}" if n in tf and ours else "-"
         lines.append(f"| {r['mask']} | {cell('two-kernels')} | {cell(one) if one else '-'} ({one}) | {cell('fused_dq')} | "
-                     f"{cell('flex')} | {cell('sdpa-cudnn')} | {ratio('flex')} | {ratio('sdpa-cudnn')} |")
+                     f"{cell(best) if best else '-'} ({best}) | {cell('flex')} | {cell('sdpa-cudnn')} | {ratio('flex')} "
+                     f"| {ratio('sdpa-cudnn')} |")
     return "\n".join(lines)
 
 
@@ -260,8 +340,17 @@ def main(argv=None):
     ap.add_argument("--masks", default=",".join(MASKS))
     ap.add_argument("--sparse-masks", default=",".join(SPARSE_MASKS), help="block-sparse cases ('' for none)")
     ap.add_argument("--sparse-S", type=int, default=32768)
+    ap.add_argument("--sparse-density", type=float, default=0.3)
+    ap.add_argument("--sparse-patterns", type=int, default=0, help="block patterns (0: one per KV head; 1: one for all)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated variant names (default: two kernels, fused_dq, every one launch)")
+    ap.add_argument("--sparse-variants", default=None, help="comma-separated block-sparse variant names")
+    ap.add_argument("--no-vendors", action="store_true", help="skip Flex and cuDNN (an A/B run of ours only)")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy size, ours only")
     a = ap.parse_args(argv)
+    chosen = pick(all_variants(a.smoke), a.variants) if a.variants else None
+    schosen = (pick({**sparse_variants(a.smoke), **SPARSE_TILE_VARIANTS}, a.sparse_variants)
+               if a.sparse_variants else None)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     emit = Emitter(out_dir)
@@ -270,20 +359,21 @@ def main(argv=None):
         S, hq, hkv, d, dtype = 96, 4, 2, 32, torch.float32
     else:
         S, hq, hkv, d, dtype = a.S, 64, 8, 128, torch.bfloat16
-        emit(dict(kind="env", **DC.env_info()))
+        emit(dict(kind="env", package=os.path.dirname(D.__file__), **DC.env_info()))
     rows, srows = [], []
     for mname in filter(None, a.masks.split(",")):
-        rows.append(run_mask(emit, mname, S, hq, hkv, d, dtype, a.smoke, a.budget))
+        rows.append(run_mask(emit, mname, S, hq, hkv, d, dtype, a.smoke, a.budget, chosen, not a.no_vendors))
         emit(dict(kind="summary", **rows[-1]))
     for sname in filter(None, a.sparse_masks.split(",")):
-        srows.append(run_sparse(emit, sname, S if a.smoke else a.sparse_S, hq, hkv, d, dtype, a.smoke, a.budget))
+        srows.append(run_sparse(emit, sname, S if a.smoke else a.sparse_S, hq, hkv, d, dtype, a.smoke, a.budget,
+                                schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns))
         emit(dict(kind="sparse_summary", **srows[-1]))
     md = [f"# Backward variants of `triton` (S={S}, GQA {hq}:{hkv}, D={d}, {str(dtype)[6:]}), TFLOP/s", "",
           "Targets (issue 13): ours >= 1.1x Flex on every mask, >= 0.8x cuDNN on full and causal.", "",
-          table(rows), "", f"variants: {json.dumps(variants(a.smoke))}", "",
+          table(rows), "", f"variants: {json.dumps(chosen or variants(a.smoke))}", "",
           f"## Block-sparse backward (S={S if a.smoke else a.sparse_S}, density 0.3, through autograd), TFLOP/s", "",
           "Targets: ours >= 1.05x Flex; variable blocks >= 0.8x uniform.", "",
-          sparse_table(srows), "", f"variants: {json.dumps(sparse_variants(a.smoke))}", "",
+          sparse_table(srows), "", f"variants: {json.dumps(schosen or sparse_variants(a.smoke))}", "",
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {DC.elapsed():.0f} s"]
     (out_dir / "bwd_variants.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
