@@ -117,13 +117,24 @@ exec {sys.executable} "$@"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
         return subprocess.run(["bash", "experiments/gpu/study_sweep.sh"], cwd=repo, capture_output=True, text=True,
-                              env={"STUDY": "dense", "OUT": str(out), "PATH": f"{bin_}:/usr/bin:/bin"})
+                              env={"STUDY": "dense", "OUT": str(out), "PATH": f"{bin_}:/usr/bin:/bin",
+                                   "STUDY_LAST": str(last)})
 
+    last = tmp_path / "machine_tmp" / "last.jsonl.gz"
+    last.parent.mkdir()
     r = sweep()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resuming from 3 rows of experiments/results/h100/study/dense/results.jsonl.gz" in r.stdout
     rows = [json.loads(x) for x in gzip.decompress((out / "results.jsonl.gz").read_bytes()).splitlines()]
     assert rows == committed + [{"status": "ok", "seqlen": 2048}]
+    # the call left its rows on the machine: the next call (warm) resumes from them, not the commit
+    assert last.read_bytes() == (out / "results.jsonl.gz").read_bytes()
+    r = sweep()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming from this machine's last call" in r.stdout and "resuming from 4 rows" in r.stdout
+    rows = [json.loads(x) for x in gzip.decompress((out / "results.jsonl.gz").read_bytes()).splitlines()]
+    assert rows == committed + [{"status": "ok", "seqlen": 2048}] * 2
+    last.unlink()  # a fresh machine: back to the committed file
     assert (out / "results.jsonl").read_bytes() == gzip.decompress((out / "results.jsonl.gz").read_bytes())
     assert len(list(out.iterdir())) <= 8  # the run tool returns at most 8 files
     # a plain results.jsonl next to the .gz: resumed from, with a warning

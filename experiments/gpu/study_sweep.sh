@@ -64,12 +64,21 @@ if [ -f "${RES%.gz}" ]; then
   [ -f "$RES" ] && echo "warning: both ${RES%.gz} and $RES: resuming from the plain one (readers take it too)" >&2
   RES=${RES%.gz}
 fi
+# a warm machine keeps the last call's rows in /tmp (files outside the repo survive while calls follow
+# within 30 s): resume from them when they hold more rows than the committed file, so consecutive
+# calls chain without copying results back in between (STUDY_LAST: another path for that file)
+LAST=${STUDY_LAST:-/tmp/study_$STUDY.last.jsonl.gz}
+if [ -f "$LAST" ] && [ "$(gzip -dc "$LAST" | wc -l)" -gt "$(case "$RES" in *.gz) gzip -dc "$RES" ;; *) cat "$RES" ;; esac | wc -l)" ]; then
+  echo "resuming from this machine's last call ($LAST) rather than $RES"
+  RES=$LAST
+fi
 TIMEOUT=$(awk -v m="$MINUTES" 'BEGIN { printf "%d", m * 60 + 60 }')
 BENCH_OUT=$OUT BENCH_RESUME=$RES BENCH_KIND=$KIND BENCH_TIMEOUT=$TIMEOUT \
   bash experiments/gpu/bench_check.sh "$CFG" --max-minutes "$MINUTES" "$@"
 rc=$?
 [ -f "$OUT/results.jsonl" ] && gzip -9 -n -c "$OUT/results.jsonl" > "$OUT/results.jsonl.gz.part" \
-  && mv "$OUT/results.jsonl.gz.part" "$OUT/results.jsonl.gz" && ls -l "$OUT/results.jsonl.gz"
+  && mv "$OUT/results.jsonl.gz.part" "$OUT/results.jsonl.gz" && ls -l "$OUT/results.jsonl.gz" \
+  && cp "$OUT/results.jsonl.gz" "$LAST"
 python3 - "$OUT/results.jsonl" <<'EOF'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().endswith("}")]
