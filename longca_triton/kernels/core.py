@@ -277,7 +277,7 @@ def dkdv_update(dk, dv, p_t, q, do, v, delta):
     """Add one query tile into ``dk [BLOCK_N, BLOCK_DQK]`` (unscaled) and ``dv [BLOCK_N, BLOCK_DV]``
     from the masked ``P^T``; returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a fused dQ.
 
-    why dP^T before dV (head-dim tiles up to 128 + 128): ``dP^T = V dO^T`` does not need ``P^T``, so
+    why dP^T before dV (128-wide head-dim tiles): ``dP^T = V dO^T`` does not need ``P^T``, so
     issued first its wgmma runs while the warps compute ``exp2`` for ``P^T`` (sm_90a SASS: the
     MUFU.EX2 sit between its HGMMAs; in the other order they ran between two waits with the tensor
     cores idle). H100, S = 16K, GQA 64:8, D = 128, full: dK/dV kernel 35.1 -> 32.0 ms, backward

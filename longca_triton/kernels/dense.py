@@ -208,7 +208,8 @@ HEADDIM_CANDIDATES = {
 #: 88 spill bytes, 99 KB: two blocks per SM) measured 438-448 TFLOP/s backward vs 410-418 for the
 #: 32x64 default on full at 16K (H100, three samples, ``experiments/results/h100/bwd_order/``), but
 #: 383-392 vs 388-402 on causal and below it on the document masks, so only full masks take it (the
-#: autotune cache's ``full`` class found the same tile).
+#: autotune cache's ``full`` class found the same tile). 80 and 96 share the entry (the same padded
+#: tiles; not measured there).
 HOPPER_FULL_MASK = {
     128: dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
 }
