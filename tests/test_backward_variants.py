@@ -330,6 +330,10 @@ def test_bwd_variants_script_smoke(tmp_path):
     checks = [r for r in lines if r["kind"] == "check"]
     assert checks and all(r["ok"] for r in checks), checks
     assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
+    # every two-kernel variant, dense and block-sparse, has its kernels timed apart
+    splits = {(r["mask"], r["variant"]) for r in lines if r["kind"] == "split"}
+    assert {(m, "two-kernels") for m in ("causal_document", *mod.SPARSE_MASKS)} <= splits
+    assert not any(v.startswith("one-launch") for _, v in splits)
     md = (tmp_path / "bwd_variants.md").read_text()
     assert "| causal_document |" in md and "| uniform128 |" in md and "variable / uniform" in md
 

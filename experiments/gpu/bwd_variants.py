@@ -131,6 +131,18 @@ def split_ms(p: DC.Problem, cfg: dict, out, lse) -> dict:
     return {"dkdv_ms": DC.median_ms(dkdv, rep=250), "dq_ms": DC.median_ms(dqf, rep=250)}
 
 
+def sparse_split_ms(p, mask, cfg: dict) -> dict:
+    """The block-sparse dK/dV and dQ kernels timed alone (``block_sparse_bwd(passes=...)``; the
+    delta preprocess is in both), from one forward's out / lse."""
+    tables = BS.tables_for(mask, cfg, p.q.device)
+    out, lse = BS.block_sparse_fwd(p.q, p.k, p.v, mask, tables["fwd"], p.scale, cfg)
+    run = lambda passes: BS.block_sparse_bwd(p.dout, p.q, p.k, p.v, out, lse, mask, tables, p.scale, cfg,  # noqa: E731
+                                             passes=passes)
+    run(("dkdv", "dq"))
+    return {"dkdv_ms": DC.median_ms(lambda: run(("dkdv",)), rep=250),
+            "dq_ms": DC.median_ms(lambda: run(("dq",)), rep=250)}
+
+
 def grads(p: DC.Problem, config: dict, deterministic: bool = False):
     q, k, v = (t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v))
     out, lse = D.dense_attention(q, k, v, p.mask, return_lse=True, config=config, deterministic=deterministic)
@@ -280,6 +292,9 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         if res.ok:
             row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
                                         mask.flops(hq, d, "bwd"), mask=name, S=S, variant=vname, config=var)
+            cfg = BS.resolve_config(mask, d, var)
+            if not cfg["one_launch"]:
+                emit(dict(kind="split", mask=name, S=S, variant=vname, config=var, **sparse_split_ms(p, mask, cfg)))
     if not smoke and vendors and DC.elapsed() <= budget:
         row["times"]["flex"] = timed(emit, lambda: autograd_bwd_ms(p, flex_sparse_attn(p)), mask.flops(hq, d, "bwd"),
                                      mask=name, S=S, variant="flex")
