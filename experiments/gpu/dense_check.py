@@ -87,7 +87,14 @@ def time_variant(out_dir: Path, kind: str, time_one, flops: float, **row) -> flo
 
 
 def bench_mask(name: str, S: int):
-    """Masks as in ANCHORS.md (S=16K): docs from the histogram, window 1024, prefix S/3 / 512."""
+    """Masks as in ANCHORS.md (S=16K): docs from the histogram, window 1024, prefix S/3 / 512.
+
+    ``"<document mask>/<n>"`` (e.g. ``full_document/2``) is that mask with ``n`` equal documents: a
+    diagnostic with the area of ``causal`` (n = 2) in full tiles only, every loop half as long as full's.
+    """
+    if "/" in name:
+        base, n = name.split("/")
+        return make_mask(base, S, seed=0, doc_lens=[S // int(n)] * (int(n) - 1) + [S - S // int(n) * (int(n) - 1)])
     params = {}
     if name == "prefix_lm_causal":
         params["prefix"] = S // 3
