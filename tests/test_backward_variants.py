@@ -111,6 +111,55 @@ def test_one_launch_matches_two_kernels_bitwise():
         assert torch.equal(a, b), f"d{name} differs between two kernels and one launch"
 
 
+# ------------------------------------------------------------------ row-major dK/dV sweeps
+SWEEP_NAMES = {1: "rows-ascending", 2: "rows-descending"}
+SWEEP_CASES = [
+    # (S, Hq, Hkv, D, dtype, mask, dkdv_sweep): GQA groups of 1, 2 and 4 heads, tiles cut by S
+    (17, 4, 1, 32, torch.float32, "causal", 2),
+    (239, 4, 1, 32, torch.float32, "causal_document", 1),
+    (239, 4, 2, 32, torch.float32, "causal_document", 2),
+    (150, 2, 2, 64, torch.float16, "share_question", 2),
+    (150, 4, 1, 32, torch.float16, "global_sliding_window", 1),
+    (130, 4, 2, 64, torch.float32, "full", 2),
+]
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,sweep", [
+    pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{SWEEP_NAMES[c[6]]}")
+    for c in SWEEP_CASES])
+def test_dkdv_sweep_static_masks(S, Hq, Hkv, D, dtype, name, sweep):
+    compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, dict(dkdv_sweep=sweep))
+
+
+@pytest.mark.parametrize("sweep", [1, 2], ids=SWEEP_NAMES.get)
+def test_dkdv_sweep_empty_rows_columns_and_padded_dims(sweep):
+    """Sq != Sk with fully masked rows, uneven tiles, an lse gradient, D_qk 40 / D_v 24 (the 3-d
+    descriptors' padded head-dim columns must read zero, not the next head's)."""
+    mask = random_range_mask(100, 37, 1)
+    assert (~mask.to_dense().any(1)).any()
+    compare(mask, 4, 2, 40, torch.float32, dict(dkdv_sweep=sweep, **ODD_CONFIG), dlse=True, dv=24)
+
+
+def test_dkdv_sweep_through_one_launch_and_deterministic():
+    """The sweep in the one-launch kernel too, and bitwise-equal gradients on two runs."""
+    mask = small_mask("causal_document", 130, seed=2)
+    compare(mask, 4, 2, 32, torch.float32, one_launch(2, dkdv_sweep=2))
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 130, h, 32, device=DEVICE) for h in (4, 2, 2))
+    a, b = (_grads(dense_attention, q, k, v, mask, config=dict(dkdv_sweep=2), deterministic=True) for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_dkdv_sweep_bad_values_are_refused():
+    for bad in (3, -1, 1.5, True, "rows"):
+        with pytest.raises(ValueError, match="dkdv_sweep"):
+            resolve_config(32, torch.float32, {"dkdv_sweep": bad})
+    with pytest.raises(ValueError, match="fused_dq"):
+        resolve_config(32, torch.float32, {"dkdv_sweep": 2, "fused_dq": True})
+    assert resolve_config(32, torch.float32, {"dkdv_sweep": 2})["dkdv_sweep"] == 2
+    assert resolve_config(32, torch.float32)["dkdv_sweep"] == 0
+
+
 # ------------------------------------------------------------------ FlashMask, one launch
 FM_TILES = dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=16)
 

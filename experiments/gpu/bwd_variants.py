@@ -84,6 +84,16 @@ _DKDV_TILES = ((32, 64, 4, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 3)
 _DQ_TILES = ((128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 3))
 TILE_VARIANTS = {**{"dkdv{}x{}w{}s{}".format(*t): dkdv_tile(*t) for t in _DKDV_TILES},
                  **{"dq{}x{}w{}s{}".format(*t): dq_tile(*t) for t in _DQ_TILES}}
+#: the dK/dV kernel's row-major sweeps (``dkdv_sweep``: per query tile every head of the GQA group;
+#: 2 = query tiles descending), with the mask's default tile and with the 32x64 / 64x64 tiles. sm_90a
+#: (CPU, causal, D = 128): sweep 2 at 32x64/4/3 241 registers, no spills (the head-major default: 255,
+#: 28 B); at 64x64/4/2 96 B of spills (head-major 16 B)
+TILE_VARIANTS.update({
+    "sweep1": {"dkdv_sweep": 1},
+    "sweep2": {"dkdv_sweep": 2},
+    "sweep2-dkdv32x64w4s3": {"dkdv_sweep": 2, **dkdv_tile(32, 64, 4, 3)},
+    "sweep2-dkdv64x64w4s2": {"dkdv_sweep": 2, **dkdv_tile(64, 64, 4, 2)},
+})
 
 
 def variants(smoke: bool) -> dict:

@@ -35,6 +35,17 @@ def tile_desc(base, rows, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def group_desc(base, rows, heads, stride_s, stride_h, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """Tensor descriptor over the ``[rows, heads, HEAD_DIM]`` block of ``heads`` adjacent heads at
+    ``base`` (a GQA group's query heads), read in ``[BLOCK, 1, BLOCK_D]`` tiles: one head's tile of
+    ``tile_desc``, with the head picked by the middle coordinate, so one descriptor serves a loop
+    that changes head every step (``dense_bwd``'s row-major dK/dV sweep)."""
+    return tl.make_tensor_descriptor(base, shape=[rows, heads, HEAD_DIM], strides=[stride_s, stride_h, 1],
+                                     block_shape=[BLOCK, 1, BLOCK_D])
+
+
+@triton.jit
 def head_dim_offsets(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """``(offs_d [BLOCK_D], d_ok [BLOCK_D])`` for pointer loads and stores along the head dim.
 

@@ -125,13 +125,18 @@ LOG2E = 1.4426950408889634
 #: Triton 3.6); ``fused_dq`` selects the fused dQ variant (see the module docstring).
 #: ``one_launch`` runs dK/dV and dQ as two program sets of one launch (``bwd_order``: 0 dK/dV set
 #: first, 1 dQ set first, 2 interleaved) with ``bwd_num_warps`` / ``bwd_num_stages`` for both;
-#: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``).
+#: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``). ``dkdv_sweep`` orders
+#: the dK/dV program's (query head, query tile) steps: 0 head-major (default), 1 row-major, 2
+#: row-major descending (``DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
 )
+
+#: ``dkdv_sweep`` values: head-major, row-major, row-major with query tiles descending
+DKDV_SWEEPS = (0, 1, 2)
 
 
 
@@ -140,7 +145,7 @@ CONFIG_KEYS = (
 INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
-                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1)
+                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -153,14 +158,14 @@ HOPPER_CONFIGS = {
     64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, warp_specialize=False,
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
+             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
     128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -172,7 +177,7 @@ HOPPER_CONFIGS = {
     256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -264,8 +269,23 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
     ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
     by (``config_head_dim``)."""
-    return _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype, mask), config, q=q, k=k, mask=mask, v=v),
-                             "dense attention")
+    cfg = _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype, mask), config, q=q, k=k, mask=mask, v=v),
+                            "dense attention")
+    return _check_dkdv_sweep(cfg, "dense attention")
+
+
+def _check_dkdv_sweep(cfg: dict, what: str) -> dict:
+    """``dkdv_sweep`` an int of ``DKDV_SWEEPS`` (0 where a config predates the key), and not a
+    row-major sweep with ``fused_dq`` (whose dQ reduce-add runs per head in the head-major loop)."""
+    sweep = cfg.get("dkdv_sweep", 0)
+    if isinstance(sweep, bool) or not isinstance(sweep, (int, float)) or sweep not in DKDV_SWEEPS:
+        raise ValueError(f"{what}: config['dkdv_sweep'] must be one of {DKDV_SWEEPS} (0 head-major, 1 row-major, "
+                         f"2 row-major descending), got {sweep!r}")
+    cfg["dkdv_sweep"] = int(sweep)
+    if cfg["dkdv_sweep"] and cfg["fused_dq"]:
+        raise ValueError(f"{what}: config dkdv_sweep={cfg['dkdv_sweep']} (row-major dK/dV) cannot be combined with "
+                         "fused_dq=True (its dQ reduce-add is the head-major loop's); pick one")
+    return cfg
 
 
 def check_deterministic(cfg: dict, deterministic: bool, what: str = "dense attention") -> None:
@@ -408,6 +428,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
         FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
+        SWEEP=cfg.get("dkdv_sweep", 0),
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
 
@@ -447,7 +468,7 @@ def launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan: TilePlan, d
         DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
         K_NUM_IV=dkdv_plan.num_iv, Q_NUM_IV=dq_plan.num_iv,
         K_HAS_PARTIAL=dkdv_plan.k_part[1].numel() > 0, Q_HAS_PARTIAL=dq_plan.q_part[1].numel() > 0,
-        ORDER=cfg["bwd_order"],
+        ORDER=cfg["bwd_order"], SWEEP=cfg.get("dkdv_sweep", 0),
         num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
     )
 

@@ -31,6 +31,15 @@ tile (``dense.HOPPER_FULL_MASK``; ``experiments/results/h100/bwd_order/``): full
 dK/dV kernel takes ~60 % of the time; the dQ kernel runs its three matmuls at ~630 TFLOP/s, so what
 is left is the 7-matmul structure (dQ recomputes S and dP) rather than either kernel's schedule.
 
+Sweep order (config ``dkdv_sweep``, ``SWEEP``): a dK/dV program visits (query head, query tile)
+pairs of its GQA group head-major by default; 1 / 2 visit them row-major (every head of the group
+per query tile, tiles ascending / descending) through one 3-d descriptor over the group's heads
+(``core.group_desc``). Why: ``experiments/results/h100/bwd_diag/`` measured causal's dK/dV kernel
+19 % slower than that of a mask of the same area in full tiles (17.2 vs 14.5 ms), while its dQ
+kernel is not behind; the dK/dV step has 2 x ``BLOCK_N`` FLOP per byte of q / dO, so it needs the
+programs of a KV head to read the same tiles together from L2, and head-major programs of unequal
+length (causal) drift apart at every head switch. Unmeasured so far: the default stays 0.
+
 The kernel bodies are ``_dkdv_program`` / ``_dq_program`` of a program index; the two kernels
 call them with ``tl.program_id(0)``, which Triton inlines into the code they compiled to before.
 
@@ -47,6 +56,7 @@ from .core import (
     bwd_preprocess_kernel,
     dkdv_update,
     dq_update,
+    group_desc,
     head_dim_offsets,
     interval_mask,
     key_program_at,
@@ -99,6 +109,37 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
 
 
 @triton.jit
+def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo, m_hi, offs_n, qk_scale,
+                   LO, HI, Sq, group_size,
+                   BLOCK_M: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   MASKED: tl.constexpr, NUM_IV: tl.constexpr, DESCENDING: tl.constexpr):
+    """Query tiles ``[m_lo, m_hi)`` of *every* query head of the GQA group against the program's key
+    tile, the heads innermost (``SWEEP`` 1 ascending, 2 descending; ``_dkdv_program``).
+
+    One flat loop of ``(m_hi - m_lo) * group_size`` steps, so the software pipeliner prefetches
+    across head and tile boundaries alike. ``q3_desc`` / ``do3_desc`` are ``core.group_desc``
+    descriptors of the group's heads; ``row_base0`` is the lse / delta row of the group's first head.
+    """
+    for i in tl.range(0, (m_hi - m_lo) * group_size):
+        if DESCENDING:
+            mt = m_hi - 1 - i // group_size
+        else:
+            mt = m_lo + i // group_size
+        g = i % group_size
+        start_m = mt * BLOCK_M
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = q3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DQK)  # [BLOCK_M, BLOCK_DQK]
+        do = do3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DV)  # [BLOCK_M, BLOCK_DV]
+        lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, offs_m, Sq)
+        p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
+        if MASKED:
+            allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
+            p_t = tl.where(allowed.T, p_t, 0.0)
+        dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_program(
     pid,
     Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
@@ -116,8 +157,21 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+    SWEEP: tl.constexpr = 0,
 ):
-    """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``)."""
+    """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``).
+
+    ``SWEEP`` orders the (query head, query tile) steps of the GQA group: 0 head-major (each head
+    sweeps its query tiles in turn: the default), 1 row-major (per query tile every head of the
+    group, tiles ascending), 2 row-major with tiles descending. Why 1 and 2: a dK/dV step reads a
+    q and a dO tile for 4 matmuls of ``BLOCK_N`` columns, 2 x ``BLOCK_N`` FLOP per byte (128 at
+    ``BLOCK_N`` = 64, under the H100's ~295 FLOP/B of DRAM), so the kernel lives on programs of one
+    KV head reading the same q / dO tiles at about the same time from L2. Head-major programs with
+    unequal work (causal: key tile n sweeps query tiles n..end) drift apart by their work
+    difference at every head; row-major programs advance one query tile per ``group_size`` steps
+    whatever their length, and descending they all start at the last query tile, in step. Not with
+    ``FUSED_DQ`` (``dense.resolve_config`` rejects the pair).
+    """
     rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile_n = tl.load(ORDER + rank)
     start_n = tile_n * BLOCK_N
@@ -135,27 +189,51 @@ def _dkdv_program(
     f_hi = tl.load(FULL_PTR + tile_n + 1)
     p_lo = tl.load(PART_PTR + tile_n)
     p_hi = tl.load(PART_PTR + tile_n + 1)
-    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
-    for g in range(0, group_size):
-        h = h_kv * group_size + g
-        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-        row_base = (b64 * num_heads_q + h) * Sq
-        dq_target = DQAcc + b64 * stride_dqab + h * stride_dqah
-        if FUSED_DQ:
-            if DQ_TMA:
-                dq_target = tile_desc(dq_target, Sq, stride_dqas, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-        for r in range(f_lo, f_hi):
-            dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
-                               tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
-                               LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                               BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA)
+    if SWEEP != 0:
+        # the group's query heads are adjacent: one 3-d descriptor each for q and dO
+        h0 = h_kv * group_size
+        q3_desc = group_desc(Q + b64 * stride_qb + h0 * stride_qh, Sq, group_size, stride_qs, stride_qh,
+                             BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+        do3_desc = group_desc(DOut + b64 * stride_db + h0 * stride_dh, Sq, group_size, stride_ds, stride_dh,
+                              BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+        row_base0 = (b64 * num_heads_q + h0) * Sq
+        for rr in range(f_lo, f_hi):
+            # descending: the runs in reverse too, so the whole sweep goes from the last query tile down
+            r = rr
+            if SWEEP == 2:
+                r = f_hi - 1 - (rr - f_lo)
+            dk, dv = _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0,
+                                    tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
+                                    LO, HI, Sq, group_size, BLOCK_M, BLOCK_DQK, BLOCK_DV, False, NUM_IV,
+                                    SWEEP == 2)
         if HAS_PARTIAL_TILES:
             for r in range(p_lo, p_hi):
+                dk, dv = _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0,
+                                        tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
+                                        LO, HI, Sq, group_size, BLOCK_M, BLOCK_DQK, BLOCK_DV, True, NUM_IV,
+                                        SWEEP == 2)
+    else:
+        # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+        for g in range(0, group_size):
+            h = h_kv * group_size + g
+            q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+            do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+            row_base = (b64 * num_heads_q + h) * Sq
+            dq_target = DQAcc + b64 * stride_dqab + h * stride_dqah
+            if FUSED_DQ:
+                if DQ_TMA:
+                    dq_target = tile_desc(dq_target, Sq, stride_dqas, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+            for r in range(f_lo, f_hi):
                 dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
-                                   tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
+                                   tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                    LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                                   BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA)
+                                   BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA)
+            if HAS_PARTIAL_TILES:
+                for r in range(p_lo, p_hi):
+                    dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
+                                       tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
+                                       LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
+                                       BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA)
 
     dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
     dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
@@ -246,8 +324,10 @@ def dense_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+    SWEEP: tl.constexpr,
 ):
-    """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``)."""
+    """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``);
+    ``SWEEP``: the order of the GQA group's (head, query tile) steps (``_dkdv_program``)."""
     _dkdv_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -256,7 +336,7 @@ def dense_bwd_dkdv_kernel(
         LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
         softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N,
-        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES)
+        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP)
 
 
 @triton.jit
@@ -302,7 +382,7 @@ def dense_bwd_one_launch_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     K_NUM_IV: tl.constexpr, Q_NUM_IV: tl.constexpr,
-    K_HAS_PARTIAL: tl.constexpr, Q_HAS_PARTIAL: tl.constexpr, ORDER: tl.constexpr,
+    K_HAS_PARTIAL: tl.constexpr, Q_HAS_PARTIAL: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """dK/dV and dQ in one launch of ``n_dkdv + n_dq`` programs (FlexAttention's backward layout).
 
@@ -321,7 +401,7 @@ def dense_bwd_one_launch_kernel(
             K_LO, K_HI, K_ORDER, K_FULL_PTR, K_FULL_START, K_FULL_END, K_PART_PTR, K_PART_START, K_PART_END,
             softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N,
-            K_NUM_IV, False, False, K_HAS_PARTIAL)
+            K_NUM_IV, False, False, K_HAS_PARTIAL, SWEEP)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,

@@ -12,8 +12,9 @@ batch) and per mask:
   it ran below it;
 * the support matrix: backend x mask, ``ok`` / ``unsupported`` / ``error`` / ``OOM`` / ``absent`` with
   reasons;
-* coverage: per results file the lengths and points it holds (a length with fewer points than the
-  file's fullest is called partial) and the backends absent from its machine;
+* coverage: per results file the lengths and points it holds (a length with fewer problems than the
+  file's fullest, or with some problems run by fewer backends than others, is called partial) and
+  the backends absent from its machine;
 * block-sparse TFLOP/s against density and block size;
 * context-parallel efficiency per scheme and mask (best plan), when CP rows are given;
 
@@ -524,14 +525,16 @@ def _partly_absent(path: str, by_b: dict, probs: dict) -> list[str]:
 
 def _coverage(f: Findings) -> list[str]:
     """Per results file: lengths, the (mask, heads, head dim, mode) problems and points at each (a
-    length with fewer problems than the file's fullest: partial), backends measured and absent."""
+    length with fewer problems than the file's fullest, or with problems run by fewer backends than
+    others: partial), backends measured and absent."""
     out = ["## Coverage", ""]
     kern = [r for r in f.rows if r.get("kind") in KERNEL_KINDS]
     if not kern:
         return out + ["No kernel rows.", ""]
     out += [("Per results file (rows used here): the lengths it covers, with the problems (mask × heads × head dim "
-             "× mode) and points (× backend) at each; a length with fewer problems than the file's fullest is "
-             "*partial* (a run cut short: its winners stand for the masks measured there only). Backends measured: "
+             "× mode) and points (× backend) at each; a length with fewer problems than the file's fullest, or whose "
+             "problems were not all run by as many backends, is *partial* (a run cut short or a slice of the grid: its "
+             "winners stand for the problems and backends measured there only). Backends measured: "
              "at least one measurement in the file. Absent: every row of the backend in that file says the machine "
              "lacked it; no conclusion about those backends can be drawn from that file."), ""]
     table, notes = [], []
@@ -539,12 +542,23 @@ def _coverage(f: Findings) -> list[str]:
         mine = [r for r in kern if r["_file"] == path]
         probs: dict = defaultdict(set)
         pts: dict = defaultdict(int)
+        per: dict = defaultdict(lambda: defaultdict(int))  # S -> problem -> points (backends that ran it)
         for r in mine:
             probs[r["seqlen"]].add(_problem(r))
             pts[r["seqlen"]] += 1
+            per[r["seqlen"]][_problem(r)] += 1
         full = max(len(v) for v in probs.values())
-        lengths = ", ".join(f"{fmt_s(S)} ({len(probs[S])} problems, {pts[S]} points"
-                            + (", **partial**" if len(probs[S]) < full else "") + ")" for S in sorted(probs))
+
+        def partial(S) -> str:
+            if len(probs[S]) < full:
+                return ", **partial**"
+            counts = list(per[S].values())
+            top = max(counts)
+            if min(counts) < top:  # a slice of the grid ran there (e.g. one head layout, or one backend)
+                return f", **partial**: {sum(c == top for c in counts)} of them with {top} backends, the rest fewer"
+            return ""
+
+        lengths = ", ".join(f"{fmt_s(S)} ({len(probs[S])} problems, {pts[S]} points{partial(S)})" for S in sorted(probs))
         measured = sorted({r["backend"] for r in mine if valid_tflops(r) is not None})
         by_b: dict = defaultdict(list)
         for r in mine:
