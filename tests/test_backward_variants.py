@@ -150,6 +150,26 @@ def test_dkdv_sweep_through_one_launch_and_deterministic():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("sweep", [0, 1, 2])
+def test_dkdv_sweep_reaches_the_kernel(sweep, monkeypatch):
+    import longca_triton.kernels.dense as D
+
+    launches = []
+
+    class Record:  # stands in for a kernel: keeps each launch's keyword arguments
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(D, "dense_bwd_dkdv_kernel", Record())
+    monkeypatch.setattr(D, "dense_bwd_dq_kernel", Record())
+    mask = small_mask("causal", 64)
+    cfg = resolve_config(32, torch.float32, {"dkdv_sweep": sweep})
+    _, kplan, qplan = D.plans_for(mask, cfg, "cpu")
+    q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
+    D.dense_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), kplan, qplan, 32 ** -0.5, cfg)
+    assert [kw["SWEEP"] for kw in launches if "SWEEP" in kw] == [sweep]
+
+
 def test_dkdv_sweep_bad_values_are_refused():
     for bad in (3, -1, 1.5, True, "rows"):
         with pytest.raises(ValueError, match="dkdv_sweep"):
@@ -197,6 +217,57 @@ def test_block_sparse_one_launch(case):
     cfg = one_launch(order)
     compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=cfg), mask,
                          mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32, dlse=order == 2)
+
+
+BS_SWEEP_CASES = {
+    # the GQA group shares a pattern (one per KV head / one for all): the sweep runs row-major
+    "uniform32-S=200-per-kv-head-descending": (lambda: make_mask("block_sparse", 200, block=32, density=0.5,
+                                                                 patterns=2, seed=3), dict(dkdv_sweep=2)),
+    "uniform16-S=100-one-pattern-ascending-one-launch": (lambda: make_mask("block_sparse", 100, block=16, density=0.3,
+                                                                           patterns=1, seed=5),
+                                                         one_launch(2, dkdv_sweep=1)),
+    "varblock-S=150-per-kv-head-descending": (lambda: make_mask("varblock_sparse", 150, block=48, min_block=20,
+                                                                density=0.4, patterns=2, seed=2), dict(dkdv_sweep=2)),
+    # a pattern per query head: the group has no one key list, the launcher keeps head-major
+    "uniform32-S=130-per-q-head-falls-back": (lambda: make_mask("block_sparse", 130, block=32, density=0.5,
+                                                                patterns=4, seed=4), dict(dkdv_sweep=2)),
+}
+
+
+@pytest.mark.parametrize("case", BS_SWEEP_CASES)
+def test_block_sparse_dkdv_sweep(case):
+    make, cfg = BS_SWEEP_CASES[case]
+    mask = make()
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32)
+
+
+@pytest.mark.parametrize("patterns,launched", [(2, 2), (1, 2), (4, 0)], ids=["per-kv-head", "one", "per-q-head"])
+def test_block_sparse_dkdv_sweep_reaches_the_kernel_only_where_the_group_shares_a_pattern(patterns, launched,
+                                                                                            monkeypatch):
+    import longca_triton.kernels.block_sparse as BS
+
+    launches = []
+
+    class Record:  # stands in for a kernel: keeps each launch's keyword arguments
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(BS, "block_sparse_bwd_dkdv_kernel", Record())
+    monkeypatch.setattr(BS, "block_sparse_bwd_dq_kernel", Record())
+    mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=patterns, seed=1)
+    q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
+    cfg = BS.resolve_config(mask, 32, {"dkdv_sweep": 2})
+    BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), mask, BS.tables_for(mask, cfg, "cpu"), 32 ** -0.5,
+                        cfg)
+    assert [kw["SWEEP"] for kw in launches if "SWEEP" in kw] == [launched]
+
+
+def test_block_sparse_dkdv_sweep_bad_value():
+    import longca_triton.kernels.block_sparse as BS
+
+    with pytest.raises(ValueError, match="dkdv_sweep"):
+        BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, {"dkdv_sweep": 5})
 
 
 # ------------------------------------------------------------------ config checks

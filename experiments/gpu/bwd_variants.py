@@ -244,6 +244,11 @@ SPARSE_TILE_VARIANTS = {
                                                              (32, 128, 8, 3))},
     "sdq128x64w8s3": dq_tile(128, 64, 8, 3),
     "sdkdv64x64w4s2-dqs3": {**dkdv_tile(64, 64, 4, 2), **dq_tile(128, 64, 8, 3)},
+    # the row-major dK/dV sweeps (``dkdv_sweep``; only where the GQA group shares a pattern). sm_90a
+    # (CPU, 32K, per-KV-head pattern, the default 64x128/8/2 tile): sweep 2 spills 56 / 64 bytes,
+    # head-major 112 / 120
+    "ssweep1": {"dkdv_sweep": 1},
+    "ssweep2": {"dkdv_sweep": 2},
 }
 
 

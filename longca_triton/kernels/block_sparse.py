@@ -97,7 +97,7 @@ from .block_sparse_bwd import (
 )
 from .block_sparse_fwd import block_sparse_fwd_kernel
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
-from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
+from .config import ConfigSpec, check_bwd_layout, check_dkdv_sweep, with_one_launch_defaults
 from .config import resolve as _resolve
 from .dense import launch_bwd_preprocess
 
@@ -121,12 +121,14 @@ LN2 = 0.6931471805599453
 #: DKDV_BLOCK_M`` query rows). ``HEADS`` values are upper bounds: the launcher lowers them to what
 #: the head layout allows (heads stacked in a tile must share the pattern and the KV head).
 #: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
-#: ``bwd_num_stages``: as in ``dense.py``), off until measured.
+#: ``bwd_num_stages``: as in ``dense.py``), off until measured. ``dkdv_sweep`` (0 head-major, 1
+#: row-major, 2 row-major descending: ``dense.py``'s key) applies where the whole GQA group shares one
+#: block pattern (a pattern per KV head or one for all heads); elsewhere the kernel stays head-major.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
 )
 
 
@@ -146,7 +148,7 @@ def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
-    return with_one_launch_defaults(_tile_config(mask, head_dim))
+    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -185,8 +187,9 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     """``config``, else (given ``q, k``; ``v`` when its head dim differs) the autotune cache's entry,
     overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
     (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``."""
-    return check_bwd_layout(_resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v),
-                            "block-sparse attention")
+    cfg = check_bwd_layout(_resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v),
+                           "block-sparse attention")
+    return check_dkdv_sweep(cfg, "block-sparse attention")
 
 
 def tile_sizes(cfg: dict) -> dict:
@@ -297,6 +300,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     tq = tables["dq"]
     dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
     num_packs = b * hq // dq_heads
+    # a row-major dK/dV sweep walks one key list for every head of the group: only where they share it
+    sweep = cfg.get("dkdv_sweep", 0) if hpp % group == 0 else 0
     if cfg["one_launch"] and set(passes) == {"dkdv", "dq"}:
         n_dkdv, n_dq = tk.num_tiles * b * hkv, tq.num_tiles * num_packs
         block_sparse_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
@@ -307,7 +312,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
             **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
-            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"],
+            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -319,7 +324,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols,
+            EVEN_M=tk.even_cols, SWEEP=sweep,
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
     if "dq" in passes:

@@ -27,6 +27,49 @@ __all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel", "block_
 
 
 @triton.jit
+def _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head, r_pos,
+               offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh,
+               num_heads_q, Sq, qk_scale, EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """One dK/dV step: the rows of key-list entry ``e`` for the ``HEADS`` stacked heads from ``h0``
+    (``r_head`` / ``r_pos``: each tile row's head offset and position) against the program's keys."""
+    head = h0 + r_head  # [HM]
+    q_rows = Q + b64 * stride_qb + head * stride_qh
+    do_rows = DOut + b64 * stride_db + head * stride_dh
+    stat_rows = (b64 * num_heads_q + head) * Sq
+    pos = tl.load(COL_START + e) + r_pos  # [HM]
+    q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
+    do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
+    if EVEN_M:
+        if EVEN_QK:
+            q = tl.load(q_ptrs)  # [HM, BLOCK_DQK]
+        else:
+            q = tl.load(q_ptrs, mask=dqk_ok[None, :], other=0.0)
+        if EVEN_V:
+            do = tl.load(do_ptrs)  # [HM, BLOCK_DV]
+        else:
+            do = tl.load(do_ptrs, mask=dv_ok[None, :], other=0.0)
+        lse = tl.load(Lse + stat_rows + pos)
+        delta = tl.load(Delta + stat_rows + pos)
+    else:
+        # rows past the sub-tile's end belong to another block: zero q / dO and
+        # lse = +inf make their p (and so every product) exactly zero
+        ok = pos < tl.load(COL_END + e)
+        q_ok = ok[:, None]  # [HM, 1]
+        do_ok = ok[:, None]
+        if not EVEN_QK:
+            q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]
+        if not EVEN_V:
+            do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
+        q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+        do = tl.load(do_ptrs, mask=do_ok, other=0.0)
+        lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
+        delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
+    p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
+    dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_program(
     pid,
     Q, K, V, DOut, Lse, Delta, DK, DV,
@@ -41,9 +84,10 @@ def _dkdv_program(
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr,
+    EVEN_M: tl.constexpr, SWEEP: tl.constexpr = 0,
 ):
-    """dK/dV program ``pid`` (one key sub-tile of one KV head)."""
+    """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
+    (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending."""
     rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile = tl.load(ORDER + rank)
     n_start = tl.load(ROW_START + tile)
@@ -68,47 +112,34 @@ def _dkdv_program(
     offs_r = tl.arange(0, HEADS * BLOCK_M)
     r_head = offs_r // BLOCK_M
     r_pos = offs_r % BLOCK_M
-    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
-    for g in range(0, group_size, HEADS):
-        h0 = h_kv * group_size + g
-        pat = h0 // heads_per_pattern
-        head = h0 + r_head  # [HM]
-        q_rows = Q + b64 * stride_qb + head * stride_qh
-        do_rows = DOut + b64 * stride_db + head * stride_dh
-        stat_rows = (b64 * num_heads_q + head) * Sq
+    if SWEEP != 0:
+        # row-major: per key-list entry, every head chunk of the group (the launcher passes SWEEP only
+        # when the whole group shares one pattern, so one list serves every head); 2: entries descending
+        pat = (h_kv * group_size) // heads_per_pattern
         e_lo = tl.load(PTR + pat * num_row_blocks + blk)
         e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-        for e in tl.range(e_lo, e_hi):
-            pos = tl.load(COL_START + e) + r_pos  # [HM]
-            q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
-            do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
-            if EVEN_M:
-                if EVEN_QK:
-                    q = tl.load(q_ptrs)  # [HM, BLOCK_DQK]
-                else:
-                    q = tl.load(q_ptrs, mask=dqk_ok[None, :], other=0.0)
-                if EVEN_V:
-                    do = tl.load(do_ptrs)  # [HM, BLOCK_DV]
-                else:
-                    do = tl.load(do_ptrs, mask=dv_ok[None, :], other=0.0)
-                lse = tl.load(Lse + stat_rows + pos)
-                delta = tl.load(Delta + stat_rows + pos)
+        chunks = group_size // HEADS
+        for i in tl.range(0, (e_hi - e_lo) * chunks):
+            if SWEEP == 2:
+                e = e_hi - 1 - i // chunks
             else:
-                # rows past the sub-tile's end belong to another block: zero q / dO and
-                # lse = +inf make their p (and so every product) exactly zero
-                ok = pos < tl.load(COL_END + e)
-                q_ok = ok[:, None]  # [HM, 1]
-                do_ok = ok[:, None]
-                if not EVEN_QK:
-                    q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]
-                if not EVEN_V:
-                    do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
-                q = tl.load(q_ptrs, mask=q_ok, other=0.0)
-                do = tl.load(do_ptrs, mask=do_ok, other=0.0)
-                lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
-                delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
-            p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
-            dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+                e = e_lo + i // chunks
+            h0 = h_kv * group_size + (i % chunks) * HEADS
+            dk, dv = _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head, r_pos,
+                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
+                                stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
+    else:
+        # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+        for g in range(0, group_size, HEADS):
+            h0 = h_kv * group_size + g
+            pat = h0 // heads_per_pattern
+            e_lo = tl.load(PTR + pat * num_row_blocks + blk)
+            e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+            for e in tl.range(e_lo, e_hi):
+                dk, dv = _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head,
+                                    r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
+                                    stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, EVEN_M, EVEN_QK,
+                                    EVEN_V)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
@@ -203,7 +234,7 @@ def block_sparse_bwd_dkdv_kernel(
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr,
+    EVEN_M: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
@@ -213,7 +244,7 @@ def block_sparse_bwd_dkdv_kernel(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP)
 
 
 @triton.jit
@@ -260,7 +291,7 @@ def block_sparse_bwd_one_launch_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DKDV_HEADS: tl.constexpr, EVEN_M: tl.constexpr,
     DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
-    ORDER: tl.constexpr,
+    ORDER: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
     above, unchanged, so no atomics and the same bits."""
@@ -273,7 +304,7 @@ def block_sparse_bwd_one_launch_kernel(
             K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END,
             softmax_scale, qk_scale,
             Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M, SWEEP)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,

@@ -102,3 +102,23 @@ def check_bwd_layout(cfg: dict, what: str) -> dict:
         raise ValueError(f"{what}: config asks for both one_launch (dK/dV and dQ program sets in one launch) and "
                          "fused_dq (dQ by fp32 atomics from the dK/dV kernel); pick one")
     return cfg
+
+
+#: ``dkdv_sweep`` values of the dense and block-sparse backward: 0 head-major (each query head of a
+#: GQA group sweeps its query tiles in turn), 1 row-major (per query tile every head of the group),
+#: 2 row-major with query tiles descending (``kernels/dense_bwd._dkdv_program`` says why)
+DKDV_SWEEPS = (0, 1, 2)
+
+
+def check_dkdv_sweep(cfg: dict, what: str) -> dict:
+    """``dkdv_sweep`` an int of ``DKDV_SWEEPS`` (0 where a config predates the key), and not a
+    row-major sweep with ``fused_dq`` (whose dQ reduce-add runs per head in the head-major loop)."""
+    sweep = cfg.get("dkdv_sweep", 0)
+    if isinstance(sweep, bool) or not isinstance(sweep, (int, float)) or sweep not in DKDV_SWEEPS:
+        raise ValueError(f"{what}: config['dkdv_sweep'] must be one of {DKDV_SWEEPS} (0 head-major, 1 row-major, "
+                         f"2 row-major descending), got {sweep!r}")
+    cfg["dkdv_sweep"] = int(sweep)
+    if cfg["dkdv_sweep"] and cfg.get("fused_dq", False):
+        raise ValueError(f"{what}: config dkdv_sweep={cfg['dkdv_sweep']} (row-major dK/dV) cannot be combined with "
+                         "fused_dq=True (its dQ reduce-add is the head-major loop's); pick one")
+    return cfg

@@ -93,7 +93,9 @@ from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
 from .config import BWD_ORDERS, ConfigSpec
+from .config import DKDV_SWEEPS as _DKDV_SWEEPS
 from .config import check_bwd_layout as _check_bwd_layout
+from .config import check_dkdv_sweep
 from .config import resolve as _resolve
 from .dense_bwd import (
     dense_bwd_dkdv_kernel,
@@ -136,7 +138,7 @@ CONFIG_KEYS = (
 )
 
 #: ``dkdv_sweep`` values: head-major, row-major, row-major with query tiles descending
-DKDV_SWEEPS = (0, 1, 2)
+DKDV_SWEEPS = _DKDV_SWEEPS
 
 
 
@@ -271,21 +273,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     by (``config_head_dim``)."""
     cfg = _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype, mask), config, q=q, k=k, mask=mask, v=v),
                             "dense attention")
-    return _check_dkdv_sweep(cfg, "dense attention")
-
-
-def _check_dkdv_sweep(cfg: dict, what: str) -> dict:
-    """``dkdv_sweep`` an int of ``DKDV_SWEEPS`` (0 where a config predates the key), and not a
-    row-major sweep with ``fused_dq`` (whose dQ reduce-add runs per head in the head-major loop)."""
-    sweep = cfg.get("dkdv_sweep", 0)
-    if isinstance(sweep, bool) or not isinstance(sweep, (int, float)) or sweep not in DKDV_SWEEPS:
-        raise ValueError(f"{what}: config['dkdv_sweep'] must be one of {DKDV_SWEEPS} (0 head-major, 1 row-major, "
-                         f"2 row-major descending), got {sweep!r}")
-    cfg["dkdv_sweep"] = int(sweep)
-    if cfg["dkdv_sweep"] and cfg["fused_dq"]:
-        raise ValueError(f"{what}: config dkdv_sweep={cfg['dkdv_sweep']} (row-major dK/dV) cannot be combined with "
-                         "fused_dq=True (its dQ reduce-add is the head-major loop's); pick one")
-    return cfg
+    return check_dkdv_sweep(cfg, "dense attention")
 
 
 def check_deterministic(cfg: dict, deterministic: bool, what: str = "dense attention") -> None:
