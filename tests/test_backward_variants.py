@@ -150,18 +150,25 @@ def test_dkdv_sweep_through_one_launch_and_deterministic():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def _record_launches(monkeypatch, module, names) -> list:
+    """Replace ``module``'s kernels ``names`` by stand-ins that keep each launch's keyword arguments
+    (in the returned list) instead of running."""
+    launches = []
+
+    class Record:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    for n in names:
+        monkeypatch.setattr(module, n, Record())
+    return launches
+
+
 @pytest.mark.parametrize("sweep", [0, 1, 2])
 def test_dkdv_sweep_reaches_the_kernel(sweep, monkeypatch):
     import longca_triton.kernels.dense as D
 
-    launches = []
-
-    class Record:  # stands in for a kernel: keeps each launch's keyword arguments
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(kwargs)
-
-    monkeypatch.setattr(D, "dense_bwd_dkdv_kernel", Record())
-    monkeypatch.setattr(D, "dense_bwd_dq_kernel", Record())
+    launches = _record_launches(monkeypatch, D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"))
     mask = small_mask("causal", 64)
     cfg = resolve_config(32, torch.float32, {"dkdv_sweep": sweep})
     _, kplan, qplan = D.plans_for(mask, cfg, "cpu")
@@ -247,14 +254,7 @@ def test_block_sparse_dkdv_sweep_reaches_the_kernel_only_where_the_group_shares_
                                                                                             monkeypatch):
     import longca_triton.kernels.block_sparse as BS
 
-    launches = []
-
-    class Record:  # stands in for a kernel: keeps each launch's keyword arguments
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(kwargs)
-
-    monkeypatch.setattr(BS, "block_sparse_bwd_dkdv_kernel", Record())
-    monkeypatch.setattr(BS, "block_sparse_bwd_dq_kernel", Record())
+    launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=patterns, seed=1)
     q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
     cfg = BS.resolve_config(mask, 32, {"dkdv_sweep": 2})
