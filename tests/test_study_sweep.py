@@ -148,3 +148,39 @@ exec {sys.executable} "$@"
     r = sweep()
     assert r.returncode != 0 and "could not read" in r.stderr and "setup:" not in r.stdout
     assert not (out / "results.jsonl").exists() and not (out / "results.jsonl.gz").exists()
+
+
+def test_wheels_pack_lays_out_folders_that_travel(tmp_path):
+    """`wheels.sh pack NAME GROUP...`: wheels vendor-wheels.sh split at its size are re-joined, re-split
+    at PART_MIB, and first-fit into folders of at most FOLDER_MIB; joining the parts gives the wheel back."""
+    import os
+
+    big = bytes(range(256)) * (10 * 1024)  # 2.5 MiB
+    fake = tmp_path / "vendor-wheels.sh"
+    # stands in for ../shared/scripts/vendor-wheels.sh GROUP DEST: GROUP a has a wheel split in two
+    # parts (as the real script leaves one over its limit), GROUP b a small wheel
+    fake.write_text(
+        "set -e\nmkdir -p \"$2/$1/1\"\n"
+        "if [ \"$1\" = a ]; then python3 -c \"import sys; d=bytes(range(256))*(10*1024); "
+        "open(sys.argv[1]+'.part-aa','wb').write(d[:1500000]); open(sys.argv[1]+'.part-ab','wb').write(d[1500000:])\" "
+        "\"$2/$1/1/big-1.0-py3-none-any.whl\"; fi\n"
+        "if [ \"$1\" = b ]; then head -c 300000 /dev/zero > \"$2/$1/1/small-1.0-py3-none-any.whl\"; fi\n")
+    work = tmp_path / "repo"
+    work.mkdir()
+    env = {**os.environ, "VENDOR_WHEELS": str(fake), "PART_MIB": "1", "FOLDER_MIB": "1.5"}
+    res = subprocess.run(["bash", str(REPO / "experiments" / "gpu" / "wheels.sh"), "pack", "x", "a", "b"], cwd=work,
+                         env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    folders = sorted((work / ".whl" / "x").iterdir())
+    assert len(folders) >= 2
+    for d in folders:
+        assert sum(f.stat().st_size for f in d.iterdir()) <= 1.5 * 2**20, d
+    files = {f.name: f for d in folders for f in d.iterdir()}
+    parts = sorted(n for n in files if n.startswith("big-1.0-py3-none-any.whl.part-"))
+    assert parts == ["big-1.0-py3-none-any.whl.part-aa", "big-1.0-py3-none-any.whl.part-ab",
+                     "big-1.0-py3-none-any.whl.part-ac"]
+    assert b"".join(files[n].read_bytes() for n in parts) == big
+    assert files["small-1.0-py3-none-any.whl"].stat().st_size == 300000
+    bad = subprocess.run(["bash", str(REPO / "experiments" / "gpu" / "wheels.sh"), "pack", "x"], cwd=work, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
