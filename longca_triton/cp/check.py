@@ -163,6 +163,10 @@ def _spawn_entry(rank, world, port, fn, args):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
+        # why: a rank tearing its process group down while a peer still has transfers in flight with it
+        # can abort in gloo's teardown ("terminate called without an active exception", seen once on a
+        # loaded 2-core CI machine); all ranks leave together
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
