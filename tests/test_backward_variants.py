@@ -52,9 +52,13 @@ STATIC = [
 ]
 
 
-@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,order", [
-    pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{ORDER_NAMES[c[6]]}")
-    for c in STATIC])
+def static_params(cases, variant_names) -> list:
+    """``pytest.param``s of ``(S, Hq, Hkv, D, dtype, mask, variant)`` cases with ids that read."""
+    return [pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{variant_names[c[6]]}")
+            for c in cases]
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,order", static_params(STATIC, ORDER_NAMES))
 def test_one_launch_static_masks(S, Hq, Hkv, D, dtype, name, order):
     compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, one_launch(order))
 
@@ -124,9 +128,7 @@ SWEEP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,sweep", [
-    pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{SWEEP_NAMES[c[6]]}")
-    for c in SWEEP_CASES])
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,sweep", static_params(SWEEP_CASES, SWEEP_NAMES))
 def test_dkdv_sweep_static_masks(S, Hq, Hkv, D, dtype, name, sweep):
     compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, dict(dkdv_sweep=sweep))
 

@@ -27,15 +27,20 @@ __all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel", "block_
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head, r_pos,
-               offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh,
-               num_heads_q, Sq, qk_scale, EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
-    """One dK/dV step: the rows of key-list entry ``e`` for the ``HEADS`` stacked heads from ``h0``
-    (``r_head`` / ``r_pos``: each tile row's head offset and position) against the program's keys."""
+def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq):
+    """Per tile row (``HEADS`` stacked heads from ``h0``; ``r_head`` each row's head offset): the q and
+    dO row bases and the lse / delta row offset, ``[HM]`` each."""
     head = h0 + r_head  # [HM]
-    q_rows = Q + b64 * stride_qb + head * stride_qh
-    do_rows = DOut + b64 * stride_db + head * stride_dh
-    stat_rows = (b64 * num_heads_q + head) * Sq
+    return (Q + b64 * stride_qb + head * stride_qh, DOut + b64 * stride_db + head * stride_dh,
+            (b64 * num_heads_q + head) * Sq)
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e, r_pos,
+               offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
+               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """One dK/dV step: the rows of key-list entry ``e`` (``r_pos``: each tile row's position in it)
+    of the heads whose rows ``_head_rows`` gave, against the program's keys."""
     pos = tl.load(COL_START + e) + r_pos  # [HM]
     q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
     do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
@@ -84,7 +89,7 @@ def _dkdv_program(
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr, SWEEP: tl.constexpr = 0,
+    EVEN_M: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending."""
@@ -124,22 +129,23 @@ def _dkdv_program(
                 e = e_hi - 1 - i // chunks
             else:
                 e = e_lo + i // chunks
-            h0 = h_kv * group_size + (i % chunks) * HEADS
-            dk, dv = _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head, r_pos,
-                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
-                                stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
+            q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
+                                                    stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e, r_pos,
+                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
             h0 = h_kv * group_size + g
             pat = h0 // heads_per_pattern
+            q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db,
+                                                    stride_dh, num_heads_q, Sq)
             e_lo = tl.load(PTR + pat * num_row_blocks + blk)
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
             for e in tl.range(e_lo, e_hi):
-                dk, dv = _dkdv_step(dk, dv, k, v, Q, DOut, Lse, Delta, COL_START, COL_END, b64, h0, e, r_head,
-                                    r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
-                                    stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, EVEN_M, EVEN_QK,
-                                    EVEN_V)
+                dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e,
+                                    r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
+                                    EVEN_QK, EVEN_V)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end

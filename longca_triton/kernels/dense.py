@@ -93,7 +93,6 @@ from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
 from .config import BWD_ORDERS, ConfigSpec
-from .config import DKDV_SWEEPS as _DKDV_SWEEPS
 from .config import check_bwd_layout as _check_bwd_layout
 from .config import check_dkdv_sweep
 from .config import resolve as _resolve
@@ -129,16 +128,13 @@ LOG2E = 1.4426950408889634
 #: first, 1 dQ set first, 2 interleaved) with ``bwd_num_warps`` / ``bwd_num_stages`` for both;
 #: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``). ``dkdv_sweep`` orders
 #: the dK/dV program's (query head, query tile) steps: 0 head-major (default), 1 row-major, 2
-#: row-major descending (``DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
+#: row-major descending (``config.DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
 )
-
-#: ``dkdv_sweep`` values: head-major, row-major, row-major with query tiles descending
-DKDV_SWEEPS = _DKDV_SWEEPS
 
 
 

@@ -135,7 +135,7 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
         if MASKED:
             allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
             p_t = tl.where(allowed.T, p_t, 0.0)
-        dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
+        dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
     return dk, dv
 
 
@@ -157,7 +157,7 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr = 0,
+    SWEEP: tl.constexpr,
 ):
     """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``).
 

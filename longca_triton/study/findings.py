@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -540,13 +540,11 @@ def _coverage(f: Findings) -> list[str]:
     table, notes = [], []
     for path in sorted({r["_file"] for r in kern}):
         mine = [r for r in kern if r["_file"] == path]
-        probs: dict = defaultdict(set)
-        pts: dict = defaultdict(int)
-        per: dict = defaultdict(lambda: defaultdict(int))  # S -> problem -> points (backends that ran it)
+        per: dict = defaultdict(Counter)  # S -> problem -> points (the backends that ran it)
         for r in mine:
-            probs[r["seqlen"]].add(_problem(r))
-            pts[r["seqlen"]] += 1
             per[r["seqlen"]][_problem(r)] += 1
+        probs = {S: set(c) for S, c in per.items()}
+        pts = {S: c.total() for S, c in per.items()}
         full = max(len(v) for v in probs.values())
 
         def partial(S) -> str:

@@ -1,0 +1,89 @@
+"""Does a refactor leave the compiled kernels alone? On a CPU: the sm_90a PTX (debug info dropped) of
+the default backward dK/dV kernels of two package trees, side by side.
+
+    rm -rf /tmp/base && mkdir /tmp/base && git archive <commit> longca_triton | tar -x -C /tmp/base
+    PYTHONPATH=. python experiments/cpu_ptx_same.py /tmp/base .     (the venv's python: it needs torch)
+
+Prints one line per kernel and case: ``same code`` or the number of differing PTX lines. The cases:
+dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config) and block-sparse
+(block 128, density 0.3, a pattern per KV head). Each tree is compiled in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+_CHILD = r'''
+import os, sys, json
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, sys.argv[1])
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import longca_triton.kernels.dense as D
+import longca_triton.kernels.block_sparse as BS
+from longca_triton.kernels import aot
+from longca_triton.masks import make_mask
+
+def code(launch):
+    sig, consts, attrs = aot.specialize(launch)
+    k = triton.compile(ASTSource(launch.kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+    out = []
+    for line in k.asm["ptx"].splitlines():
+        if "debug" in line or line.startswith((".b8", ".b32", ".b64")):
+            break  # the DWARF sections: file paths and line numbers, not code
+        # .loc / .file and the $L__tmp labels around inlined calls are debug info too
+        if not line.lstrip().startswith((".loc", ".file", "//", "$L__tmp")):
+            out.append(line)
+    return out
+
+S, bf = 4096, torch.bfloat16
+q, out, do = (torch.empty(1, S, 64, 128, dtype=bf) for _ in range(3))
+k, v = (torch.empty(1, S, 8, 128, dtype=bf) for _ in range(2))
+lse = torch.empty(1, 64, S)
+res = {}
+for name in ("causal", "full"):
+    mask = make_mask(name, S)
+    cfg = D.resolve_config(128, bf, mask=mask)
+    _, kp, qp = D.plans_for(mask, cfg, "cpu")
+    with aot.recorded_launches(D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel")) as rec:
+        D.dense_bwd(do, q, k, v, out, lse, kp, qp, 0.088, cfg)
+    res[f"dense dK/dV {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dkdv_kernel"))
+BS.launch_bwd_preprocess = lambda out, dout, dlse=None: torch.empty(1, 64, S)
+mask = make_mask("block_sparse", S, block=128, density=0.3, patterns=8, seed=0)
+cfg = BS.resolve_config(mask, 128)
+with aot.recorded_launches(BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
+    BS.block_sparse_bwd(do, q, k, v, out, lse, mask, BS.tables_for(mask, cfg, "cpu"), 0.088, cfg, passes=("dkdv",))
+res["block-sparse dK/dV"] = code(next(r for r in rec if r.name == "block_sparse_bwd_dkdv_kernel"))
+print(json.dumps(res))
+'''
+
+
+def compiled(root: str) -> dict:
+    import json
+
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(Path(root).resolve())], capture_output=True, text=True,
+                       check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    a, b = compiled(argv[0]), compiled(argv[1])
+    same = True
+    for case in a:
+        diff = [x for x in difflib.unified_diff(a[case], b[case], lineterm="", n=0) if x[:1] in "+-"
+                and not x.startswith(("+++", "---"))]
+        same &= not diff
+        print(f"{case}: {'same code' if not diff else f'{len(diff)} PTX lines differ'} ({len(b[case])} lines)")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
