@@ -26,7 +26,7 @@ def fake_tunable(calls):
 
     return at.Tunable(name="fake", groups={"fwd": "fwd"},
                       candidates=lambda group, block, head_dim: [dict(X=i) for i in range(8)],
-                      run=run, default=lambda head_dim, dtype, mask=None: dict(X=0))
+                      run=run, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0))
 
 
 def cases():

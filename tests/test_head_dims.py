@@ -297,7 +297,7 @@ def test_hopper_configs_by_head_dim():
     measured_128 = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
                         DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
                         DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-                        one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0)
+                        one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False)
     assert dense.HOPPER_CONFIGS[128] == measured_128
     for d in (80, 96, 128):
         assert dense.HOPPER_CONFIGS[dense._table_key(config_head_dim(d, d))] == measured_128
@@ -332,6 +332,57 @@ def test_full_masks_take_their_own_dkdv_tile():
     assert dense.default_config(128, torch.float16, full) == dense.INTERPRETER_CONFIG
     explicit = dense.resolve_config(128, torch.float16, {"DKDV_BLOCK_M": 16}, mask=full)
     assert explicit["DKDV_BLOCK_M"] == 16
+
+
+def test_uneven_key_work_separates_the_static_masks():
+    """``tuned.uneven_key_work``: the share of key tiles whose area is off the median by more than a
+    quarter. The masks the row-major sweep won on (H100) are above ``UNEVEN_SHARE``, the ones it lost
+    on (even programs) below it."""
+    from longca_triton.kernels import dense
+    from longca_triton.kernels.tuned import uneven_key_work
+    from longca_triton.masks import make_mask
+
+    S = 16384  # the measured length; O(S) from the column intervals
+    work = {m: uneven_key_work(make_mask(m, S, seed=0, **({"prefix": S // 3} if m == "prefix_lm_causal" else {})))
+            for m in ("full", "causal", "causal_document", "share_question", "full_document", "prefix_lm_causal",
+                      "sliding_window", "sliding_window_causal", "global_sliding_window")}
+    assert work["full"] == 0.0
+    for m in ("causal", "causal_document", "share_question", "full_document", "prefix_lm_causal"):
+        assert work[m] >= dense.UNEVEN_SHARE, (m, work[m])
+    for m in ("sliding_window", "sliding_window_causal", "global_sliding_window"):
+        assert work[m] < dense.UNEVEN_SHARE, (m, work[m])
+    assert 0.7 <= work["causal"] <= 0.8  # a quarter of the tiles sit within 25 % of the median
+    assert uneven_key_work(make_mask("block_sparse", 1024, block=128, density=0.3, seed=0)) == 0.0
+
+
+def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
+    """``HOPPER_UNEVEN_MASK``: at D = 128 a GQA call on a mask of unequal dK/dV programs gets the
+    descending row-major sweep on the 64x64 tile; MHA, even masks, full masks and other head dims
+    do not; a config naming another dK/dV tile without ``dkdv_sweep`` goes head-major."""
+    from longca_triton.kernels import dense
+    from longca_triton.masks import make_mask
+
+    monkeypatch.setattr(dense, "_interpreting", lambda: False)
+    causal, window, full = make_mask("causal", 1024), make_mask("sliding_window", 16384), make_mask("full", 1024)
+    table = dense.HOPPER_CONFIGS[128]
+    assert dense.hopper_config(128, causal, group=8) == {**table, **dense.HOPPER_UNEVEN_MASK[128]}
+    assert dense.hopper_config(96, causal, group=2)["dkdv_sweep"] == 2
+    assert dense.hopper_config(128, causal, group=1) == table  # MHA: head-major
+    assert dense.hopper_config(128, causal) == table  # no group given: MHA
+    assert dense.hopper_config(128, window, group=8) == table
+    assert dense.hopper_config(128, full, group=8) == {**table, **dense.HOPPER_FULL_MASK[128]}
+    assert dense.hopper_config(64, causal, group=8) == dense.HOPPER_CONFIGS[64]
+
+    def resolve(config, hq=8, hkv=1):
+        q, k = torch.empty(1, 1024, hq, 128), torch.empty(1, 1024, hkv, 128)
+        return dense.resolve_config(128, torch.bfloat16, config, q=q, k=k, mask=causal)
+
+    assert resolve(None)["dkdv_sweep"] == 2 and resolve(None)["DKDV_BLOCK_M"] == 64
+    assert resolve(None, 8, 8)["dkdv_sweep"] == 0
+    assert resolve({"BLOCK_M": 64})["dkdv_sweep"] == 2  # a forward tweak keeps the backward's pair
+    assert resolve({"DKDV_BLOCK_M": 32}) == {**table, **dense.HOPPER_UNEVEN_MASK[128], "DKDV_BLOCK_M": 32,
+                                             "dkdv_sweep": 0}
+    assert resolve({"DKDV_BLOCK_M": 32, "dkdv_sweep": 2})["dkdv_sweep"] == 2
 
 
 def test_gpu_script_config_entries():

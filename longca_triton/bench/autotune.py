@@ -56,7 +56,8 @@ class Tunable:
     groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
     candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
     run: Callable  # (q, k, v, mask, config) -> out, differentiable
-    default: Callable[[int, torch.dtype, Mask], dict]  # (head_dim, dtype, mask) -> full default config
+    #: (head_dim, dtype, mask, group) -> full default config (group: query heads per KV head)
+    default: Callable[..., dict]
     accepts: Callable[[Mask], bool] = lambda mask: True
     #: its own tuning cases ``(block, seqlens, head_dims, dtypes, heads, densities, seed)`` ->
     #: ``[TuneCase]``; None: the command's ``--masks`` (filtered by ``accepts``)
@@ -153,10 +154,10 @@ def _dense_tunable() -> Tunable:
 
         return dense_attention(q, k, v, mask, config=config)
 
-    def default(head_dim, dtype, mask=None):
+    def default(head_dim, dtype, mask=None, group=1):
         from ..kernels.dense import default_config
 
-        return default_config(head_dim, dtype, mask)
+        return default_config(head_dim, dtype, mask, group)
 
     return Tunable(
         name="triton",
@@ -210,7 +211,7 @@ def _gluon_tunable() -> Tunable:
 
         return gluon_attention(q, k, v, mask, config=config)
 
-    def default(head_dim, dtype, mask=None):
+    def default(head_dim, dtype, mask=None, group=1):
         # what a user gets: the defaults with their mask-dependent rules (resolve_config)
         from ..kernels.gluon.attention import resolve_config
 
@@ -304,7 +305,7 @@ def _block_sparse_tunable(name: str) -> Tunable:
 
         return block_sparse_attention(q, k, v, mask, config=config)
 
-    def default(head_dim, dtype, mask=None):
+    def default(head_dim, dtype, mask=None, group=1):
         from ..kernels.block_sparse import default_config
 
         return default_config(mask, head_dim)
@@ -457,7 +458,7 @@ def tune(
             continue
         t0 = time.monotonic()
         head_dim, dtype = members[0].head_dim, members[0].dtype
-        default = tunable.default(head_dim, dtype, members[0].mask)
+        default = tunable.default(head_dim, dtype, members[0].mask, group=members[0].heads_q // members[0].heads_kv)
         tuned = dict(default)
         default_scores, tuned_scores, failures, measured = {}, {}, [], 0
 

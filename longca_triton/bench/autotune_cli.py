@@ -274,7 +274,7 @@ def _interpreter_rows(table, tunable, cases, block):
         ref_grads = torch.autograd.grad(ref, (q64, k64, v64), do.double())
         for group, mode in tunable.groups.items():
             cand = tunable.candidates(group, block, case.head_dim)[0]
-            cfg = {**tunable.default(case.head_dim, case.dtype, case.mask), **cand}
+            cfg = {**tunable.default(case.head_dim, case.dtype, case.mask, group=case.heads_q // case.heads_kv), **cand}
             out = tunable.run(q, k, v, case.mask, cfg)
             if mode == "fwd":
                 err = (out.double() - ref).abs().max().item()

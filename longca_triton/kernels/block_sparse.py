@@ -124,11 +124,14 @@ LN2 = 0.6931471805599453
 #: ``bwd_num_stages``: as in ``dense.py``), off until measured. ``dkdv_sweep`` (0 head-major, 1
 #: row-major, 2 row-major descending: ``dense.py``'s key) applies where the whole GQA group shares one
 #: block pattern (a pattern per KV head or one for all heads); elsewhere the kernel stays head-major.
+#: ``dkdv_head_outer``: the dK/dV grid with the KV head slowest (``block_sparse_bwd._dkdv_program``).
+#: The sweep measured slower here (H100, block 128, dK/dV 58.1 vs 51.1 ms at 32K / 0.3 per KV head, 218 vs
+#: 192 at 64K one pattern: ``experiments/results/h100/bwd_sweep/``), so the default is 0.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
 )
 
 
@@ -148,7 +151,7 @@ def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
-    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0}
+    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -179,7 +182,8 @@ def _tile_config(mask, head_dim: int) -> dict:
 
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
-                   pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"), bool_keys=("warp_specialize", "one_launch"),
+                   pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
+                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer"),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -312,7 +316,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
             **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
-            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep,
+            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -324,7 +328,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols, SWEEP=sweep,
+            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
     if "dq" in passes:

@@ -96,6 +96,15 @@ def key_program_at(pid, num_bkv, num_heads_kv):
 
 
 @triton.jit
+def key_program_outer(pid, num_key_tiles, num_heads_kv):
+    """``key_program_at`` with the (batch, KV head) slowest: ``pid = bkv * num_key_tiles + rank``, so
+    the programs that run together are key tiles of one KV head (config ``dkdv_head_outer``)."""
+    rank = pid % num_key_tiles
+    bkv = pid // num_key_tiles
+    return rank, bkv // num_heads_kv, bkv % num_heads_kv
+
+
+@triton.jit
 def one_launch_split(pid, n_dkdv, n_dq, ORDER: tl.constexpr):
     """``(is_dkdv, index within its set)`` of program ``pid`` of a one-launch backward (dense,
     FlashMask, block-sparse: a dK/dV program set of ``n_dkdv`` and a dQ set of ``n_dq``).

@@ -42,6 +42,11 @@ into contiguous runs and orders tiles heaviest first. Metadata is ``O(S + tiles)
   saves. Off by default. The two kernels in the same run: full 0.94x Flex's backward (56.9 vs
   53.6 ms) and 0.70x cuDNN, causal 1.05x Flex / 0.77x cuDNN, causal_document 1.09x Flex,
   share_question 1.41x Flex.
+* dK/dV sweep order (``dkdv_sweep``, ``HOPPER_UNEVEN_MASK``): on GQA calls whose mask gives the
+  dK/dV programs unequal work (causal, document, prefix-LM masks) the program visits its group's
+  query heads row-major with query tiles descending, on a 64x64 tile, in one pipelined loop per
+  run instead of one per head: 5-10 % less dK/dV time there, a loss on even masks
+  (experiments/results/h100/bwd_sweep/: not through L2, whose hit rate it lowers).
 * ``deterministic=True`` (``dense_attention``, ``longca_triton.attention``): gradients bitwise
   identical run to run. Free: the default and ``one_launch`` sum every tile in a fixed order
   already; it only forbids ``fused_dq`` (ValueError for an explicit config).
@@ -51,8 +56,9 @@ side by side and read the same K/V tiles from L2 (a "pack GQA" that stacks heads
 moves the same bytes per FLOP through shared memory and only pays off for short query lengths).
 
 Measured (H100, Triton 3.6, bf16, S=16K, GQA 64:8, D=128; experiments/results/h100/):
-forward 477-506 TFLOP/s full / causal (0.79-0.84x cuDNN SDPA), backward 433-448 full (0.82x) and
-388-402 causal (0.75-0.78x; experiments/results/h100/bwd_order/, after the dP^T-first dK/dV update).
+forward 477-506 TFLOP/s full / causal (0.79-0.84x cuDNN SDPA), backward 441-448 full (0.80-0.81x,
+1.105x Flex) and 416-421 causal (0.79-0.82x, 1.13x Flex; experiments/results/h100/bwd_sweep/, with
+the sweep on causal).
 On sm_90 Triton 3.6 places ``wgmma.wait_group 0`` before every softmax, so exp2 never overlaps
 the tensor cores, and ``warp_specialize`` changes nothing; that is most of the gap to cuDNN.
 
@@ -96,6 +102,7 @@ from .config import BWD_ORDERS, ConfigSpec
 from .config import check_bwd_layout as _check_bwd_layout
 from .config import check_dkdv_sweep
 from .config import resolve as _resolve
+from . import config as _config_mod
 from .dense_bwd import (
     dense_bwd_dkdv_kernel,
     dense_bwd_dq_kernel,
@@ -109,7 +116,7 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
-    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HOPPER_FULL_MASK", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
+    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HOPPER_FULL_MASK", "HOPPER_UNEVEN_MASK", "UNEVEN_SHARE", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
     "headdim_candidates",
 ]
 
@@ -133,7 +140,7 @@ CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
 )
 
 
@@ -143,7 +150,7 @@ CONFIG_KEYS = (
 INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
-                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0)
+                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0, dkdv_head_outer=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -156,14 +163,14 @@ HOPPER_CONFIGS = {
     64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, warp_specialize=False,
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0),
+             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
     128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -175,7 +182,7 @@ HOPPER_CONFIGS = {
     256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -218,32 +225,59 @@ HOPPER_FULL_MASK = {
 }
 
 
+#: Overlays for GQA (group >= 2) range masks whose dK/dV programs have unequal work
+#: (``tuned.uneven_key_work`` >= ``UNEVEN_SHARE``: a quarter of the key tiles off the median by more
+#: than a quarter), by the same key: the row-major descending sweep (``dkdv_sweep`` = 2) on the 64x64
+#: / 4 warps / 2 stages dK/dV tile. H100, 16K, GQA 64:8, D = 128 (``experiments/results/h100/
+#: bwd_sweep/``), backward TFLOP/s vs the 32x64/4/3 head-major default: causal 421 / 400, causal_document
+#: 340 / 333, share_question 350 / 334, block_causal_document 400 / 397, causal_blockwise 405 / 391,
+#: full_document 400 / 376, prefix_lm_causal 422 / 404, prefix_lm_document 348 / 334; it loses where
+#: the programs are even (sliding_window 289 / 346, sliding_window_causal 247 / 292,
+#: global_sliding_window 354 / 373: shares 0.06, 0.05, 0.09 vs 0.35-0.89 above), at MHA (64:64
+#: causal_document 287 / 308, though causal 399 / 384), at D = 64 (sweep 2 on its 64x64/4/3 tile: causal
+#: 356 / 374), and with the 32x64 tile (causal 370 / 392): the sweep pays only together with the
+#: 64x64 tile, so a config that sets the dK/dV tile without ``dkdv_sweep`` gets head-major
+#: (``resolve_config``). ``dkdv_head_outer`` (the dK/dV grid with the KV head slowest, the
+#: block-sparse default) measured within +-3 % here both ways: off.
+HOPPER_UNEVEN_MASK = {
+    128: dict(dkdv_sweep=2, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
+}
+#: ``tuned.uneven_key_work`` at or above which a range mask takes ``HOPPER_UNEVEN_MASK``
+UNEVEN_SHARE = 0.25
+_DKDV_TILE_KEYS = ("DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages")
+
+
 def _table_key(head_dim: int) -> int:
     return next((d for d in sorted(HOPPER_CONFIGS) if head_dim <= d), max(HOPPER_CONFIGS))
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, mask=None) -> dict:
-    """Sane launch parameters for Hopper (``HOPPER_CONFIGS``, with ``HOPPER_FULL_MASK`` over it when
-    ``mask`` allows every pair; ``INTERPRETER_CONFIG`` in the CPU interpreter), a fresh dict.
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, mask=None, group: int = 1) -> dict:
+    """Sane launch parameters for Hopper (``HOPPER_CONFIGS``, with ``HOPPER_FULL_MASK`` /
+    ``HOPPER_UNEVEN_MASK`` over it as ``hopper_config`` says; ``INTERPRETER_CONFIG`` in the CPU
+    interpreter), a fresh dict.
 
     ``head_dim`` is the padded tile the kernels work on (``_runtime.config_head_dim(D_qk, D_v)``:
-    80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted."""
+    80 and 96 take the 128 configs, 192 and 192/128 the 256 ones); any int is accepted. ``group``:
+    query heads per KV head."""
     if _interpreting():
         return dict(INTERPRETER_CONFIG)
-    return hopper_config(head_dim, mask)
+    return hopper_config(head_dim, mask, group)
 
 
-def hopper_config(head_dim: int, mask=None) -> dict:
+def hopper_config(head_dim: int, mask=None, group: int = 1) -> dict:
     """The ``HOPPER_CONFIGS`` entry for padded head dim ``head_dim`` (a fresh dict), interpreter or
-    not (the FlashMask kernel reads its tiles from here), with the ``HOPPER_FULL_MASK`` overlay when
-    ``mask`` is given and allows every pair."""
+    not (the FlashMask kernel reads its tiles from here, without a mask), with an overlay when
+    ``mask`` is given: ``HOPPER_FULL_MASK`` when it allows every pair, ``HOPPER_UNEVEN_MASK`` when
+    ``group`` >= 2 and its dK/dV programs have unequal work (``tuned.uneven_key_work``)."""
     key = _table_key(head_dim)
     cfg = dict(HOPPER_CONFIGS[key])
-    if mask is not None and key in HOPPER_FULL_MASK:
-        from .tuned import mask_class
+    if mask is not None and (key in HOPPER_FULL_MASK or key in HOPPER_UNEVEN_MASK):
+        from .tuned import mask_class, uneven_key_work
 
         if mask_class(mask) == "full":
-            cfg.update(HOPPER_FULL_MASK[key])
+            cfg.update(HOPPER_FULL_MASK.get(key, {}))
+        elif group >= 2 and key in HOPPER_UNEVEN_MASK and uneven_key_work(mask) >= UNEVEN_SHARE:
+            cfg.update(HOPPER_UNEVEN_MASK[key])
     return cfg
 
 
@@ -257,7 +291,7 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("warp_specialize", "fused_dq", "one_launch"), tuned_name="triton")
+                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer"), tuned_name="triton")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
@@ -267,8 +301,14 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
     ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
     by (``config_head_dim``)."""
-    cfg = _check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype, mask), config, q=q, k=k, mask=mask, v=v),
-                            "dense attention")
+    group = q.shape[2] // k.shape[2] if q is not None and k is not None else 1
+    if config is None:
+        config = _config_mod.tuned_config(_SPEC, q, k, mask, v)  # (looked up through the module: tests patch it)
+    base = default_config(head_dim, dtype, mask, group)
+    if config and "dkdv_sweep" not in config and any(key in config for key in _DKDV_TILE_KEYS):
+        # the sweep was measured with its own tile only: another dK/dV tile goes head-major
+        base["dkdv_sweep"] = 0
+    cfg = _check_bwd_layout(_resolve(_SPEC, base, config or {}, q=q, k=k, mask=mask, v=v), "dense attention")
     return check_dkdv_sweep(cfg, "dense attention")
 
 
@@ -412,7 +452,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], NUM_IV=plan.num_iv,
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
         FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
-        SWEEP=cfg.get("dkdv_sweep", 0),
+        SWEEP=cfg.get("dkdv_sweep", 0), HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
 
@@ -452,7 +492,7 @@ def launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan: TilePlan, d
         DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
         K_NUM_IV=dkdv_plan.num_iv, Q_NUM_IV=dq_plan.num_iv,
         K_HAS_PARTIAL=dkdv_plan.k_part[1].numel() > 0, Q_HAS_PARTIAL=dq_plan.q_part[1].numel() > 0,
-        ORDER=cfg["bwd_order"], SWEEP=cfg.get("dkdv_sweep", 0),
+        ORDER=cfg["bwd_order"], SWEEP=cfg.get("dkdv_sweep", 0), HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
         num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
     )
 

@@ -38,7 +38,14 @@ per query tile, tiles ascending / descending) through one 3-d descriptor over th
 19 % slower than that of a mask of the same area in full tiles (17.2 vs 14.5 ms), while its dQ
 kernel is not behind; the dK/dV step has 2 x ``BLOCK_N`` FLOP per byte of q / dO, so it needs the
 programs of a KV head to read the same tiles together from L2, and head-major programs of unequal
-length (causal) drift apart at every head switch. Unmeasured so far: the default stays 0.
+length (causal) drift apart at every head switch. Measured (H100, 16K, GQA 64:8, D = 128,
+``experiments/results/h100/bwd_sweep/``): sweep 2 on the 64x64 tile cuts causal's dK/dV from
+16.7-17.0 ms to 15.3-15.4 (the equal-work ``full_document/2``: 14.5-14.7), and 8-10 % on the document
+and prefix-LM masks, but loses on even masks (full, sliding windows) and on the 32x64 tile; so it
+is the default only for GQA calls on uneven masks (``dense.HOPPER_UNEVEN_MASK``). The L2 reason
+above did not survive Nsight Compute: the sweep *lowers* the kernel's L2 hit rate (84 % -> 63 % on
+the same tile) and wins on issue rate (6.0 vs 7.6 cycles per issued instruction); what else it
+changes is one pipelined loop of ``group_size`` x more steps per run instead of one per head.
 
 The kernel bodies are ``_dkdv_program`` / ``_dq_program`` of a program index; the two kernels
 call them with ``tl.program_id(0)``, which Triton inlines into the code they compiled to before.
@@ -60,6 +67,7 @@ from .core import (
     head_dim_offsets,
     interval_mask,
     key_program_at,
+    key_program_outer,
     kv_descs,
     load_row_stats,
     one_launch_split,
@@ -153,11 +161,11 @@ def _dkdv_program(
     LO, HI, ORDER,
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
-    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size, num_key_tiles,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
 ):
     """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``).
 
@@ -171,8 +179,14 @@ def _dkdv_program(
     difference at every head; row-major programs advance one query tile per ``group_size`` steps
     whatever their length, and descending they all start at the last query tile, in step. Not with
     ``FUSED_DQ`` (``dense.resolve_config`` rejects the pair).
+
+    ``HEAD_OUTER`` (config ``dkdv_head_outer``): the (batch, KV head) slowest in ``pid``
+    (``core.key_program_outer``), as in the block-sparse kernel where it won 4-15 %.
     """
-    rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
+    if HEAD_OUTER:
+        rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
+    else:
+        rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile_n = tl.load(ORDER + rank)
     start_n = tile_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -324,7 +338,7 @@ def dense_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
 ):
     """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``);
     ``SWEEP``: the order of the GQA group's (head, query tile) steps (``_dkdv_program``)."""
@@ -335,8 +349,9 @@ def dense_bwd_dkdv_kernel(
         stride_dqab, stride_dqas, stride_dqah,
         LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
         softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+        tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N,
-        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP)
+        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP, HEAD_OUTER)
 
 
 @triton.jit
@@ -383,6 +398,7 @@ def dense_bwd_one_launch_kernel(
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     K_NUM_IV: tl.constexpr, Q_NUM_IV: tl.constexpr,
     K_HAS_PARTIAL: tl.constexpr, Q_HAS_PARTIAL: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
+    HEAD_OUTER: tl.constexpr,
 ):
     """dK/dV and dQ in one launch of ``n_dkdv + n_dq`` programs (FlexAttention's backward layout).
 
@@ -399,9 +415,9 @@ def dense_bwd_one_launch_kernel(
             stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
             0, 0, 0,
             K_LO, K_HI, K_ORDER, K_FULL_PTR, K_FULL_START, K_FULL_END, K_PART_PTR, K_PART_START, K_PART_END,
-            softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
+            softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size, n_dkdv // num_bkv,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N,
-            K_NUM_IV, False, False, K_HAS_PARTIAL, SWEEP)
+            K_NUM_IV, False, False, K_HAS_PARTIAL, SWEEP, HEAD_OUTER)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,

@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from longca_triton.masks import BlockSparseMask, Mask
@@ -66,6 +67,23 @@ def mask_class(mask: Mask) -> str:
     if isinstance(mask, BlockSparseMask):
         return "uniform-sparse" if uniform_pow2(mask) else "varblock-sparse"
     return "full" if mask.area == mask.seqlen_q * mask.seqlen_k else "masked"
+
+
+def uneven_key_work(mask: Mask, block_n: int = 64, tol: float = 0.25) -> float:
+    """The share of a range mask's non-empty key tiles (``block_n`` keys) whose attended area differs
+    from the median tile's by more than ``tol`` of it: 0 for full and sliding windows (every dK/dV
+    program sweeps as many query rows), 0.75 for causal, 0.9 for the document masks. O(S) from the
+    column intervals; 0.0 for block-sparse masks (their tiles are the blocks)."""
+    if isinstance(mask, BlockSparseMask):
+        return 0.0
+    col, lo, hi = mask.merged_col_intervals()
+    per_col = np.bincount(col, weights=hi - lo, minlength=mask.seqlen_k)
+    work = np.add.reduceat(per_col, np.arange(0, mask.seqlen_k, block_n))
+    work = work[work > 0]
+    if work.size == 0:
+        return 0.0
+    med = float(np.median(work))
+    return float(np.mean(np.abs(work - med) > tol * med))
 
 
 SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")

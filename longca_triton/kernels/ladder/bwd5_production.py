@@ -11,6 +11,9 @@ What it does beyond backward step 4
 * **Software pipelining**: its launch configs use ``num_stages > 1`` (tuned by
   ``longca-triton autotune`` when a cache entry exists), where steps 2–4 use one stage.
 * **Runs instead of tile lists** and **heaviest tiles first**, as in forward step 7.
+* **A row-major sweep of the GQA group** in the dK/dV program on masks whose programs have
+  unequal work (causal): per query tile every head of the group, tiles descending, on a 64x64
+  tile (``dense.HOPPER_UNEVEN_MASK``; session 11).
 * The same structure as step 4 otherwise: ``delta`` preprocess, key-major dK/dV looping over the
   ``G`` heads of its group (no atomics, no partial buffers), query-major dQ. It also accepts a
   gradient on ``lse`` (``delta -= dlse``), which context parallelism needs.
@@ -23,6 +26,8 @@ takes the production defaults: dK/dV 32 x 64, dQ 128 x 64), so the gain is the l
 TMA, 3-stage pipelining, runs and heavy-first order.
 (B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
 ``experiments/results/h100/ladder/ladder.md``, chart ``ladder_bwd.png`` next to it.)
+With the row-major sweep (session 11, ``experiments/results/h100/ladder/bwd_session11/``): 426.6
+TFLOP/s (25.77 ms), 1.45x bwd4 (293.7 in that run), 79 % of sdpa-cudnn (537.9).
 """
 
 from __future__ import annotations
