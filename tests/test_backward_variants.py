@@ -519,3 +519,25 @@ def test_bwd_variants_script_picks_variants_and_splits_kernels(tmp_path):
     assert set(splits) == {"two-kernels", "dkdv64x64w4s2"}
     assert all(r["dkdv_ms"] > 0 and r["dq_ms"] > 0 for r in splits.values())
     assert all(r["ok"] for r in lines if r["kind"] == "check")
+
+
+def test_ncu_script_cases_agree_and_configs_resolve():
+    """experiments/gpu/ncu_bwd.{py,sh}: the shell script's default cases are the Python script's, and
+    each dense case's dK/dV overlay is a valid config naming its sweep (so the profile compares what
+    the README says it compares)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    gpu = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
+    spec = importlib.util.spec_from_file_location("ncu_bwd", gpu / "ncu_bwd.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sh = (gpu / "ncu_bwd.sh").read_text()
+    default = re.search(r'CASES=\$\{CASES:-([^}]*)\}', sh).group(1).split()
+    assert default == list(mod.CASES)
+    for name, overlay in mod.DENSE.items():
+        cfg = resolve_config(128, torch.bfloat16, overlay)
+        assert cfg["dkdv_sweep"] == overlay["dkdv_sweep"] and cfg["DKDV_BLOCK_M"] == overlay["DKDV_BLOCK_M"], name
+    with pytest.raises(SystemExit):
+        mod.main(["--case", "no-such-case"])
