@@ -93,9 +93,12 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
             for m, w, s, ws in itertools.product(outer, warps, [2, 3, 4], [False, True])
         ]
     if group == "dkdv":
+        # each tile head-major and with the row-major descending sweep: the sweep pays on one tile
+        # only (64x64 / 4 warps / 2 stages on H100, dense.HOPPER_UNEVEN_MASK), so the two are searched
+        # together rather than the sweep on whatever tile won head-major
         return [
-            dict(DKDV_BLOCK_M=block, DKDV_BLOCK_N=n, dkdv_num_warps=w, dkdv_num_stages=s)
-            for n, w, s in itertools.product(outer, warps, [2, 3])
+            dict(DKDV_BLOCK_M=block, DKDV_BLOCK_N=n, dkdv_num_warps=w, dkdv_num_stages=s, dkdv_sweep=sw)
+            for sw, n, w, s in itertools.product([0, 2], outer, warps, [2, 3])
         ]
     if group == "dq":
         return [

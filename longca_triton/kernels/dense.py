@@ -297,10 +297,12 @@ _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
                    mask=None, v=None) -> dict:
     """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
-    entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
-    (``config.resolve``), as do a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with
-    ``fused_dq`` (two different backward layouts). ``head_dim``: the padded dim configs are chosen
-    by (``config_head_dim``)."""
+    entry, overlaid on ``default_config`` (for the GQA group of ``q`` / ``k``: ``HOPPER_UNEVEN_MASK``
+    needs one of 2 or more); unknown keys and bad tiles raise ValueError (``config.resolve``), as do
+    a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with ``fused_dq`` (two different
+    backward layouts). A config that names a dK/dV tile key but not ``dkdv_sweep`` gets head-major
+    (``dkdv_sweep`` = 0), not the default's sweep, which was measured on its own tile only.
+    ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
     group = q.shape[2] // k.shape[2] if q is not None and k is not None else 1
     if config is None:
         config = _config_mod.tuned_config(_SPEC, q, k, mask, v)  # (looked up through the module: tests patch it)
