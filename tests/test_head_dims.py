@@ -355,6 +355,25 @@ def test_uneven_key_work_separates_the_static_masks():
     assert uneven_key_work(make_mask("block_sparse", 1024, block=128, density=0.3, seed=0)) == 0.0
 
 
+@pytest.mark.parametrize("sq,sk,seed", [(300, 300, 1), (100, 437, 2), (513, 90, 3)])
+def test_uneven_key_work_counts_each_key_tiles_area(sq, sk, seed):
+    """The per-key-tile areas behind ``uneven_key_work`` (a difference array over the row intervals)
+    are the dense mask's column sums, Sq != Sk and empty columns included; cached on the mask."""
+    import numpy as np
+
+    from longca_triton.kernels.tuned import uneven_key_work
+    from utils import random_range_mask
+
+    mask = random_range_mask(sq, sk, seed)
+    cols = mask.to_dense().sum(0).numpy()  # [Sk]
+    for block_n in (16, 64):
+        work = np.add.reduceat(cols, np.arange(0, sk, block_n))
+        work = work[work > 0]
+        med = np.median(work)
+        assert uneven_key_work(mask, block_n) == pytest.approx(np.mean(np.abs(work - med) > 0.25 * med))
+    assert ("uneven_key_work", 64, 0.25) in mask.__dict__["_lowering_cache"]
+
+
 def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
     """``HOPPER_UNEVEN_MASK``: at D = 128 a GQA call on a mask of unequal dK/dV programs gets the
     descending row-major sweep on the 64x64 tile; MHA, even masks, full masks and other head dims
