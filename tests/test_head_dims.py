@@ -402,6 +402,10 @@ def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
     assert resolve({"DKDV_BLOCK_M": 32}) == {**table, **dense.HOPPER_UNEVEN_MASK[128], "DKDV_BLOCK_M": 32,
                                              "dkdv_sweep": 0}
     assert resolve({"DKDV_BLOCK_M": 32, "dkdv_sweep": 2})["dkdv_sweep"] == 2
+    # fused_dq (dQ by atomics from the dK/dV kernel) has no row-major form: asked for, it goes head-major
+    assert resolve({"fused_dq": True})["dkdv_sweep"] == 0
+    with pytest.raises(ValueError, match="dkdv_sweep"):
+        resolve({"fused_dq": True, "dkdv_sweep": 2})
 
 
 def test_gpu_script_config_entries():

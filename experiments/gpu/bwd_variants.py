@@ -63,7 +63,7 @@ from longca_triton.kernels import dense as D
 from longca_triton.masks import make_mask
 
 MASKS = ("full", "causal", "causal_document", "share_question")
-FUSED_DQ = dict(fused_dq=True, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2)
+FUSED_DQ = dict(fused_dq=True, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2, dkdv_sweep=0)
 
 def dkdv_tile(m: int, n: int, warps: int, stages: int) -> dict:
     """A dK/dV tile overlay: ``m`` query rows per step, ``n`` keys per program."""

@@ -300,15 +300,18 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     entry, overlaid on ``default_config`` (for the GQA group of ``q`` / ``k``: ``HOPPER_UNEVEN_MASK``
     needs one of 2 or more); unknown keys and bad tiles raise ValueError (``config.resolve``), as do
     a ``bwd_order`` outside ``BWD_ORDERS`` and ``one_launch`` with ``fused_dq`` (two different
-    backward layouts). A config that names a dK/dV tile key but not ``dkdv_sweep`` gets head-major
-    (``dkdv_sweep`` = 0), not the default's sweep, which was measured on its own tile only.
+    backward layouts). A config that names a dK/dV tile key (or ``fused_dq``) but not ``dkdv_sweep``
+    gets head-major (``dkdv_sweep`` = 0), not the default's sweep, which was measured on its own tile
+    only (and has no fused-dQ form).
     ``head_dim``: the padded dim configs are chosen by (``config_head_dim``)."""
     group = q.shape[2] // k.shape[2] if q is not None and k is not None else 1
     if config is None:
         config = _config_mod.tuned_config(_SPEC, q, k, mask, v)  # (looked up through the module: tests patch it)
     base = default_config(head_dim, dtype, mask, group)
-    if config and "dkdv_sweep" not in config and any(key in config for key in _DKDV_TILE_KEYS):
-        # the sweep was measured with its own tile only: another dK/dV tile goes head-major
+    if config and "dkdv_sweep" not in config and (any(key in config for key in _DKDV_TILE_KEYS)
+                                                  or config.get("fused_dq")):
+        # the sweep was measured with its own tile only: another dK/dV tile goes head-major, and
+        # fused_dq has no row-major form
         base["dkdv_sweep"] = 0
     cfg = _check_bwd_layout(_resolve(_SPEC, base, config or {}, q=q, k=k, mask=mask, v=v), "dense attention")
     return check_dkdv_sweep(cfg, "dense attention")
