@@ -467,6 +467,21 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
         assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
 
 
+def test_autotune_dense_dkdv_group_searches_each_tile_with_and_without_the_sweep():
+    """The dense ``dkdv`` group: every tile head-major (first: what the group resets to) and with the
+    row-major descending sweep, the measured pair (64x64 / 4 warps / 2 stages, sweep 2) among them;
+    the ``bwd`` group leaves the sweep to it."""
+    from longca_triton.bench import autotune as at
+
+    t = at.TUNABLES["triton"]
+    cands = t.candidates("dkdv", 64, 128)
+    head_major = [c for c in cands if c["dkdv_sweep"] == 0]
+    assert cands[0]["dkdv_sweep"] == 0 and len(cands) == 2 * len(head_major)
+    assert [{**c, "dkdv_sweep": 2} for c in head_major] == [c for c in cands if c["dkdv_sweep"] == 2]
+    assert dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dkdv_sweep=2) in cands
+    assert not any("dkdv_sweep" in c for c in t.candidates("bwd", 64, 128))
+
+
 # ------------------------------------------------------------------ the GPU script, at toy size
 def test_bwd_variants_script_smoke(tmp_path):
     """experiments/gpu/bwd_variants.py --smoke: every variant passes the bench check, the

@@ -357,8 +357,8 @@ def test_uneven_key_work_separates_the_static_masks():
 
 @pytest.mark.parametrize("sq,sk,seed", [(300, 300, 1), (100, 437, 2), (513, 90, 3)])
 def test_uneven_key_work_counts_each_key_tiles_area(sq, sk, seed):
-    """The per-key-tile areas behind ``uneven_key_work`` (a difference array over the row intervals)
-    are the dense mask's column sums, Sq != Sk and empty columns included; cached on the mask."""
+    """``RangeMask.key_tile_areas`` (behind ``uneven_key_work``: a difference array over the row
+    intervals) are the dense mask's column sums per tile, Sq != Sk and empty columns included."""
     import numpy as np
 
     from longca_triton.kernels.tuned import uneven_key_work
@@ -368,10 +368,10 @@ def test_uneven_key_work_counts_each_key_tiles_area(sq, sk, seed):
     cols = mask.to_dense().sum(0).numpy()  # [Sk]
     for block_n in (16, 64):
         work = np.add.reduceat(cols, np.arange(0, sk, block_n))
+        assert np.array_equal(mask.key_tile_areas(block_n), work)
         work = work[work > 0]
         med = np.median(work)
         assert uneven_key_work(mask, block_n) == pytest.approx(np.mean(np.abs(work - med) > 0.25 * med))
-    assert ("uneven_key_work", 64, 0.25) in mask.__dict__["_lowering_cache"]
 
 
 def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):

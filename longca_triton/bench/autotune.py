@@ -106,16 +106,8 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
             for m, w, s in itertools.product(outer, warps, [2, 3])
         ]
     if group == "bwd":
-        return _dense_bwd_candidates(False)
+        return _one_launch_candidates(False)
     raise ValueError(f"unknown key group {group!r}")
-
-
-def _dense_bwd_candidates(big: bool) -> list[dict]:
-    """The dense ``bwd`` group: ``_one_launch_candidates`` with the dK/dV sweep order as one more key
-    (head-major first, so it is what the group resets to), plus the two kernels with the row-major
-    descending sweep (``dkdv_sweep`` = 2: ``kernels/dense_bwd._dkdv_program`` says when it should win)."""
-    cands = [{**c, "dkdv_sweep": 0} for c in _one_launch_candidates(big)]
-    return cands[:1] + [{**cands[0], "dkdv_sweep": 2}] + cands[1:]
 
 
 def _dense_candidates_big(group: str, block: int) -> list[dict]:
@@ -137,7 +129,7 @@ def _dense_candidates_big(group: str, block: int) -> list[dict]:
         return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=bn, dq_num_warps=w, dq_num_stages=2)
                 for m, bn, w in ((64, n, 8), (64, 32, 8), (128, 32, 8), (64, 32, 4))]
     if group == "bwd":
-        return _dense_bwd_candidates(True)
+        return _one_launch_candidates(True)
     raise ValueError(f"unknown key group {group!r}")
 
 

@@ -306,6 +306,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     num_packs = b * hq // dq_heads
     # a row-major dK/dV sweep walks one key list for every head of the group: only where they share it
     sweep = cfg.get("dkdv_sweep", 0) if hpp % group == 0 else 0
+    head_outer = bool(cfg["dkdv_head_outer"])  # an int where the config came through the op's list
     if cfg["one_launch"] and set(passes) == {"dkdv", "dq"}:
         n_dkdv, n_dq = tk.num_tiles * b * hkv, tq.num_tiles * num_packs
         block_sparse_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
@@ -316,7 +317,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
             **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
-            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
+            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -328,7 +329,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
+            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer,
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
     if "dq" in passes:

@@ -313,7 +313,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # the sweep was measured with its own tile only: another dK/dV tile goes head-major, and
         # fused_dq has no row-major form
         base["dkdv_sweep"] = 0
-    cfg = _check_bwd_layout(_resolve(_SPEC, base, config or {}, q=q, k=k, mask=mask, v=v), "dense attention")
+    cfg = _check_bwd_layout(_resolve(_SPEC, base, config or {}), "dense attention")
     return check_dkdv_sweep(cfg, "dense attention")
 
 

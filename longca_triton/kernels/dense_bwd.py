@@ -171,17 +171,14 @@ def _dkdv_program(
 
     ``SWEEP`` orders the (query head, query tile) steps of the GQA group: 0 head-major (each head
     sweeps its query tiles in turn: the default), 1 row-major (per query tile every head of the
-    group, tiles ascending), 2 row-major with tiles descending. Why 1 and 2: a dK/dV step reads a
-    q and a dO tile for 4 matmuls of ``BLOCK_N`` columns, 2 x ``BLOCK_N`` FLOP per byte (128 at
-    ``BLOCK_N`` = 64, under the H100's ~295 FLOP/B of DRAM), so the kernel lives on programs of one
-    KV head reading the same q / dO tiles at about the same time from L2. Head-major programs with
-    unequal work (causal: key tile n sweeps query tiles n..end) drift apart by their work
-    difference at every head; row-major programs advance one query tile per ``group_size`` steps
-    whatever their length, and descending they all start at the last query tile, in step. Not with
-    ``FUSED_DQ`` (``dense.resolve_config`` rejects the pair).
+    group, tiles ascending), 2 row-major with tiles descending: one pipelined loop of
+    ``group_size`` x more steps per run instead of one loop per head. Built on the idea that
+    head-major programs of unequal work (causal) drift apart and lose the L2 reuse of q / dO; the
+    H100 showed the gain (2 on the 64x64 tile, uneven masks) but not that reason (the module
+    docstring). Not with ``FUSED_DQ`` (``dense.resolve_config`` rejects the pair).
 
     ``HEAD_OUTER`` (config ``dkdv_head_outer``): the (batch, KV head) slowest in ``pid``
-    (``core.key_program_outer``), as in the block-sparse kernel where it won 4-15 %.
+    (``core.key_program_outer``), as in the block-sparse kernel where it won 4-13 %; here within +-3 %.
     """
     if HEAD_OUTER:
         rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)

@@ -72,22 +72,16 @@ def mask_class(mask: Mask) -> str:
 def uneven_key_work(mask: Mask, block_n: int = 64, tol: float = 0.25) -> float:
     """The share of a range mask's non-empty key tiles (``block_n`` keys) whose attended area differs
     from the median tile's by more than ``tol`` of it: 0 for full and sliding windows (every dK/dV
-    program sweeps as many query rows), 0.75 for causal, 0.9 for the document masks. O(S) from the
-    row intervals the kernels lower the mask to anyway (each column's count of attending rows by a
-    difference array), cached on the mask; 0.0 for block-sparse masks (their tiles are the blocks)."""
+    program sweeps as many query rows), 0.75 for causal, 0.9 for the document masks; from the
+    mask's (cached) ``key_tile_areas``. 0.0 for block-sparse masks (their tiles are the blocks)."""
     if isinstance(mask, BlockSparseMask):
         return 0.0
-    cache = mask.__dict__.setdefault("_lowering_cache", {})
-    key = ("uneven_key_work", block_n, tol)
-    if key not in cache:
-        _, lo, hi = mask.merged_row_intervals()
-        sk = mask.seqlen_k
-        per_col = np.cumsum(np.bincount(lo, minlength=sk + 1) - np.bincount(hi, minlength=sk + 1))[:sk]
-        work = np.add.reduceat(per_col, np.arange(0, sk, block_n))
-        work = work[work > 0]
-        med = float(np.median(work)) if work.size else 0.0
-        cache[key] = float(np.mean(np.abs(work - med) > tol * med)) if work.size else 0.0
-    return cache[key]
+    work = mask.key_tile_areas(block_n)
+    work = work[work > 0]
+    if work.size == 0:
+        return 0.0
+    med = float(np.median(work))
+    return float(np.mean(np.abs(work - med) > tol * med))
 
 
 SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")

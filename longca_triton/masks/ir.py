@@ -362,6 +362,17 @@ class RangeMask(Mask):
         _, lo, hi = self.merged_row_intervals()
         return int((hi - lo).sum())
 
+    @_cached
+    def key_tile_areas(self, block_n: int) -> np.ndarray:
+        """int64 ``[ceil(Sk / block_n)]``: allowed (query, key) pairs per key tile of ``block_n``
+        keys, the work of a key-major program. O(S) from the row intervals (each column's count of
+        attending rows by a difference array)."""
+        bn = _check_block_size("block_n", block_n)
+        _, lo, hi = self.merged_row_intervals()
+        sk = self.seqlen_k
+        per_col = np.cumsum(np.bincount(lo, minlength=sk + 1) - np.bincount(hi, minlength=sk + 1))[:sk]
+        return np.add.reduceat(per_col, np.arange(0, sk, bn)) if sk else np.zeros(0, np.int64)
+
     def head_areas(self, num_heads_q: int) -> list[int]:
         return [self.area] * num_heads_q
 
