@@ -556,3 +556,27 @@ def test_ncu_script_cases_agree_and_configs_resolve():
         assert cfg["dkdv_sweep"] == overlay["dkdv_sweep"] and cfg["DKDV_BLOCK_M"] == overlay["DKDV_BLOCK_M"], name
     with pytest.raises(SystemExit):
         mod.main(["--case", "no-such-case"])
+
+
+@pytest.mark.parametrize("block,head_dim,want", [(128, 128, (128, 128)), (256, 64, (128, 128)), (128, 256, (64, 64)),
+                                                 (64, 128, (64, 64))], ids=lambda x: str(x))
+def test_block_sparse_hopper_dq_steps_over_whole_blocks(block, head_dim, want, monkeypatch):
+    """Uniform blocks >= 128 at D <= 128: the dQ pass owns 128 rows and steps over 128-key blocks
+    (measured 4-5 % faster than 128 x 64 on an H100 in all five cases, bwd_session12); D > 128 and
+    smaller blocks keep their tiles."""
+    import longca_triton.kernels.block_sparse as BS
+
+    monkeypatch.setattr(BS, "_interpreting", lambda: False)
+    mask = make_mask("block_sparse", 4 * block, block=block, density=0.5, patterns=2, seed=1)
+    cfg = BS.default_config(mask, head_dim)
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]) == want
+    if want == (128, 128):
+        assert (cfg["dq_num_warps"], cfg["dq_num_stages"]) == (8, 2)
+
+
+def test_block_sparse_dq_128x128_step_is_right():
+    """The 128 x 128 dQ step on block-128 tables, a ragged last block, GQA, in the interpreter."""
+    mask = make_mask("block_sparse", 300, block=128, density=0.5, patterns=2, seed=2)
+    cfg = dict(DQ_BLOCK_M=128, DQ_BLOCK_N=128, dq_num_warps=8, dq_num_stages=2)
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32)

@@ -100,9 +100,10 @@ def test_default_configs_validate_and_fit(d, dv):
     assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"], head_dim_v=dv) <= G.SMEM_LIMIT
     producer, maxnreg = G._regs(cfg["consumer_regs"])
     assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
-    # the Gluon backward only where it was written for; elsewhere the plain-Triton one
-    assert cfg["gluon_bwd"] == (d == dv and d in G.BWD_HEAD_DIMS)
-    if cfg["gluon_bwd"]:
+    # the Gluon backward only where it was written for and measured faster (D = 64); elsewhere
+    # (D = 128: PLAIN_BWD_HEAD_DIMS) the plain-Triton one; its configs must fit wherever it can run
+    assert cfg["gluon_bwd"] == (d == dv and d in G.BWD_HEAD_DIMS and d not in G.PLAIN_BWD_HEAD_DIMS)
+    if d == dv and d in G.BWD_HEAD_DIMS:
         assert G.bwd_smem_bytes("dq", d, cfg["dq_block_n"], cfg["dq_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"]) <= G.SMEM_LIMIT
@@ -228,6 +229,32 @@ def test_smem_bytes_pads_each_dim():
     assert G.smem_bytes(96, 128, 3) == G.smem_bytes(128, 128, 3)
     assert G.smem_bytes(192, 64, 3, head_dim_v=128) == 128 * 256 * 2 + 3 * 64 * (256 + 128) * 2 + 1024
     assert G.smem_bytes(256, 64, 3) > G.SMEM_LIMIT >= G.smem_bytes(256, 64, 2)
+
+
+@pytest.mark.parametrize("config,want", [
+    (None, False),  # D = 128's default: the plain-Triton backward (measured faster, bwd_session12)
+    (dict(pingpong=True), False),  # forward keys only
+    (dict(dq_block_n=128, dq_stages=2), True),  # a key of the Gluon backward asks for it
+    (dict(bwd_design="fused"), True),
+    (dict(dkdv_stages=3, gluon_bwd=False), False),  # unless the config says otherwise
+    (dict(gluon_bwd=True), True),
+], ids=lambda x: str(x))
+def test_gluon_bwd_default_and_what_a_config_asks_for(config, want):
+    assert G.resolve_config(128, torch.bfloat16, config)["gluon_bwd"] is want
+    # D = 64 keeps the Gluon backward; at dims it cannot take, a Gluon-backward key asks for nothing
+    assert G.resolve_config(64, torch.bfloat16)["gluon_bwd"]
+    assert not G.resolve_config(96, torch.bfloat16, dict(dkdv_stages=3))["gluon_bwd"]
+
+
+def test_gluon_bwd_keys_from_the_autotune_cache_ask_for_the_gluon_backward(monkeypatch):
+    import longca_triton.kernels.config as C
+
+    q = torch.zeros(1, 64, 2, 128)
+    mask = lt.make_mask("causal", 64)
+    for entry, want in ((dict(dq_stages=2, dkdv_block_mq=64), True), (dict(gluon_bwd=False, dq_stages=2), False),
+                        (dict(num_stages=2), False)):
+        monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None, e=entry: dict(e))
+        assert G.resolve_config(128, torch.bfloat16, None, q=q, k=q, mask=mask)["gluon_bwd"] is want
 
 
 def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):

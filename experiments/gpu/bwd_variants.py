@@ -40,6 +40,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -121,15 +122,46 @@ def all_variants(smoke: bool) -> dict:
     return {**variants(smoke), **TILE_VARIANTS}
 
 
+_TILE_PART = re.compile(r"^s?(dkdv|dq)(\d+)x(\d+)w(\d+)s(\d+)$")
+_ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
+_SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
+                 "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True}}
+
+
+def compose(name: str) -> dict | None:
+    """A variant spelled out: parts joined by ``+``, each a tile (``dkdv64x128w8s3``: 64 query rows per
+    step x 128 keys per program, 8 warps, 3 stages; ``dq128x64w8s3``; an ``s`` prefix is allowed), one
+    launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
+    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head). None
+    when a part is none of these."""
+    cfg = {}
+    for part in name.split("+"):
+        m = _TILE_PART.match(part)
+        one = _ONE_LAUNCH_PART.match(part)
+        if m:
+            cfg.update((dkdv_tile if m.group(1) == "dkdv" else dq_tile)(*(int(x) for x in m.groups()[1:])))
+        elif one:
+            order, warps, stages = (int(x) for x in one.groups())
+            cfg.update(one_launch=True, bwd_order=order, bwd_num_warps=warps, bwd_num_stages=stages)
+        elif part in _SWITCH_PARTS:
+            cfg.update(_SWITCH_PARTS[part])
+        else:
+            return None
+    return cfg
+
+
 def pick(available: dict, names: str | None) -> dict:
-    """``available`` restricted to the comma-separated ``names`` (all when None); unknown names raise."""
+    """``available`` restricted to the comma-separated ``names`` (all when None), a name ``available``
+    lacks spelled out by ``compose``; names that are neither raise."""
     if names is None:
         return available
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in available]
+    chosen = {n: available[n] if n in available else compose(n) for n in wanted}
+    unknown = [n for n, c in chosen.items() if c is None]
     if unknown:
-        raise SystemExit(f"unknown variant(s) {unknown}; known: {sorted(available)}")
-    return {n: available[n] for n in wanted}
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {sorted(available)} or tiles/switches joined by '+' "
+                         "(e.g. dkdv64x128w8s3+outer)")
+    return chosen
 
 
 def split_ms(p: DC.Problem, cfg: dict, out, lse) -> dict:
@@ -197,7 +229,7 @@ def bitwise_twice(emit, p, name: str, config: dict) -> bool:
 
 
 def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
-             chosen: dict | None = None, vendors: bool = True) -> dict:
+             chosen: dict | None = None, vendors: bool = True, split: bool = True) -> dict:
     p = DC.Problem(DC.bench_mask(mname, S), hq=hq, hkv=hkv, d=d, dtype=dtype)
     ref = reference_group(p.mask, p.q, p.k, p.v, p.dout, p.scale, True)
     # the default a user gets (full masks: HOPPER_FULL_MASK; GQA on uneven masks: HOPPER_UNEVEN_MASK)
@@ -217,7 +249,7 @@ def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: 
         t = timed(emit, lambda: DC.time_ours_bwd(p, cfg, out, lse), p.bwd_flops, mask=mname, S=S, variant=name,
                   config=var)
         row["times"][name] = t
-        if t != float("inf") and not (cfg["one_launch"] or cfg["fused_dq"]):
+        if split and t != float("inf") and not (cfg["one_launch"] or cfg["fused_dq"]):
             emit(dict(kind="split", mask=mname, S=S, variant=name, config=var, **split_ms(p, cfg, out, lse)))
     ones = {n: t for n, t in row["times"].items() if n.startswith("one-launch")}
     best_one = min(ones, key=ones.get) if ones else None
@@ -295,7 +327,8 @@ def flex_sparse_attn(p):
 
 
 def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
-               chosen: dict | None = None, vendors: bool = True, density: float = 0.3, patterns: int = 0) -> dict:
+               chosen: dict | None = None, vendors: bool = True, density: float = 0.3, patterns: int = 0,
+               split: bool = True) -> dict:
     kind, block, extra = SPARSE_MASKS[name]
     mask = make_mask(kind, S, block=block if not smoke else 32, density=density, patterns=patterns or hkv, seed=0,
                      **({"min_block": 16} if smoke and extra else extra))
@@ -308,7 +341,13 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         if DC.elapsed() > budget:
             emit(dict(kind="sparse_bwd", mask=name, variant=vname, status="skipped: time"))
             continue
-        attn = lambda q, k, v, var=var: BS.block_sparse_attention(q, k, v, mask, return_lse=True, config=var)
+        var = dict(var)
+        # "expand": the KV heads repeated to one per query head (autograd sums dK / dV over the group):
+        # dK/dV programs of one query head each, so the programs in flight share one head's q / dO
+        # (an experiment on the L2 working set of the GQA head loop, not a backend)
+        group = hq // hkv if var.pop("_expand", False) else 1
+        attn = lambda q, k, v, var=var, g=group: BS.block_sparse_attention(  # noqa: E731
+            q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2), mask, return_lse=True, config=var)
         try:
             leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
             out, lse = attn(*leaves)
@@ -322,7 +361,7 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
             row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
                                         mask.flops(hq, d, "bwd"), mask=name, S=S, variant=vname, config=var)
             cfg = BS.resolve_config(mask, d, var)
-            if not cfg["one_launch"]:
+            if split and group == 1 and not cfg["one_launch"]:
                 emit(dict(kind="split", mask=name, S=S, variant=vname, config=var, **sparse_split_ms(p, mask, cfg)))
     if not smoke and vendors and DC.elapsed() <= budget:
         row["times"]["flex"] = timed(emit, lambda: autograd_bwd_ms(p, flex_sparse_attn(p)), mask.flops(hq, d, "bwd"),
@@ -394,6 +433,7 @@ def main(argv=None):
     ap.add_argument("--no-vendors", action="store_true", help="skip Flex and cuDNN (an A/B run of ours only)")
     ap.add_argument("--heads", default="64:8", help="query heads:KV heads of the dense and block-sparse cases")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--no-split", action="store_true", help="skip timing the dK/dV and dQ kernels alone (halves the run)")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy size, ours only")
     a = ap.parse_args(argv)
     try:
@@ -416,16 +456,17 @@ def main(argv=None):
         emit(dict(kind="env", package=os.path.dirname(D.__file__), **DC.env_info()))
     rows, srows = [], []
     for mname in filter(None, a.masks.split(",")):
-        rows.append(run_mask(emit, mname, S, hq, hkv, d, dtype, a.smoke, a.budget, chosen, not a.no_vendors))
+        rows.append(run_mask(emit, mname, S, hq, hkv, d, dtype, a.smoke, a.budget, chosen, not a.no_vendors,
+                             not a.no_split))
         emit(dict(kind="summary", **rows[-1]))
     for sname in filter(None, a.sparse_masks.split(",")):
         srows.append(run_sparse(emit, sname, S if a.smoke else a.sparse_S, hq, hkv, d, dtype, a.smoke, a.budget,
-                                schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns))
+                                schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns, not a.no_split))
         emit(dict(kind="sparse_summary", **srows[-1]))
     md = [f"# Backward variants of `triton` (S={S}, GQA {hq}:{hkv}, D={d}, {str(dtype)[6:]}), TFLOP/s", "",
           "Targets (issue 13): ours >= 1.1x Flex on every mask, >= 0.8x cuDNN on full and causal.", "",
           table(rows), "", f"variants: {json.dumps(chosen or variants(a.smoke))}", "",
-          f"## Block-sparse backward (S={S if a.smoke else a.sparse_S}, density 0.3, through autograd), TFLOP/s", "",
+          f"## Block-sparse backward (S={S if a.smoke else a.sparse_S}, density {a.sparse_density}, through autograd), TFLOP/s", "",
           "Targets: ours >= 1.05x Flex; variable blocks >= 0.8x uniform.", "",
           sparse_table(srows), "", f"variants: {json.dumps(schosen or sparse_variants(a.smoke))}", "",
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {DC.elapsed():.0f} s"]

@@ -162,11 +162,15 @@ def _tile_config(mask, head_dim: int) -> dict:
     big = head_dim > 128
     blk = _mask_block(mask)
     if blk is not None and blk >= 128:
-        # tile = block: 128 x 128 forward, 64 x 128 dK/dV, 128 x 64 dQ (the dense kernel's shapes)
+        # tile = block: 128 x 128 forward, 64 x 128 dK/dV, 128 x 128 dQ. The dQ pass steps over whole
+        # 128-key blocks: on an H100 (experiments/results/h100/bwd_session12, bf16, GQA 64:8, D = 128,
+        # backward through autograd) 128 x 128 / 8 warps / 2 stages beat the 128 x 64 step in all five
+        # cases: 32K density 0.3 76.4 -> 72.5 ms, 0.5 120.7 -> 115.8 (a pattern per KV head), one
+        # pattern 69.7 -> 66.4; 64K 304.3 -> 291.8, one pattern 285.1 -> 270.2 (64 x 64 / 4 / 3: between)
         m = 64 if big else 128
         return dict(BLOCK_M=m, BLOCK_N=64 if big else 128, HEADS=1, num_warps=8, num_stages=2,
                     warp_specialize=False,
-                    DQ_BLOCK_M=m, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=2,
+                    DQ_BLOCK_M=m, DQ_BLOCK_N=64 if big else 128, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=2,
                     DKDV_BLOCK_M=64 if not big else 32, DKDV_BLOCK_N=128 if not big else 64,
                     DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=2)
     # 64-row blocks (or smaller) and variable blocks: 64 x 64 tiles, one head per tile. (Stacking

@@ -28,7 +28,7 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   until a GPU has measured it; ``split_d_reason`` says which dims it takes.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
-  ``bwd_config``); ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
+  ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``); ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
   rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
   ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
   overlap, more registers), ``bwd_consumer_regs``.
@@ -64,6 +64,7 @@ from .._runtime import (
     head_dim_meta,
     resolve_scale,
 )
+from .. import config as _config_mod
 from ..config import ConfigSpec
 from ..config import resolve as _resolve
 from ..core import LOG2E
@@ -76,7 +77,7 @@ from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
+    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
 ]
 
 #: query-tile rows per CTA: two consumer warpgroups of 64 rows
@@ -85,6 +86,10 @@ BLOCK_M = 128
 #: plain-Triton kernels take (``_runtime.head_dim_reason``: multiples of 8 up to 256, D_v may
 #: differ), and other dims run the plain-Triton backward (``bwd_reason``)
 BWD_HEAD_DIMS = (64, 128)
+#: head dims of ``BWD_HEAD_DIMS`` whose default backward is the plain-Triton one all the same: at D = 128
+#: it measured faster than the Gluon backward on 8 of the 12 static masks (``default_config``); the
+#: Gluon one stays a config (``gluon_bwd=True``) and an autotune candidate
+PLAIN_BWD_HEAD_DIMS = (128,)
 #: (D_qk, D_v) pairs whose forward has passed tests/test_gluon_gpu.py on an H100
 #: (experiments/results/h100/gluon/test_gluon_gpu.txt: 64, 128; gluon/run2/gluon_gpu_new.txt:
 #: ``test_padded_head_dims`` at 80, 96, 192/128, 256 on four shapes each, and gluon/run2/
@@ -96,9 +101,10 @@ SMEM_LIMIT = 232448
 #: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
 REG_BUDGET = 504
 
-CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
-               "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
+#: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
+GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
+                  "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd") + GLUON_BWD_KEYS
 BWD_DESIGNS = ("split", "fused")
 #: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
 #: dQ-writer partition fed through shared memory
@@ -134,9 +140,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     -17 %), prefix_lm_document 8.2 / 9.3, sliding_window 7.5 / 8.7, sliding_window_causal 4.4 / 5.0,
     global_sliding_window 13.9 / 14.4. The same run timed the plain-Triton backward under the Gluon
     forward (``gluon_bwd=False``): ahead on share_question only (10.1 vs 10.5 ms), 1-9 % behind on
-    the other eleven, so ``gluon_bwd`` stays on. D = 96: ``split_d`` on where the mask's density is
-    at least 0.5 (gluon/run3/split_d.log, TFLOP/s, padded / split: full 506 / 522, causal 456 / 494,
-    causal_document 383 / 354, cuDNN 492 / 450); at D = 80 split loses on full (434 / 415) and
+    the other eleven, so ``gluon_bwd`` stayed on then (no longer at D = 128: below). D = 96:
+    ``split_d`` on where the mask's density is at least 0.5 (gluon/run3/split_d.log, TFLOP/s, padded /
+    split: full 506 / 522, causal 456 / 494, causal_document 383 / 354, cuDNN 492 / 450); at D = 80 split loses on full (434 / 415) and
     causal_document (325 / 278) and wins causal by 2 % (400 / 407): off. The dQ-writer variants of
     the fused backward (``fused_dq``) are right on the GPU (gluon/run3) and 1.6x faster than its
     atomic dQ (full 83.1 -> 54.0 ms, causal 44.9 -> 31.4) but still behind split (51.4 / 27.3).
@@ -152,6 +158,18 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
     ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
 
+    Which backward at D = 128: the plain-Triton one (``gluon_bwd=False``) since session 12. The dense
+    kernel's backward gained the row-major dK/dV sweep and the 64x64 dK/dV tiles (issue 13) and now
+    beats the Gluon split backward (``experiments/results/h100/bwd_session12``: each pass alone and
+    the four pairs, 16K, GQA 64:8, bf16, H100, ms Gluon / plain): full 51.6 / 49.1, causal 27.3 /
+    26.3, causal_document 7.93 / 7.79, prefix_lm_causal 30.1 / 28.7, share_question 10.6 / 9.6,
+    prefix_lm_document 8.24 / 7.90, global_sliding_window 14.1 / 13.8, full_document 14.1 / 13.5,
+    causal_blockwise 20.9 / 20.3; Gluon ahead on block_causal_document 11.4 / 11.8, sliding_window
+    7.47 / 7.67, sliding_window_causal 4.32 / 4.45 (mean: plain 2.5 % faster). By pass, Gluon's dQ is
+    the faster (full 17.3 vs 20.4 ms) and the plain dK/dV (28.3 vs 31.5), yet the mixed pair is no
+    faster than the plain one (full 48.9, causal 26.5) except on share_question (9.28). MHA and
+    D = 64 were not measured: D = 64 keeps the Gluon backward.
+
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
@@ -166,7 +184,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=240, split_d=False,
-                gluon_bwd=not bwd_reason(head_dim, dv),
+                gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
@@ -248,7 +266,9 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     ``head_dim_v`` D_v (else ``v``'s, else D_qk). Where the Gluon backward cannot take the dims
     (``bwd_reason``) ``gluon_bwd`` is turned off, silently when it came from the defaults or the
     autotune cache, with ValueError when ``config`` asks for it; ``split_d`` likewise where the
-    dims do not split (``split_d_reason``)."""
+    dims do not split (``split_d_reason``). A config (explicit or cached) that sets a key of the
+    Gluon backward (``GLUON_BWD_KEYS``) but not ``gluon_bwd`` gets the Gluon backward where it can run,
+    whatever the default (the plain-Triton one at D = 128)."""
     if head_dim_v is None:
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v
@@ -264,7 +284,15 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         base["split_d"] = True
         if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
             base["num_stages"] = 4
-    cfg = _resolve(_SPEC, base, config, q=q, k=k, mask=mask, v=v if dv != head_dim else None)
+    # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
+    # checks below raise for what a user asked for and quietly fix what the cache holds)
+    overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
+                                                                          v if dv != head_dim else None)
+    if overlay and "gluon_bwd" not in overlay and any(key in overlay for key in GLUON_BWD_KEYS):
+        # a config that sets the Gluon backward's keys asks for that backward, whatever the default
+        # (D = 128's is the plain-Triton one)
+        base["gluon_bwd"] = not bwd_reason(head_dim, dv)
+    cfg = _resolve(_SPEC, base, overlay or {})
     no_bwd = bwd_reason(head_dim, dv)
     if no_bwd:
         if config is not None and config.get("gluon_bwd"):
@@ -411,42 +439,58 @@ def _bwd_inputs(dout, q, k, v, out, lse, dlse):
     return q, k, v, dout, lse.contiguous(), launch_bwd_preprocess(out, dout, dlse), grads
 
 
+def _bwd_regs(cfg: dict) -> dict:
+    producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
+    return dict(CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4, maxnreg=maxnreg)
+
+
+def launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, plan: WsPlan, softmax_scale: float, cfg: dict):
+    """The Gluon dQ kernel (query-major) into ``dq``; inputs as ``_bwd_inputs`` returns them."""
+    from .attention_bwd import gluon_bwd_dq_kernel
+
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    gluon_bwd_dq_kernel[(plan.tiles.num_m * b * hq,)](
+        q, k, v, dout, dq, lse, delta,
+        *bsh_strides(q, k, v, dout, dq),
+        *plan.tensors(),
+        softmax_scale * LOG2E, softmax_scale,
+        sq, sk, b * hq, hq, hq // hkv,
+        HEAD_DIM=d, BLOCK_N=cfg["dq_block_n"], NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["dq_stages"],
+        HAS_PARTIAL_TILES=plan.has_partial, **_bwd_regs(cfg),
+    )
+
+
+def launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, plan: WsPlan, softmax_scale: float, cfg: dict):
+    """The Gluon dK/dV kernel (key-major, a group's query heads walked in turn) into ``dk, dv``."""
+    from .attention_bwd import gluon_bwd_dkdv_kernel
+
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    gluon_bwd_dkdv_kernel[(plan.tiles.num_n * b * hkv,)](
+        q, k, v, dout, dk, dv, lse, delta,
+        q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
+        *bsh_strides(k, v, dk, dv),
+        *plan.tensors(),
+        softmax_scale * LOG2E, softmax_scale,
+        sq, sk, b * hkv, hq, hkv, hq // hkv,
+        HEAD_DIM=d, BLOCK_MQ=cfg["dkdv_block_mq"], NUM_IV=plan.tiles.num_iv,
+        NUM_STAGES=cfg["dkdv_stages"], HAS_PARTIAL_TILES=plan.has_partial, SKEW=cfg["dkdv_skew"],
+        **_bwd_regs(cfg),
+    )
+
+
 def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softmax_scale: float,
               cfg: dict, dlse=None):
     """Launch delta preprocess, the Gluon dQ kernel and the Gluon dK/dV kernel. Returns
     ``dq, dk, dv`` in the inputs' dtype."""
-    from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
-
     check_plan(dq_plan.tiles, BLOCK_M, cfg["dq_block_n"], "dQ")
     check_plan(dkdv_plan.tiles, cfg["dkdv_block_mq"], BLOCK_M, "dK/dV")
     q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
     if delta is None:
         return dq, dk, dv
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
-    regs = dict(CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
-                maxnreg=maxnreg)
-    gluon_bwd_dq_kernel[(dq_plan.tiles.num_m * b * hq,)](
-        q, k, v, dout, dq, lse, delta,
-        *bsh_strides(q, k, v, dout, dq),
-        *dq_plan.tensors(),
-        softmax_scale * LOG2E, softmax_scale,
-        sq, sk, b * hq, hq, hq // hkv,
-        HEAD_DIM=d, BLOCK_N=cfg["dq_block_n"], NUM_IV=dq_plan.tiles.num_iv, NUM_STAGES=cfg["dq_stages"],
-        HAS_PARTIAL_TILES=dq_plan.has_partial, **regs,
-    )
-    gluon_bwd_dkdv_kernel[(dkdv_plan.tiles.num_n * b * hkv,)](
-        q, k, v, dout, dk, dv, lse, delta,
-        q.stride(0), q.stride(1), dout.stride(0), dout.stride(1),
-        *bsh_strides(k, v, dk, dv),
-        *dkdv_plan.tensors(),
-        softmax_scale * LOG2E, softmax_scale,
-        sq, sk, b * hkv, hq, hkv, hq // hkv,
-        HEAD_DIM=d, BLOCK_MQ=cfg["dkdv_block_mq"], NUM_IV=dkdv_plan.tiles.num_iv,
-        NUM_STAGES=cfg["dkdv_stages"], HAS_PARTIAL_TILES=dkdv_plan.has_partial, SKEW=cfg["dkdv_skew"],
-        **regs,
-    )
+    launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, dq_plan, softmax_scale, cfg)
+    launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, dkdv_plan, softmax_scale, cfg)
     return dq, dk, dv
 
 
