@@ -174,7 +174,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
     16K, gluon/run4/d96, TFLOP/s, split 3 / 4 stages: full 518 / 525, causal 498 / 512; 5 stages at
-    80 not timed, split stays off there).
+    80 not timed, split stays off there), and ping-pong on (bwd_session12/call9, split 4 stages, off /
+    on: full 520 / 543, causal 492 / 500, causal_document (padded there) 382 / 382; the same call's
+    D = 128: full 666, causal 580 TFLOP/s, so D = 96 reaches 0.82 / 0.86 of it per counted FLOP).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
@@ -284,6 +286,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         base["split_d"] = True
         if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
             base["num_stages"] = 4
+        # and the consumers ping-pong: the split tile's GEMMs are 3/4 of D = 128's for the same
+        # softmax, so handing the tensor cores back and forth pays here (bwd_session12/call9, TFLOP/s,
+        # off / on: full 520 / 543, causal 492 / 500; at D = 128 it stays within +-3 %)
+        base["pingpong"] = True
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -309,6 +315,9 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # the 4-deep ring above was for the split tile: where a padded one runs instead (split_d=False
         # from the config or the autotune cache) and nobody chose a depth, the padded default
         cfg["num_stages"] = default_config(head_dim, dtype, dv)["num_stages"]
+    if not cfg["split_d"] and base["split_d"] and "pingpong" not in (overlay or {}):
+        # likewise the ping-pong, measured with the split tile only
+        cfg["pingpong"] = default_config(head_dim, dtype, dv)["pingpong"]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     stages = int(cfg["num_stages"])
