@@ -317,7 +317,31 @@ def test_hopper_defaults_are_the_dense_table(monkeypatch, d):
     cfg = FM.default_config(d)
     table = dense.hopper_config(d)
     assert {k: cfg[k] for k in FM._TILE_KEYS} == {k: table[k] for k in FM._TILE_KEYS}
-    assert cfg["one_launch"] is False
+    assert cfg["one_launch"] is False and cfg["dkdv_sweep"] == 0
+    # with a mask, the dense kernel's mask rules (its descending sweep is this kernel's ascending one)
+    for name, group in (("full", 8), ("causal", 8), ("causal", 1), ("sliding_window", 8)):
+        mask = make_mask(name, 4096)
+        cfg = FM.default_config(d, mask=mask, group=group)
+        table = dense.hopper_config(d, mask, group)
+        assert {k: cfg[k] for k in FM._TILE_KEYS} == {k: table[k] for k in FM._TILE_KEYS}, (name, group)
+        assert cfg["dkdv_sweep"] == min(table.get("dkdv_sweep", 0), 1)
+        if d == 128 and name != "sliding_window":  # (the window's share of uneven tiles depends on S)
+            assert cfg["dkdv_sweep"] == (name == "causal" and group == 8)
+
+
+def test_resolve_config_takes_the_group_and_a_named_tile_goes_head_major(monkeypatch):
+    from longca_triton.kernels import flashmask as FM
+
+    monkeypatch.setattr(FM, "_interpreting", lambda: False)
+    mask = make_mask("causal", 4096)
+    q, k = torch.zeros(1, 8, 16, 128), torch.zeros(1, 8, 2, 128)
+    assert FM.resolve_config(128, torch.bfloat16, None, q=q, k=k, mask=mask)["dkdv_sweep"] == 1
+    assert FM.resolve_config(128, torch.bfloat16, None, q=q, k=k[:, :, :1].expand(1, 8, 16, 128),
+                             mask=mask)["dkdv_sweep"] == 0, "MHA: no sweep"
+    cfg = FM.resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32), q=q, k=k, mask=mask)
+    assert cfg["dkdv_sweep"] == 0 and cfg["DKDV_BLOCK_M"] == 32
+    assert FM.resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32, dkdv_sweep=1), q=q, k=k,
+                             mask=mask)["dkdv_sweep"] == 1
 
 
 @pytest.mark.parametrize("table_dim", [64, 128, 256], ids=lambda d: f"tiles-of-D={d}")
@@ -331,3 +355,44 @@ def test_hopper_tiles_are_correct_in_the_interpreter(table_dim):
              if k.endswith(("BLOCK_M", "BLOCK_N"))}
     run_and_compare(small_mask("causal_document", 211), 1, 4, 2, 64, torch.float32,
                     config=dict(tiles, num_stages=1, dkdv_num_stages=1, dq_num_stages=1))
+
+
+# ------------------------------------------------------------------ the row-major dK/dV sweep
+SWEEP_CASES = [(239, 8, 2, "causal_document", None), (150, 4, 1, "share_question", BIG),
+               (97, 6, 3, "sliding_window_causal", dict(MIXED, one_launch=True, bwd_order=1))]
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,name,tiles", SWEEP_CASES,
+                         ids=[f"S={s}-Hq={a}-Hkv={b}-{n}{'-one-launch' if t and t.get('one_launch') else ''}"
+                              for s, a, b, n, t in SWEEP_CASES])
+def test_dkdv_sweep(S, Hq, Hkv, name, tiles):
+    """``dkdv_sweep=1``: per query tile every head of the GQA group (one flat loop per run), in two
+    kernels and in one launch, against the reference; fully masked rows stay 0 / -inf."""
+    mask = small_mask(name, S, seed=S)
+    run_and_compare(mask, 1, Hq, Hkv, 32, torch.float32, config={**(tiles or {}), "dkdv_sweep": 1})
+
+
+def test_dkdv_sweep_reaches_the_kernel_and_bad_values_are_refused(monkeypatch):
+    import longca_triton.kernels.flashmask as FM
+
+    launched = []
+    real = FM.flashmask_bwd_dkdv_kernel
+
+    class _Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append(kw["SWEEP"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(FM, "flashmask_bwd_dkdv_kernel", _Spy())
+    mask = make_mask("causal", 40)
+    q = torch.randn(1, 40, 4, 32, requires_grad=True)
+    k = torch.randn(1, 40, 2, 32, requires_grad=True)
+    for sweep in (0, 1):
+        flashmask_attention(q, k, k, mask, config={"dkdv_sweep": sweep}).sum().backward()
+    assert launched == [0, 1]
+    assert default_config(128)["dkdv_sweep"] == 0
+    for bad in (2, True, "1", -1):
+        with pytest.raises(ValueError, match=r"dkdv_sweep.*must be one of \(0, 1\)"):
+            flashmask_attention(q, k, k, mask, config={"dkdv_sweep": bad})

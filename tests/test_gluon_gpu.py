@@ -88,8 +88,10 @@ def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None):
 RANDOM = [(1000, 1000, 0), (777, 2049, 1), (2048, 300, 2), (129, 4000, 3)]
 
 
-#: the Gluon backward designs (the fused one with each dQ path): every numerics case runs with each
-DESIGNS = {"split": dict(bwd_design="split"), "fused": dict(bwd_design="fused"),
+#: the backward designs: the defaults (at D = 128 the plain-Triton backward, PLAIN_BWD_HEAD_DIMS), the Gluon
+#: split one and the fused one with each dQ path (each named key asks for the Gluon backward): every
+#: numerics case runs with each
+DESIGNS = {"default": {}, "split": dict(bwd_design="split"), "fused": dict(bwd_design="fused"),
            "fused-writer": dict(bwd_design="fused", fused_dq="writer"),
            "fused-writer_keys": dict(bwd_design="fused", fused_dq="writer_keys")}
 

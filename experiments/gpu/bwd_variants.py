@@ -326,6 +326,21 @@ def flex_sparse_attn(p):
                                 enable_gqa=True).transpose(1, 2)
 
 
+def check_autograd(emit, p, ref, attn, dtype, **row) -> bool:
+    """``attn(q, k, v) -> (out, lse)`` run forward and backward on ``p``'s inputs and compared with
+    ``ref`` (one KV group in float32); the check row emitted; False on a failure or an exception."""
+    try:
+        leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+        out, lse = attn(*leaves)
+        out.backward(p.dout)
+        res = compare(ref, out.detach(), lse, [t.grad for t in leaves], dtype)
+    except Exception as e:  # noqa: BLE001 - a variant that fails loses, the run goes on
+        emit(dict(kind="check", **row, status=f"error: {e!r}"[:400]))
+        return False
+    emit(dict(kind="check", **row, **res.as_row(), message=res.message))
+    return res.ok
+
+
 def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
                chosen: dict | None = None, vendors: bool = True, density: float = 0.3, patterns: int = 0,
                split: bool = True) -> dict:
@@ -348,16 +363,7 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         group = hq // hkv if var.pop("_expand", False) else 1
         attn = lambda q, k, v, var=var, g=group: BS.block_sparse_attention(  # noqa: E731
             q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2), mask, return_lse=True, config=var)
-        try:
-            leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
-            out, lse = attn(*leaves)
-            out.backward(p.dout)
-            res = compare(ref, out.detach(), lse, [t.grad for t in leaves], dtype)
-        except Exception as e:  # noqa: BLE001
-            emit(dict(kind="check", mask=name, variant=vname, status=f"error: {e!r}"[:400]))
-            continue
-        emit(dict(kind="check", mask=name, variant=vname, config=var, **res.as_row(), message=res.message))
-        if res.ok:
+        if check_autograd(emit, p, ref, attn, dtype, mask=name, variant=vname, config=var):
             row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
                                         mask.flops(hq, d, "bwd"), mask=name, S=S, variant=vname, config=var)
             cfg = BS.resolve_config(mask, d, var)
@@ -367,6 +373,30 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         row["times"]["flex"] = timed(emit, lambda: autograd_bwd_ms(p, flex_sparse_attn(p)), mask.flops(hq, d, "bwd"),
                                      mask=name, S=S, variant="flex")
     row["tflops"] = {n: mask.flops(hq, d, "bwd") / t * 1e-9 for n, t in row["times"].items() if t != float("inf")}
+    return row
+
+
+def run_flashmask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
+                  chosen: dict, vendors: bool = True) -> dict:
+    """``triton-flashmask`` (our FlashMask port) on a dense mask: each variant checked, then its
+    backward timed through autograd, next to Flex's (``--flashmask-variants``)."""
+    from longca_triton.kernels.flashmask import flashmask_attention
+
+    p = DC.Problem(DC.bench_mask(mname, S), hq=hq, hkv=hkv, d=d, dtype=dtype)
+    ref = reference_group(p.mask, p.q, p.k, p.v, p.dout, p.scale, True)
+    row = dict(mask=mname, S=S, Hq=hq, Hkv=hkv, D=d, times={})
+    for vname, var in chosen.items():
+        if DC.elapsed() > budget:
+            emit(dict(kind="flashmask_bwd", mask=mname, variant=vname, status="skipped: time"))
+            continue
+        attn = lambda q, k, v, var=var: flashmask_attention(q, k, v, p.mask, return_lse=True, config=var)  # noqa: E731
+        if check_autograd(emit, p, ref, attn, dtype, kernel="flashmask", mask=mname, variant=vname, config=var):
+            row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
+                                        p.bwd_flops, kernel="flashmask", mask=mname, S=S, variant=vname, config=var)
+    if not smoke and vendors and DC.elapsed() <= budget:
+        row["times"]["flex"] = timed(emit, lambda: DC.time_flex(p)[1], p.bwd_flops, kernel="flashmask", mask=mname,
+                                     S=S, variant="flex")
+    row["tflops"] = {n: p.bwd_flops / t * 1e-9 for n, t in row["times"].items() if t != float("inf")}
     return row
 
 
@@ -430,6 +460,10 @@ def main(argv=None):
     ap.add_argument("--variants", default=None,
                     help="comma-separated variant names (default: two kernels, fused_dq, every one launch)")
     ap.add_argument("--sparse-variants", default=None, help="comma-separated block-sparse variant names")
+    ap.add_argument("--flashmask-masks", default="", help="dense masks to run triton-flashmask's variants on")
+    ap.add_argument("--flashmask-variants", default="two-kernels",
+                    help="comma-separated triton-flashmask variants (tiles / switches joined by '+', e.g. "
+                         "dkdv64x64w4s2+sweep1)")
     ap.add_argument("--no-vendors", action="store_true", help="skip Flex and cuDNN (an A/B run of ours only)")
     ap.add_argument("--heads", default="64:8", help="query heads:KV heads of the dense and block-sparse cases")
     ap.add_argument("--head-dim", type=int, default=128)
@@ -463,6 +497,10 @@ def main(argv=None):
         srows.append(run_sparse(emit, sname, S if a.smoke else a.sparse_S, hq, hkv, d, dtype, a.smoke, a.budget,
                                 schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns, not a.no_split))
         emit(dict(kind="sparse_summary", **srows[-1]))
+    for fname in filter(None, a.flashmask_masks.split(",")):
+        frow = run_flashmask(emit, fname, S, hq, hkv, d, dtype, a.smoke, a.budget,
+                             pick({"two-kernels": {}}, a.flashmask_variants), not a.no_vendors)
+        emit(dict(kind="flashmask_summary", **frow))
     md = [f"# Backward variants of `triton` (S={S}, GQA {hq}:{hkv}, D={d}, {str(dtype)[6:]}), TFLOP/s", "",
           "Targets (issue 13): ours >= 1.1x Flex on every mask, >= 0.8x cuDNN on full and causal.", "",
           table(rows), "", f"variants: {json.dumps(chosen or variants(a.smoke))}", "",

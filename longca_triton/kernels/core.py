@@ -46,6 +46,32 @@ def group_desc(base, rows, heads, stride_s, stride_h, BLOCK: tl.constexpr, HEAD_
 
 
 @triton.jit
+def head_inputs(Q, DOut, b64, h, num_heads_q, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh, Sq,
+                BLOCK_M: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a head-major dK/dV step over query head ``h`` of batch ``b64`` reads: ``(q_desc, do_desc,
+    row_base)``, ``tile_desc`` of q and of dO and the head's lse / delta row."""
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+    return q_desc, do_desc, (b64 * num_heads_q + h) * Sq
+
+
+@triton.jit
+def group_sweep_inputs(Q, DOut, b64, h_kv, num_heads_q, group_size, stride_qb, stride_qs, stride_qh, stride_db,
+                       stride_ds, stride_dh, Sq, BLOCK_M: tl.constexpr, HEAD_DIM_QK: tl.constexpr,
+                       HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a row-major dK/dV sweep over KV head ``h_kv``'s query heads (adjacent: ``h_kv * group_size``
+    on) of batch ``b64`` reads: ``(q3_desc, do3_desc, row_base0)``, ``group_desc`` of q and of dO and
+    the lse / delta row of the group's first head."""
+    h0 = h_kv * group_size
+    q3_desc = group_desc(Q + b64 * stride_qb + h0 * stride_qh, Sq, group_size, stride_qs, stride_qh,
+                         BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    do3_desc = group_desc(DOut + b64 * stride_db + h0 * stride_dh, Sq, group_size, stride_ds, stride_dh,
+                          BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+    return q3_desc, do3_desc, (b64 * num_heads_q + h0) * Sq
+
+
+@triton.jit
 def head_dim_offsets(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """``(offs_d [BLOCK_D], d_ok [BLOCK_D])`` for pointer loads and stores along the head dim.
 

@@ -63,7 +63,8 @@ from .core import (
     bwd_preprocess_kernel,
     dkdv_update,
     dq_update,
-    group_desc,
+    group_sweep_inputs,
+    head_inputs,
     head_dim_offsets,
     interval_mask,
     key_program_at,
@@ -202,12 +203,9 @@ def _dkdv_program(
     p_hi = tl.load(PART_PTR + tile_n + 1)
     if SWEEP != 0:
         # the group's query heads are adjacent: one 3-d descriptor each for q and dO
-        h0 = h_kv * group_size
-        q3_desc = group_desc(Q + b64 * stride_qb + h0 * stride_qh, Sq, group_size, stride_qs, stride_qh,
-                             BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-        do3_desc = group_desc(DOut + b64 * stride_db + h0 * stride_dh, Sq, group_size, stride_ds, stride_dh,
-                              BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-        row_base0 = (b64 * num_heads_q + h0) * Sq
+        q3_desc, do3_desc, row_base0 = group_sweep_inputs(
+            Q, DOut, b64, h_kv, num_heads_q, group_size, stride_qb, stride_qs, stride_qh, stride_db, stride_ds,
+            stride_dh, Sq, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
         for rr in range(f_lo, f_hi):
             # descending: the runs in reverse too, so the whole sweep goes from the last query tile down
             r = rr
@@ -227,9 +225,9 @@ def _dkdv_program(
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size):
             h = h_kv * group_size + g
-            q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-            do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-            row_base = (b64 * num_heads_q + h) * Sq
+            q_desc, do_desc, row_base = head_inputs(Q, DOut, b64, h, num_heads_q, stride_qb, stride_qs, stride_qh,
+                                                    stride_db, stride_ds, stride_dh, Sq, BLOCK_M, HEAD_DIM_QK,
+                                                    HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
             dq_target = DQAcc + b64 * stride_dqab + h * stride_dqah
             if FUSED_DQ:
                 if DQ_TMA:

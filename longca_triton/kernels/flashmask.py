@@ -109,6 +109,7 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
+from . import config as _config_mod
 from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
 from .dense import hopper_config as dense_hopper_config
@@ -138,37 +139,50 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 #: ``DKDV_BLOCK_M x DKDV_BLOCK_N`` (a program owns a key tile of DKDV_BLOCK_N), dQ
 #: ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile), warps and pipeline stages;
 #: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
-#: ``bwd_num_stages``: as in ``dense.py``), off until measured.
+#: ``bwd_num_stages``: as in ``dense.py``), off until measured; ``dkdv_sweep``: the order of a GQA
+#: group's (query head, query tile) dK/dV steps, 0 head-major, 1 row-major (``flashmask_bwd._dkdv_program``).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
 )
+#: the dK/dV orders this kernel has (the dense kernel's descending sweep 2 is not ported)
+FLASHMASK_SWEEPS = (0, 1)
 
 
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Launch parameters: the dense kernel's Hopper defaults (``dense.HOPPER_CONFIGS``: the same
-    tiles, warps and stages, read from that one table), so the two masking schemes are compared on
-    equal tiling; a small pinned config in the interpreter. The backward runs as two kernels
-    (``one_launch`` off, ``config.with_one_launch_defaults``).
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, mask=None, group: int = 1) -> dict:
+    """Launch parameters: the dense kernel's Hopper defaults (``dense.hopper_config``: the same
+    tiles, warps and stages, read from that one table, with its mask rules when ``mask`` is a
+    ``RangeMask``: ``HOPPER_FULL_MASK``, and ``HOPPER_UNEVEN_MASK`` for GQA ``group`` >= 2, whose
+    descending sweep runs here as the ascending ``dkdv_sweep=1``), so the two masking schemes are
+    compared on equal tiling; a small pinned config in the interpreter. The backward runs as two
+    kernels (``one_launch`` off, ``config.with_one_launch_defaults``).
+
+    Those rules measured on this kernel too (experiments/results/h100/bwd_session12/call10_flashmask,
+    16K, GQA 64:8, D = 128, backward ms, 32x64/4/3 head-major / 64x64/4/2 / 64x64/4/2 + sweep 1 / Flex):
+    full 57.2 / **53.1** / 53.6 / 58.2; causal 31.9 / 30.4 / **31.1** / 28.7; causal_document 11.3 /
+    11.2 / **10.7** / 9.1; share_question 13.0 / 13.2 / **12.8** / 14.4; prefix_lm_causal 34.7 / 34.5 /
+    **33.9** / 32.8; causal_blockwise 26.2 / 28.0 / **26.6** / 22.1; sliding_window (even: no rule)
+    **11.2** / 11.0 / 9.9 / 7.6 (bold: what the rule gives).
 
     The table was timed for the dense kernel (its comments carry the H100 numbers); these kernels
     compile to the same footprint for sm_90a (Triton 3.6 on a CPU host, causal, 16K, GQA 64:8):
     no register spills at D = 64, 128, 192/128, and at D = 256 the dK/dV kernel spills 32/44 bytes
     (dense's 16/36, which still ran 1.36x the spill-free 16x64 tile there).
     """
-    return with_one_launch_defaults(_tile_config(head_dim))
+    return with_one_launch_defaults(_tile_config(head_dim, mask, group))
 
 
-def _tile_config(head_dim: int) -> dict:
+def _tile_config(head_dim: int, mask=None, group: int = 1) -> dict:
     if _interpreting():
         # the interpreter cannot autotune, and small tiles keep it quick
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
                     DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
-                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1)
-    table = dense_hopper_config(head_dim)
-    return {k: table[k] for k in _TILE_KEYS}
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, dkdv_sweep=0)
+    table = dense_hopper_config(head_dim, mask if isinstance(mask, RangeMask) else None, group)
+    # the dense kernel's sweeps (1 ascending, 2 descending) are both this kernel's row-major 1
+    return {**{k: table[k] for k in _TILE_KEYS}, "dkdv_sweep": min(int(table.get("dkdv_sweep", 0)), 1)}
 
 
 #: the keys this kernel shares with the dense table (its own one-launch keys come from
@@ -176,6 +190,9 @@ def _tile_config(head_dim: int) -> dict:
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
               "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
               "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages")
+
+
+_DKDV_TILE_KEYS = ("DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages")
 
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
@@ -186,11 +203,25 @@ _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
                    mask=None, v=None) -> dict:
     """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
-    entry, overlaid on ``default_config``; unknown keys and bad tiles raise ValueError
-    (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``. ``head_dim``: the
-    padded dim configs are chosen by (``config_head_dim``)."""
-    return check_bwd_layout(_resolve(_SPEC, default_config(head_dim, dtype), config, q=q, k=k, mask=mask, v=v),
-                            "flashmask attention")
+    entry, overlaid on ``default_config`` (for ``mask`` and the GQA group of ``q`` / ``k``); unknown
+    keys and bad tiles raise ValueError (``config.resolve``), as do a ``bwd_order`` outside
+    ``config.BWD_ORDERS`` and a ``dkdv_sweep`` outside ``FLASHMASK_SWEEPS``. A config naming a dK/dV
+    tile key but not ``dkdv_sweep`` gets head-major. ``head_dim``: the padded dim configs are chosen
+    by (``config_head_dim``)."""
+    group = q.shape[2] // k.shape[2] if q is not None and k is not None else 1
+    if config is None:
+        config = _config_mod.tuned_config(_SPEC, q, k, mask, v)
+    base = default_config(head_dim, dtype, mask, group)
+    if config and "dkdv_sweep" not in config and any(key in config for key in _DKDV_TILE_KEYS):
+        # as in the dense kernel: the sweep was measured with its own tile only
+        base["dkdv_sweep"] = 0
+    cfg = check_bwd_layout(_resolve(_SPEC, base, config or {}), "flashmask attention")
+    sweep = cfg["dkdv_sweep"]
+    if isinstance(sweep, bool) or sweep not in FLASHMASK_SWEEPS:
+        raise ValueError(f"flashmask attention: config['dkdv_sweep'] must be one of {FLASHMASK_SWEEPS} (0 head-major, "
+                         f"1 row-major; the dense kernel's descending 2 is not ported), got {sweep!r}")
+    cfg["dkdv_sweep"] = int(sweep)
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,7 +287,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
             sq, sk, b * hkv, b * hq, hq, hkv, hq // hkv, n_dkdv, n_dq,
             **head_dim_meta(d, v.shape[3]), DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"],
             DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
-            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, ORDER=cfg["bwd_order"],
+            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, ORDER=cfg["bwd_order"], SWEEP=cfg["dkdv_sweep"],
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -266,7 +297,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
-        HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
+        HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, SWEEP=cfg["dkdv_sweep"],
         num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
     flashmask_bwd_dq_kernel[(triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq,)](

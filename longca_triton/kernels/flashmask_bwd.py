@@ -13,6 +13,8 @@ import triton.language as tl
 from .core import (
     dkdv_update,
     dq_update,
+    group_sweep_inputs,
+    head_inputs,
     key_program_at,
     kv_descs,
     load_row_stats,
@@ -24,6 +26,19 @@ from .core import (
 from .flashmask_fwd import _allowed, _classify, _load_columns, _next_run
 
 __all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel", "flashmask_bwd_one_launch_kernel"]
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, masked, col_ok, lts, lte, uts, ute, qk_scale,
+               HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
+    """One query tile (``q, do [BLOCK_M, D]``) against the program's key tile: P^T recomputed, the
+    element mask from the column vectors on a PARTIAL tile, the dK/dV update."""
+    p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
+    if masked:
+        allowed_t = _allowed(offs_m[None, :], col_ok, lts, lte, uts, ute, HAS_LT, HAS_UT)  # [BLOCK_N, BLOCK_M]
+        p_t = tl.where(allowed_t, p_t, 0.0)
+    dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+    return dk, dv
 
 
 @triton.jit
@@ -40,9 +55,14 @@ def _dkdv_program(
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
+    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, SWEEP: tl.constexpr,
 ):
-    """dK/dV program ``pid`` (one key tile of one KV head; ``Bounds`` for ``BLOCK_N``-wide key tiles)."""
+    """dK/dV program ``pid`` (one key tile of one KV head; ``Bounds`` for ``BLOCK_N``-wide key tiles).
+
+    ``SWEEP`` (config ``dkdv_sweep``) orders the GQA group's (query head, query tile) steps: 0
+    head-major (each head walks the runs in turn), 1 row-major (per query tile every head of the
+    group, one flat pipelined loop per run: the dense kernel's sweep, ``dense_bwd._dkdv_run_rows``,
+    ascending; a FlashMask column mask is the same for every head, so the group always shares it)."""
     tile_n, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     start_n = tile_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -64,33 +84,52 @@ def _dkdv_program(
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
-    # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
-    for g in range(0, group_size):
-        h = h_kv * group_size + g
-        q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-        do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-        row_base = (b64 * num_heads_q + h) * Sq
-        # every query tile is classified against this key tile; EMPTY ones are skipped, the
-        # others run in pipelined loops (see the forward)
+    if SWEEP != 0:
+        # the group's query heads are adjacent: one 3-d descriptor each for q and dO
+        q3_desc, do3_desc, row_base0 = group_sweep_inputs(
+            Q, DOut, b64, h_kv, num_heads_q, group_size, stride_qb, stride_qs, stride_qh, stride_db, stride_ds,
+            stride_dh, Sq, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
         m_next = tl.full([], 0, tl.int32)
         while m_next < num_m:
             m_lo, m_hi = _next_run(Bounds, m_next, num_m, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, True,
                                    HAS_LT, HAS_UT)
-            for mt in tl.range(m_lo, m_hi):
-                _, masked = _classify(Bounds, mt, tile_n, Sq, Sk, BLOCK_M, BLOCK_N,
-                                      HAS_LT, HAS_UT)
+            # heads innermost: the pipeliner prefetches across head and tile boundaries alike
+            for i in tl.range(0, (m_hi - m_lo) * group_size):
+                mt = m_lo + i // group_size
+                g = i % group_size
+                _, masked = _classify(Bounds, mt, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
                 start_m = mt * BLOCK_M
                 offs_m = start_m + tl.arange(0, BLOCK_M)
-                q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
-                do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-                lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)  # [BLOCK_M] each
-                p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
-                if masked:
-                    allowed_t = _allowed(offs_m[None, :], col_ok, lts, lte, uts, ute,
-                                         HAS_LT, HAS_UT)  # [BLOCK_N, BLOCK_M]
-                    p_t = tl.where(allowed_t, p_t, 0.0)
-                dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+                q = q3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DQK)  # [BLOCK_M, BLOCK_DQK]
+                do = do3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DV)  # [BLOCK_M, BLOCK_DV]
+                lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, offs_m, Sq)  # [BLOCK_M] each
+                dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, masked, col_ok, lts, lte, uts, ute,
+                                    qk_scale, HAS_LT, HAS_UT)
             m_next = m_hi
+    else:
+        # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
+        for g in range(0, group_size):
+            h = h_kv * group_size + g
+            q_desc, do_desc, row_base = head_inputs(Q, DOut, b64, h, num_heads_q, stride_qb, stride_qs, stride_qh,
+                                                    stride_db, stride_ds, stride_dh, Sq, BLOCK_M, HEAD_DIM_QK,
+                                                    HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+            # every query tile is classified against this key tile; EMPTY ones are skipped, the
+            # others run in pipelined loops (see the forward)
+            m_next = tl.full([], 0, tl.int32)
+            while m_next < num_m:
+                m_lo, m_hi = _next_run(Bounds, m_next, num_m, tile_n, Sq, Sk, BLOCK_M, BLOCK_N, True,
+                                       HAS_LT, HAS_UT)
+                for mt in tl.range(m_lo, m_hi):
+                    _, masked = _classify(Bounds, mt, tile_n, Sq, Sk, BLOCK_M, BLOCK_N,
+                                          HAS_LT, HAS_UT)
+                    start_m = mt * BLOCK_M
+                    offs_m = start_m + tl.arange(0, BLOCK_M)
+                    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+                    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
+                    lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)  # [BLOCK_M] each
+                    dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, masked, col_ok, lts, lte, uts,
+                                        ute, qk_scale, HAS_LT, HAS_UT)
+                m_next = m_hi
 
     dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
     dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
@@ -174,7 +213,7 @@ def flashmask_bwd_dkdv_kernel(
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
+    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """Key-major dK/dV (grid: key tiles x B x Hkv)."""
     _dkdv_program(
@@ -182,7 +221,7 @@ def flashmask_bwd_dkdv_kernel(
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
         softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT, SWEEP)
 
 
 @triton.jit
@@ -222,7 +261,7 @@ def flashmask_bwd_one_launch_kernel(
     Sq, Sk, num_bkv, num_bh, num_heads_q, num_heads_kv, group_size, n_dkdv, n_dq,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, ORDER: tl.constexpr,
+    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
 ):
     """dK/dV (``n_dkdv`` programs, tile bounds ``KBounds``) and dQ (``n_dq``, ``QBounds``) in one
     launch; the bodies of the two kernels above, unchanged, so no atomics and the same bits."""
@@ -233,7 +272,7 @@ def flashmask_bwd_one_launch_kernel(
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
             softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, HAS_LT, HAS_UT)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, HAS_LT, HAS_UT, SWEEP)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ, Cols, QBounds,
