@@ -204,7 +204,8 @@ def test_block_sparse_tunables_registered():
         for group in ("fwd", "dq"):
             key = "BLOCK_N" if group == "fwd" else "DQ_BLOCK_N"
             assert {c[key] for c in at._sparse_candidates(group, block, 128)} == {block}  # inner tile = block
-        assert {c["DKDV_BLOCK_M"] for c in at._sparse_candidates("dkdv", block, 128)} == {block}
+        # dK/dV steps over the block, or over 64-row halves of a 128 block (the default's step)
+        assert {c["DKDV_BLOCK_M"] for c in at._sparse_candidates("dkdv", block, 128)} == {64, block}
         assert all(c["BLOCK_M"] <= block for c in at._sparse_candidates("fwd", block, 128))
     from longca_triton.kernels.block_sparse import CONFIG_KEYS
 
