@@ -536,6 +536,33 @@ def test_bwd_variants_script_picks_variants_and_splits_kernels(tmp_path):
     assert all(r["ok"] for r in lines if r["kind"] == "check")
 
 
+def test_bwd_variants_composes_variants_and_runs_flashmask(tmp_path):
+    """A variant may be spelled out (tiles, one launch, switches joined by '+'); the FlashMask port's
+    variants run checked (``--flashmask-masks``), and no ``split`` rows come with ``--no-split``."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    spec = importlib.util.spec_from_file_location("bwd_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.compose("dkdv64x128w8s3+outer") == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8,
+                                                       dkdv_num_stages=3, dkdv_head_outer=True)
+    assert mod.compose("one2w8s2+dq128x128w8s2+nodelta") == dict(
+        one_launch=True, bwd_order=2, bwd_num_warps=8, bwd_num_stages=2, DQ_BLOCK_M=128, DQ_BLOCK_N=128,
+        dq_num_warps=8, dq_num_stages=2, fused_delta=False)
+    assert mod.compose("dkdv64x64w4s2+nonsense") is None
+    with pytest.raises(SystemExit, match="nonsense"):
+        mod.pick({"two-kernels": {}}, "two-kernels,dq64x64w4s2+nonsense")
+    mod.main(["--smoke", "--out", str(tmp_path), "--masks", "", "--sparse-masks", "", "--no-split",
+              "--flashmask-masks", "causal_document", "--flashmask-variants", "two-kernels,sweep1"])
+    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
+    checks = [r for r in lines if r["kind"] == "check"]
+    assert [r["variant"] for r in checks] == ["two-kernels", "sweep1"] and all(r["ok"] for r in checks)
+    assert not [r for r in lines if r["kind"] == "split"]
+
+
 def test_ncu_script_cases_agree_and_configs_resolve():
     """experiments/gpu/ncu_bwd.{py,sh}: the shell script's default cases are the Python script's, and
     each dense case's dK/dV overlay is a valid config naming its sweep (so the profile compares what
