@@ -109,9 +109,10 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
-from . import config as _config_mod
+from . import config as _config_mod  # (looked up through the module: tests patch tuned_config)
 from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
+from .dense import _DKDV_TILE_KEYS
 from .dense import hopper_config as dense_hopper_config
 from .dense import launch_bwd_preprocess
 from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
@@ -190,9 +191,6 @@ def _tile_config(head_dim: int, mask=None, group: int = 1) -> dict:
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
               "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
               "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages")
-
-
-_DKDV_TILE_KEYS = ("DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages")
 
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
