@@ -287,8 +287,8 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
             base["num_stages"] = 4
         # and the consumers ping-pong: the split tile's GEMMs are 3/4 of D = 128's for the same
-        # softmax, so handing the tensor cores back and forth pays here (bwd_session12/call9, TFLOP/s,
-        # off / on: full 520 / 543, causal 492 / 500; at D = 128 it stays within +-3 %)
+        # softmax, so handing the tensor cores back and forth pays here (bwd_session12 calls 9 and 17,
+        # TFLOP/s, off / on: full 520 / 543 and 520 / 542, causal a tie; at D = 128 within +-3 %)
         base["pingpong"] = True
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
