@@ -549,9 +549,9 @@ def test_bwd_variants_composes_variants_and_runs_flashmask(tmp_path):
     spec.loader.exec_module(mod)
     assert mod.compose("dkdv64x128w8s3+outer") == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8,
                                                        dkdv_num_stages=3, dkdv_head_outer=True)
-    assert mod.compose("one2w8s2+dq128x128w8s2+nodelta") == dict(
+    assert mod.compose("one2w8s2+dq128x128w8s2+sweep2") == dict(
         one_launch=True, bwd_order=2, bwd_num_warps=8, bwd_num_stages=2, DQ_BLOCK_M=128, DQ_BLOCK_N=128,
-        dq_num_warps=8, dq_num_stages=2, fused_delta=False)
+        dq_num_warps=8, dq_num_stages=2, dkdv_sweep=2)
     assert mod.compose("dkdv64x64w4s2+nonsense") is None
     with pytest.raises(SystemExit, match="nonsense"):
         mod.pick({"two-kernels": {}}, "two-kernels,dq64x64w4s2+nonsense")
@@ -608,57 +608,3 @@ def test_block_sparse_dq_128x128_step_is_right():
     compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
                          mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32)
 
-
-# ------------------------------------------------------------------ delta computed by the dQ kernel
-FUSED_DELTA_CASES = [("causal_document", 239, 4, 2, False), ("share_question", 150, 6, 3, True),
-                     ("sliding_window_causal", 97, 2, 2, True)]
-
-
-@pytest.mark.parametrize("name,S,Hq,Hkv,dlse", FUSED_DELTA_CASES,
-                         ids=[f"S={s}-Hq={a}-Hkv={b}-{n}{'-dlse' if g else ''}" for n, s, a, b, g in FUSED_DELTA_CASES])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused_delta", "preprocess"])
-def test_fused_delta(name, S, Hq, Hkv, dlse, fused):
-    """``fused_delta``: the dQ kernel computes delta (minus dlse, when a gradient flows into lse) and
-    dK/dV reads it; the same gradients as the preprocess pass, fully masked rows included."""
-    from longca_triton.kernels.dense import dense_attention
-
-    mask = small_mask(name, S, seed=S)
-    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True,
-                                                         config={"fused_delta": fused}),
-                         mask, S, S, 1, Hq, Hkv, 32, torch.float32, dlse=dlse)
-
-
-@pytest.mark.parametrize("config,after,want", [
-    ({"fused_delta": True}, False, ["dense_bwd_dq_kernel", "dense_bwd_dkdv_kernel"]),  # no preprocess, dQ first
-    ({}, False, ["dense_bwd_preprocess_kernel", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"]),  # default: off
-    ({"fused_delta": True}, True, ["dense_bwd_preprocess_kernel", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"]),
-    ({"fused_delta": True, "one_launch": True}, False, ["dense_bwd_preprocess_kernel", "dense_bwd_one_launch_kernel"]),
-    ({"fused_delta": True, "fused_dq": True}, False, ["dense_bwd_preprocess_kernel", "dense_bwd_dkdv_kernel"]),
-], ids=["fused", "default", "after_dkdv", "one_launch", "fused_dq"])
-def test_fused_delta_launch_order(config, after, want, monkeypatch):
-    import longca_triton.kernels.dense as D
-
-    names = ("dense_bwd_preprocess_kernel", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel",
-             "dense_bwd_one_launch_kernel")
-    order = []
-
-    class Record:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: order.append((self.name, kwargs))
-
-    for n in names:
-        monkeypatch.setattr(D, n, Record(n))
-    mask = make_mask("causal", 64)
-    q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
-    cfg = D.resolve_config(32, torch.float32, config)
-    kplan = D.get_tile_plan(mask, cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], "cpu")
-    qplan = D.get_tile_plan(mask, cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], "cpu")
-    D.dense_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), kplan, qplan, 32 ** -0.5, cfg,
-                after_dkdv=(lambda dk, dv: None) if after else None)
-    assert [n for n, _ in order] == want
-    dq_launch = [kw for n, kw in order if n == "dense_bwd_dq_kernel"]
-    if dq_launch:
-        assert dq_launch[0]["FUSED_DELTA"] is (want[0] == "dense_bwd_dq_kernel")

@@ -387,7 +387,12 @@ def test_split_d_ring_depth_leaves_a_tuned_padded_depth_alone(monkeypatch):
     q = torch.zeros(1, 300, 2, 96)
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(split_d=False, num_stages=2))
     cfg = G.resolve_config(96, torch.bfloat16, None, q=q, k=q, mask=mask)
-    assert (cfg["split_d"], cfg["num_stages"]) == (False, 2)
+    assert (cfg["split_d"], cfg["num_stages"], cfg["pingpong"]) == (False, 2, False)
+    # a tuned ping-pong is the tuner's choice too
+    monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(split_d=False, num_stages=2,
+                                                                                 pingpong=True))
+    cfg = G.resolve_config(96, torch.bfloat16, None, q=q, k=q, mask=mask)
+    assert (cfg["split_d"], cfg["num_stages"], cfg["pingpong"]) == (False, 2, True)
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: None)
     cfg = G.resolve_config(96, torch.bfloat16, dict(split_d=False), q=q, k=q, mask=mask)
     assert (cfg["split_d"], cfg["num_stages"]) == (False, G.default_config(96, torch.bfloat16)["num_stages"])

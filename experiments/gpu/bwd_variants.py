@@ -125,16 +125,14 @@ def all_variants(smoke: bool) -> dict:
 _TILE_PART = re.compile(r"^s?(dkdv|dq)(\d+)x(\d+)w(\d+)s(\d+)$")
 _ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
 _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
-                 "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True},
-                 "nodelta": {"fused_delta": False}}
+                 "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True}}
 
 
 def compose(name: str) -> dict | None:
     """A variant spelled out: parts joined by ``+``, each a tile (``dkdv64x128w8s3``: 64 query rows per
     step x 128 keys per program, 8 warps, 3 stages; ``dq128x64w8s3``; an ``s`` prefix is allowed), one
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
-    ``sweep1``, ``sweep2``, ``nodelta``: the preprocess pass for delta; block-sparse only: ``expand``, the KV
-    heads repeated per query head). None
+    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head). None
     when a part is none of these."""
     cfg = {}
     for part in name.split("+"):

@@ -47,6 +47,9 @@ into contiguous runs and orders tiles heaviest first. Metadata is ``O(S + tiles)
   query heads row-major with query tiles descending, on a 64x64 tile, in one pipelined loop per
   run instead of one per head: 5-10 % less dK/dV time there, a loss on even masks
   (experiments/results/h100/bwd_sweep/: not through L2, whose hit rate it lowers).
+* ``delta = rowsum(dO * O) - dlse`` comes from its own preprocess pass. Computing it in the dQ kernel
+  instead (dK/dV then after dQ: no pass over O and dO) was built and measured within +-2 % both ways
+  on seven masks at 16K (experiments/results/h100/bwd_session12/call13_fused_delta), and removed.
 * ``deterministic=True`` (``dense_attention``, ``longca_triton.attention``): gradients bitwise
   identical run to run. Free: the default and ``one_launch`` sum every tile in a fixed order
   already; it only forbids ``fused_dq`` (ValueError for an explicit config).
@@ -116,7 +119,8 @@ __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
     "default_config", "resolve_config", "dense_fwd", "dense_bwd", "launch_bwd_preprocess",
     "launch_bwd_dkdv", "launch_bwd_dq", "launch_bwd_one", "DenseAttentionFunction", "CONFIG_KEYS",
-    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HOPPER_FULL_MASK", "HOPPER_UNEVEN_MASK", "UNEVEN_SHARE", "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
+    "BWD_ORDERS", "check_deterministic", "HOPPER_CONFIGS", "HOPPER_FULL_MASK", "HOPPER_UNEVEN_MASK", "UNEVEN_SHARE",
+    "hopper_config", "HEADDIM_CANDIDATES", "INTERPRETER_CONFIG",
     "headdim_candidates",
 ]
 
@@ -136,30 +140,20 @@ LOG2E = 1.4426950408889634
 #: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``). ``dkdv_sweep`` orders
 #: the dK/dV program's (query head, query tile) steps: 0 head-major (default), 1 row-major, 2
 #: row-major descending (``config.DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
-#: ``fused_delta``: the two-kernel backward computes ``delta = rowsum(dO * O) - dlse`` in the dQ kernel
-#: (then dK/dV) instead of a preprocess pass (``dense_bwd._dq_program``; not in one launch, with
-#: ``fused_dq`` or under context parallelism's ``after_dkdv``, which keep the preprocess). Off: it
-#: does not pay on an H100 (experiments/results/h100/bwd_session12/call13_fused_delta, 16K, GQA
-#: 64:8, ms fused / preprocess: full 49.0 / 49.5, causal 26.0 / 26.4, share_question 9.70 / 9.87,
-#: causal_document 7.85 / 7.81, prefix_lm_document 7.98 / 7.83, sliding_window 7.59 / 7.60,
-#: sliding_window_causal 4.56 / 4.49: the 0.2 ms preprocess saved is spent on the O loads and on
-#: running dQ before dK/dV).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer", "fused_delta",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
 )
-
-
 
 
 #: the interpreter's one pinned config: it cannot autotune, and small tiles keep it quick
 INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, warp_specialize=False,
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
-                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0, dkdv_head_outer=False,
-                          fused_delta=False)
+                          one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0,
+                          dkdv_head_outer=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -172,16 +166,14 @@ HOPPER_CONFIGS = {
     64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, warp_specialize=False,
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-              fused_delta=False),
+             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
     128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-              fused_delta=False),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -193,8 +185,7 @@ HOPPER_CONFIGS = {
     256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False,
-              fused_delta=False),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -303,8 +294,7 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "fused_delta"),
-                   tuned_name="triton")
+                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer"), tuned_name="triton")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
@@ -417,14 +407,6 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         return q.new_zeros((b, sq, hq, d), dtype=dq_dtype), dk, dv
     _ensure_allocator(q.device)
     lse = lse.contiguous()
-    if cfg["fused_delta"] and not cfg["fused_dq"] and not cfg["one_launch"] and after_dkdv is None:
-        # delta computed by the dQ kernel (no preprocess pass), so dQ runs first, then dK/dV; context
-        # parallelism (after_dkdv) wants dK/dV first, to overlap their transfer with dQ
-        delta = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
-        dq = torch.empty((b, sq, hq, d), device=q.device, dtype=dq_dtype)
-        launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg, out=out, dlse=dlse)
-        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
-        return dq, dk, dv
     delta = launch_bwd_preprocess(out, dout, dlse)
     if cfg["fused_dq"]:
         dq_acc = torch.zeros((b, sq, hq, d), device=q.device, dtype=torch.float32)
@@ -483,22 +465,18 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
     )
 
 
-def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, cfg, out=None, dlse=None):
-    """Query-major dQ into ``dq`` ([B, Sq, Hq, D_qk]); inputs already descriptor-ready. With ``out``
-    (descriptor-ready ``[B, Sq, Hq, D_v]``) it also computes ``delta`` (``[B, Hq, Sq]`` float32, written,
-    not read: the fused delta, ``dense_bwd``), minus ``dlse`` when given."""
+def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, cfg):
+    """Query-major dQ into ``dq`` ([B, Sq, Hq, D_qk]); inputs already descriptor-ready."""
     b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    fused = out is not None
     dense_bwd_dq_kernel[(plan.num_m * b * hq,)](
-        q, k, v, dout, lse, delta, dq, out if fused else dout,
-        dlse.contiguous() if dlse is not None else delta,
-        *_bsh_strides(q, k, v, dout, dq, out if fused else dout),
+        q, k, v, dout, lse, delta, dq,
+        *_bsh_strides(q, k, v, dout, dq),
         plan.lo, plan.hi, plan.q_order, *plan.q_full, *plan.q_part,
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
-        HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0, FUSED_DELTA=fused, HAS_DLSE=fused and dlse is not None,
+        HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
     )
 

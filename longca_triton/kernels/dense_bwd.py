@@ -71,7 +71,6 @@ from .core import (
     key_program_outer,
     kv_descs,
     load_row_stats,
-    lse_log2,
     one_launch_split,
     query_program_at,
     recompute_p,
@@ -270,27 +269,21 @@ def _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m
 @triton.jit
 def _dq_program(
     pid,
-    Q, K, V, DOut, Lse, Delta, DQ, Out, DLse,
+    Q, K, V, DOut, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh,
     stride_dqb, stride_dqs, stride_dqh,
-    stride_ob, stride_os, stride_oh,
     LO, HI, ORDER,
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, FUSED_DELTA: tl.constexpr, HAS_DLSE: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    """dQ program ``pid`` of the query-major set (``pid`` in ``[0, num_query_tiles * B * Hq)``).
-
-    ``FUSED_DELTA`` (config ``fused_delta``): the program computes its rows' ``delta = rowsum(dO *
-    O) - dlse`` from the dO tile it loads anyway (plus one O tile) and stores it for the dK/dV kernel,
-    which then runs after this one: no preprocess pass over O and dO (``Out`` / ``DLse`` are read
-    only then; ``HAS_DLSE``: a gradient flowed into lse)."""
+    """dQ program ``pid`` of the query-major set (``pid`` in ``[0, num_query_tiles * B * Hq)``)."""
     rank, bh, b, h, h_kv = query_program_at(pid, num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
@@ -303,20 +296,7 @@ def _dq_program(
                               stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
     do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-    if FUSED_DELTA:
-        # every query tile has its program (even one with no keys), so every row's delta is written;
-        # rows >= Sq are zero-filled (delta 0, not stored)
-        o = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V,
-                      BLOCK_DV).load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-        row = bh.to(tl.int64) * Sq + offs_m
-        row_ok = offs_m < Sq
-        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [BLOCK_M]
-        if HAS_DLSE:
-            delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
-        tl.store(Delta + row, delta, mask=row_ok)
-        lse2 = lse_log2(tl.load(Lse + row, mask=row_ok, other=0.0))
-    else:
-        lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
+    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
@@ -371,30 +351,28 @@ def dense_bwd_dkdv_kernel(
 
 @triton.jit
 def dense_bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, Out, DLse,
+    Q, K, V, DOut, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh,
     stride_dqb, stride_dqs, stride_dqh,
-    stride_ob, stride_os, stride_oh,
     LO, HI, ORDER,
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, FUSED_DELTA: tl.constexpr, HAS_DLSE: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
-    """Query-major dQ (grid: query tiles x B x Hq); with ``FUSED_DELTA`` it also writes delta."""
+    """Query-major dQ (grid: query tiles x B x Hq)."""
     _dq_program(
-        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ, Out, DLse,
+        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, stride_ob, stride_os, stride_oh,
+        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
         LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
         softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES, FUSED_DELTA,
-        HAS_DLSE)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES)
 
 
 @triton.jit
@@ -436,12 +414,10 @@ def dense_bwd_one_launch_kernel(
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N,
             K_NUM_IV, False, False, K_HAS_PARTIAL, SWEEP, HEAD_OUTER)
     else:
-        # the dK/dV programs of this launch read delta: it comes from the preprocess (Out / DLse unused)
         _dq_program(
-            idx, Q, K, V, DOut, Lse, Delta, DQ, DOut, Delta,
+            idx, Q, K, V, DOut, Lse, Delta, DQ,
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, 0, 0, 0,
+            stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
             Q_LO, Q_HI, Q_ORDER, Q_FULL_PTR, Q_FULL_START, Q_FULL_END, Q_PART_PTR, Q_PART_START, Q_PART_END,
             softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, Q_NUM_IV, Q_HAS_PARTIAL, False,
-            False)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, Q_NUM_IV, Q_HAS_PARTIAL)

@@ -28,7 +28,8 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   until a GPU has measured it; ``split_d_reason`` says which dims it takes.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
-  ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``); ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
+  ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
+  ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
   rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
   ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
   overlap, more registers), ``bwd_consumer_regs``.
@@ -77,7 +78,8 @@ from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
+    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
+    "split_d_reason",
 ]
 
 #: query-tile rows per CTA: two consumer warpgroups of 64 rows
@@ -142,10 +144,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     forward (``gluon_bwd=False``): ahead on share_question only (10.1 vs 10.5 ms), 1-9 % behind on
     the other eleven, so ``gluon_bwd`` stayed on then (no longer at D = 128: below). D = 96:
     ``split_d`` on where the mask's density is at least 0.5 (gluon/run3/split_d.log, TFLOP/s, padded /
-    split: full 506 / 522, causal 456 / 494, causal_document 383 / 354, cuDNN 492 / 450); at D = 80 split loses on full (434 / 415) and
-    causal_document (325 / 278) and wins causal by 2 % (400 / 407): off. The dQ-writer variants of
-    the fused backward (``fused_dq``) are right on the GPU (gluon/run3) and 1.6x faster than its
-    atomic dQ (full 83.1 -> 54.0 ms, causal 44.9 -> 31.4) but still behind split (51.4 / 27.3).
+    split: full 506 / 522, causal 456 / 494, causal_document 383 / 354, cuDNN 492 / 450); at D = 80
+    split loses on full (434 / 415) and causal_document (325 / 278) and wins causal by 2 % (400 /
+    407): off. The dQ-writer variants of the fused backward (``fused_dq``) are right on the GPU
+    (gluon/run3) and 1.6x faster than its atomic dQ (full 83.1 -> 54.0 ms, causal 44.9 -> 31.4) but
+    still behind split (51.4 / 27.3).
 
     Forward at the other head dims (gluon/run2/headdims.log, 16K): D = 64 449 / 445 TFLOP/s full /
     causal (0.94 / 0.95x cuDNN), 96 510 / 464 (1.03x), 192/128 615 / 575 (0.96 / 0.95x), 256 721 / 657
@@ -310,14 +313,14 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
             if config is not None and config.get("split_d"):
                 raise ValueError(f"config['split_d']=True: {no_split}")
             cfg["split_d"] = False
-    if (not cfg["split_d"] and base["split_d"] and cfg["num_stages"] == base["num_stages"]
-            and (config is None or "num_stages" not in config)):
-        # the 4-deep ring above was for the split tile: where a padded one runs instead (split_d=False
-        # from the config or the autotune cache) and nobody chose a depth, the padded default
-        cfg["num_stages"] = default_config(head_dim, dtype, dv)["num_stages"]
-    if not cfg["split_d"] and base["split_d"] and "pingpong" not in (overlay or {}):
-        # likewise the ping-pong, measured with the split tile only
-        cfg["pingpong"] = default_config(head_dim, dtype, dv)["pingpong"]
+    if not cfg["split_d"] and base["split_d"]:
+        # the 4-deep ring and the ping-pong above were measured with the split tile only: where a
+        # padded one runs instead (split_d=False from the config or the autotune cache), what the
+        # config did not choose returns to the padded defaults
+        padded = default_config(head_dim, dtype, dv)
+        for key in ("num_stages", "pingpong"):
+            if key not in (overlay or {}):
+                cfg[key] = padded[key]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     stages = int(cfg["num_stages"])
@@ -524,7 +527,6 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     num_tiles_q = -(-sq // mq)
     # dQ^T per (b * Hq + h, query tile) as a contiguous [D, mq] block, padded to whole tiles
     dq_accum = torch.zeros((b * hq, num_tiles_q, d, mq), device=q.device, dtype=torch.float32)
-    producer_regs, maxnreg = _regs(cfg["bwd_consumer_regs"])
     kernel = gluon_bwd_fused_kernel if cfg["fused_dq"] == "atomic" else gluon_bwd_fused_writer_kernel
     kernel[(plan.tiles.num_n * b * hkv,)](
         q, k, v, dout, dk, dv, dq_accum, lse, delta,
@@ -534,9 +536,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
         softmax_scale * LOG2E, softmax_scale,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
         HEAD_DIM=d, BLOCK_MQ=mq, NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["fused_stages"],
-        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d, cfg["fused_dq"]),
-        CONSUMER_REGS=cfg["bwd_consumer_regs"], PRODUCER_REGS=producer_regs, num_warps=4,
-        maxnreg=maxnreg,
+        HAS_PARTIAL_TILES=plan.has_partial, DQ_SPLIT_D=fused_split_d(d, cfg["fused_dq"]), **_bwd_regs(cfg),
     )
     dq_accum_cast_kernel[(num_tiles_q, b * hq)](
         dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), softmax_scale, sq, hq, num_tiles_q,
