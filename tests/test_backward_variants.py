@@ -552,6 +552,9 @@ def test_bwd_variants_composes_variants_and_runs_flashmask(tmp_path):
     assert mod.compose("one2w8s2+dq128x128w8s2+sweep2") == dict(
         one_launch=True, bwd_order=2, bwd_num_warps=8, bwd_num_stages=2, DQ_BLOCK_M=128, DQ_BLOCK_N=128,
         dq_num_warps=8, dq_num_stages=2, dkdv_sweep=2)
+    assert mod.compose("chunk64+dq128x64w8s3") == dict(list_chunk=64, dkdv_list_chunk=64, dq_list_chunk=64,
+                                                       DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3)
+    assert mod.compose("fwd128x64w8s3") == dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     assert mod.compose("dkdv64x64w4s2+nonsense") is None
     with pytest.raises(SystemExit, match="nonsense"):
         mod.pick({"two-kernels": {}}, "two-kernels,dq64x64w4s2+nonsense")
@@ -585,20 +588,89 @@ def test_ncu_script_cases_agree_and_configs_resolve():
         mod.main(["--case", "no-such-case"])
 
 
-@pytest.mark.parametrize("block,head_dim,want", [(128, 128, (128, 128)), (256, 64, (128, 128)), (128, 256, (64, 64)),
-                                                 (64, 128, (64, 64))], ids=lambda x: str(x))
-def test_block_sparse_hopper_dq_steps_over_whole_blocks(block, head_dim, want, monkeypatch):
-    """Uniform blocks >= 128 at D <= 128: the dQ pass owns 128 rows and steps over 128-key blocks
-    (measured 4-5 % faster than 128 x 64 on an H100 in all five cases, bwd_session12); D > 128 and
-    smaller blocks keep their tiles."""
+@pytest.mark.parametrize("block,head_dim,want", [(128, 128, (128, 64, 3, 64)), (256, 64, (128, 64, 3, 64)),
+                                                 (128, 256, (64, 64, 2, 0)), (64, 128, (64, 64, 2, 0)),
+                                                 (32, 128, (32, 32, 2, 0))],
+                         ids=lambda x: str(x))
+def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
+    """Uniform blocks >= 128 at D <= 128: every pass reads its list in register chunks of 64 with
+    three stages, the dQ pass owning 128 rows and stepping over 64 keys (backward 2-5 %, forward
+    10-13 % faster on an H100, bwd_session13); D > 128 and smaller blocks keep their backward tiles
+    and read those lists entry by entry (block 64 chunked measured slower)."""
     import longca_triton.kernels.block_sparse as BS
 
     monkeypatch.setattr(BS, "_interpreting", lambda: False)
     mask = make_mask("block_sparse", 4 * block, block=block, density=0.5, patterns=2, seed=1)
     cfg = BS.default_config(mask, head_dim)
-    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]) == want
-    if want == (128, 128):
-        assert (cfg["dq_num_warps"], cfg["dq_num_stages"]) == (8, 2)
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == want
+    assert cfg["dkdv_list_chunk"] == want[3]
+    if want[3]:
+        assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_num_stages"]) == (64, 128, 3)
+        assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (128, 128, 3, 64)
+    # the forward reads its list in chunks at 128 x 128 and 64 x 64 (block 64, variable blocks), three stages
+    fwd_chunked = (block, head_dim) != (128, 256) and block >= 64
+    assert (cfg["list_chunk"], cfg["num_stages"]) == ((64, 3) if fwd_chunked else (0, 2))
+
+
+def test_block_sparse_varblock_forward_reads_its_list_in_chunks(monkeypatch):
+    import longca_triton.kernels.block_sparse as BS
+
+    monkeypatch.setattr(BS, "_interpreting", lambda: False)
+    mask = make_mask("varblock_sparse", 2048, block=256, min_block=128, density=0.5, patterns=2, seed=1)
+    cfg = BS.default_config(mask, 128)
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (64, 64, 3, 64)
+    assert cfg["dkdv_list_chunk"] == cfg["dq_list_chunk"] == 0
+
+
+_CHUNK_CASES = {
+    # lists longer than the chunk (several chunks and a partial last one), GQA, one pattern per KV head
+    "uniform32-S=1000-GQA2:1-chunk16": (lambda: make_mask("block_sparse", 1000, block=32, density=0.7, patterns=1,
+                                                          seed=4), {}),
+    # ragged blocks (masked tails), rows keeping nothing, a pattern per query head
+    "varblock-S=700-GQA4:2-chunk16": (lambda: make_mask("varblock_sparse", 700, block=40, min_block=20, density=0.6,
+                                                        patterns=4, seed=5), {}),
+    "uniform32-S=1000-GQA2:1-chunk16-one-launch": (lambda: make_mask("block_sparse", 1000, block=32, density=0.7,
+                                                                     patterns=1, seed=4), one_launch(0)),
+}
+
+
+@pytest.mark.parametrize("case", list(_CHUNK_CASES))
+def test_block_sparse_list_chunks_give_the_same_bits(case):
+    """Lists read in register chunks (``list_chunk`` / ``dkdv_list_chunk`` / ``dq_list_chunk``) walk the same entries
+    in the same order as reading them entry by entry: equal bits, and right against the reference."""
+    from longca_triton.kernels.block_sparse import tables_for, resolve_config
+
+    make, extra = _CHUNK_CASES[case]
+    mask = make()
+    hq, hkv = (2, 1) if mask.num_patterns == 1 else (4, 2)
+    tables = tables_for(mask, resolve_config(mask, 16, extra), "cpu")
+    longest = max(int((t.ptr[1:] - t.ptr[:-1]).max()) for t in (tables["dq"], tables["dkdv"]))
+    assert longest > 16, f"the case must need several chunks, its longest list has {longest} entries"
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, mask.seqlen_q, hq, 16, generator=g, requires_grad=True)
+    k = torch.randn(1, mask.seqlen_k, hkv, 16, generator=g, requires_grad=True)
+    v = torch.randn(1, mask.seqlen_k, hkv, 16, generator=g, requires_grad=True)
+    dout = torch.randn(1, mask.seqlen_q, hq, 16, generator=g)
+    got = []
+    for chunk in (0, 16):
+        cfg = dict(extra, list_chunk=chunk, dkdv_list_chunk=chunk, dq_list_chunk=chunk)
+        out = block_sparse_attention(q, k, v, mask, config=cfg)
+        got.append((out.detach(), *torch.autograd.grad(out, (q, k, v), dout)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *got):
+        assert torch.equal(a, b), f"{name} differs between chunked and entry-by-entry lists"
+    chunked = dict(extra, list_chunk=16, dkdv_list_chunk=16, dq_list_chunk=16)
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=chunked),
+                         mask, mask.seqlen_q, mask.seqlen_k, 1, hq, hkv, 16, torch.float32)
+
+
+@pytest.mark.parametrize("bad", [3, 48, 256, -16, True, 16.0], ids=lambda x: repr(x))
+def test_block_sparse_list_chunk_values_are_checked(bad):
+    from longca_triton.kernels.block_sparse import resolve_config
+
+    mask = make_mask("block_sparse", 128, block=32, density=0.5)
+    for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
+        with pytest.raises(ValueError, match=key):
+            resolve_config(mask, 32, {key: bad})
 
 
 def test_block_sparse_dq_128x128_step_is_right():
@@ -608,3 +680,48 @@ def test_block_sparse_dq_128x128_step_is_right():
     compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
                          mask.seqlen_q, mask.seqlen_k, 1, 4, 2, 32, torch.float32)
 
+
+
+def test_ncu_source_top_reads_the_source_page(tmp_path):
+    """experiments/gpu/ncu_source_top.py: per kernel of an ncu source-page CSV (plain or gzipped),
+    the stall-reason shares and the instructions with the most samples, largest first."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "ncu_source_top.py"
+    spec = importlib.util.spec_from_file_location("ncu_source_top", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    hdr = '"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb","stall_barrier",' \
+          '"stall_long_sb (Not Issued)"'
+    text = "\n".join(['"Kernel Name","k_dq",', hdr, '"0x10","LDG.E R1, [R2]","30","30","0","9"',
+                      '"0x20","HGMMA.64x64x16","10","0","10","0"', '"Kernel Name","k_flex",', hdr,
+                      '"0x10","BAR.SYNC","5","1","4","0"'])
+    (tmp_path / "p.csv.gz").write_bytes(gzip.compress(text.encode()))
+    kernels = mod.parse(str(tmp_path / "p.csv.gz"))
+    assert [k["name"] for k in kernels] == ["k_dq", "k_flex"] and len(kernels[0]["rows"]) == 2
+    out = mod.report(kernels, top=1)
+    assert "== k_dq: 2 instructions, 40 samples" in out
+    assert "long_sb 0.750, barrier 0.250" in out  # shares of all samples, the Not-Issued column left out
+    assert "LDG.E R1, [R2]" in out and "HGMMA" not in out  # --top 1: the instruction with most samples
+
+
+def test_bwd_variants_script_times_the_sparse_forward(tmp_path):
+    """``--sparse-fwd``: the block-sparse variants are still checked forward and backward, and timed
+    forward only (rows say ``mode: fwd``); ``chunk16`` composes both list-chunk keys."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    spec = importlib.util.spec_from_file_location("bwd_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "", "--sparse-masks", "uniform128",
+                         "--sparse-fwd", "--no-split", "--sparse-variants", "two-kernels,chunk16"])
+    assert srows[0]["mode"] == "fwd" and set(srows[0]["times"]) == {"two-kernels", "chunk16"}
+    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
+    assert all(r["ok"] for r in lines if r["kind"] == "check")
+    timed = [r for r in lines if r["kind"] == "bwd"]
+    assert timed and all(r["mode"] == "fwd" and r["ms"] > 0 for r in timed)

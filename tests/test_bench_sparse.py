@@ -201,11 +201,13 @@ def test_report_keeps_variants_apart():
 def test_block_sparse_tunables_registered():
     assert {"triton", "triton-sparse", "triton-varblock"} <= set(at.TUNABLES)
     for block in (64, 128):
-        for group in ("fwd", "dq"):
-            key = "BLOCK_N" if group == "fwd" else "DQ_BLOCK_N"
-            assert {c[key] for c in at._sparse_candidates(group, block, 128)} == {block}  # inner tile = block
-        # dK/dV steps over the block, or over 64-row halves of a 128 block (the default's step)
+        assert {c["BLOCK_N"] for c in at._sparse_candidates("fwd", block, 128)} == {block}  # inner tile = block
+        # the backward passes step over the block, or over 64-wide halves of a 128 block (the
+        # defaults' steps), reading their lists entry by entry or in register chunks of 64
+        assert {c["DQ_BLOCK_N"] for c in at._sparse_candidates("dq", block, 128)} == {64, block}
         assert {c["DKDV_BLOCK_M"] for c in at._sparse_candidates("dkdv", block, 128)} == {64, block}
+        for group, key in (("fwd", "list_chunk"), ("dkdv", "dkdv_list_chunk"), ("dq", "dq_list_chunk")):
+            assert {c[key] for c in at._sparse_candidates(group, block, 128)} == {0, 64}
         assert all(c["BLOCK_M"] <= block for c in at._sparse_candidates("fwd", block, 128))
     from longca_triton.kernels.block_sparse import CONFIG_KEYS
 

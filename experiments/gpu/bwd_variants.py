@@ -122,8 +122,11 @@ def all_variants(smoke: bool) -> dict:
     return {**variants(smoke), **TILE_VARIANTS}
 
 
-_TILE_PART = re.compile(r"^s?(dkdv|dq)(\d+)x(\d+)w(\d+)s(\d+)$")
+_TILE_PART = re.compile(r"^s?(dkdv|dq|fwd)(\d+)x(\d+)w(\d+)s(\d+)$")
+_TILE_OF = {"dkdv": dkdv_tile, "dq": dq_tile,
+            "fwd": lambda m, n, w, s: dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)}
 _ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
+_CHUNK_PART = re.compile(r"^chunk(\d+)$")
 _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
                  "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True}}
 
@@ -132,17 +135,22 @@ def compose(name: str) -> dict | None:
     """A variant spelled out: parts joined by ``+``, each a tile (``dkdv64x128w8s3``: 64 query rows per
     step x 128 keys per program, 8 warps, 3 stages; ``dq128x64w8s3``; an ``s`` prefix is allowed), one
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
-    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head). None
+    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head, and
+    ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
+    ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile. None
     when a part is none of these."""
     cfg = {}
     for part in name.split("+"):
         m = _TILE_PART.match(part)
         one = _ONE_LAUNCH_PART.match(part)
+        chunk = _CHUNK_PART.match(part)
         if m:
-            cfg.update((dkdv_tile if m.group(1) == "dkdv" else dq_tile)(*(int(x) for x in m.groups()[1:])))
+            cfg.update(_TILE_OF[m.group(1)](*(int(x) for x in m.groups()[1:])))
         elif one:
             order, warps, stages = (int(x) for x in one.groups())
             cfg.update(one_launch=True, bwd_order=order, bwd_num_warps=warps, bwd_num_stages=stages)
+        elif chunk:
+            cfg.update({key: int(chunk.group(1)) for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk")})
         elif part in _SWITCH_PARTS:
             cfg.update(_SWITCH_PARTS[part])
         else:
@@ -341,9 +349,18 @@ def check_autograd(emit, p, ref, attn, dtype, **row) -> bool:
     return res.ok
 
 
+def fwd_ms(p, attn) -> float:
+    """Median ms of the forward ``attn(q, k, v)`` alone (no graph kept)."""
+    with torch.no_grad():
+        return DC.median_ms(lambda: attn(p.q, p.k, p.v), rep=250)
+
+
 def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: bool, budget: float,
                chosen: dict | None = None, vendors: bool = True, density: float = 0.3, patterns: int = 0,
-               split: bool = True) -> dict:
+               split: bool = True, mode: str = "bwd") -> dict:
+    """Each variant checked (forward and backward) and timed: the backward through autograd, or with
+    ``mode="fwd"`` the forward alone (``row["mode"]`` says which)."""
+    time_of = autograd_bwd_ms if mode == "bwd" else fwd_ms
     kind, block, extra = SPARSE_MASKS[name]
     mask = make_mask(kind, S, block=block if not smoke else 32, density=density, patterns=patterns or hkv, seed=0,
                      **({"min_block": 16} if smoke and extra else extra))
@@ -351,7 +368,8 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
     q, k, v, dout = (torch.randn(1, S, h, d, device=DC.DEV, dtype=dtype) for h in (hq, hkv, hkv, hq))
     p = SimpleNamespace(mask=mask, q=q, k=k, v=v, dout=dout, hq=hq, scale=d ** -0.5)  # DC.Problem's fields
     ref = reference_group(mask, p.q, p.k, p.v, p.dout, p.scale, True)
-    row = dict(mask=name, S=S, Hq=hq, Hkv=hkv, D=d, density=mask.density, patterns=patterns or hkv, times={})
+    row = dict(mask=name, S=S, Hq=hq, Hkv=hkv, D=d, density=mask.density, patterns=patterns or hkv, mode=mode,
+               times={})
     for vname, var in (sparse_variants(smoke) if chosen is None else chosen).items():
         if DC.elapsed() > budget:
             emit(dict(kind="sparse_bwd", mask=name, variant=vname, status="skipped: time"))
@@ -364,15 +382,15 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
         attn = lambda q, k, v, var=var, g=group: BS.block_sparse_attention(  # noqa: E731
             q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2), mask, return_lse=True, config=var)
         if check_autograd(emit, p, ref, attn, dtype, mask=name, variant=vname, config=var):
-            row["times"][vname] = timed(emit, lambda attn=attn: autograd_bwd_ms(p, lambda *t: attn(*t)[0]),
-                                        mask.flops(hq, d, "bwd"), mask=name, S=S, variant=vname, config=var)
+            row["times"][vname] = timed(emit, lambda attn=attn: time_of(p, lambda *t: attn(*t)[0]),
+                                        mask.flops(hq, d, mode), mask=name, S=S, variant=vname, config=var, mode=mode)
             cfg = BS.resolve_config(mask, d, var)
-            if split and group == 1 and not cfg["one_launch"]:
+            if split and mode == "bwd" and group == 1 and not cfg["one_launch"]:
                 emit(dict(kind="split", mask=name, S=S, variant=vname, config=var, **sparse_split_ms(p, mask, cfg)))
     if not smoke and vendors and DC.elapsed() <= budget:
-        row["times"]["flex"] = timed(emit, lambda: autograd_bwd_ms(p, flex_sparse_attn(p)), mask.flops(hq, d, "bwd"),
-                                     mask=name, S=S, variant="flex")
-    row["tflops"] = {n: mask.flops(hq, d, "bwd") / t * 1e-9 for n, t in row["times"].items() if t != float("inf")}
+        row["times"]["flex"] = timed(emit, lambda: time_of(p, flex_sparse_attn(p)), mask.flops(hq, d, mode),
+                                     mask=name, S=S, variant="flex", mode=mode)
+    row["tflops"] = {n: mask.flops(hq, d, mode) / t * 1e-9 for n, t in row["times"].items() if t != float("inf")}
     return row
 
 
@@ -457,6 +475,8 @@ def main(argv=None):
     ap.add_argument("--sparse-S", type=int, default=32768)
     ap.add_argument("--sparse-density", type=float, default=0.3)
     ap.add_argument("--sparse-patterns", type=int, default=0, help="block patterns (0: one per KV head; 1: one for all)")
+    ap.add_argument("--sparse-fwd", action="store_true",
+                    help="time the block-sparse variants' forward instead of their backward (both still checked)")
     ap.add_argument("--variants", default=None,
                     help="comma-separated variant names (default: two kernels, fused_dq, every one launch)")
     ap.add_argument("--sparse-variants", default=None, help="comma-separated block-sparse variant names")
@@ -495,7 +515,8 @@ def main(argv=None):
         emit(dict(kind="summary", **rows[-1]))
     for sname in filter(None, a.sparse_masks.split(",")):
         srows.append(run_sparse(emit, sname, S if a.smoke else a.sparse_S, hq, hkv, d, dtype, a.smoke, a.budget,
-                                schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns, not a.no_split))
+                                schosen, not a.no_vendors, a.sparse_density, a.sparse_patterns, not a.no_split,
+                                "fwd" if a.sparse_fwd else "bwd"))
         emit(dict(kind="sparse_summary", **srows[-1]))
     for fname in filter(None, a.flashmask_masks.split(",")):
         frow = run_flashmask(emit, fname, S, hq, hkv, d, dtype, a.smoke, a.budget,

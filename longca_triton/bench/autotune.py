@@ -233,28 +233,38 @@ def _sparse_outer(block: int, head_dim: int) -> list[int]:
     return sorted({max(16, min(b, 64)), max(16, min(b, cap))})
 
 
+#: the block-sparse passes' list reading searched: entry by entry, or in register chunks of 64
+_CHUNKS = (0, 64)
+
+
 def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     """Uniform blocks (``triton-sparse``): the inner tile is the block itself (at most 128: larger
-    blocks are walked in 128-wide sub-tiles; either way no tile needs the tail mask), or for dK/dV
-    at block 128 also its 64-row halves; the outer tile, stacked GQA heads, warps and stages are
-    searched."""
+    blocks are walked in 128-wide sub-tiles; either way no tile needs the tail mask), or at block
+    128 also its 64-wide halves; the outer tile, stacked GQA heads, warps, stages and the backward
+    passes' list reading (entry by entry or chunked) are searched."""
     inner = 1 << (max(16, min(block, 128)).bit_length() - 1)
     outer = _sparse_outer(block, head_dim)
     warps, stages = [4, 8], [2, 3]
     heads = [1, 2]
     if group == "fwd":
-        return [dict(BLOCK_M=m, BLOCK_N=inner, HEADS=h, num_warps=w, num_stages=s, warp_specialize=ws)
-                for m, h, w, s, ws in itertools.product(outer, heads, warps, stages, [False, True])]
+        return [dict(BLOCK_M=m, BLOCK_N=inner, HEADS=h, num_warps=w, num_stages=s, warp_specialize=ws, list_chunk=c)
+                for m, h, w, s, ws, c in itertools.product(outer, heads, warps, stages, [False, True], _CHUNKS)]
     if group == "dkdv":
         # a program owns DKDV_BLOCK_N keys and steps over DKDV_BLOCK_M query rows: the whole block, or
         # (blocks of 128) 64-row halves of it, the default's step (a 128-row step measured 1.5x slower
         # on an H100: experiments/results/h100/bwd_session12, call 1)
+        # each list read entry by entry or in register chunks (``dkdv_list_chunk``: the chunked loop
+        # prefetches num_stages - 1 steps ahead; bwd_session13)
         steps = sorted({min(inner, 64), inner})
-        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s)
-                for m, n, h, w, s in itertools.product(steps, outer, heads if inner <= 64 else [1], warps, stages)]
+        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s,
+                     dkdv_list_chunk=c)
+                for m, n, h, w, s, c in itertools.product(steps, outer, heads if inner <= 64 else [1], warps, stages,
+                                                          _CHUNKS)]
     if group == "dq":
-        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=inner, DQ_HEADS=h, dq_num_warps=w, dq_num_stages=s)
-                for m, h, w, s in itertools.product(outer, heads, warps, stages)]
+        # the dQ step: the block, or (blocks of 128) 64-key halves, which three stages fit beside Q and dO
+        steps = sorted({min(inner, 64), inner})
+        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=h, dq_num_warps=w, dq_num_stages=s, dq_list_chunk=c)
+                for m, n, h, w, s, c in itertools.product(outer, steps, heads, warps, stages, _CHUNKS)]
     if group == "bwd":
         return _one_launch_candidates(head_dim > 128)
     raise ValueError(f"unknown key group {group!r}")

@@ -53,6 +53,14 @@ Backward measured (H100, block 128, GQA 64:8, D = 128, ``experiments/results/h10
 backward), 321 at 64K / 0.5 (0.86x), 338 at 64K / 0.3 with one pattern for all heads (0.98x). Five
 other dK/dV / dQ tiles measured slower, and Q / dO through tensor descriptors (one head per tile)
 instead of pointer loads measured the same (330 vs 333): the gap to Flex is not in those loads.
+It was in *when* they are issued (session 13, ``experiments/results/h100/bwd_session13/``): a step's
+tile address came from a table load in the same loop, so the pipeliner issued each tile one step
+ahead at most, after the step's GEMMs, and the dQ pass spent 24 % of its stall samples waiting for
+its K / V tiles. The lists are now read in register chunks (``dq_list_chunk`` / ``dkdv_list_chunk``,
+``core.list_chunk``), the loads are prefetched two steps ahead at three stages, and the backward is
+2-5 % faster: 32K density 0.3 per KV head 69.8 ms (Flex 66.3), one pattern 64.7 (66.6), 0.5 113.9
+(111.9), 64K 0.5 485.6 (469.4). The forward reads its list the same way with a third stage:
+10-13 % faster at block 128 (32K / 0.3: 20.6 ms, Flex 26.3), 8 % at block 64, 4 % on variable blocks.
 
 K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
 ``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer
@@ -132,9 +140,16 @@ CONFIG_KEYS = (
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
+    "list_chunk", "dkdv_list_chunk", "dq_list_chunk",
 )
 
 
+
+
+#: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
+#: entry by entry inside its loop; otherwise the loop reads it in chunks of that many entries held in
+#: registers (``core.list_chunk``; why: ``block_sparse_bwd._dq_program``)
+LIST_CHUNKS = (0, 16, 32, 64, 128)
 
 
 def _pow2_le(x: int) -> int:
@@ -158,30 +173,48 @@ def _tile_config(mask, head_dim: int) -> dict:
     if _interpreting():
         return dict(BLOCK_M=32, BLOCK_N=32, HEADS=2, num_warps=4, num_stages=1, warp_specialize=False,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, DQ_HEADS=2, dq_num_warps=4, dq_num_stages=1,
-                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, DKDV_HEADS=2, dkdv_num_warps=4, dkdv_num_stages=1)
+                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, DKDV_HEADS=2, dkdv_num_warps=4, dkdv_num_stages=1,
+                    list_chunk=16, dkdv_list_chunk=16, dq_list_chunk=16)
     big = head_dim > 128
     blk = _mask_block(mask)
     if blk is not None and blk >= 128:
-        # tile = block: 128 x 128 forward, 64 x 128 dK/dV, 128 x 128 dQ. The dQ pass steps over whole
-        # 128-key blocks: on an H100 (experiments/results/h100/bwd_session12, bf16, GQA 64:8, D = 128,
-        # backward through autograd) 128 x 128 / 8 warps / 2 stages beat the 128 x 64 step in all five
-        # cases: 32K density 0.3 76.4 -> 72.5 ms, 0.5 120.7 -> 115.8 (a pattern per KV head), one
-        # pattern 69.7 -> 66.4; 64K 304.3 -> 291.8, one pattern 285.1 -> 270.2 (64 x 64 / 4 / 3: between)
-        m = 64 if big else 128
-        return dict(BLOCK_M=m, BLOCK_N=64 if big else 128, HEADS=1, num_warps=8, num_stages=2,
-                    warp_specialize=False,
-                    DQ_BLOCK_M=m, DQ_BLOCK_N=64 if big else 128, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=2,
-                    DKDV_BLOCK_M=64 if not big else 32, DKDV_BLOCK_N=128 if not big else 64,
-                    DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=2)
+        # tile = block: 128 x 128 forward, 64 x 128 dK/dV (D > 128: halves). Reading the lists entry
+        # by entry, a 128 x 128 / 8 warps / 2 stages dQ step beat 128 x 64 in all five cases on an H100
+        # (experiments/results/h100/bwd_session12, bf16, GQA 64:8, D = 128, through autograd: 32K
+        # density 0.3 76.4 -> 72.5 ms, 0.5 120.7 -> 115.8, one pattern 69.7 -> 66.4; 64K 304.3 -> 291.8,
+        # one pattern 285.1 -> 270.2); with chunked lists (below) 128 x 64 at three stages is ahead.
+        if big:
+            return dict(BLOCK_M=64, BLOCK_N=64, HEADS=1, num_warps=8, num_stages=2, warp_specialize=False,
+                        DQ_BLOCK_M=64, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=2,
+                        DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=2,
+                        list_chunk=0, dkdv_list_chunk=0, dq_list_chunk=0)
+        # the lists read in register chunks, so each pass's loads are prefetched num_stages - 1 steps
+        # ahead (``block_sparse_bwd._dq_program``), with a third stage in both passes: on an H100
+        # (experiments/results/h100/bwd_session13) 32K density 0.3 70.97 -> 69.75 ms, 0.5 117.6 -> 113.9,
+        # one pattern 66.2 -> 64.7, 64K density 0.5 509.4 -> 485.6 (2-5 %). The dQ pass then steps over
+        # 64 keys (three 128-key stages do not fit beside Q and dO); chunked at two stages, or the
+        # 128 x 128 dQ step, gain nothing (the prefetch stays one step). The forward likewise, with a
+        # third 128-key stage (229.5 KiB of shared memory: it fits): 32K density 0.3 23.70 -> 20.58 ms,
+        # 64K density 0.5 152.2 -> 136.4 (Flex 26.3 / 168.3); at two stages chunks alone lose (24.4).
+        return dict(BLOCK_M=128, BLOCK_N=128, HEADS=1, num_warps=8, num_stages=3, warp_specialize=False,
+                    list_chunk=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=3,
+                    DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=3,
+                    dkdv_list_chunk=64, dq_list_chunk=64)
     # 64-row blocks (or smaller) and variable blocks: 64 x 64 tiles, one head per tile. (Stacking
     # two heads of a GQA group into 128-row tiles measured slower on H100: fwd 411 vs 423, bwd 212
     # vs 314 TFLOP/s at block 64, S=64K, 32:4; kept as the HEADS option.)
+    # The forward at 64 x 64 reads its list in register chunks with a third stage (H100,
+    # bwd_session13: block 64, 64K density 0.5 164.4 -> 151.6 ms; variable blocks of mean 256, 32K
+    # density 0.3, 32.6 -> 31.1; four stages 190.8 / 42.0); the backward passes do not (block 64:
+    # 528 -> 567-588 ms chunked at three stages, one pass or both; variable blocks: equal).
     m = min(blk or 64, 64)
     n = min(blk or 64, 64)
     w = 4 if m <= 64 else 8
-    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=2, warp_specialize=False,
+    chunked = m == 64 and n == 64
+    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=3 if chunked else 2, warp_specialize=False,
                 DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
-                DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2)
+                DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2,
+                list_chunk=64 if chunked else 0, dkdv_list_chunk=0, dq_list_chunk=0)
 
 
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
@@ -197,7 +230,13 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``."""
     cfg = check_bwd_layout(_resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v),
                            "block-sparse attention")
-    return check_dkdv_sweep(cfg, "block-sparse attention")
+    cfg = check_dkdv_sweep(cfg, "block-sparse attention")
+    for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
+        chunk = cfg[key]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk not in LIST_CHUNKS:
+            raise ValueError(f"block-sparse attention: config[{key!r}] must be one of {LIST_CHUNKS} (0: the list "
+                             f"read entry by entry), got {chunk!r}")
+    return cfg
 
 
 def tile_sizes(cfg: dict) -> dict:
@@ -274,7 +313,7 @@ def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: di
         softmax_scale * LOG2E,
         sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
-        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"],
+        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"], LIST_CHUNK=cfg["list_chunk"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -321,7 +360,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
             **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
-            EVEN_N=tq.even_cols, ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer,
+            EVEN_N=tq.even_cols, DKDV_LIST_CHUNK=cfg["dkdv_list_chunk"], DQ_LIST_CHUNK=cfg["dq_list_chunk"],
+            ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -333,7 +373,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer,
+            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
     if "dq" in passes:
@@ -344,7 +384,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
             **dims, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
-            EVEN_N=tq.even_cols,
+            EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"],
             num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
         )
     return dq, dk, dv

@@ -13,12 +13,14 @@ import triton.language as tl
 
 from .block_sparse_fwd import _pack_program_at
 from .core import (
+    chunk_pick,
     dkdv_update,
     dq_update,
     head_dim_offsets,
     key_program_at,
     key_program_outer,
     kv_descs,
+    list_chunk,
     lse_log2,
     one_launch_split,
     recompute_p,
@@ -37,12 +39,12 @@ def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e, r_pos,
+def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_END, e, r_pos,
                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
                EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
-    """One dK/dV step: the rows of key-list entry ``e`` (``r_pos``: each tile row's position in it)
-    of the heads whose rows ``_head_rows`` gave, against the program's keys."""
-    pos = tl.load(COL_START + e) + r_pos  # [HM]
+    """One dK/dV step: the rows of query-list entry ``e`` (its first row ``start``; ``r_pos``: each
+    tile row's position in it) of the heads whose rows ``_head_rows`` gave, against the program's keys."""
+    pos = start + r_pos  # [HM]
     q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
     do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
     if EVEN_M:
@@ -90,7 +92,7 @@ def _dkdv_program(
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern, num_key_tiles,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
+    EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
@@ -142,8 +144,9 @@ def _dkdv_program(
                 e = e_lo + i // chunks
             q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
-            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e, r_pos,
-                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, tl.load(COL_START + e), COL_END,
+                                e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
+                                EVEN_QK, EVEN_V)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
@@ -153,10 +156,21 @@ def _dkdv_program(
                                                     stride_dh, num_heads_q, Sq)
             e_lo = tl.load(PTR + pat * num_row_blocks + blk)
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-            for e in tl.range(e_lo, e_hi):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, COL_START, COL_END, e,
-                                    r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
-                                    EVEN_QK, EVEN_V)
+            if LIST_CHUNK == 0:
+                for e in tl.range(e_lo, e_hi):
+                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
+                                        tl.load(COL_START + e), COL_END, e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok,
+                                        stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
+            else:
+                # the query list in register chunks, as in _dq_program: the q / dO loads then depend
+                # on no load of their own loop and are prefetched num_stages - 1 steps ahead
+                for c0 in range(e_lo, e_hi, LIST_CHUNK):
+                    starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+                    for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
+                        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
+                                            chunk_pick(starts, j, LIST_CHUNK), COL_END, c0 + j, r_pos, offs_dqk,
+                                            dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
+                                            EVEN_V)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
@@ -174,6 +188,19 @@ def _dkdv_program(
 
 
 @triton.jit
+def _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N: tl.constexpr,
+             EVEN_N: tl.constexpr):
+    """One dQ step: the keys of list entry ``e`` (starting at ``start_n``) against the program's rows."""
+    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+    p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
+    if not EVEN_N:
+        end_n = tl.load(COL_END + e)
+        p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
+    return dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
+
+
+@triton.jit
 def _dq_program(
     pid,
     Q, K, V, DOut, Lse, Delta, DQ,
@@ -187,7 +214,7 @@ def _dq_program(
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr,
 ):
     """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads)."""
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
@@ -218,15 +245,20 @@ def _dq_program(
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    for e in tl.range(e_lo, e_hi):
-        start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-        p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
-        if not EVEN_N:
-            end_n = tl.load(COL_END + e)
-            p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
-        dq = dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
+    if LIST_CHUNK == 0:
+        for e in tl.range(e_lo, e_hi):
+            start_n = tl.load(COL_START + e)
+            dq = _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N, EVEN_N)
+    else:
+        # the key list in chunks held in registers: the loop's K/V loads then depend on no load of
+        # the same loop, so the pipeliner prefetches them num_stages - 1 steps ahead (a table load
+        # in the chain holds the prefetch to one step, issued after the step's GEMMs)
+        for c0 in range(e_lo, e_hi, LIST_CHUNK):
+            starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+            for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
+                start_n = chunk_pick(starts, j, LIST_CHUNK)
+                dq = _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, c0 + j, qk_scale,
+                              BLOCK_N, EVEN_N)
 
     dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
     tl.store(dq_ptrs[:, None] + offs_dqk[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty), mask=q_ok)
@@ -251,7 +283,7 @@ def block_sparse_bwd_dkdv_kernel(
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
+    EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
@@ -262,7 +294,8 @@ def block_sparse_bwd_dkdv_kernel(
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
+        LIST_CHUNK)
 
 
 @triton.jit
@@ -278,7 +311,7 @@ def block_sparse_bwd_dq_kernel(
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr,
 ):
     """Query-major dQ (grid: row tiles x head packs)."""
     _dq_program(
@@ -288,7 +321,7 @@ def block_sparse_bwd_dq_kernel(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK)
 
 
 @triton.jit
@@ -309,7 +342,8 @@ def block_sparse_bwd_one_launch_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DKDV_HEADS: tl.constexpr, EVEN_M: tl.constexpr,
     DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
-    ORDER: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
+    DKDV_LIST_CHUNK: tl.constexpr, DQ_LIST_CHUNK: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
+    HEAD_OUTER: tl.constexpr,
 ):
     """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
     above, unchanged, so no atomics and the same bits."""
@@ -324,7 +358,7 @@ def block_sparse_bwd_one_launch_kernel(
             Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
             n_dkdv // num_bkv,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M, SWEEP,
-            HEAD_OUTER)
+            HEAD_OUTER, DKDV_LIST_CHUNK)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,
@@ -333,4 +367,4 @@ def block_sparse_bwd_one_launch_kernel(
             Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END,
             softmax_scale, qk_scale,
             Sq, Sk, q_num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, DQ_HEADS, EVEN_N)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, DQ_HEADS, EVEN_N, DQ_LIST_CHUNK)

@@ -8,7 +8,7 @@ accesses, masked on the head dim only when it is padded (``BLOCK_D* != HEAD_DIM_
 import triton
 import triton.language as tl
 
-from .core import head_dim_offsets, kv_descs, softmax_finish, softmax_init, softmax_step
+from .core import chunk_pick, head_dim_offsets, kv_descs, list_chunk, softmax_finish, softmax_init, softmax_step
 
 __all__ = ["block_sparse_fwd_kernel", "_pack_program"]
 
@@ -50,6 +50,20 @@ def _pack_program_at(pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_h
 
 
 @triton.jit
+def _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N: tl.constexpr,
+              EVEN_N: tl.constexpr):
+    """One online-softmax step over list entry ``e``, whose keys start at ``start_n``."""
+    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+    qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
+    if not EVEN_N:
+        # a ragged tile: keys past its end belong to another block (or lie past Sk)
+        end_n = tl.load(COL_END + e)
+        qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
+    # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
+    return softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
+
+
+@triton.jit
 def block_sparse_fwd_kernel(
     Q, K, V, Out, Lse,
     stride_qb, stride_qs, stride_qh,
@@ -61,7 +75,7 @@ def block_sparse_fwd_kernel(
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
+    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr, LIST_CHUNK: tl.constexpr,
 ):
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
@@ -82,16 +96,17 @@ def block_sparse_fwd_kernel(
     acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
-        start_n = tl.load(COL_START + e)
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
-        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
-        if not EVEN_N:
-            # a ragged tile: keys past its end belong to another block (or lie past Sk)
-            end_n = tl.load(COL_END + e)
-            qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
-        # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
-        acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
+    if LIST_CHUNK == 0:
+        for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, tl.load(COL_START + e), COL_END, e, qk_scale,
+                                      BLOCK_N, EVEN_N)
+    else:
+        # the key list in register chunks (``block_sparse_bwd._dq_program`` says why)
+        for c0 in range(e_lo, e_hi, LIST_CHUNK):
+            starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+            for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK), warp_specialize=WARP_SPEC):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, chunk_pick(starts, j, LIST_CHUNK), COL_END,
+                                          c0 + j, qk_scale, BLOCK_N, EVEN_N)
 
     # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
     out, lse = softmax_finish(acc, m_i, l_i)  # [HM, BLOCK_DV], [HM]

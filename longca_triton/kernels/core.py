@@ -164,6 +164,19 @@ def kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride
 
 
 @triton.jit
+def list_chunk(LIST, c0, e_hi, CHUNK: tl.constexpr):
+    """Entries ``c0 .. c0 + CHUNK`` of an int32 list (0 past ``e_hi``), in registers: ``[CHUNK]``."""
+    offs = c0 + tl.arange(0, CHUNK)
+    return tl.load(LIST + offs, mask=offs < e_hi, other=0)
+
+
+@triton.jit
+def chunk_pick(chunk, j, CHUNK: tl.constexpr):
+    """Element ``j`` of a ``list_chunk`` (a select and a warp reduction, no memory access)."""
+    return tl.sum(tl.where(tl.arange(0, CHUNK) == j, chunk, 0), axis=0)
+
+
+@triton.jit
 def interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV: tl.constexpr):
     """``allowed[i, j] = OR_t lo[i, t] <= j < hi[i, t]`` for rows ``offs_m``, columns ``offs_n``.
 
