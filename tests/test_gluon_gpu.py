@@ -291,3 +291,35 @@ def test_fused_writer_batches_match_split(design, D):
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
         assert torch.isfinite(b).all(), name
         assert _rel(b, a) <= 1e-2, f"{name}: writer vs split rel {_rel(b, a):.2e}"
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv,config", [(64, 64, {}), (64, 64, dict(pingpong=True)), (48, 48, {}),
+                                         (128, 128, dict(consumers=3, BLOCK_N=64, num_stages=4)),
+                                         (96, 96, dict(consumers=3, split_d=True, BLOCK_N=64, num_stages=4))],
+                         ids=lambda x: "-".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else str(x))
+@pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
+def test_three_consumers(sq, sk, seed, D, Dv, config):
+    """Three consumer warpgroups (a 192-row query tile: the default at D = 64, asked for elsewhere):
+    query lengths that are no multiple of 192, GQA, empty rows, against float32."""
+    _check(random_range_mask(sq, sk, seed=seed), 4, 2, D, Dv=Dv, config=config)
+
+
+@needs_sm90
+def test_three_consumers_fp32_partial_output():
+    """Three consumers with a float32 output (the CP step's partials: the masked pointer store)."""
+    from longca_triton.kernels.gluon.attention import fwd_block_m, gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    mask = random_range_mask(900, 700, seed=7, n_slices=6)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 900, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 700, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cfg = resolve_config(64, torch.bfloat16)
+    assert cfg["consumers"] == 3
+    plan = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], "cuda")
+    out, lse = gluon_fwd(q, k, v, plan, 64 ** -0.5, cfg, out_dtype=torch.float32)
+    ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
+    rows = mask.to_dense().cuda().any(1)
+    assert out.dtype == torch.float32 and not torch.isnan(out).any()
+    assert _rel(out, ref, rows) <= 2e-2

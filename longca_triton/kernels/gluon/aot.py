@@ -83,12 +83,13 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
 
     dv = head_dim if head_dim_v is None else head_dim_v
     c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
-    producer, maxnreg = _regs(c["consumer_regs"])
+    producer, maxnreg = _regs(c["consumer_regs"], c["consumers"])
     dims = head_dim_meta(head_dim, dv)
     store_tma = store_tma and o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"])
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
-                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"])
+                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
+                  CONSUMERS=c["consumers"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

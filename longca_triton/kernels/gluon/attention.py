@@ -78,11 +78,12 @@ from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
+    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
     "split_d_reason",
 ]
 
-#: query-tile rows per CTA: two consumer warpgroups of 64 rows
+#: query-tile rows per CTA of the backward kernels, and of the forward with its default two consumer
+#: warpgroups of 64 rows (``fwd_block_m``: 64 per consumer)
 BLOCK_M = 128
 #: the Gluon backward's head dims (with D_v == D_qk); the forward takes every head dim our
 #: plain-Triton kernels take (``_runtime.head_dim_reason``: multiples of 8 up to 256, D_v may
@@ -106,7 +107,10 @@ REG_BUDGET = 504
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
-CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd") + GLUON_BWD_KEYS
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd", "consumers") + GLUON_BWD_KEYS
+#: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
+#: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
+CONSUMERS = (2, 3)
 BWD_DESIGNS = ("split", "fused")
 #: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
 #: dQ-writer partition fed through shared memory
@@ -173,6 +177,15 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     faster than the plain one (full 48.9, causal 26.5) except on share_question (9.28). MHA and
     D = 64 were not measured: D = 64 keeps the Gluon backward.
 
+    Three consumer warpgroups (``consumers=3``, a 192-row query tile, 160 registers each: FA3's
+    choice at small head dims) where both head-dim tiles are 64 wide: D = 64 at 16K, GQA 64:8, H100
+    (experiments/results/h100/bwd_session13, calls 6-7, two machines, TFLOP/s, two / three): full
+    448 / 529 and 448 / 510, causal 436 / 490 and 440 / 471, causal_document 301 / 341 and 313 / 350
+    (sdpa-cudnn 480 / 465). ptxas counts some spill bytes (~400: the producer at 24 registers and the
+    consumers at 160; 152 for the consumers spills less and measured 10-20 % slower). At D = 96
+    (split) and 128 the 128-row key tiles spill far more at 160 registers (360 / 1190 B: 358 vs 547,
+    467 vs 674 TFLOP/s full) and 64-row ones run 2-4 % behind two consumers (536 vs 547, 648 vs 674).
+
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
@@ -184,11 +197,15 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
     bn = 128 if config_head_dim(head_dim, dv) <= 128 else 64
-    stages = next((st for st in (3, 2, 1) if smem_bytes(head_dim, bn, st, head_dim_v=dv) <= SMEM_LIMIT), 1)
+    # three consumer warpgroups where both tiles are 64 wide (the GEMMs are short next to the softmax)
+    consumers = 3 if block_head_dim(head_dim) == block_head_dim(dv) == 64 else 2
+    stages = next((st for st in (3, 2, 1)
+                   if smem_bytes(head_dim, bn, st, head_dim_v=dv, consumers=consumers) <= SMEM_LIMIT), 1)
     # backward: 64-row key tiles for dQ and 32-row query tiles for dK/dV at D=128 keep the
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
-    return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=240, split_d=False,
+    return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
+                split_d=False, consumers=consumers,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -204,15 +221,16 @@ def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
-               head_dim_v: Optional[int] = None, split_d: bool = False) -> int:
-    """Shared memory of one forward CTA, an upper bound: Q (two 64-row tiles of the padded D_qk,
+               head_dim_v: Optional[int] = None, split_d: bool = False, consumers: int = 2) -> int:
+    """Shared memory of one forward CTA, an upper bound: Q (a 64-row tile of the padded D_qk per
+    consumer warpgroup, ``consumers``,
     reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
     D_qk) tiles, and 1 KB for the mbarriers and the allocator's alignment. ``head_dim``: D_qk.
     With ``split_d`` a dim that splits takes its true width (its two pieces), not the padded one."""
     dv = head_dim if head_dim_v is None else head_dim_v
     dqk = sum(head_pieces(head_dim, block_head_dim(head_dim), split_d))
     dv = sum(head_pieces(dv, block_head_dim(dv), split_d))
-    q = BLOCK_M * dqk * elem
+    q = 64 * consumers * dqk * elem
     ring = num_stages * block_n * (dqk + dv) * elem
     return q + ring + 1024
 
@@ -259,9 +277,15 @@ def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: i
     return (2 * BLOCK_M * head_dim + num_stages * 2 * tile * head_dim) * elem + 1024
 
 
-def _regs(consumer_regs: int) -> tuple[int, int]:
-    """``(producer_regs, maxnreg)``: the producer gets what the consumers leave of the budget."""
-    return REG_BUDGET - 2 * consumer_regs, REG_BUDGET // 3
+def _regs(consumer_regs: int, consumers: int = 2) -> tuple[int, int]:
+    """``(producer_regs, maxnreg)``: the producer gets what the ``consumers`` warpgroups leave of the
+    budget; ``maxnreg`` is the launch's even share (a multiple of 8)."""
+    return REG_BUDGET - consumers * consumer_regs, (REG_BUDGET + 8) // (consumers + 1) // 8 * 8
+
+
+def fwd_block_m(cfg: dict) -> int:
+    """Query rows per CTA of the forward: 64 per consumer warpgroup."""
+    return 64 * int(cfg["consumers"])
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None,
@@ -323,17 +347,34 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
                 cfg[key] = padded[key]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
+    consumers = cfg["consumers"]
+    if isinstance(consumers, bool) or consumers not in CONSUMERS:
+        raise ValueError(f"config['consumers'] must be one of {CONSUMERS} (consumer warpgroups of the forward), "
+                         f"got {consumers!r}")
+    cfg["consumers"] = consumers = int(consumers)
+    if consumers == 3:
+        # four warpgroups share the register file: the consumers' default is what FA3 gives its three
+        # (160), and the ring the deepest that fits beside three Q tiles where the config set none
+        if "consumer_regs" not in (overlay or {}):
+            cfg["consumer_regs"] = min(int(cfg["consumer_regs"]), 160)
+        if "num_stages" not in (overlay or {}):
+            cfg["num_stages"] = next((st for st in range(int(cfg["num_stages"]), 0, -1)
+                                      if smem_bytes(head_dim, cfg["BLOCK_N"], st, head_dim_v=dv,
+                                                    split_d=cfg["split_d"], consumers=3) <= SMEM_LIMIT), 1)
     stages = int(cfg["num_stages"])
-    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"])
+    need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"],
+                      consumers=consumers)
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
                          f"BLOCK_N={cfg['BLOCK_N']} (limit {SMEM_LIMIT} B); use >= 1 stage and fewer than that")
     regs_fwd = regs = int(cfg["consumer_regs"])
-    producer, _ = _regs(regs)
+    producer, _ = _regs(regs, consumers)
     if regs % 8 or not 24 <= producer <= regs <= 256:
-        raise ValueError(f"config['consumer_regs'] must be a multiple of 8 in [168, 240] (the producer "
-                         f"gets {REG_BUDGET} - 2 * consumer_regs >= 24); got {cfg['consumer_regs']}")
+        top = (REG_BUDGET - 24) // consumers // 8 * 8
+        raise ValueError(f"config['consumer_regs'] must be a multiple of 8 up to {top} with {consumers} consumers "
+                         f"(the producer gets {REG_BUDGET} - {consumers} * consumer_regs >= 24); "
+                         f"got {cfg['consumer_regs']}")
     if cfg["dq_block_n"] not in (64, 128) or cfg["dkdv_block_mq"] not in (32, 64):
         raise ValueError(f"config['dq_block_n'] must be 64 or 128 and config['dkdv_block_mq'] 32 or 64; got "
                          f"{cfg['dq_block_n']}, {cfg['dkdv_block_mq']}")
@@ -405,7 +446,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     from .attention_fwd import gluon_fwd_kernel
 
     tiles = plan.tiles
-    check_plan(tiles, BLOCK_M, cfg["BLOCK_N"], "Gluon forward")
+    check_plan(tiles, fwd_block_m(cfg), cfg["BLOCK_N"], "Gluon forward")
     q, k, v = (descriptor_ready(t) for t in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -414,7 +455,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     if b * hq * sq == 0:
         return out, lse
     ensure_allocator(q.device)
-    producer_regs, maxnreg = _regs(cfg["consumer_regs"])
+    producer_regs, maxnreg = _regs(cfg["consumer_regs"], cfg["consumers"])
     dims = head_dim_meta(d, dv)
     split = cfg["split_d"]
     grid = (tiles.num_m * b * hq,)
@@ -430,7 +471,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         STORE_TMA=out.dtype == q.dtype and o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split),
         CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
-        SPLIT_D=split,
+        SPLIT_D=split, CONSUMERS=cfg["consumers"],
         num_warps=4, maxnreg=maxnreg,
     )
     return out, lse
@@ -572,7 +613,7 @@ GluonAttentionFunction = attention_function(
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
     """The forward's merged-run plan and the backward's two plans (all cached; the fused Gluon
     backward has one, the second is None)."""
-    fwd = get_ws_plan(mask, BLOCK_M, cfg["BLOCK_N"], device)
+    fwd = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device)
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         return fwd, get_ws_plan(mask, cfg["fused_block_mq"], BLOCK_M, device, "k"), None
     if cfg["gluon_bwd"]:

@@ -373,7 +373,8 @@ def _scale_rows(acc, x, row_o: gl.constexpr, row_o1: gl.constexpr, DV1: gl.const
 
 
 @gluon.jit
-def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr):
+def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr,
+             CONSUMERS: gl.constexpr):
     """The shared buffer that stages one O piece ``[M_WG, DV]`` for its TMA store: this warpgroup's
     Q buffer ``q`` of the same piece (no longer read), or where O's piece is narrower, its first
     ``[M_WG, DV]`` tile (a view of the ``[2, M_WG, DQK]`` buffers as ``2 * DQK / DV`` tiles)."""
@@ -382,7 +383,7 @@ def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.cons
     else:
         # the launcher asks for STORE_TMA only when DV <= DQK (``o_fits_q``)
         RATIO: gl.constexpr = DQK // DV
-        o_smem = q_smem._reinterpret(q_smem.dtype, [2 * RATIO, M_WG, DV], o_desc.layout).index(WG * RATIO)
+        o_smem = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * RATIO, M_WG, DV], o_desc.layout).index(WG * RATIO)
     return o_smem
 
 
@@ -411,10 +412,10 @@ def _sched_wait(sched, WG: gl.constexpr, k, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: hand the token to the other warpgroup once this one's GEMMs are issued."""
+def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Ping-pong: hand the token to the next warpgroup (round robin) once this one's GEMMs are issued."""
     if PINGPONG:
-        mbarrier.arrive(sched.index(1 - WG))
+        mbarrier.arrive(sched.index((WG + 1) % CONSUMERS))
 
 
 @gluon.jit
@@ -423,7 +424,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
                   HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
-                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr):
+                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile.
 
     ``q_smem``, ``k_smem``, ``v_smem``, ``o_desc``: tuples over the head-dim pieces (one, or two
@@ -458,7 +459,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         acc = (acc[0], gl.zeros([M_WG, DV1], gl.float32, o1_layout))  # and [M_WG, DV1]
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
     q = _index(q_smem, WG, DQK1)  # [M_WG, DQK0] (and [M_WG, DQK1])
-    if WG == 1:
+    if WG == CONSUMERS - 1:
         if PINGPONG:
             # the token starts with consumer 0
             mbarrier.arrive(sched.index(0))
@@ -472,7 +473,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         _sched_wait(sched, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
         s = _qk(q, _index(k_smem, 0, DQK1), s_zero, DQK0, DQK1, QK_USED)
-        _sched_pass(sched, WG, PINGPONG)
+        _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
         if HAS_PARTIAL_TILES:
@@ -491,7 +492,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
             acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout)
-            _sched_pass(sched, WG, PINGPONG)
+            _sched_pass(sched, WG, PINGPONG, CONSUMERS)
             # S_j is done when at most the P V groups are still in flight
             s = warpgroup_mma_wait(NUM_PV, deps=(s,))
             mbarrier.arrive(k_empty.index(st))
@@ -510,7 +511,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         _sched_wait(sched, WG, num_tiles, PINGPONG)
         mbarrier.wait(v_ready.index(lst), ((num_tiles - 1) // NUM_STAGES) & 1)
         acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout)
-        _sched_pass(sched, WG, PINGPONG)
+        _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
 
@@ -522,10 +523,10 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
     if STORE_TMA:
         # Q is no longer read: its buffers stage O for a TMA store (clipped at Sq and at HEAD_DIM_V),
         # piece by piece (the launcher asks for STORE_TMA only where O's pieces fit Q's)
-        o_smem = _o_stage(q[0], o_desc[0], WG, q_smem[0], DQK0, DV0)
+        o_smem = _o_stage(q[0], o_desc[0], WG, q_smem[0], DQK0, DV0, CONSUMERS)
         o_smem.store(out[0].to(dtype))
         if DV1 > 0:
-            o1_smem = _o_stage(q[1], o_desc[1], WG, q_smem[1], DQK1, DV1)
+            o1_smem = _o_stage(q[1], o_desc[1], WG, q_smem[1], DQK1, DV1, CONSUMERS)
             o1_smem.store(out[1].to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc[0], [row0, 0], o_smem)
@@ -542,14 +543,14 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
 @gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
-                  DV0: gl.constexpr, DV1: gl.constexpr):
-    """The producer warp: Q once, then K_j and V_j of every key tile into the ring (the descriptors
-    and buffers are tuples over the head-dim pieces)."""
+                  DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer warp: Q once (one tile per consumer), then K_j and V_j of every key tile into
+    the ring (the descriptors and buffers are tuples over the head-dim pieces)."""
     q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
     start_m, bh, r0, num_full, num_tiles = plan
-    mbarrier.expect(q_bar, 2 * _nbytes(q_desc))
-    _load_pieces(q_desc, start_m, q_bar, q_smem, 0, DQK0, DQK1)
-    _load_pieces(q_desc, start_m + M_WG, q_bar, q_smem, 1, DQK0, DQK1)
+    mbarrier.expect(q_bar, CONSUMERS * _nbytes(q_desc))
+    for w in gl.static_range(CONSUMERS):
+        _load_pieces(q_desc, start_m + w * M_WG, q_bar, q_smem, w, DQK0, DQK1)
 
     _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
                   RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1)
@@ -569,13 +570,13 @@ def gluon_fwd_kernel(
     BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    SPLIT_D: gl.constexpr,
+    SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr,
 ):
     # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
     # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
     rank, bh, b, h, h_kv = _program(num_bh, num_heads_q, group_size)
     tile_m = gl.load(ORDER + rank)
-    start_m = tile_m * (2 * M_WG)
+    start_m = tile_m * (CONSUMERS * M_WG)
     r0 = gl.load(RUN_PTR + tile_m)
     plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
 
@@ -601,30 +602,45 @@ def gluon_fwd_kernel(
     o_desc = _piece_descs(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM_V, DV0, DV1,
                           dtype)
 
-    q_smem = _piece_buffers(q_desc, 2, M_WG, DQK0, DQK1, dtype)  # [2, M_WG, DQK*]
+    q_smem = _piece_buffers(q_desc, CONSUMERS, M_WG, DQK0, DQK1, dtype)  # [CONSUMERS, M_WG, DQK*]
     k_smem = _piece_buffers(k_desc, NUM_STAGES, BLOCK_N, DQK0, DQK1, dtype)  # [NUM_STAGES, BLOCK_N, DQK*]
     v_smem = _piece_buffers(v_desc, NUM_STAGES, BLOCK_N, DV0, DV1, dtype)  # [NUM_STAGES, BLOCK_N, DV*]
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     mbarrier.init(q_bar, count=1)
-    # both consumers release a buffer before the producer refills it
-    k_ready, k_empty = _ring(NUM_STAGES, 2)
-    v_ready, v_empty = _ring(NUM_STAGES, 2)
-    sched = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    mbarrier.init(sched.index(0), count=1)
-    mbarrier.init(sched.index(1), count=1)
+    # every consumer releases a buffer before the producer refills it
+    k_ready, k_empty = _ring(NUM_STAGES, CONSUMERS)
+    v_ready, v_empty = _ring(NUM_STAGES, CONSUMERS)
+    sched = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
+    for w in gl.static_range(CONSUMERS):
+        mbarrier.init(sched.index(w), count=1)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, sched)
 
     o_base = Out + b64 * stride_ob + h * stride_oh
-    gl.warp_specialize([
-        (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
-                         BLOCK_N, NUM_IV,
-                         NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
-        (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START,
-                         RUN_END, plan, qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
-                         BLOCK_N, NUM_IV,
-                         NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA)),
-        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END,
-                         plan, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # the consumers' arguments after their warpgroup index, and the producer's (spelled out per
+    # partition: the partition list is built at compile time, one entry per warpgroup)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+            (_fwd_consumer, (2, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
