@@ -725,3 +725,25 @@ def test_bwd_variants_script_times_the_sparse_forward(tmp_path):
     assert all(r["ok"] for r in lines if r["kind"] == "check")
     timed = [r for r in lines if r["kind"] == "bwd"]
     assert timed and all(r["mode"] == "fwd" and r["ms"] > 0 for r in timed)
+
+
+def test_block_sparse_configs_without_a_list_key_read_entry_by_entry(monkeypatch):
+    """A config (explicit or from the autotune cache) that sets a pass's tile, warps or stages but not
+    its list key gets that pass's list read entry by entry (such configs predate the key; chunks at
+    two stages measured slower); the other passes keep the default, and a named key wins."""
+    from longca_triton.kernels import tuned
+    from longca_triton.kernels.block_sparse import resolve_config
+
+    mask = make_mask("block_sparse", 128, block=32, density=0.5)
+    default = resolve_config(mask, 32)
+    assert default["dq_list_chunk"] == default["dkdv_list_chunk"] == default["list_chunk"] == 16  # interpreter
+    cfg = resolve_config(mask, 32, {"dq_num_stages": 1})
+    assert (cfg["list_chunk"], cfg["dq_list_chunk"], cfg["dkdv_list_chunk"]) == (16, 0, 16)
+    cfg = resolve_config(mask, 32, {"BLOCK_N": 32, "DKDV_BLOCK_M": 32})
+    assert (cfg["list_chunk"], cfg["dq_list_chunk"], cfg["dkdv_list_chunk"]) == (0, 16, 0)
+    assert resolve_config(mask, 32, {"dq_num_stages": 1, "dq_list_chunk": 32})["dq_list_chunk"] == 32
+    assert resolve_config(mask, 32, {"one_launch": True})["dq_list_chunk"] == 16  # not a pass's launch key
+    monkeypatch.setattr(tuned, "lookup", lambda kernel, q, k, mask, v=None: {"dkdv_num_stages": 1})
+    q = torch.zeros(1, 128, 2, 32)
+    cfg = resolve_config(mask, 32, q=q, k=q)
+    assert (cfg["dq_list_chunk"], cfg["dkdv_list_chunk"]) == (16, 0)

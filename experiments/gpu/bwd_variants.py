@@ -137,7 +137,8 @@ def compose(name: str) -> dict | None:
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
     ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head, and
     ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
-    ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile. None
+    ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
+    ``chunkN`` reads that pass's list entry by entry, ``block_sparse.resolve_config``). None
     when a part is none of these."""
     cfg = {}
     for part in name.split("+"):

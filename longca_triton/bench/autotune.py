@@ -284,8 +284,9 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     outer = _sparse_outer(block, head_dim)
     warps, stages = [4, 8], [2, 3]
     if group == "fwd":
-        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False)
-                for n, m, w, s in itertools.product(inner, outer, warps, stages)]
+        # the forward's list read entry by entry or in register chunks (the 64x64 default: chunks)
+        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False, list_chunk=c)
+                for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS)]
     if group == "dkdv":
         return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s)
                 for m, n, w, s in itertools.product(inner, outer, warps, stages)]

@@ -105,6 +105,7 @@ from .block_sparse_bwd import (
 )
 from .block_sparse_fwd import block_sparse_fwd_kernel
 from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
+from . import config as _config_mod
 from .config import ConfigSpec, check_bwd_layout, check_dkdv_sweep, with_one_launch_defaults
 from .config import resolve as _resolve
 from .dense import launch_bwd_preprocess
@@ -224,12 +225,28 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
+#: each pass's list-reading key and the launch keys it was measured with: a config (explicit or
+#: cached) that sets a pass's tile, warps or stages but not its list key reads that list entry by
+#: entry, as such configs were chosen before the key existed (chunks at two stages measured slower)
+_CHUNK_PASSES = {
+    "list_chunk": ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+    "dq_list_chunk": ("DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages"),
+    "dkdv_list_chunk": ("DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages"),
+}
+
+
 def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None, v=None) -> dict:
     """``config``, else (given ``q, k``; ``v`` when its head dim differs) the autotune cache's entry,
     overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
-    (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``."""
-    cfg = check_bwd_layout(_resolve(_SPEC, default_config(mask, head_dim), config, q=q, k=k, mask=mask, v=v),
-                           "block-sparse attention")
+    (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``. A pass whose tile,
+    warps or stages the config sets, without its list key, reads its list entry by entry
+    (``_CHUNK_PASSES``)."""
+    overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask, v)
+    base = default_config(mask, head_dim)
+    for chunk_key, launch_keys in _CHUNK_PASSES.items():
+        if overlay and chunk_key not in overlay and any(key in overlay for key in launch_keys):
+            base[chunk_key] = 0
+    cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
         chunk = cfg[key]
