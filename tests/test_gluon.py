@@ -770,7 +770,7 @@ def _check_binding(rec: _Recorder, pointers: dict):
     launch = {k: v for k, v in kwargs.items() if k not in ("num_warps", "maxnreg")}
     assert len(args) == len(runtime), (len(args), runtime)
     assert set(launch) == set(consts), set(launch) ^ set(consts)
-    # the launch's even share of the register budget: 504 / 3 with two consumers, 512 / 4 with three
+    # the launch's even share of the register file: 168 with two consumers, 128 with three
     assert kwargs["num_warps"] == 4 and kwargs["maxnreg"] in (168, 128)
     for name, value in zip(runtime, args):
         if name in pointers:

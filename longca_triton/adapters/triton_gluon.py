@@ -23,9 +23,9 @@ from .triton_base import TritonBackend
 class TritonGluon(TritonBackend):
     name = "triton-gluon"
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
-                   "producer, two consumer warpgroups over async wgmma); backward: at D = 128 our plain-Triton "
-                   "backward (measured faster there), else warp-specialized Gluon dQ + dK/dV kernels "
-                   "(gluon_bwd=True asks for them at D = 128; bwd_design='fused': one kernel, dQ by atomics)")
+                   "producer, two consumer warpgroups over async wgmma, three where the head-dim tiles are 64 "
+                   "wide); backward: at D = 128 our plain-Triton backward (measured faster there), else "
+                   "warp-specialized Gluon dQ + dK/dV kernels (gluon_bwd=True asks for them at D = 128; bwd_design='fused': one kernel, dQ by atomics)")
 
     def available(self):
         try:

@@ -144,12 +144,10 @@ CONFIG_KEYS = (
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk",
 )
 
-
-
-
 #: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
 #: entry by entry inside its loop; otherwise the loop reads it in chunks of that many entries held in
-#: registers (``core.list_chunk``; why: ``block_sparse_bwd._dq_program``)
+#: registers (``core.list_chunk``; why: ``block_sparse_bwd._dq_program``). The row-major dK/dV sweep
+#: (``dkdv_sweep`` 1 / 2) always reads its list entry by entry.
 LIST_CHUNKS = (0, 16, 32, 64, 128)
 
 

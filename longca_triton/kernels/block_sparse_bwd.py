@@ -132,7 +132,8 @@ def _dkdv_program(
     r_pos = offs_r % BLOCK_M
     if SWEEP != 0:
         # row-major: per key-list entry, every head chunk of the group (the launcher passes SWEEP only
-        # when the whole group shares one pattern, so one list serves every head); 2: entries descending
+        # when the whole group shares one pattern, so one list serves every head); 2: entries descending.
+        # The list is read entry by entry here (LIST_CHUNK applies to the head-major loop below)
         pat = (h_kv * group_size) // heads_per_pattern
         e_lo = tl.load(PTR + pat * num_row_blocks + blk)
         e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)

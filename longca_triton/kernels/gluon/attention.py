@@ -1,7 +1,7 @@
 r"""Dense structured-mask attention in Gluon, warp-specialized for sm_90 (Hopper) only.
 
 The forward is ``attention_fwd.gluon_fwd_kernel`` (FlashAttention-3's design in Gluon: a TMA
-producer warp, two consumer warpgroups that ping-pong, async wgmma with the softmax of one key
+producer warp, two (or three: ``consumers``) consumer warpgroups, async wgmma with the softmax of one key
 tile overlapping the ``P V`` of the previous one). The backward (``gluon_bwd=True``) is
 ``attention_bwd.py``: a delta preprocess, then a warp-specialized dQ kernel and a warp-specialized
 dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring); with
@@ -78,8 +78,8 @@ from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT",
-    "split_d_reason",
+    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
+    "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
 ]
 
 #: query-tile rows per CTA of the backward kernels, and of the forward with its default two consumer
@@ -101,13 +101,18 @@ PLAIN_BWD_HEAD_DIMS = (128,)
 GPU_CHECKED_HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256))
 #: dynamic shared memory one CTA may use on sm_90 (227 KB)
 SMEM_LIMIT = 232448
-#: registers per thread summed over the three warpgroups (2 consumers + producer): 65536 / 128
+#: registers per thread summed over the warpgroups (consumers + producer), a little under the
+#: register file's 65536 / 128 = 512 per thread of a warpgroup: FA3's 240 + 240 + 24 with two
+#: consumers, 160 x 3 + 24 with three
 REG_BUDGET = 504
+#: the register file of an SM, in 32-bit registers
+REG_FILE = 65536
 
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
-CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd", "consumers") + GLUON_BWD_KEYS
+CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
+               "consumers") + GLUON_BWD_KEYS
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
@@ -279,8 +284,9 @@ def bwd_smem_bytes(kind: str, head_dim: int, tile: int, num_stages: int, elem: i
 
 def _regs(consumer_regs: int, consumers: int = 2) -> tuple[int, int]:
     """``(producer_regs, maxnreg)``: the producer gets what the ``consumers`` warpgroups leave of the
-    budget; ``maxnreg`` is the launch's even share (a multiple of 8)."""
-    return REG_BUDGET - consumers * consumer_regs, (REG_BUDGET + 8) // (consumers + 1) // 8 * 8
+    budget; ``maxnreg`` is the launch's even share of the register file over ``consumers + 1``
+    warpgroups of 128 threads, a multiple of 8 (168 for two consumers, 128 for three)."""
+    return REG_BUDGET - consumers * consumer_regs, REG_FILE // (128 * (consumers + 1)) // 8 * 8
 
 
 def fwd_block_m(cfg: dict) -> int:

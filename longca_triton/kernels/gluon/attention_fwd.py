@@ -5,21 +5,25 @@ accumulators, natural-log lse, a fully masked row gives out 0 and lse -inf).
 
 Tiling
 ------
-One CTA owns a query tile of ``BLOCK_M = 2 * M_WG`` rows (``M_WG = 64``, one wgmma row block) of
+One CTA owns a query tile of ``CONSUMERS * M_WG`` rows (``M_WG = 64``, one wgmma row block) of
 one query head and walks that tile's key tiles (``BLOCK_N`` rows of K and V) from the tile plan:
 the *full* runs first (no mask math), then the *partial* runs (element mask from the per-row
 intervals). The plan's two run lists are merged per query tile on the host (``plan.py``), so
 every partition walks one list with the same three-scalar cursor.
 
-Warp specialization (``gl.warp_specialize``), three partitions::
+Warp specialization (``gl.warp_specialize``), three partitions (``CONSUMERS = 2``)::
 
     producer   1 warp, 24 registers     TMA: Q once, then K_j, V_j into a NUM_STAGES ring
     consumer 0 4 warps (default)        rows [0, 64) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1 4 warps, 240 registers   rows [64, 128)
 
+or four (``CONSUMERS = 3``, config ``consumers``: the default where both head-dim tiles are 64
+wide, whose GEMMs are short next to the softmax): consumers 1 and 2 at 160 registers, rows
+[64, 128) and [128, 192), the producer at 24 (four warpgroups share the register file).
+
 Shared-memory ring: stage ``s = j % NUM_STAGES`` holds K_j and V_j, each guarded by a *ready*
-mbarrier (the TMA's transaction count completes it) and an *empty* mbarrier (count 2: both
-consumers arrive when done with the buffer). A barrier's phase flips each time it completes, so
+mbarrier (the TMA's transaction count completes it) and an *empty* mbarrier (count
+``CONSUMERS``: every consumer arrives when done with the buffer). A barrier's phase flips each time it completes, so
 the j-th use of a stage waits for parity ``(j // NUM_STAGES) & 1``; the producer waits on *empty*
 with the opposite parity, which passes at once the first time round (a fresh barrier counts as
 having completed phase "-1").
@@ -30,9 +34,9 @@ Inside a consumer (FA3's intra-warpgroup overlap): at step ``j`` it issues ``S_j
 ``P_{j-1} V_{j-1}``, then waits for that and rescales ``O`` by ``alpha_j``. Step 0 (no ``P``
 yet) and the last ``P V`` are peeled out of the loop.
 
-Between consumers (FA3's ping-pong, ``PINGPONG``): two mbarriers hand a token back and forth, so a
-consumer issues its GEMMs only after the other one has issued its own: the GEMMs of one
-warpgroup then run while the other computes its softmax.
+Between consumers (FA3's ping-pong, ``PINGPONG``): one mbarrier per consumer hands a token round
+robin, so a consumer issues its GEMMs only after the previous one has issued its own: the GEMMs
+of one warpgroup then run while the others compute their softmax.
 
 Out-of-range rows: Q rows >= Sq and K/V rows >= Sk are zero-filled by the TMA loads; the plan
 puts a ragged last key tile in the partial list, whose mask (``hi <= Sk``) removes those keys;
@@ -377,7 +381,8 @@ def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.cons
              CONSUMERS: gl.constexpr):
     """The shared buffer that stages one O piece ``[M_WG, DV]`` for its TMA store: this warpgroup's
     Q buffer ``q`` of the same piece (no longer read), or where O's piece is narrower, its first
-    ``[M_WG, DV]`` tile (a view of the ``[2, M_WG, DQK]`` buffers as ``2 * DQK / DV`` tiles)."""
+    ``[M_WG, DV]`` tile (a view of the ``[CONSUMERS, M_WG, DQK]`` buffers as ``CONSUMERS * DQK / DV``
+    tiles)."""
     if DV == DQK:
         o_smem = q
     else:
@@ -617,8 +622,9 @@ def gluon_fwd_kernel(
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, sched)
 
     o_base = Out + b64 * stride_ob + h * stride_oh
-    # the consumers' arguments after their warpgroup index, and the producer's (spelled out per
-    # partition: the partition list is built at compile time, one entry per warpgroup)
+    # the consumers' arguments after their warpgroup index, and the producer's, spelled out per
+    # partition: the list is built at compile time, one entry per warpgroup (Gluon 3.6 neither
+    # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,

@@ -1,7 +1,7 @@
 """The Gluon kernels' view of a tile plan: per major tile one list of minor-tile runs.
 
 The plain-Triton forward loops over a tile's *full* runs, then over its *partial* runs, in two
-loops. The warp-specialized forward cannot: its producer and its two consumers must walk the same
+loops. The warp-specialized forward cannot: its producer and its consumers must walk the same
 key tiles in the same order with a software-pipelined step that crosses run boundaries. So the
 two CSR run lists of :class:`~longca_triton.kernels.dense_tables.TilePlan` are merged per query
 tile (full runs first), and every partition walks the merged list with one cursor
