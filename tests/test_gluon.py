@@ -370,7 +370,10 @@ def test_split_d_default_by_mask(name, d, want):
     cfg = G.resolve_config(d, torch.bfloat16, mask=mask)
     assert cfg["split_d"] is want
     # the split tile's smaller stages take a 4-deep ring (measured +1 % full, +3 % causal)
-    assert cfg["num_stages"] == (4 if want else G.default_config(d, torch.bfloat16)["num_stages"])
+    # (at D = 128 a dense mask runs three consumers with P in shared memory: a 2-stage ring,
+    # test_p_smem_default_on_dense_masks_at_d128)
+    dense_128 = d == 128 and mask.density >= G.DENSE_THREE
+    assert cfg["num_stages"] == (4 if want else 2 if dense_128 else G.default_config(d, torch.bfloat16)["num_stages"])
     # and ping-pongs (measured +4 % full, +2 % causal at 16K, bwd_session12)
     assert cfg["pingpong"] is want
     padded = G.resolve_config(d, torch.bfloat16, dict(split_d=False), mask=mask)
@@ -523,7 +526,10 @@ _COMPILE = textwrap.dedent("""
              ("d96-split", 96, dict(split_d=True), {}), ("d80-split", 80, dict(split_d=True), {}),
              ("d96-split-st4", 96, dict(split_d=True, num_stages=4), dict(has_partial=False, num_iv=1)),
              ("fp32-out-d96-split", 96, dict(split_d=True), dict(store_tma=False, dtype="fp16")),
-             ("d96-128-split", 96, dict(split_d=True), dict(head_dim_v=128))]
+             ("d96-128-split", 96, dict(split_d=True), dict(head_dim_v=128)),
+             # P through shared memory with three consumers (the D = 128 default on dense masks)
+             ("psmem-d128", 128, dict(consumers=3, p_smem=True), dict(has_partial=False, num_iv=1)),
+             ("psmem-d128-partial", 128, dict(consumers=3, p_smem=True), {})]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -547,6 +553,7 @@ _COMPILE = textwrap.dedent("""
                               mma_shapes=sorted(set(re.findall(r"wgmma\\.mma_async\\S*\\.(m64n\\d+k16)", c.ptx))),
                               tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
                               tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
+                              stmatrix=c.count(r"stmatrix"), fence=c.count(r"fence\\.proxy\\.async"),
                               **info)))
 """)
 
@@ -577,6 +584,21 @@ def test_every_variant_compiles_for_sm90a():
         # 4 B for dK/dV at D=128); the skewed dK/dV variant trades spills for overlap
         if name != "dkdv-skew":
             assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
+    psmem = {n: rows.pop(n) for n in [n for n in rows if n.startswith("psmem")]}
+    assert set(psmem) == {"psmem-d128", "psmem-d128-partial"}
+    for name, r in psmem.items():
+        # three consumers at 160 registers, producer 24; P stored by stmatrix, fenced for the async
+        # proxy before the P V wgmma reads it (one fence per store site at least)
+        assert {160, 24} <= set(r["regs"]) and 240 not in r["regs"], r
+        assert r["stmatrix"] > 0 and r["fence"] >= 3, r
+        # Q 48 KB + P 48 KB + two 64 KB stages, tight to 1 KB
+        est = G.smem_bytes(128, 128, 2, consumers=3, p_smem=True)
+        assert est - 1024 <= r["shared"] <= est <= G.SMEM_LIMIT, (name, r["shared"], est)
+    # without partial tiles the main loops spill nothing (measured 4 B stored, 24 loaded, outside
+    # them); the interval mask's registers cost some (measured 632 B stored with two intervals a
+    # row; causal ran 2-7 % faster all the same)
+    assert psmem["psmem-d128"]["spill_stores"] <= 32 and psmem["psmem-d128"]["spill_loads"] <= 32, psmem
+    assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
     split = {n: rows.pop(n) for n in [n for n in rows if "split" in n]}
     assert set(split) == {"d96-split", "d80-split", "d96-split-st4", "fp32-out-d96-split", "d96-128-split"}
     for name, r in split.items():
@@ -912,3 +934,40 @@ def test_consumers_config():
         G.resolve_config(128, bf, {"consumers": 3, "num_stages": 3})
     # the default's register split: the producer keeps 24, the launch gets an even share
     assert G._regs(160, 3) == (24, 128) and G._regs(240, 2) == (24, 168)
+
+
+@pytest.mark.parametrize("name,want", [("full", True), ("causal", True), ("prefix_lm_causal", True),
+                                       ("causal_blockwise", False), ("share_question", False),
+                                       ("global_sliding_window", False), (None, False)])
+def test_p_smem_default_on_dense_masks_at_d128(name, want):
+    """``p_smem`` (P V with P from shared memory) with three consumers is the D = 128 default on masks
+    of density >= DENSE_THREE, with the ring that fits beside three Q and three P tiles; elsewhere,
+    and at other head dims, two consumers with P in registers."""
+    bf = torch.bfloat16
+    mask = lt.make_mask(name, 16384) if name else None  # the densities measured (16K)
+    cfg = G.resolve_config(128, bf, mask=mask)
+    assert (cfg["consumers"], cfg["p_smem"]) == ((3, True) if want else (2, False)), (name, cfg)
+    assert cfg["consumer_regs"] == (160 if want else 240) and cfg["pingpong"] is False
+    st = cfg["num_stages"]
+    assert G.smem_bytes(128, 128, st, consumers=cfg["consumers"], p_smem=cfg["p_smem"]) <= G.SMEM_LIMIT
+    if want:
+        # Q 48 KB + P 48 KB + 64 KB a stage: two stages
+        assert st == 2 and G.smem_bytes(128, 128, 3, consumers=3, p_smem=True) > G.SMEM_LIMIT
+    for d in (64, 96):  # measured: a loss at 64 (443 vs 511 TFLOP/s), a tie at 96
+        assert G.resolve_config(d, bf, mask=lt.make_mask("full", 1024))["p_smem"] is False
+
+
+def test_p_smem_follows_the_configs_consumers():
+    """A config (or autotune entry) that picks two consumers on a dense mask gets P in registers (p_smem
+    was measured with three) and two consumers' registers; p_smem asked for explicitly stays, and
+    its P tiles count against shared memory."""
+    bf = torch.bfloat16
+    full = lt.make_mask("full", 1024)
+    cfg = G.resolve_config(128, bf, {"consumers": 2}, mask=full)
+    assert (cfg["consumers"], cfg["p_smem"], cfg["consumer_regs"]) == (2, False, 240)
+    cfg = G.resolve_config(128, bf, {"consumers": 2, "p_smem": True}, mask=full)
+    assert cfg["p_smem"] is True and cfg["num_stages"] == 2  # Q 32 + P 32 + 3 x 64 KB does not fit
+    assert G.smem_bytes(128, 128, 2, p_smem=True) - G.smem_bytes(128, 128, 2) == 2 * 64 * 128 * 2
+    assert G.resolve_config(64, bf, {"p_smem": True})["num_stages"] == 3  # D = 64 fits three beside P
+    with pytest.raises(ValueError, match="does not fit"):
+        G.resolve_config(128, bf, {"consumers": 3, "p_smem": True, "num_stages": 3})

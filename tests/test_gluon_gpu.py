@@ -296,7 +296,13 @@ def test_fused_writer_batches_match_split(design, D):
 @needs_sm90
 @pytest.mark.parametrize("D,Dv,config", [(64, 64, {}), (64, 64, dict(pingpong=True)), (48, 48, {}),
                                          (128, 128, dict(consumers=3, BLOCK_N=64, num_stages=4)),
-                                         (96, 96, dict(consumers=3, split_d=True, BLOCK_N=64, num_stages=4))],
+                                         (96, 96, dict(consumers=3, split_d=True, BLOCK_N=64, num_stages=4)),
+                                         # P through shared memory (p_smem: the D = 128 default on dense
+                                         # masks), with three consumers, two, and a split head dim
+                                         (128, 128, dict(consumers=3, p_smem=True)),
+                                         (128, 128, dict(consumers=2, p_smem=True)),
+                                         (64, 64, dict(p_smem=True)),
+                                         (96, 96, dict(consumers=3, split_d=True, p_smem=True, pingpong=True))],
                          ids=lambda x: "-".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else str(x))
 @pytest.mark.parametrize("sq,sk,seed", RANDOM, ids=[f"Sq={a}-Sk={b}" for a, b, _ in RANDOM])
 def test_three_consumers(sq, sk, seed, D, Dv, config):
@@ -306,19 +312,22 @@ def test_three_consumers(sq, sk, seed, D, Dv, config):
 
 
 @needs_sm90
-def test_three_consumers_fp32_partial_output():
-    """Three consumers with a float32 output (the CP step's partials: the masked pointer store)."""
+@pytest.mark.parametrize("D,config", [(64, None), (128, dict(consumers=3, p_smem=True))],
+                         ids=["D=64", "D=128-consumers=3-p_smem"])
+def test_three_consumers_fp32_partial_output(D, config):
+    """Three consumers with a float32 output (the CP step's partials: the masked pointer store), P in
+    registers (D = 64's default) and through shared memory."""
     from longca_triton.kernels.gluon.attention import fwd_block_m, gluon_fwd, resolve_config
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     mask = random_range_mask(900, 700, seed=7, n_slices=6)
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(1, 900, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(1, 700, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    cfg = resolve_config(64, torch.bfloat16)
+    q = torch.randn(1, 900, 4, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 700, 2, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cfg = resolve_config(D, torch.bfloat16, config)
     assert cfg["consumers"] == 3
     plan = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], "cuda")
-    out, lse = gluon_fwd(q, k, v, plan, 64 ** -0.5, cfg, out_dtype=torch.float32)
+    out, lse = gluon_fwd(q, k, v, plan, D ** -0.5, cfg, out_dtype=torch.float32)
     ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
     rows = mask.to_dense().cuda().any(1)
     assert out.dtype == torch.float32 and not torch.isnan(out).any()

@@ -5,6 +5,9 @@ timing of the forward and backward next to the plain-Triton kernels and cuDNN.
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT [--budget 300]
     # the padded head dims only (cases, then the forward timed next to sdpa-cudnn at each):
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --head-dims 96,192/128,256,64
+    # the Gluon forward's configs next to its default on every static mask at 16K (D = 128)
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --fwd-configs 16384 --masks all \
+        --config-json '[{"consumers": 3, "p_smem": true}]'
     # ... and a Gluon config next to the default one (issue 17: split head dims vs padded tiles)
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out $OUT --head-dims 96,80,128 --fwd-only \
         --config-json '{"split_d": true}'
@@ -315,6 +318,46 @@ def run_bwd_configs(S: int, only_fused: bool = False, masks=("full", "causal"), 
     return rows
 
 
+def run_fwd_configs(S: int, masks, configs, d: int = 128) -> list:
+    """The Gluon forward's configs at ``S`` on ``masks`` (GQA 64:8, head dim ``d``): TFLOP/s of the
+    default (``{}``) and each of ``configs``, each config first checked against the float32
+    chunked reference (relative L2 error of ``out`` < 0.02, bf16's is ~0.002; a failing config is
+    not timed)."""
+    import torch
+
+    from longca_triton.bench.timing import time_fn
+    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.masks import make_mask
+    from longca_triton.reference import chunked_attention
+
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, S, 64, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, S, 8, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    for name in masks:
+        mask = make_mask(name, S, seed=0)
+        ref = None
+        for cfg in [dict(), *configs]:
+            row = dict(mask=name, S=S, D=d, config=cfg)
+            try:
+                with torch.no_grad():
+                    o = gluon_attention(q, k, v, mask, config=cfg or None)
+                    if ref is None:
+                        ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
+                    err = _rel(o, ref)
+                row["err_out"] = err
+                if not err < 0.02:
+                    raise AssertionError(f"relative error {err} against the float32 reference")
+                with torch.no_grad():
+                    t = time_fn(lambda: gluon_attention(q, k, v, mask, config=cfg or None), max_ms=2000)["median_ms"]
+                row["fwd_ms"], row["fwd_tflops"] = t, mask.flops(64, d, "fwd") / t / 1e9
+            except Exception as e:  # noqa: BLE001
+                row["error"] = _tail(e)
+            print("ROW " + json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -323,10 +366,14 @@ def main() -> None:
     ap.add_argument("--timing", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bwd-configs", type=int, default=None, metavar="S",
                     help="only time the Gluon backward's configs at this length")
+    ap.add_argument("--fwd-configs", type=int, default=None, metavar="S",
+                    help="only time the Gluon forward's --config-json configs next to its default at this "
+                         "length on --masks (D = 128 unless --head-dims names one dim)")
     ap.add_argument("--bwd-only-fused", action="store_true",
                     help="with --bwd-configs: the split default and the fused design's configs only")
     ap.add_argument("--masks", default="full,causal", metavar="NAME,...",
-                    help="with --bwd-configs: the static masks to time (default full,causal; 'all': every one)")
+                    help="with --bwd-configs / --fwd-configs: the static masks to time (default full,causal; "
+                         "'all': every one)")
     ap.add_argument("--S", type=int, default=16384, help="sequence length of the timing")
     ap.add_argument("--head-dims", default=None, metavar="D,...",
                     help="only the cases at these head dims (D or D_qk/D_v, e.g. 96,192/128,256), then a "
@@ -350,6 +397,21 @@ def main() -> None:
         if unknown:
             ap.error(f"--masks: unknown {unknown}; valid: {', '.join(STATIC_MASKS)}")
         run_bwd_configs(args.bwd_configs, args.bwd_only_fused, masks, extra or None)
+        return
+    if args.fwd_configs is not None:
+        from longca_triton.masks import STATIC_MASK_NAMES as STATIC_MASKS
+
+        masks = list(STATIC_MASKS) if args.masks == "all" else [m.strip() for m in args.masks.split(",")]
+        unknown = [m for m in masks if m not in STATIC_MASKS]
+        if unknown:
+            ap.error(f"--masks: unknown {unknown}; valid: {', '.join(STATIC_MASKS)}")
+        d = int(args.head_dims) if args.head_dims else 128
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "fwd_configs.jsonl").open("a") as f:
+            for r in run_fwd_configs(args.fwd_configs, masks, extra, d):
+                f.write(json.dumps(r) + "\n")
+                f.flush()
         return
     if args.timing is not None:
         for r in run_timing(args.timing, *parse(args.dims), fwd_only=args.fwd_only, extra=extra):

@@ -175,7 +175,8 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     without partial tiles, gluon/run3), ring and skew, and the plain-Triton backward under the Gluon
     forward (``gluon_bwd=False``: ahead on share_question in the same run; at head dims without a
     Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
-    spills at D=128, tests/test_gluon.py), 160 a consumer with three."""
+    spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
+    ``p_smem``, where the head-dim tile is 128 wide)."""
     from ..kernels._runtime import block_head_dim
     from ..kernels.gluon.attention import (
         SMEM_LIMIT,
@@ -188,13 +189,16 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     if group == "fwd":
         bn = block if block in (64, 128) else 128
         splits = [False, True] if not split_d_reason(head_dim) else [False]
-        # three consumer warpgroups (160 registers each) where the head-dim tile is 64 wide: the
-        # default there; at wider tiles they spill and measured slower (bwd_session13)
-        consumers = [2, 3] if block_head_dim(head_dim) == 64 else [2]
+        # three consumer warpgroups (160 registers each): where the head-dim tile is 64 wide with P in
+        # registers (the default there), at 128 with P through shared memory (p_smem: the default on
+        # dense masks, session 14); at 128 with P in registers they spill and measured slower
+        # (bwd_session13)
+        three = [(3, False)] if block_head_dim(head_dim) == 64 else [(3, True)] if block_head_dim(head_dim) == 128 \
+            else []
         return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
-                     consumers=c)
-                for c, sd, pp, st in itertools.product(consumers, splits, [True, False], [2, 1, 3, 4])
-                if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c) <= SMEM_LIMIT]
+                     consumers=c, p_smem=ps)
+                for (c, ps), sd, pp, st in itertools.product([(2, False)] + three, splits, [True, False], [2, 1, 3, 4])
+                if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps) <= SMEM_LIMIT]
     if group == "bwd":
         if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
             return [dict(gluon_bwd=False)]

@@ -89,7 +89,7 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
-                  CONSUMERS=c["consumers"])
+                  CONSUMERS=c["consumers"], P_SMEM=c["p_smem"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

@@ -26,6 +26,10 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   64 + 32: two TMA descriptors per operand, ``S = Q0 K0^T + Q1 K1^T``, two ``P V`` accumulators;
   ``attention_fwd``'s docstring) instead of one zero-padded tile (96 -> 128). Off by default
   until a GPU has measured it; ``split_d_reason`` says which dims it takes.
+* ``p_smem``: ``O += P V`` reads P from shared memory (each consumer stores its P tile there, a
+  ``[64, BLOCK_N]`` buffer of its own) instead of from registers: FA3's choice at head dim 96 with
+  three consumers (``MmaPV_is_RS = false``), which frees the P registers during the next tile's
+  softmax at the cost of a shared-memory round trip and a smaller ring.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
@@ -107,12 +111,15 @@ SMEM_LIMIT = 232448
 REG_BUDGET = 504
 #: the register file of an SM, in 32-bit registers
 REG_FILE = 65536
+#: mask density from which the D = 128 forward runs three consumers with P through shared memory
+#: (``resolve_config``; full 1.0 and causal 0.5 win, the masks below 0.4 lose: default_config)
+DENSE_THREE = 0.5
 
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "consumers") + GLUON_BWD_KEYS
+               "consumers", "p_smem") + GLUON_BWD_KEYS
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
@@ -124,7 +131,7 @@ FUSED_DQ = ("atomic", "writer", "writer_keys")
 FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
-                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd"),
+                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem"),
                    tuned_name="triton-gluon")
 
 
@@ -191,6 +198,22 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     (split) and 128 the 128-row key tiles spill far more at 160 registers (360 / 1190 B: 358 vs 547,
     467 vs 674 TFLOP/s full) and 64-row ones run 2-4 % behind two consumers (536 vs 547, 648 vs 674).
 
+    P through shared memory (``p_smem``, FA3's ``MmaPV_is_RS = false``) frees the registers that
+    held P while the next tile's softmax runs: with it three consumers fit 160 registers at D = 128
+    (ptxas: no spill in the main loops of a mask without partial tiles, ~20 spill stores / 35 loads
+    a step with them) and the ring has 2 stages (Q 48 KB, P 48 KB, 64 KB a stage). Measured
+    (experiments/results/h100/session14, 16K, GQA 64:8, TFLOP/s, default / three consumers + P in
+    shared memory, ping-pong on or off, three calls): full 639-643 / 650-670, causal 574-587 /
+    586-612, prefix_lm_causal 592-600 / 556-627, causal_blockwise 544-554 / 553-581, full_document
+    535-552 / 541-555, causal_document 470 / 472-480; losses where the 192-row query tile covers
+    ragged structure: share_question 477-495 / 407-431, global_sliding_window 544 / 454-466,
+    block_causal_document 570 / 544-553, sliding_window 493 / 470-483. So ``resolve_config`` turns
+    it on at D = 128 for masks of density >= ``DENSE_THREE`` (0.5: full, causal, prefix_lm_causal),
+    ping-pong off (on / off changed places between calls: within the machines' spread). Runs of the
+    same config on one machine differ by up to 6 % on these masks (prefix_lm_causal), so the rule
+    rests on full and causal, where all three calls agree. At D = 96 (split) it ties the default
+    (523 vs 525, causal 482 vs 496) and at D = 64 it loses (443 vs 511): there P stays in registers.
+
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
@@ -210,7 +233,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
-                split_d=False, consumers=consumers,
+                split_d=False, consumers=consumers, p_smem=False,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -226,18 +249,21 @@ def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
-               head_dim_v: Optional[int] = None, split_d: bool = False, consumers: int = 2) -> int:
+               head_dim_v: Optional[int] = None, split_d: bool = False, consumers: int = 2,
+               p_smem: bool = False) -> int:
     """Shared memory of one forward CTA, an upper bound: Q (a 64-row tile of the padded D_qk per
     consumer warpgroup, ``consumers``,
     reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
-    D_qk) tiles, and 1 KB for the mbarriers and the allocator's alignment. ``head_dim``: D_qk.
+    D_qk) tiles, with ``p_smem`` a ``[64, block_n]`` P tile per consumer, and 1 KB for the mbarriers
+    and the allocator's alignment. ``head_dim``: D_qk.
     With ``split_d`` a dim that splits takes its true width (its two pieces), not the padded one."""
     dv = head_dim if head_dim_v is None else head_dim_v
     dqk = sum(head_pieces(head_dim, block_head_dim(head_dim), split_d))
     dv = sum(head_pieces(dv, block_head_dim(dv), split_d))
     q = 64 * consumers * dqk * elem
     ring = num_stages * block_n * (dqk + dv) * elem
-    return q + ring + 1024
+    p = 64 * consumers * block_n * elem if p_smem else 0
+    return q + ring + p + 1024
 
 
 def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
@@ -323,6 +349,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # softmax, so handing the tensor cores back and forth pays here (bwd_session12 calls 9 and 17,
         # TFLOP/s, off / on: full 520 / 543 and 520 / 542, causal a tie; at D = 128 within +-3 %)
         base["pingpong"] = True
+    dense_three = head_dim == dv == 128 and mask is not None and getattr(mask, "density", 0.0) >= DENSE_THREE
+    if dense_three:
+        # three consumers with P through shared memory where rows walk many key tiles (default_config's
+        # docstring, session 14: full +4-5 %, causal +2-7 %; the sparser masks lose to the 192-row tile)
+        base.update(consumers=3, p_smem=True, consumer_regs=160)
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -351,6 +382,14 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         for key in ("num_stages", "pingpong"):
             if key not in (overlay or {}):
                 cfg[key] = padded[key]
+    if dense_three and int(cfg["consumers"]) != 3:
+        # P through shared memory was measured with three consumers only: a config that picks two
+        # (and says nothing of p_smem) gets them with P in registers, their measured default, and
+        # two consumers' registers
+        if "p_smem" not in (overlay or {}):
+            cfg["p_smem"] = False
+        if "consumer_regs" not in (overlay or {}):
+            cfg["consumer_regs"] = default_config(head_dim, dtype, dv)["consumer_regs"]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     consumers = cfg["consumers"]
@@ -360,16 +399,17 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     cfg["consumers"] = consumers = int(consumers)
     if consumers == 3:
         # four warpgroups share the register file: the consumers' default is what FA3 gives its three
-        # (160), and the ring the deepest that fits beside three Q tiles where the config set none
         if "consumer_regs" not in (overlay or {}):
             cfg["consumer_regs"] = min(int(cfg["consumer_regs"]), 160)
-        if "num_stages" not in (overlay or {}):
-            cfg["num_stages"] = next((st for st in range(int(cfg["num_stages"]), 0, -1)
-                                      if smem_bytes(head_dim, cfg["BLOCK_N"], st, head_dim_v=dv,
-                                                    split_d=cfg["split_d"], consumers=3) <= SMEM_LIMIT), 1)
+    p_smem = cfg["p_smem"]
+    if (consumers == 3 or p_smem) and "num_stages" not in (overlay or {}):
+        # the deepest ring up to the default's that fits beside the Q tiles (and the P tiles)
+        cfg["num_stages"] = next((st for st in range(int(cfg["num_stages"]), 0, -1)
+                                  if smem_bytes(head_dim, cfg["BLOCK_N"], st, head_dim_v=dv, split_d=cfg["split_d"],
+                                                consumers=consumers, p_smem=p_smem) <= SMEM_LIMIT), 1)
     stages = int(cfg["num_stages"])
     need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"],
-                      consumers=consumers)
+                      consumers=consumers, p_smem=p_smem)
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
@@ -477,7 +517,7 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         STORE_TMA=out.dtype == q.dtype and o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split),
         CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
-        SPLIT_D=split, CONSUMERS=cfg["consumers"],
+        SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"],
         num_warps=4, maxnreg=maxnreg,
     )
     return out, lse

@@ -34,6 +34,14 @@ Inside a consumer (FA3's intra-warpgroup overlap): at step ``j`` it issues ``S_j
 ``P_{j-1} V_{j-1}``, then waits for that and rescales ``O`` by ``alpha_j``. Step 0 (no ``P``
 yet) and the last ``P V`` are peeled out of the loop.
 
+P through shared memory (``P_SMEM``, config ``p_smem``; FA3's ``MmaPV_is_RS = false``): instead of
+converting P to the wgmma A layout in registers, each consumer stores it (stmatrix) into a
+``[M_WG, BLOCK_N]`` shared buffer of its own and ``P V`` reads A from there. The store waits for the
+previous ``P V`` (it read the same buffer) and is fenced for the async proxy; the compiler's barrier
+analysis adds the warpgroup's named ``bar.sync`` before the wgmma. What it buys: P's registers are
+free while the next tile's softmax runs, which lets three consumers fit 160 registers at D = 128
+(the default there on dense masks, ``attention.default_config``).
+
 Between consumers (FA3's ping-pong, ``PINGPONG``): one mbarrier per consumer hands a token round
 robin, so a consumer issues its GEMMs only after the previous one has issued its own: the GEMMs
 of one warpgroup then run while the others compute their softmax.
@@ -345,15 +353,37 @@ def _qk(q, k, s_zero, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.conste
 
 
 @gluon.jit
-def _pv(p_op, v, acc, DV1: gl.constexpr, p1_layout: gl.constexpr):
+def _pv(p_op, v, acc, DV1: gl.constexpr, p1_layout: gl.constexpr, P_SMEM: gl.constexpr):
     """``O += P V`` issued as async wgmma per head-dim piece of V: ``acc`` is ``(O0,)`` or
-    ``(O0, O1)``; both GEMMs take the same P registers as A operand (``p1_layout`` is the A
-    layout of piece 1's accumulator: the same registers, a layout with that parent)."""
+    ``(O0, O1)``; both GEMMs take the same P as A operand: registers (``p1_layout`` is the A
+    layout of piece 1's accumulator: the same registers, a layout with that parent), or with
+    ``P_SMEM`` the warpgroup's shared P buffer (``p_op``), read by both as it is."""
     a0 = warpgroup_mma(p_op, v[0], acc[0], is_async=True)
     out = (a0,)
     if DV1 > 0:
-        out = (a0, warpgroup_mma(gl.convert_layout(p_op, p1_layout), v[1], acc[1], is_async=True))
+        if P_SMEM:
+            out = (a0, warpgroup_mma(p_op, v[1], acc[1], is_async=True))
+        else:
+            out = (a0, warpgroup_mma(gl.convert_layout(p_op, p1_layout), v[1], acc[1], is_async=True))
     return out
+
+
+@gluon.jit
+def _p_operand(p, p_buf, dtype: gl.constexpr, p_layout: gl.constexpr, P_SMEM: gl.constexpr):
+    """The A operand of the next ``P V`` from the softmax's ``p [M_WG, BLOCK_N]`` (fp32): the
+    registers in the wgmma A layout, or with ``P_SMEM`` the warpgroup's shared buffer ``p_buf``
+    after storing ``p`` there (the caller has waited for the ``P V`` that last read it).
+
+    why the fence: the store goes through the generic proxy and wgmma reads through the async
+    proxy; ``fence_async_shared`` orders the two (the compiler's barrier analysis adds the
+    warpgroup's ``bar.sync`` before the wgmma, which reads every thread's part)."""
+    if P_SMEM:
+        p_buf.store(p.to(dtype))
+        fence_async_shared()
+        p_op = p_buf
+    else:
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return p_op
 
 
 @gluon.jit
@@ -424,16 +454,18 @@ def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.c
 
 
 @gluon.jit
-def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, Lse, LO, HI,
+def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc, Out, Lse, LO, HI,
                   RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
                   HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
-                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr):
+                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
+                  P_SMEM: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile.
 
     ``q_smem``, ``k_smem``, ``v_smem``, ``o_desc``: tuples over the head-dim pieces (one, or two
-    with ``DQK1`` / ``DV1 > 0``); the accumulator ``acc`` likewise (``[M_WG, DV0]``, ``[M_WG, DV1]``)."""
+    with ``DQK1`` / ``DV1 > 0``); the accumulator ``acc`` likewise (``[M_WG, DV0]``, ``[M_WG, DV1]``).
+    ``p_smem``: the ``[CONSUMERS, M_WG, BLOCK_N]`` P buffers (read only with ``P_SMEM``)."""
     q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
     start_m, bh, r0, num_full, num_tiles = plan
     dtype: gl.constexpr = q_smem[0].dtype
@@ -464,6 +496,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
         acc = (acc[0], gl.zeros([M_WG, DV1], gl.float32, o1_layout))  # and [M_WG, DV1]
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
     q = _index(q_smem, WG, DQK1)  # [M_WG, DQK0] (and [M_WG, DQK1])
+    p_buf = p_smem.index(WG)  # [M_WG, BLOCK_N] (P_SMEM only)
     if WG == CONSUMERS - 1:
         if PINGPONG:
             # the token starts with consumer 0
@@ -485,7 +518,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             if r >= r0 + num_full:
                 s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
         m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)  # [M_WG, BLOCK_N]
+        p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)  # [M_WG, BLOCK_N]
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
         # ---- steps 1 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
@@ -496,7 +529,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
             s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
             mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
-            acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout)
+            acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
             _sched_pass(sched, WG, PINGPONG, CONSUMERS)
             # S_j is done when at most the P V groups are still in flight
             s = warpgroup_mma_wait(NUM_PV, deps=(s,))
@@ -508,14 +541,15 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, o_desc, Out, L
             acc = _wait_pv(acc, DV1)
             mbarrier.arrive(v_empty.index(pst))
             acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            # P_j into P_{j-1}'s place: the wait above has retired the P V that read it
+            p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)
             r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
         # ---- the last P V
         lst = (num_tiles - 1) % NUM_STAGES
         _sched_wait(sched, WG, num_tiles, PINGPONG)
         mbarrier.wait(v_ready.index(lst), ((num_tiles - 1) // NUM_STAGES) & 1)
-        acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout)
+        acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout, P_SMEM)
         _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
@@ -575,7 +609,7 @@ def gluon_fwd_kernel(
     BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr,
+    SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr,
 ):
     # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
     # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
@@ -610,6 +644,14 @@ def gluon_fwd_kernel(
     q_smem = _piece_buffers(q_desc, CONSUMERS, M_WG, DQK0, DQK1, dtype)  # [CONSUMERS, M_WG, DQK*]
     k_smem = _piece_buffers(k_desc, NUM_STAGES, BLOCK_N, DQK0, DQK1, dtype)  # [NUM_STAGES, BLOCK_N, DQK*]
     v_smem = _piece_buffers(v_desc, NUM_STAGES, BLOCK_N, DV0, DV1, dtype)  # [NUM_STAGES, BLOCK_N, DV*]
+    if P_SMEM:
+        # P V from shared memory: one P buffer per consumer, in the layout wgmma reads an A from
+        p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_N], dtype)
+        p_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, M_WG, BLOCK_N], p_shared)
+    else:
+        # P stays in registers: the consumers' argument lists are the same either way, so Q's
+        # buffers stand in (never read as P; no shared memory allocated for it)
+        p_smem = q_smem[0]
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     mbarrier.init(q_bar, count=1)
@@ -627,26 +669,26 @@ def gluon_fwd_kernel(
     # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
                              qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
                              qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
-            (_fwd_consumer, (2, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
+            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
                              qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
                              qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
                              qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS)),
+                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
