@@ -509,13 +509,26 @@ def test_kernel_entry_checks_inputs_before_any_launch():
 
 # ------------------------------------------------------------------ sm_90a compilation (no GPU)
 _COMPILE = textwrap.dedent("""
-    import json, os, re
+    import json, os, re, subprocess, sys, tempfile
     os.environ["TRITON_INTERPRET"] = "0"
+    sys.path.insert(0, "experiments")
+    from cpu_aot_fused_bwd import _tool, sass_loops
     from longca_triton.kernels.gluon.aot import compile_bwd, compile_fwd, ptxas_info
+
+    def loop_ldg(ptx):
+        # global loads in the consumers' main loops (SASS), the most of any consumer loop
+        with tempfile.TemporaryDirectory() as tmp:
+            open(tmp + "/k.ptx", "w").write(ptx)
+            subprocess.run([_tool("ptxas"), "-arch=sm_90a", tmp + "/k.ptx", "-o", tmp + "/k.cubin"], check=True)
+            sass = subprocess.run([_tool("cuobjdump"), "-sass", tmp + "/k.cubin"], capture_output=True, text=True,
+                                  check=True).stdout
+        return max(lp["counts"].get("LDG", 0) for lp in sass_loops(sass) if lp["role"] == "consumer")
     cases = [("d128", 128, None, {}), ("d64", 64, None, {}),
              ("nopp-n64", 128, dict(pingpong=False, BLOCK_N=64, num_stages=3), {}),
              ("pp", 128, dict(pingpong=True, num_stages=2), {}),
              ("full-only", 128, None, dict(has_partial=False, num_iv=1)),
+             # one interval a row: two consumers hold it in registers for the whole loop (_mask_tile)
+             ("one-iv", 128, None, dict(num_iv=1)),
              ("fp32-out", 128, None, dict(store_tma=False, dtype="fp16")),
              ("regs232", 128, dict(consumer_regs=232), {}),
              # padded head dims: true dims as descriptor shapes, power-of-two tiles
@@ -554,13 +567,17 @@ _COMPILE = textwrap.dedent("""
                               tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
                               tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
                               stmatrix=c.count(r"stmatrix"), fence=c.count(r"fence\\.proxy\\.async"),
+                              loop_ldg=loop_ldg(c.ptx),
                               **info)))
 """)
 
 
 @pytest.mark.slow
 def test_every_variant_compiles_for_sm90a():
-    res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900)
+    from pathlib import Path
+
+    res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parents[1])
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
     fused = {n: rows.pop(n) for n in [n for n in rows if n.startswith("fused")]}
@@ -622,8 +639,11 @@ def test_every_variant_compiles_for_sm90a():
                             ("d96-128-split", 96, 128, 3)):
         est = G.smem_bytes(d, 128, st, head_dim_v=dv, split_d=True)
         assert est - 1024 <= split[name]["shared"] <= est, (name, split[name]["shared"], est)
-    assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "fp32-out", "regs232", "d96", "d192-128",
-                         "d256", "d64-128", "fp32-out-192-128"}
+    assert set(rows) == {"d128", "d64", "nopp-n64", "pp", "full-only", "one-iv", "fp32-out", "regs232", "d96",
+                         "d192-128", "d256", "d64-128", "fp32-out-192-128"}
+    # one interval a row, held in registers by two consumers: the main loops load only the run cursor
+    # (2 LDG a step), where the interval mask's loads add 4 a row interval (d128: two intervals, 10)
+    assert rows["one-iv"]["loop_ldg"] <= 2 < 10 <= rows["d128"]["loop_ldg"], (rows["one-iv"], rows["d128"])
     for name, r in rows.items():
         if name == "d64":
             # three consumers at 160 registers and a 24-register producer spill a little; measured

@@ -26,6 +26,8 @@ Per case (bf16, against the float32 chunked reference with TF32 off):
   like ``fwd`` (skipped where ``resolve_config`` refuses it, e.g. ``split_d`` at a power-of-two
   dim). The timing then has a ``triton-gluon+<key=value,...>`` row per config next to the default.
 
+``LONGCA_PACKAGE_ROOT=DIR`` imports ``longca_triton`` from ``DIR`` (an A/B of two versions in one call).
+
 Each stage records ``ok`` / the error text and the traceback's last lines, so one failing kernel
 still lets the others report. Rows go to ``<out>/gluon_diag.jsonl`` as they finish.
 """
@@ -45,6 +47,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+if os.environ.get("LONGCA_PACKAGE_ROOT"):
+    # A/B of two versions of the kernels in one device call: import ``longca_triton`` from this
+    # directory (``git archive HEAD longca_triton | tar -x -C _base``) instead of the checkout
+    sys.path.insert(0, os.path.abspath(os.environ["LONGCA_PACKAGE_ROOT"]))
 
 # (name, mask, Sq, Sk, Hq, Hkv, D[, D_v]): from the simplest (full, one head, tile multiples) up
 CASES = [

@@ -315,6 +315,37 @@ def _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout: gl.constexpr,
 
 
 @gluon.jit
+def _row_interval(offs_m, LO, HI, Sq):
+    """The one key interval ``[lo, hi)`` of rows ``offs_m`` (``NUM_IV == 1``), ``[M_WG]`` each,
+    loaded once before the key loop (``_mask_tile``). Rows >= Sq read an empty interval."""
+    row_ok = offs_m < Sq
+    return gl.load(LO + offs_m, mask=row_ok, other=0), gl.load(HI + offs_m, mask=row_ok, other=0)
+
+
+@gluon.jit
+def _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+               NUM_IV: gl.constexpr, HOLD_IV: gl.constexpr):
+    """``s`` of key tile ``n`` with ``-inf`` outside its rows' intervals: with ``HOLD_IV`` (one
+    interval a row, two consumers) from its bounds held in registers (``iv``, ``_row_interval``),
+    else ``_interval_mask`` (loads per partial tile).
+
+    why hold them: a row's interval is the same for every key tile, and loading it per partial tile
+    put global loads between the wait for ``S_j`` and its softmax (ptxas, sm_90a: 6 -> 2 loads a
+    step). Measured (experiments/results/h100/session14, call 11, 16K, D = 128, two rounds):
+    causal_document 493 -> 504 TFLOP/s, the other two-consumer masks within the runs' spread; with
+    three consumers (160 registers) the two registers spill (causal 607 -> 591), and a second
+    interval's made the loops spill more (19 -> 48 spill stores a step), so only there."""
+    if HOLD_IV:
+        offs_n = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols = gl.expand_dims(offs_n, 0)  # [1, BLOCK_N]
+        allowed = (cols >= gl.expand_dims(iv[0], 1)) & (cols < gl.expand_dims(iv[1], 1))  # [M_WG, BLOCK_N]
+        s = gl.where(allowed, s, float("-inf"))
+    else:
+        s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+    return s
+
+
+@gluon.jit
 def _softmax(s, m_i, l_i, qk_scale):
     """Fold raw scores ``s [M_WG, BLOCK_N]`` (masked entries -inf) into the row max ``m_i`` and
     row sum ``l_i`` (log2 domain). Returns ``(m_new, l_new, p, alpha)``."""
@@ -502,6 +533,12 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
             # the token starts with consumer 0
             mbarrier.arrive(sched.index(0))
     mbarrier.wait(q_bar, 0)
+    # the rows' key interval, held for the whole loop where a row has one and two consumers share
+    # the registers (``_mask_tile``)
+    HOLD_IV: gl.constexpr = HAS_PARTIAL_TILES and NUM_IV == 1 and CONSUMERS == 2
+    iv = (offs_m, offs_m)  # never read unless HOLD_IV
+    if HOLD_IV:
+        iv = _row_interval(offs_m, LO, HI, Sq)
 
     if num_tiles > 0:
         r = r0
@@ -516,7 +553,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
         mbarrier.arrive(k_empty.index(0))
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
-                s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+                s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
         m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
         p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)  # [M_WG, BLOCK_N]
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
@@ -536,7 +573,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
             mbarrier.arrive(k_empty.index(st))
             if HAS_PARTIAL_TILES:
                 if r >= r0 + num_full:
-                    s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+                    s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
             m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
             acc = _wait_pv(acc, DV1)
             mbarrier.arrive(v_empty.index(pst))
