@@ -16,20 +16,26 @@ Head dims: the forward takes every head dim our plain-Triton kernels take (multi
 
 Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
 
-* ``BLOCK_N``: key-tile rows (64 or 128); the query tile is fixed at 128 rows (two warpgroups of 64).
+* ``BLOCK_N``: key-tile rows (64 or 128); the query tile is 64 rows per consumer warpgroup
+  (``fwd_block_m``: 128 with two, 192 with three).
+* ``consumers``: consumer warpgroups of the forward, 2 or 3 (``CONSUMERS``; three by default where
+  both head-dim tiles are 64 wide, and at D = 128 on masks of density >= ``DENSE_THREE``).
 * ``num_stages``: depth of the K/V shared-memory ring (each stage holds one K and one V tile).
 * ``pingpong``: hand a token between the consumers so their GEMMs alternate (FA3's schedule).
 * ``consumer_regs``: registers per thread of each consumer warpgroup (``setmaxnreg``). The SM's
-  65536 registers over three warpgroups of 128 threads allow 504 per thread summed over the three;
-  the producer gets ``504 - 2 * consumer_regs`` (240 / 240 / 24 is FA3's split).
+  65536 registers over the warpgroups allow ``REG_BUDGET`` = 504 per thread summed over them; the
+  producer gets ``504 - consumers * consumer_regs`` (240 / 240 / 24 is FA3's split with two
+  consumers, 160 x 3 / 24 with three).
 * ``split_d``: run a head dim that is not a power of two as two exact power-of-two pieces (96 =
   64 + 32: two TMA descriptors per operand, ``S = Q0 K0^T + Q1 K1^T``, two ``P V`` accumulators;
-  ``attention_fwd``'s docstring) instead of one zero-padded tile (96 -> 128). Off by default
-  until a GPU has measured it; ``split_d_reason`` says which dims it takes.
+  ``attention_fwd``'s docstring) instead of one zero-padded tile (96 -> 128). On by default at
+  D = 96 on masks of density >= 0.5 (``resolve_config``, measured); ``split_d_reason`` says which
+  dims it takes.
 * ``p_smem``: ``O += P V`` reads P from shared memory (each consumer stores its P tile there, a
   ``[64, BLOCK_N]`` buffer of its own) instead of from registers: FA3's choice at head dim 96 with
   three consumers (``MmaPV_is_RS = false``), which frees the P registers during the next tile's
-  softmax at the cost of a shared-memory round trip and a smaller ring.
+  softmax at the cost of a shared-memory round trip and a smaller ring; ours is the default at
+  D = 128 with three consumers on masks of density >= ``DENSE_THREE`` (``default_config``).
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
