@@ -643,7 +643,7 @@ def test_every_variant_compiles_for_sm90a():
                          "d192-128", "d256", "d64-128", "fp32-out-192-128"}
     # one interval a row, held in registers by two consumers: the main loops load only the run cursor
     # (2 LDG a step), where the interval mask's loads add 4 a row interval (d128: two intervals, 10)
-    assert rows["one-iv"]["loop_ldg"] <= 2 < 10 <= rows["d128"]["loop_ldg"], (rows["one-iv"], rows["d128"])
+    assert rows["one-iv"]["loop_ldg"] <= 2 and rows["d128"]["loop_ldg"] >= 10, (rows["one-iv"], rows["d128"])
     for name, r in rows.items():
         if name == "d64":
             # three consumers at 160 registers and a 24-register producer spill a little; measured
@@ -991,3 +991,21 @@ def test_p_smem_follows_the_configs_consumers():
     assert G.resolve_config(64, bf, {"p_smem": True})["num_stages"] == 3  # D = 64 fits three beside P
     with pytest.raises(ValueError, match="does not fit"):
         G.resolve_config(128, bf, {"consumers": 3, "p_smem": True, "num_stages": 3})
+
+
+@pytest.mark.parametrize("d,three", [(64, (3, False)), (128, (3, True)), (96, (3, True)), (256, None)],
+                         ids=lambda x: str(x))
+def test_autotune_forward_candidates(d, three):
+    """The forward's autotune candidates: two consumers with P in registers everywhere, three with P in
+    registers at 64-wide tiles and through shared memory at 128-wide ones (the measured pairs), none at
+    256; every candidate fits shared memory and passes ``resolve_config`` as an explicit config."""
+    from longca_triton.bench.autotune import _gluon_candidates
+
+    cands = _gluon_candidates("fwd", 128, d)
+    pairs = {(c["consumers"], c["p_smem"]) for c in cands}
+    assert pairs == ({(2, False), three} if three else {(2, False)}), pairs
+    for c in cands:
+        r = G.resolve_config(d, torch.bfloat16, c)
+        assert (r["consumers"], r["p_smem"], r["num_stages"]) == (c["consumers"], c["p_smem"], c["num_stages"])
+        assert G.smem_bytes(d, c["BLOCK_N"], c["num_stages"], split_d=c["split_d"], consumers=c["consumers"],
+                            p_smem=c["p_smem"]) <= G.SMEM_LIMIT

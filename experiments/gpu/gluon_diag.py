@@ -411,6 +411,8 @@ def main() -> None:
         unknown = [m for m in masks if m not in STATIC_MASKS]
         if unknown:
             ap.error(f"--masks: unknown {unknown}; valid: {', '.join(STATIC_MASKS)}")
+        if args.head_dims and not args.head_dims.isdigit():
+            ap.error(f"--fwd-configs takes one head dim in --head-dims (D_qk = D_v), got {args.head_dims!r}")
         d = int(args.head_dims) if args.head_dims else 128
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

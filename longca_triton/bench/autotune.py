@@ -193,8 +193,7 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # registers (the default there), at 128 with P through shared memory (p_smem: the default on
         # dense masks, session 14); at 128 with P in registers they spill and measured slower
         # (bwd_session13)
-        three = [(3, False)] if block_head_dim(head_dim) == 64 else [(3, True)] if block_head_dim(head_dim) == 128 \
-            else []
+        three = {64: [(3, False)], 128: [(3, True)]}.get(block_head_dim(head_dim), [])
         return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
                      consumers=c, p_smem=ps)
                 for (c, ps), sd, pp, st in itertools.product([(2, False)] + three, splits, [True, False], [2, 1, 3, 4])

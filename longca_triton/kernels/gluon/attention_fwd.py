@@ -297,20 +297,31 @@ def _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 
 @gluon.jit
+def _key_cols(n, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The key indices of tile ``n`` as a ``[1, BLOCK_N]`` row in ``s``'s column layout."""
+    return gl.expand_dims(n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+
+
+@gluon.jit
+def _in_interval(cols, lo, hi):
+    """``[M_WG, BLOCK_N]``: whether key ``cols[j]`` lies in row ``i``'s ``[lo[i], hi[i])``."""
+    return (cols >= gl.expand_dims(lo, 1)) & (cols < gl.expand_dims(hi, 1))
+
+
+@gluon.jit
 def _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout: gl.constexpr,
                    BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr):
     """``s`` with ``-inf`` where key ``j`` is outside every interval ``[lo[i,t], hi[i,t])`` of
     row ``i``. Rows >= Sq read empty intervals."""
-    offs_n = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    cols = gl.expand_dims(offs_n, 0)  # [1, BLOCK_N]
+    cols = _key_cols(n, s_layout, BLOCK_N)  # [1, BLOCK_N]
     row_ok = offs_m < Sq
     lo = gl.load(LO + offs_m * NUM_IV, mask=row_ok, other=0)
     hi = gl.load(HI + offs_m * NUM_IV, mask=row_ok, other=0)
-    allowed = (cols >= gl.expand_dims(lo, 1)) & (cols < gl.expand_dims(hi, 1))  # [M_WG, BLOCK_N]
+    allowed = _in_interval(cols, lo, hi)  # [M_WG, BLOCK_N]
     for t in gl.static_range(1, NUM_IV):
         lo = gl.load(LO + offs_m * NUM_IV + t, mask=row_ok, other=0)
         hi = gl.load(HI + offs_m * NUM_IV + t, mask=row_ok, other=0)
-        allowed = allowed | ((cols >= gl.expand_dims(lo, 1)) & (cols < gl.expand_dims(hi, 1)))
+        allowed = allowed | _in_interval(cols, lo, hi)
     return gl.where(allowed, s, float("-inf"))
 
 
@@ -336,10 +347,7 @@ def _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout: gl.constexpr, BLOCK_N: gl
     three consumers (160 registers) the two registers spill (causal 607 -> 591), and a second
     interval's made the loops spill more (19 -> 48 spill stores a step), so only there."""
     if HOLD_IV:
-        offs_n = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        cols = gl.expand_dims(offs_n, 0)  # [1, BLOCK_N]
-        allowed = (cols >= gl.expand_dims(iv[0], 1)) & (cols < gl.expand_dims(iv[1], 1))  # [M_WG, BLOCK_N]
-        s = gl.where(allowed, s, float("-inf"))
+        s = gl.where(_in_interval(_key_cols(n, s_layout, BLOCK_N), iv[0], iv[1]), s, float("-inf"))
     else:
         s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
     return s
