@@ -209,19 +209,26 @@ def test_classify_exception():
 
 
 # ---------------------------------------------------------------------------- interruption
-def test_keyboard_interrupt_then_resume(tmp_path, fakes):
+@pytest.mark.parametrize("interleave", [False, True], ids=["sequential", "interleaved"])
+def test_keyboard_interrupt_then_resume(tmp_path, fakes, interleave):
     fakes("t-ok", "ok")
     stopper = fakes("t-stop", "interrupt", after=3)
-    exp = _tiny(["t-ok", "t-stop"])
+    exp = _tiny(["t-ok", "t-stop"], interleave=interleave)
     store = ResultStore(tmp_path / "r.jsonl")
     res = run_experiment(exp, store, device="cpu")
     assert res.interrupted
     first = store.rows()
-    # group 1: t-ok fwd, t-ok bwd, t-stop fwd (call 1), t-stop bwd (call 2); group 2: t-ok fwd, bwd, t-stop fwd -> interrupt
-    assert len(first) == 6 and store.skipped_lines == 0
+    if interleave:
+        # group 1: fwd (t-ok, t-stop call 1) timed together, bwd (t-ok, t-stop call 2) likewise; group 2:
+        # t-ok fwd prepared, t-stop fwd -> interrupt: t-ok's fwd was never timed, so it has no row
+        assert len(first) == 4 and {r["timing"] for r in first} == {"interleaved"}
+    else:
+        # group 1: t-ok fwd, t-ok bwd, t-stop fwd (call 1), t-stop bwd (call 2); group 2: t-ok fwd, bwd, t-stop fwd -> interrupt
+        assert len(first) == 6 and {r["timing"] for r in first} == {"sequential"}
+    assert store.skipped_lines == 0
     stopper.behaviour = "ok"
     res = run_experiment(exp, store, device="cpu")
-    assert not res.interrupted and res.skipped == 6 and len(res.rows) == 2
+    assert not res.interrupted and res.skipped == len(first) and len(res.rows) == 8 - len(first)
     rows = store.rows()
     keys = [row_key(r) for r in rows]
     assert len(rows) == exp.num_points() == 8 and len(set(keys)) == 8
@@ -271,3 +278,108 @@ def test_time_fn_fixed_warmup_counts_calls():
     assert len(calls) == 6 and res["reps"] == 4 and res["p20_ms"] <= res["median_ms"] <= res["p80_ms"]
     with pytest.raises(ValueError):
         time_fn(lambda: None, rep=2, device="cpu", ranks=True)  # over ranks needs a warm-up count
+
+
+# ---------------------------------------------------------------------------- interleaved timing
+def test_time_interleaved_rotates_and_caps():
+    """Round r times every function once, starting with function r mod n; a slow function capped
+    by ``max_ms`` drops out of the later rounds; compile, estimate and warm-up calls are untimed."""
+    from longca_triton.bench.timing import time_interleaved
+
+    log = []
+
+    def mk(name, sleep_s=0.0):
+        def f():
+            log.append(name)
+            if sleep_s:
+                time.sleep(sleep_s)
+        return f
+
+    res = time_interleaved([mk("a"), mk("b"), mk("c")], warmup_ms=0.0, rep=4, flush_l2=False, device="cpu")
+    assert [r["reps"] for r in res] == [4, 4, 4]
+    # 1 compile + 1 estimate + 1 warm-up call each, then the rounds
+    assert sorted(log[:9]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert log[9:] == list("abc" "bca" "cab" "abc")
+    log.clear()
+    res = time_interleaved([mk("fast"), mk("slow", 0.02)], warmup_ms=0.0, rep=6, max_ms=45.0, min_rep=2,
+                           flush_l2=False, device="cpu")
+    assert res[0]["reps"] == 6 and res[1]["reps"] == 2 and res[1]["median_ms"] >= 20.0
+    rounds = log[6:]
+    assert rounds[:4] == ["fast", "slow", "slow", "fast"] and rounds[4:] == ["fast"] * 4
+    assert time_interleaved([], device="cpu") == []
+    with pytest.raises(ValueError):
+        time_interleaved([mk("a")], rep=0, device="cpu")
+
+
+class _SlowTimed(_Fake):
+    """Prepares and checks like a correct backend; its calls fail after ``after`` calls (a failure
+    inside the shared timing)."""
+
+    def prepare(self, problem, q, k, v):
+        fn = super().prepare(problem, q, k, v)
+
+        def call():
+            self.calls += 1
+            if self.behaviour == "fail_late" and self.calls > self.after:
+                raise RuntimeError("scripted late failure")
+            return fn()
+        return call
+
+
+def test_interleaved_rows_and_fallback(tmp_path, fakes):
+    """Interleaved timing: every ok row says so and carries the same clock window; a backend whose
+    call fails during the shared timing sends the bucket back to one-at-a-time timing, where only
+    it fails."""
+    fakes("t-ok", "ok")
+    late = register(_SlowTimed("t-late", "fail_late", after=3))
+    try:
+        exp = _tiny(["reference", "t-ok", "t-late"], masks=["causal"], modes=["fwd"])
+        store = ResultStore(tmp_path / "r.jsonl")
+        run_experiment(exp, store, device="cpu")
+        rows = {r["backend"]: r for r in store.rows()}
+        assert rows["t-late"]["status"] == "error: RuntimeError: scripted late failure"
+        assert rows["reference"]["status"] == rows["t-ok"]["status"] == "ok"
+        assert rows["reference"]["timing"] == rows["t-ok"]["timing"] == "sequential"  # the fallback
+        assert "sm_clock_mhz" not in rows["t-ok"]  # nothing to sample on a CPU
+        late.behaviour = "ok"
+        store2 = ResultStore(tmp_path / "r2.jsonl")
+        run_experiment(exp, store2, device="cpu")
+        rows = store2.rows()
+        assert len(rows) == 3 and {r["timing"] for r in rows} == {"interleaved"}
+        assert all("peak_mem_bytes" in r and r["reps"] == 2 and r["time_ms"] > 0 for r in rows)
+    finally:
+        BACKENDS.pop("t-late", None)
+
+
+def test_clock_sampler_reads_nvidia_smi(tmp_path, monkeypatch):
+    """The nvidia-smi fallback parses its CSV lines (a stand-in script on PATH); a CPU device
+    samples nothing."""
+    from longca_triton.bench.timing import ClockSampler
+
+    with ClockSampler("cpu") as c:
+        pass
+    assert c.summary() == {}
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '1980, 650.5\\n1470, 700.0\\n[N/A], 1\\n1755, 640.0\\n'\nsleep 5\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    c = ClockSampler("cpu")
+    c._smi("GPU-test")
+    deadline = time.time() + 10
+    while len(c.clock) < 3 and time.time() < deadline:
+        time.sleep(0.02)
+    c.__exit__(None, None, None)
+    s = c.summary()
+    assert s["sm_clock_mhz"] == 1755.0 and s["sm_clock_min_mhz"] == 1470.0 and s["sm_clock_max_mhz"] == 1980.0
+    assert s["power_w"] == 650.5 and s["clock_samples"] == 3 and s["clock_source"] == "nvidia-smi"
+
+
+def test_interleave_setting(tmp_path):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[experiment]\nname = "e"\n[grid]\nmasks = ["causal"]\n[timing]\ninterleave = false\n')
+    assert load_experiment(cfg).interleave is False
+    cfg.write_text('[experiment]\nname = "e"\n[grid]\nmasks = ["causal"]\n')
+    assert load_experiment(cfg).interleave is True
+    cfg.write_text('[experiment]\nname = "e"\n[grid]\nmasks = ["causal"]\n[timing]\ninterleave = "yes"\n')
+    with pytest.raises(ConfigError, match="interleave must be true or false"):
+        load_experiment(cfg)

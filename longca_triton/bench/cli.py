@@ -78,6 +78,9 @@ def _grid_options(kind: str, example_config: str):
         click.option("--rep", type=click.IntRange(min=1), help="Timed repetitions per point (at most)."),
         click.option("--max-ms", type=click.FloatRange(min=0), help="Cap on the timed repetitions' total time per point (ms)."),
         click.option("--no-check", is_flag=True, help="Skip the correctness check against the reference."),
+        click.option("--interleave/--sequential", "interleave", default=None,
+                     help="Time a problem's backends together, repetition by repetition (the default: each sees the "
+                          "same GPU clock), or one after the other. Default: the experiment's [timing] interleave."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory (results.jsonl, plots/, report.md). Default: results/<experiment>-<gpu>."),
         click.option("--retry-errors", is_flag=True, help="Re-run points whose earlier row is an error or oom."),
         click.option("--max-minutes", type=click.FloatRange(min=0), help="Stop (cleanly, resumable) after this many minutes."),
@@ -155,7 +158,7 @@ def bench_varblock(**opts):
 
 
 def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed,
-               warmup_ms, rep, max_ms, no_check, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
+               warmup_ms, rep, max_ms, no_check, interleave, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
     import torch
 
     con = _console()
@@ -188,6 +191,8 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
                                  params=list(params))
         if no_check:
             exp.check = False
+        if interleave is not None:
+            exp.interleave = interleave
         known = {b.name for b in list_backends()}
         if exp.preset and not backends:
             missing = [b for b in exp.backends if b not in known and b in OPTIONAL_PRESET_BACKENDS]

@@ -22,6 +22,7 @@ A TOML experiment (see ``experiments/dense.toml``)::
     rep = 30
     max_ms = 1500          # cap on timed repetitions per point
     check = true           # correctness check against the reference before timing
+    interleave = true      # time a problem's backends together, repetition by repetition
 
     [mask_params.sliding_window_causal]
     window = 1024
@@ -107,6 +108,8 @@ class Experiment:
     rep: int = 30
     max_ms: float | None = 1500.0
     check: bool = True
+    #: time the backends of one problem and mode together, round by round (``timing.time_interleaved``)
+    interleave: bool = True
     #: "tiny sizes for a machine without a GPU" and the like; shown in the output and the rows
     preset: str | None = None
     source: str | None = None
@@ -368,6 +371,12 @@ def _load_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
 
 
+def _bool(v, path: Path, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{path}: [timing] {key} must be true or false, got {v!r}")
+    return v
+
+
 def _limits(table: dict, path: Path) -> dict[str, int]:
     """``[backend_max_seqlen]``: backend -> S (ints or "48K")."""
     out = {}
@@ -393,7 +402,7 @@ def load_experiment(path: str | Path) -> Experiment:
     for table, keys, got in (
         ("experiment", {"name", "description", "kind"}, exp),
         ("grid", {"masks", "seqlens", "heads", "head_dim", "dtype", "modes", "backends", "batch", "seed"}, grid),
-        ("timing", {"warmup_ms", "rep", "max_ms", "check"}, timing),
+        ("timing", {"warmup_ms", "rep", "max_ms", "check", "interleave"}, timing),
     ):
         extra = sorted(set(got) - keys)
         if extra:
@@ -417,6 +426,7 @@ def load_experiment(path: str | Path) -> Experiment:
         rep=timing.get("rep", 30),
         max_ms=None if timing.get("max_ms", 1500.0) in (None, 0) else float(timing.get("max_ms", 1500.0)),
         check=bool(timing.get("check", True)),
+        interleave=_bool(timing.get("interleave", True), path, "interleave"),
         source=str(path),
     )
     return e

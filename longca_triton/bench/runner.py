@@ -8,13 +8,20 @@ each backend and mode:
 2. ``backend.prepare(problem, q, k, v)``: all lowering and planning, outside any timer;
 3. the correctness check (``check.py``) on the real problem: a wrong backend is reported
    ``error: wrong result (...)`` and not timed;
-4. timing (``timing.time_fn``): ``fwd`` times the call under ``no_grad``; ``bwd`` times
-   ``torch.autograd.grad`` of the output only (graph retained, forward outside the timer);
-   ``fwd_bwd`` times both; TFLOP/s from the mask's FLOP count (MASKS.md §5);
-5. peak memory of one call, absolute and above what was allocated before it.
+4. peak memory of one call, absolute and above what was allocated before it;
+5. timing: ``fwd`` times the call under ``no_grad``; ``bwd`` times ``torch.autograd.grad`` of the
+   output only (graph retained, forward outside the timer); ``fwd_bwd`` times both; TFLOP/s from
+   the mask's FLOP count (MASKS.md §5). By default (``[timing] interleave = true``) the backends of
+   one problem and mode are timed together, repetition by repetition (``timing.time_interleaved``),
+   so each sees the same stretch of the GPU's clock; should that fail (one backend raising, their
+   graphs not fitting together), each is timed on its own. ``interleave = false``: one point after
+   the other (``timing.time_fn``). Rows say which (``timing``), and carry the SM clock and power
+   sampled while they were timed (``sm_clock_mhz``, ``sm_clock_min_mhz``, ``sm_clock_max_mhz``,
+   ``power_w``; ``timing.ClockSampler``), so a reader can tell a slow kernel from a slow clock.
 
 Failures never stop the sweep: ``unsupported: <reason> | oom | error: <message>``. Rows are
-appended atomically as they finish, so an interrupted sweep (Ctrl-C, a kill, a time budget)
+appended atomically as they finish (interleaved: a problem's backends of one mode when their
+shared timing ends; a refused or failed point at once), so an interrupted sweep (Ctrl-C, a kill, a time budget)
 resumes where it stopped: points whose key is already in the store are skipped, judged by the row
 that stands for the point (``report.latest_rows``: the latest). One kind of row does not make a
 point done for good: ``unsupported`` because of the machine (``store.environment_unsupported``: the
@@ -60,7 +67,7 @@ from .store import (
     status_kind,
 )
 from .store import jsonable as _jsonable
-from .timing import peak_memory, time_fn
+from .timing import ClockSampler, peak_memory, time_fn, time_interleaved
 
 __all__ = ["SweepAborted", "SweepResult", "classify_exception", "plan_points", "run_experiment"]
 
@@ -163,6 +170,14 @@ def plan_points(exp: Experiment):
     return groups
 
 
+def _by_mode(points: list) -> list[list]:
+    """``points`` in buckets of one mode each, in the order the modes first appear."""
+    buckets: dict[str, list] = {}
+    for p in points:
+        buckets.setdefault(p.mode, []).append(p)
+    return list(buckets.values())
+
+
 def _make_inputs(B, S, hq, hkv, D, dtype, device, seed, Dv=None):
     """q, k ``[.., D]``, v and dout ``[.., Dv]`` (``Dv`` defaults to ``D``)."""
     Dv = D if Dv is None else Dv
@@ -213,7 +228,11 @@ class _Group:
         return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v))
 
 
-def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict) -> dict:
+def _prepare_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict):
+    """Everything of a point before its timing: the capability check, ``prepare``, the correctness
+    check and the peak memory of one call. Returns ``(row, make)``: ``make`` is None when the row is
+    final (unsupported, an error, a wrong result), else ``make()`` builds the function to time (for
+    ``bwd`` it runs the forward whose graph the timed backward reuses)."""
     row = dict(base)
     mode = problem.mode
     ok, why = backend.check(problem)
@@ -221,12 +240,29 @@ def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment,
         row["status"] = f"unsupported: {why}"
         if not backend.available()[0]:
             row["unavailable"] = True  # the machine lacks it: a resume retries it where it is available
-        return row
+        return row, None
     grad = mode != "fwd"
     q, k, v = grp.q, grp.k, grp.v
     if grad:
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     dout = grp.dout
+    ins = (q, k, v)
+
+    def make():
+        with torch.set_grad_enabled(grad):
+            if mode == "fwd":
+                return fn
+            if mode == "bwd":
+                out = fn()[0]
+
+                def timed():
+                    return torch.autograd.grad(out, ins, dout, retain_graph=True)
+                return timed
+
+            def timed():
+                return torch.autograd.grad(fn()[0], ins, dout)
+            return timed
+
     caught: list = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -239,47 +275,95 @@ def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment,
                     row["check"] = res.as_row()
                     if not res.ok:
                         row["status"] = f"error: wrong result ({res.message})"
-                        return row
+                        return row, None
                 elif backend.name in REFERENCE_BACKENDS:
                     row["check"] = {"ok": True, "self": "reference"}
-                # ---- timing and memory
-                if mode == "fwd":
-                    timed = fn
-                elif mode == "bwd":
-                    out = fn()[0]
-                    ins = (q, k, v)
-
-                    def timed():
-                        return torch.autograd.grad(out, ins, dout, retain_graph=True)
-                else:
-                    ins = (q, k, v)
-
-                    def timed():
-                        return torch.autograd.grad(fn()[0], ins, dout)
-
-                mem = peak_memory(timed, device=q.device)
-                t = time_fn(timed, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=q.device)
+                # ---- memory: one call, with no other backend's graph of this problem alive
+                mem = peak_memory(make(), device=q.device)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - every failure becomes a status
-        row["status"] = classify_exception(e, caught)
-        if row["status"] == "oom":
-            row["detail"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else None
-        elif row["status"].startswith("error"):
-            row["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])[-1500:]
-        return row
-    finally:
-        out = None  # noqa: F841 - release the retained graph
+        _fail(row, e, caught)
+        return row, None
+    row.update(peak_mem_bytes=mem["peak_bytes"], peak_mem_above_bytes=mem["above_bytes"])
+    return row, _guarded(make, backend, problem, q.device)
+
+
+def _guarded(make, backend, problem, device):
+    """``make`` with warnings caught like the preparation's; the notes go with it."""
+    def build():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return make()
+    build.notes = lambda: _notes(backend, problem, device)
+    return build
+
+
+def _fail(row: dict, e: BaseException, caught: list | None = None) -> None:
+    row["status"] = classify_exception(e, caught)
+    if row["status"] == "oom":
+        row["detail"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else None
+    elif row["status"].startswith("error"):
+        row["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])[-1500:]
+
+
+def _timed_row(row: dict, t: dict, clock: dict, timing: str, notes: dict) -> dict:
     row.update(
         status="ok",
         time_ms=t["median_ms"], p20_ms=t["p20_ms"], p80_ms=t["p80_ms"], min_ms=t["min_ms"], reps=t["reps"],
-        tflops=_tflops(row["flops"], t["median_ms"]),
-        peak_mem_bytes=mem["peak_bytes"], peak_mem_above_bytes=mem["above_bytes"],
+        tflops=_tflops(row["flops"], t["median_ms"]), timing=timing,
     )
-    notes = _notes(backend, problem, q.device)
+    row.update(clock)
     if notes:
         row["notes"] = notes
     return row
+
+
+def _time_one(row: dict, make, exp: Experiment, device) -> dict:
+    """Time one prepared point on its own (``time_fn``)."""
+    try:
+        timed = make()
+        with ClockSampler(device) as clock:
+            t = time_fn(timed, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=device)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        _fail(row, e)
+        return row
+    finally:
+        timed = None  # noqa: F841 - release the retained graph
+    return _timed_row(row, t, clock.summary(), "sequential", make.notes())
+
+
+def _time_together(prepared: list, exp: Experiment, device) -> list[dict]:
+    """Time prepared points of one problem and mode together (``time_interleaved``). Should that
+    fail (one backend's call raising, or the graphs of all of them not fitting the memory together),
+    each is timed on its own instead, so one backend's failure stays its own row."""
+    if len(prepared) < 2:
+        return [_time_one(row, make, exp, device) for row, make in prepared]
+    fns = []
+    try:
+        fns = [make() for _, make in prepared]
+        with ClockSampler(device) as clock:
+            ts = time_interleaved(fns, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=device)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - fall back to one at a time
+        fns = None
+        _free(device)
+        return [_time_one(row, make, exp, device) for row, make in prepared]
+    finally:
+        fns = None  # noqa: F841 - release the retained graphs
+    c = clock.summary()
+    return [_timed_row(row, t, c, "interleaved", make.notes()) for (row, make), t in zip(prepared, ts)]
+
+
+def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict) -> dict:
+    """One point prepared and timed on its own."""
+    row, make = _prepare_point(backend, problem, grp, exp, base)
+    if make is None:
+        return row
+    return _time_one(row, make, exp, grp.q.device)
 
 
 def _notes(backend: Backend, problem: Problem, device) -> dict:
@@ -373,6 +457,22 @@ def run_experiment(
     deadline = t0 + max_minutes * 60 if max_minutes else None
     if progress:
         progress(0, "planning", result.total)
+    def emit(row: dict) -> None:
+        """A finished point: appended to the store at once (a resume skips it)."""
+        row["time"] = collect_env()["time"]
+        row["env"] = env
+        store.append(row)
+        result.rows.append(row)
+        if on_row:
+            on_row(row)
+        if progress:
+            progress(1, f"{row['backend']} {row['mask']} S={row['seqlen']} {row['mode']}: {row['status'][:40]}", None)
+        if status_kind(row) in ("oom", "error"):
+            _free(device)
+        if _is_fatal(row["status"]):
+            result.aborted = row["status"]
+            raise SweepAborted(row["status"])
+
     try:
         for key, pts in groups:
             mname, S, hq, hkv, D, dt, vi = key
@@ -421,31 +521,33 @@ def run_experiment(
             grp = _Group(mask, exp, key, device, need_grads)
             base_common["inputs_bytes"] = grp.inputs_bytes()
             try:
-                for p in pending:
-                    if deadline is not None and time.monotonic() > deadline:
-                        result.budget_hit = True
+                # interleaved: the backends of one mode are prepared one by one, then timed together
+                buckets = _by_mode(pending) if exp.interleave else [[p] for p in pending]
+                for bucket in buckets:
+                    prepared = []
+                    for p in bucket:
+                        if deadline is not None and time.monotonic() > deadline:
+                            result.budget_hit = True
+                            break
+                        backend = get_backend(p.backend)
+                        problem = _problem(p, mask, exp, device)
+                        base = dict(base_common, backend=p.backend, backend_description=backend.description, mode=p.mode,
+                                    flops=problem.flops(), status=None, time_ms=None, tflops=None)
+                        if progress:
+                            progress(0, f"{p.backend} {mname} S={S} {hq}:{hkv} {p.mode}", None)
+                        row, make = _prepare_point(backend, problem, grp, exp, base)
+                        if make is None:
+                            emit(row)
+                        else:
+                            prepared.append((row, make))
+                    if prepared:
+                        if progress and len(prepared) > 1:
+                            progress(0, f"timing {len(prepared)} backends together: {mname} S={S} {prepared[0][0]['mode']}", None)
+                        for row in _time_together(prepared, exp, grp.q.device):
+                            emit(row)
+                        prepared = None
+                    if result.budget_hit:
                         return result
-                    backend = get_backend(p.backend)
-                    problem = _problem(p, mask, exp, device)
-                    flops = problem.flops()
-                    base = dict(base_common, backend=p.backend, backend_description=backend.description, mode=p.mode,
-                                flops=flops, status=None, time_ms=None, tflops=None)
-                    if progress:
-                        progress(0, f"{p.backend} {mname} S={S} {hq}:{hkv} {p.mode}", None)
-                    row = _run_point(backend, problem, grp, exp, base)
-                    row["time"] = collect_env()["time"]
-                    row["env"] = env
-                    store.append(row)
-                    result.rows.append(row)
-                    if on_row:
-                        on_row(row)
-                    if progress:
-                        progress(1, f"{p.backend} {mname} S={S} {p.mode}: {row['status'][:40]}", None)
-                    if status_kind(row) in ("oom", "error"):
-                        _free(device)
-                    if _is_fatal(row["status"]):
-                        result.aborted = row["status"]
-                        raise SweepAborted(row["status"])
             finally:
                 del grp
                 mask.__dict__.pop("_adapter_cache", None)
