@@ -57,6 +57,13 @@ def _summary(samples: list[float]) -> dict:
     }
 
 
+def _device(device) -> torch.device:
+    """The given device, else CUDA where there is one, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def time_fn(
     fn: Callable[[], object],
     warmup_ms: float = 25.0,
@@ -72,7 +79,7 @@ def time_fn(
     """Median / p20 / p80 milliseconds of ``fn()`` (see module doc). ``rep`` >= 1."""
     if rep < 1:
         raise ValueError(f"rep must be >= 1, got {rep}")
-    dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _device(device)
     if ranks is not None and ranks is not False:
         if warmup_calls is None or max_ms is not None:
             raise ValueError("timing over ranks needs warmup_calls (a count every rank agrees on) and no max_ms")
@@ -138,7 +145,7 @@ def time_interleaved(
         raise ValueError(f"rep must be >= 1, got {rep}")
     if not fns:
         return []
-    dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _device(device)
     cuda = dev.type == "cuda"
 
     def sync():
@@ -381,7 +388,7 @@ def _time_host(fn, warmup_ms, rep, max_ms, min_rep) -> dict:
 
 def peak_memory(fn: Callable[[], object], device=None) -> dict:
     """``{"peak_bytes", "above_bytes", "base_bytes"}`` of one ``fn()`` call (CUDA), else Nones."""
-    dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _device(device)
     if dev.type != "cuda":  # no allocator statistics on the host: nothing to measure, nothing run
         return {"peak_bytes": None, "above_bytes": None, "base_bytes": None}
     torch.cuda.synchronize(dev)
