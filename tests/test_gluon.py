@@ -542,7 +542,13 @@ _COMPILE = textwrap.dedent("""
              ("d96-128-split", 96, dict(split_d=True), dict(head_dim_v=128)),
              # P through shared memory with three consumers (the D = 128 default on dense masks)
              ("psmem-d128", 128, dict(consumers=3, p_smem=True), dict(has_partial=False, num_iv=1)),
-             ("psmem-d128-partial", 128, dict(consumers=3, p_smem=True), {})]
+             ("psmem-d128-partial", 128, dict(consumers=3, p_smem=True), {}),
+             # persistent: a CTA walks tiles with whole-tensor (4-d) descriptors; O in Q's buffers or its own
+             ("persist-d128", 128, dict(persistent=True), {}),
+             ("persist-own", 128, dict(persistent=True, o_own=True, num_stages=2), dict(num_iv=1)),
+             ("persist-psmem", 128, dict(persistent=True, consumers=3, p_smem=True), dict(has_partial=False, num_iv=1)),
+             ("persist-split", 96, dict(persistent=True, split_d=True), {}),
+             ("persist-fp32-out", 128, dict(persistent=True), dict(store_tma=False, dtype="fp16"))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -566,6 +572,9 @@ _COMPILE = textwrap.dedent("""
                               mma_shapes=sorted(set(re.findall(r"wgmma\\.mma_async\\S*\\.(m64n\\d+k16)", c.ptx))),
                               tma_load=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.shared::cluster\\.global"),
                               tma_store=c.count(r"cp\\.async\\.bulk\\.tensor\\.2d\\.global\\.shared"),
+                              tma_load4=c.count(r"cp\\.async\\.bulk\\.tensor\\.4d\\.shared::cluster\\.global"),
+                              tma_store4=c.count(r"cp\\.async\\.bulk\\.tensor\\.4d\\.global\\.shared"),
+                              nctaid=c.count(r"%nctaid\\.x"),
                               stmatrix=c.count(r"stmatrix"), fence=c.count(r"fence\\.proxy\\.async"),
                               loop_ldg=loop_ldg(c.ptx),
                               **info)))
@@ -616,6 +625,23 @@ def test_every_variant_compiles_for_sm90a():
     # row; causal ran 2-7 % faster all the same)
     assert psmem["psmem-d128"]["spill_stores"] <= 32 and psmem["psmem-d128"]["spill_loads"] <= 32, psmem
     assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
+    persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
+    assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out"}
+    for name, r in persist.items():
+        # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
+        assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
+        assert r["tma_store4"] >= (0 if name == "persist-fp32-out" else 1) and r["tma_store"] == 0, r
+        assert r["shared"] <= G.SMEM_LIMIT, r
+    # two consumers stay spill-free; three at 160 registers spill about as much as one tile a CTA does
+    for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out"):
+        assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
+    assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
+    # O's own buffers: two 64 KB stages, Q 32 KB, O 32 KB, tight to 1 KB
+    est = G.smem_bytes(128, 128, 2, o_own=True)
+    assert est - 1024 <= persist["persist-own"]["shared"] <= est, (persist["persist-own"]["shared"], est)
+    for name in ("d128", "psmem-d128", "d96-split"):  # one tile a CTA keeps per-head 2-d descriptors
+        r = rows.get(name) or psmem.get(name)
+        assert r is None or (r["tma_load4"] == 0 and r["tma_store4"] == 0), r
     split = {n: rows.pop(n) for n in [n for n in rows if "split" in n]}
     assert set(split) == {"d96-split", "d80-split", "d96-split-st4", "fp32-out-d96-split", "d96-128-split"}
     for name, r in split.items():

@@ -39,22 +39,22 @@ def _rel(x, ref, rows=None):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None):
+def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None, B=1):
     from longca_triton.kernels.gluon.attention import gluon_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
     sq, sk = mask.seqlen_q, mask.seqlen_k
     Dv = D if Dv is None else Dv
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(1, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(1, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, sk, Hkv, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn(1, sq, Hq, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(B, sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, sk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, sk, Hkv, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(B, sq, Hq, Dv, device="cuda", dtype=torch.bfloat16, generator=g)
 
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse = gluon_attention(qg, kg, vg, mask, return_lse=True, config=config)
     out.backward(dout)
-    assert out.shape == (1, sq, Hq, Dv)
+    assert out.shape == (B, sq, Hq, Dv)
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
 
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
@@ -67,7 +67,7 @@ def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None):
     G = Hq // Hkv
     qt, kt, vt = (t.detach().clone().transpose(1, 2).requires_grad_() for t in
                   (q, k.repeat_interleave(G, 2), v.repeat_interleave(G, 2)))
-    pt = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense)
+    pt = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense)  # [B, Hq, Sq, Dv]
     pt.backward(dout.transpose(1, 2))
     pt = pt.transpose(1, 2)
 
@@ -223,6 +223,54 @@ def test_padded_head_dims_fp32_partial_output():
 @pytest.mark.parametrize("name", STATIC_MASK_NAMES)
 def test_static_masks_gqa(name, design):
     _check(small_mask(name, 3001, seed=7), 8, 2, 128, config=DESIGNS[design])
+
+
+#: the persistent forward (one CTA per SM walking the tiles, whole-tensor descriptors, the next tile's
+#: Q and K/V loaded while a tile's epilogue runs): O staged in Q's buffers or in its own, 2 or 3
+#: consumers, ping-pong, 64-row key tiles, the split and padded head dims, two batches whose rows
+#: the TMA must clip per batch (Sq = 3001 is not a multiple of the 128-row tile); 3001 x 8 heads x
+#: 2 batches is 384 tiles, ~3 a CTA on an H100
+PERSISTENT = [(128, 128, dict(persistent=True)), (128, 128, dict(persistent=True, o_own=True, num_stages=2)),
+              (128, 128, dict(persistent=True, consumers=3, p_smem=True)),
+              (128, 128, dict(persistent=True, pingpong=True, num_stages=2)),
+              (128, 128, dict(persistent=True, BLOCK_N=64, o_own=True)),
+              (64, 64, dict(persistent=True)), (64, 64, dict(persistent=True, consumers=2, o_own=True)),
+              (96, 96, dict(persistent=True, split_d=True)), (96, 96, dict(persistent=True, o_own=True)),
+              (192, 128, dict(persistent=True)), (256, 256, dict(persistent=True, o_own=True, num_stages=1))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,Dv,config", PERSISTENT,
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) if isinstance(c, dict) else str(c))
+@pytest.mark.parametrize("name", ["random", "causal_document", "sliding_window_causal"])
+def test_persistent_forward(name, D, Dv, config):
+    mask = (random_range_mask(3001, 2500, seed=11, n_slices=6) if name == "random"
+            else small_mask(name, 3001, seed=7))
+    _check(mask, 8, 2, D, config=config, Dv=Dv, B=2)
+
+
+@needs_sm90
+def test_persistent_fp32_partial_output_and_equal_bits():
+    """Persistent: the float32 partial output through the pointer store (two batches), and the same
+    bits as the one-tile-a-CTA forward (the same sums in the same order, only the schedule moves)."""
+    from longca_triton.kernels.gluon.attention import gluon_attention, gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    mask = random_range_mask(3001, 2500, seed=2, n_slices=6)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 3001, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 2500, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cfg = resolve_config(128, torch.bfloat16, dict(persistent=True))
+    plan = get_ws_plan(mask, 128, cfg["BLOCK_N"], "cuda")
+    out, lse = gluon_fwd(q, k, v, plan, 128 ** -0.5, cfg, out_dtype=torch.float32)
+    ref = chunked_attention(q.float(), k.float(), v.float(), mask, chunk=1024)
+    rows = mask.to_dense().cuda().any(1)
+    assert out.dtype == torch.float32 and torch.all(out[:, ~rows] == 0)
+    assert _rel(out, ref, rows) <= 2e-2
+    for extra in ({}, dict(o_own=True, num_stages=2)):
+        a, la = gluon_attention(q, k, v, mask, return_lse=True, config=dict(persistent=False, **extra))
+        b, lb = gluon_attention(q, k, v, mask, return_lse=True, config=dict(persistent=True, **extra))
+        assert torch.equal(a, b) and torch.equal(la, lb), extra
 
 
 CONFIGS = [dict(pingpong=True, num_stages=2), dict(BLOCK_N=64, num_stages=3), dict(num_stages=1),

@@ -3,6 +3,10 @@
 #   bash experiments/gpu/session15.sh window   the Gluon forward's fixed cost per query tile: sliding_window_causal
 #                                              at 16K with the window swept 256..8192 (triton-gluon, triton, flex),
 #                                              then the dense 16K backward through the interleaved harness
+#   bash experiments/gpu/session15.sh persist  the persistent Gluon forward: its GPU tests (and the whole Gluon
+#                                              GPU file: the one-tile-a-CTA path changed too), then every static
+#                                              mask at 16K, default vs persistent (O in Q's buffers / its own)
+#   bash experiments/gpu/session15.sh ab       the default (one tile a CTA) forward against _base's (carry _base)
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 bench() { python -m longca_triton.cli bench dense --no-plots "$@"; }
@@ -16,5 +20,14 @@ case "${1:-}" in
     bench --config experiments/dense_16k.toml --masks full --backends triton-gluon,triton,flex --mode fwd --out "$OUT/window" 2>&1 | tail -8
     bench --config experiments/dense_16k.toml --backends triton,triton-gluon,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -30
     ;;
-  *) echo "usage: session15.sh window" >&2; exit 2 ;;
+  persist)
+    python -m pytest -q -m gpu tests/test_gluon_gpu.py -k persistent -x 2>&1 | tail -15 | tee "$OUT/gpu_tests_persistent.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/persist" --fwd-configs 16384 --masks all \
+      --config-json '[{"persistent": true}, {"persistent": true, "o_own": true, "num_stages": 2}]' 2>&1 | tail -40
+    python -m pytest -q -m gpu tests/test_gluon_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests_all.txt"
+    ;;
+  ab)
+    ROUNDS=2 MASKS=full,causal,sliding_window_causal,causal_document MASKS64=causal bash experiments/gpu/gluon_fwd_ab.sh
+    ;;
+  *) echo "usage: session15.sh window|persist|ab" >&2; exit 2 ;;
 esac

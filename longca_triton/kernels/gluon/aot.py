@@ -85,11 +85,13 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
     c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
     producer, maxnreg = _regs(c["consumer_regs"], c["consumers"])
     dims = head_dim_meta(head_dim, dv)
-    store_tma = store_tma and o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"])
+    o_own = store_tma and c["o_own"]
+    store_tma = store_tma and (o_own or o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"]))
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
-                  CONSUMERS=c["consumers"], P_SMEM=c["p_smem"])
+                  CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
+                  PERSISTENT=c["persistent"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

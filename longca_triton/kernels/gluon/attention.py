@@ -125,7 +125,7 @@ DENSE_THREE = 0.5
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "consumers", "p_smem") + GLUON_BWD_KEYS
+               "consumers", "p_smem", "persistent", "o_own") + GLUON_BWD_KEYS
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
@@ -137,7 +137,7 @@ FUSED_DQ = ("atomic", "writer", "writer_keys")
 FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
-                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem"),
+                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own"),
                    tuned_name="triton-gluon")
 
 
@@ -239,7 +239,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
-                split_d=False, consumers=consumers, p_smem=False,
+                split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -256,7 +256,7 @@ def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
                head_dim_v: Optional[int] = None, split_d: bool = False, consumers: int = 2,
-               p_smem: bool = False) -> int:
+               p_smem: bool = False, o_own: bool = False) -> int:
     """Shared memory of one forward CTA, an upper bound: Q (a 64-row tile of the padded D_qk per
     consumer warpgroup, ``consumers``,
     reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
@@ -269,7 +269,8 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
     q = 64 * consumers * dqk * elem
     ring = num_stages * block_n * (dqk + dv) * elem
     p = 64 * consumers * block_n * elem if p_smem else 0
-    return q + ring + p + 1024
+    o = 64 * consumers * dv * elem if o_own else 0
+    return q + ring + p + o + 1024
 
 
 def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
@@ -407,15 +408,15 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # four warpgroups share the register file: the consumers' default is what FA3 gives its three
         if "consumer_regs" not in (overlay or {}):
             cfg["consumer_regs"] = min(int(cfg["consumer_regs"]), 160)
-    p_smem = cfg["p_smem"]
-    if (consumers == 3 or p_smem) and "num_stages" not in (overlay or {}):
+    p_smem, o_own = cfg["p_smem"], cfg["o_own"]
+    if (consumers == 3 or p_smem or o_own) and "num_stages" not in (overlay or {}):
         # the deepest ring up to the default's that fits beside the Q tiles (and the P tiles)
         cfg["num_stages"] = next((st for st in range(int(cfg["num_stages"]), 0, -1)
                                   if smem_bytes(head_dim, cfg["BLOCK_N"], st, head_dim_v=dv, split_d=cfg["split_d"],
-                                                consumers=consumers, p_smem=p_smem) <= SMEM_LIMIT), 1)
+                                                consumers=consumers, p_smem=p_smem, o_own=o_own) <= SMEM_LIMIT), 1)
     stages = int(cfg["num_stages"])
     need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"],
-                      consumers=consumers, p_smem=p_smem)
+                      consumers=consumers, p_smem=p_smem, o_own=o_own)
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
@@ -510,20 +511,27 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
     producer_regs, maxnreg = _regs(cfg["consumer_regs"], cfg["consumers"])
     dims = head_dim_meta(d, dv)
     split = cfg["split_d"]
-    grid = (tiles.num_m * b * hq,)
+    num_work = tiles.num_m * b * hq
+    # persistent: one CTA per SM walks the work list (tiles heaviest first, heads fastest) in steps
+    # of the grid; else one CTA per query tile
+    grid = (min(num_work, torch.cuda.get_device_properties(q.device).multi_processor_count)
+            if cfg["persistent"] else num_work,)
+    store_tma = out.dtype == q.dtype
     gluon_fwd_kernel[grid](
         q, k, v, out, lse,
         *bsh_strides(q, k, v, out),
         *plan.tensors(),
         softmax_scale * LOG2E,
-        sq, sk, b * hq, hq, hq // hkv,
+        sq, sk, b * hq, hq, hq // hkv, num_work,
         **dims, BLOCK_N=cfg["BLOCK_N"], NUM_IV=tiles.num_iv, NUM_STAGES=cfg["num_stages"],
         HAS_PARTIAL_TILES=plan.has_partial, PINGPONG=cfg["pingpong"],
-        # O is staged in Q's buffers for the TMA store: same dtype, and tiles that fit there
-        STORE_TMA=out.dtype == q.dtype and o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split),
+        # O leaves by a TMA store where it has q's dtype, staged in buffers of its own (o_own) or in
+        # Q's where its tiles fit there
+        STORE_TMA=store_tma and (cfg["o_own"] or o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split)),
         CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
-        SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"],
+        SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
+        PERSISTENT=cfg["persistent"],
         num_warps=4, maxnreg=maxnreg,
     )
     return out, lse

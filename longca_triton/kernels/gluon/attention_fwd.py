@@ -184,43 +184,73 @@ def _tile_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr
 
 
 @gluon.jit
-def _padded_desc(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_D: gl.constexpr,
-                 layout: gl.constexpr):
-    """TMA descriptor over the ``[rows, HEAD_DIM]`` matrix of one head in ``[BLOCK, BLOCK_D]``
-    tiles, ``BLOCK_D >= HEAD_DIM`` the padded (power-of-two) head dim: rows >= ``rows`` and columns
-    >= ``HEAD_DIM`` load as zeros (``padding_option="zero"``, the TMA's out-of-bounds fill), stores
-    clip both. The padded columns of Q and K add zeros to ``Q K^T``; those of V give output
-    columns that are never stored. With ``BLOCK_D == HEAD_DIM`` it is ``_tile_desc``; with
-    ``BLOCK_D < HEAD_DIM`` (a head-dim piece, ``SPLIT_D``) the tiles lie inside the matrix at the
-    column the copy names."""
-    return tma.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, BLOCK_D], layout)
+def _piece_descs(base, batch, rows, heads, stride_b, stride_s, stride_h, b, h, BLOCK: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr, dtype: gl.constexpr,
+                 WHOLE: gl.constexpr):
+    """The TMA descriptors of a ``[batch, rows, heads, HEAD_DIM]`` tensor (unit last stride) by
+    head-dim piece: ``(d0,)``, ``D0``-wide tiles (``D0 >= HEAD_DIM``: padded, zero-filled), or with a
+    second piece (``D1 > 0``) ``(d0, d1)``: ``D0``-wide tiles read at column 0 and ``D1``-wide ones at
+    column ``D0``, each with the swizzle its width gets. Rows >= ``rows`` and columns >= ``HEAD_DIM``
+    load as zeros and clip on store, per head.
 
-
-@gluon.jit
-def _piece_descs(base, rows, stride_s, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, D0: gl.constexpr,
-                 D1: gl.constexpr, dtype: gl.constexpr):
-    """The descriptors of one head's ``[rows, HEAD_DIM]`` matrix by head-dim piece: ``(d0,)``, the
-    ``[BLOCK, D0]`` tile (``D0 >= HEAD_DIM``: padded, zero-filled), or with a second piece
-    (``D1 > 0``) ``(d0, d1)``: ``[BLOCK, D0]`` tiles read at column 0 and ``[BLOCK, D1]`` tiles at
-    column ``D0``, each with the swizzle its width gets."""
-    l0: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D0], dtype)
-    d0 = _padded_desc(base, rows, stride_s, BLOCK, HEAD_DIM, D0, l0)
-    descs = (d0,)
-    if D1 > 0:
-        l1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D1], dtype)
-        descs = (d0, _padded_desc(base, rows, stride_s, BLOCK, HEAD_DIM, D1, l1))
+    ``WHOLE`` (persistent launches): over the whole tensor, in ``[1, BLOCK, 1, D*]`` boxes addressed
+    ``[b, row, h, column]`` (``_load_box``, ``_store_box``). why: a kernel makes its descriptors once
+    (each is written to global memory and fenced before its first copy), and a CTA that walks
+    query tiles of several heads addresses them all by coordinates. Else over head ``h`` of batch
+    ``b`` only, ``[rows, HEAD_DIM]`` in ``[BLOCK, D*]`` tiles addressed ``[row, column]``: one CTA,
+    one head, and its consumers need no batch or head index in registers (at three consumers of 160
+    registers the two more that the whole-tensor store needs made the main loop spill, ptxas)."""
+    if WHOLE:
+        l0: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK, 1, D0], dtype)
+        d0 = tma.make_tensor_descriptor(base, [batch, rows, heads, HEAD_DIM], [stride_b, stride_s, stride_h, 1],
+                                        [1, BLOCK, 1, D0], l0)
+        descs = (d0,)
+        if D1 > 0:
+            l1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK, 1, D1], dtype)
+            descs = (d0, tma.make_tensor_descriptor(base, [batch, rows, heads, HEAD_DIM],
+                                                    [stride_b, stride_s, stride_h, 1], [1, BLOCK, 1, D1], l1))
+    else:
+        head = base + b.to(gl.int64) * stride_b + h * stride_h
+        l0: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D0], dtype)
+        d0 = tma.make_tensor_descriptor(head, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, D0], l0)
+        descs = (d0,)
+        if D1 > 0:
+            l1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D1], dtype)
+            descs = (d0, tma.make_tensor_descriptor(head, [rows, HEAD_DIM], [stride_s, 1], [BLOCK, D1], l1))
     return descs
 
 
 @gluon.jit
-def _piece_buffers(descs, NUM: gl.constexpr, BLOCK: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
+def _piece_buffers(NUM: gl.constexpr, BLOCK: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
                    dtype: gl.constexpr):
-    """Shared buffers ``[NUM, BLOCK, D*]`` per head-dim piece, in the layouts of ``descs``."""
-    b0 = gl.allocate_shared_memory(dtype, [NUM, BLOCK, D0], descs[0].layout)
+    """Shared buffers ``[NUM, BLOCK, D*]`` per head-dim piece, each in the wgmma layout of its width
+    (the TMA boxes land in them through ``_box``)."""
+    l0: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D0], dtype)
+    b0 = gl.allocate_shared_memory(dtype, [NUM, BLOCK, D0], l0)
     bufs = (b0,)
     if D1 > 0:
-        bufs = (b0, gl.allocate_shared_memory(dtype, [NUM, BLOCK, D1], descs[1].layout))
+        l1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, D1], dtype)
+        bufs = (b0, gl.allocate_shared_memory(dtype, [NUM, BLOCK, D1], l1))
     return bufs
+
+
+@gluon.jit
+def _box(buf, desc, WHOLE: gl.constexpr):
+    """A ``[BLOCK, D]`` shared buffer as ``desc``'s tile: itself, or for a whole-tensor descriptor
+    its ``[1, BLOCK, 1, D]`` box (the same bytes in the same swizzle: the unit dims add no stride)."""
+    if WHOLE:
+        buf = buf._reinterpret(buf.dtype, desc.block_shape, desc.layout)
+    return buf
+
+
+@gluon.jit
+def _store_box(desc, b, row, h, col, buf, WHOLE: gl.constexpr):
+    """TMA store of ``buf`` to rows ``[row, row + BLOCK)``, columns from ``col``, of head ``h`` of batch
+    ``b`` (``_piece_descs``: a whole-tensor descriptor, else the head's own, which ignores ``b``, ``h``)."""
+    if WHOLE:
+        tma.async_copy_shared_to_global(desc, [b, row, h, col], _box(buf, desc, WHOLE))
+    else:
+        tma.async_copy_shared_to_global(desc, [row, col], buf)
 
 
 @gluon.jit
@@ -245,6 +275,18 @@ def _load_pieces(descs, row, bar, bufs, i, D0: gl.constexpr, D1: gl.constexpr):
     tma.async_copy_global_to_shared(descs[0], [row, 0], bar, bufs[0].index(i))
     if D1 > 0:
         tma.async_copy_global_to_shared(descs[1], [row, D0], bar, bufs[1].index(i))
+
+
+@gluon.jit
+def _load_box(descs, b, row, h, bar, bufs, i, D0: gl.constexpr, D1: gl.constexpr, WHOLE: gl.constexpr):
+    """TMA copies of rows ``[row, row + BLOCK)`` of head ``h`` of batch ``b`` (``_piece_descs``), every
+    piece into buffer ``i`` (piece 1 from column ``D0``), all completing ``bar``."""
+    if WHOLE:
+        tma.async_copy_global_to_shared(descs[0], [b, row, h, 0], bar, _box(bufs[0].index(i), descs[0], WHOLE))
+        if D1 > 0:
+            tma.async_copy_global_to_shared(descs[1], [b, row, h, D0], bar, _box(bufs[1].index(i), descs[1], WHOLE))
+    else:
+        _load_pieces(descs, row, bar, bufs, i, D0, D1)
 
 
 @gluon.jit
@@ -446,8 +488,7 @@ def _scale_rows(acc, x, row_o: gl.constexpr, row_o1: gl.constexpr, DV1: gl.const
 
 
 @gluon.jit
-def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr,
-             CONSUMERS: gl.constexpr):
+def _o_stage(q, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr, CONSUMERS: gl.constexpr):
     """The shared buffer that stages one O piece ``[M_WG, DV]`` for its TMA store: this warpgroup's
     Q buffer ``q`` of the same piece (no longer read), or where O's piece is narrower, its first
     ``[M_WG, DV]`` tile (a view of the ``[CONSUMERS, M_WG, DQK]`` buffers as ``CONSUMERS * DQK / DV``
@@ -457,7 +498,8 @@ def _o_stage(q, o_desc, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.cons
     else:
         # the launcher asks for STORE_TMA only when DV <= DQK (``o_fits_q``)
         RATIO: gl.constexpr = DQK // DV
-        o_smem = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * RATIO, M_WG, DV], o_desc.layout).index(WG * RATIO)
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, DV], q_smem.dtype)
+        o_smem = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * RATIO, M_WG, DV], layout).index(WG * RATIO)
     return o_smem
 
 
@@ -493,24 +535,94 @@ def _sched_pass(sched, WG: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.c
 
 
 @gluon.jit
-def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc, Out, Lse, LO, HI,
-                  RUN_START, RUN_END, plan, qk_scale, Sq, stride_os,
+def _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS: gl.constexpr):
+    """Work item ``w = rank * num_bh + bh`` (query tile rank, batch*head): its first row and its run
+    list (``plan.py``), ``(start_m, r0, num_full, num_tiles)``. Tiles come heaviest first (``ORDER``)
+    and batch*head is the fastest-varying index, so the query heads of one GQA group run side by
+    side and share K/V tiles in L2."""
+    tile_m = gl.load(ORDER + w // num_bh)
+    return (tile_m * (CONSUMERS * M_WG), gl.load(RUN_PTR + tile_m), gl.load(RUN_NFULL + tile_m),
+            gl.load(RUN_COUNT + tile_m))
+
+
+@gluon.jit
+def _tile_head(bh, num_heads_q, group_size):
+    """``(b, h, h_kv)`` of batch*head ``bh``: batch, query head, KV head."""
+    h = bh % num_heads_q
+    return bh // num_heads_q, h, h // group_size
+
+
+@gluon.jit
+def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI,
+                  RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh,
                   HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
-                  P_SMEM: gl.constexpr):
-    """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the CTA's query tile.
+                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
+    ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
+    ``program_id, program_id + num_programs, ...``).
 
     ``q_smem``, ``k_smem``, ``v_smem``, ``o_desc``: tuples over the head-dim pieces (one, or two
-    with ``DQK1`` / ``DV1 > 0``); the accumulator ``acc`` likewise (``[M_WG, DV0]``, ``[M_WG, DV1]``).
-    ``p_smem``: the ``[CONSUMERS, M_WG, BLOCK_N]`` P buffers (read only with ``P_SMEM``)."""
-    q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
-    start_m, bh, r0, num_full, num_tiles = plan
+    with ``DQK1`` / ``DV1 > 0``); ``p_smem``: the ``[CONSUMERS, M_WG, BLOCK_N]`` P buffers (read only
+    with ``P_SMEM``); ``o_smem``: O's own staging buffers (``O_OWN``, else unused).
+
+    The ring position continues across a CTA's tiles: ``g`` counts the key tiles consumed so far
+    (stage ``g % NUM_STAGES``, phase ``(g // NUM_STAGES) & 1``), ``it`` the query tiles (Q's phase),
+    ``sk`` the ping-pong token's turns. With one tile a CTA they are the constants 0 (the compiler
+    folds them: no loop-carried registers in the consumers, whose 160 registers at three consumers
+    leave none to spare)."""
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
+    if WG == CONSUMERS - 1:
+        if PINGPONG:
+            # the token starts with consumer 0
+            mbarrier.arrive(sched.index(0))
+    if PERSISTENT:
+        num_work, num_bh, num_heads_q, group_size, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT = work
+        g = 0
+        sk = 0
+        it = 0
+        for w in range(gl.program_id(0), num_work, gl.num_programs(0)):
+            item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
+            g, sk = _consume_tile(WG, item, w % num_bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem,
+                                  o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                                  stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
+                                  BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
+                                  P_SMEM, O_OWN, PERSISTENT)
+            it += 1
+        # the last tile's O store must have read its buffer before the CTA ends
+        tma.store_wait(0)
+    else:
+        # one tile a CTA, planned before the partitions split (``gluon_fwd_kernel``)
+        start_m, r0, num_full, num_tiles, bh, num_heads_q, group_size = work
+        _consume_tile(WG, (start_m, r0, num_full, num_tiles), bh, num_heads_q, 0, 0, 0, q_smem, k_smem, v_smem,
+                      p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                      stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
+                      BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
+                      P_SMEM, O_OWN, PERSISTENT)
+        if O_OWN:
+            # (staged in Q's buffers the tile's epilogue has waited for its store already)
+            tma.store_wait(0)
+
+
+@gluon.jit
+def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem, o_smem,
+                  bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq, stride_ob, stride_os,
+                  stride_oh, HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
+                  QK_USED: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr,
+                  NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
+                  PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
+                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
+    num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
+    phase ``it`` at entry. Returns ``(g, sk)`` after it."""
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
     dtype: gl.constexpr = q_smem[0].dtype
     # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
     NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
-
+    # Q's buffer is free once the tile's last S is computed, unless it stages O for the TMA store
+    Q_EARLY: gl.constexpr = O_OWN or not STORE_TMA
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -526,6 +638,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
     p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout, k_width=2)
     row_o1: gl.constexpr = gl.SliceLayout(1, o1_layout)
 
+    start_m, r0, num_full, num_tiles = item
     row0 = start_m + WG * M_WG
     offs_m = row0 + gl.arange(0, M_WG, layout=row_s)  # [M_WG]
     m_i = gl.full([M_WG], float("-inf"), gl.float32, row_s)
@@ -536,11 +649,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
     q = _index(q_smem, WG, DQK1)  # [M_WG, DQK0] (and [M_WG, DQK1])
     p_buf = p_smem.index(WG)  # [M_WG, BLOCK_N] (P_SMEM only)
-    if WG == CONSUMERS - 1:
-        if PINGPONG:
-            # the token starts with consumer 0
-            mbarrier.arrive(sched.index(0))
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_ready.index(WG), it & 1)
     # the rows' key interval, held for the whole loop where a row has one and two consumers share
     # the registers (``_mask_tile``)
     HOLD_IV: gl.constexpr = HAS_PARTIAL_TILES and NUM_IV == 1 and CONSUMERS == 2
@@ -553,12 +662,13 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
         n = gl.load(RUN_START + r)
         e = gl.load(RUN_END + r)
         # ---- step 0: S_0 and its softmax; there is no P V yet
-        _sched_wait(sched, WG, 0, PINGPONG)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = _qk(q, _index(k_smem, 0, DQK1), s_zero, DQK0, DQK1, QK_USED)
+        st = g % NUM_STAGES
+        _sched_wait(sched, WG, sk, PINGPONG)
+        mbarrier.wait(k_ready.index(st), (g // NUM_STAGES) & 1)
+        s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
         _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(st))
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
                 s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
@@ -568,12 +678,12 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
 
         # ---- steps 1 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
         for j in range(1, num_tiles):
-            st = j % NUM_STAGES
-            pst = (j - 1) % NUM_STAGES
-            _sched_wait(sched, WG, j, PINGPONG)
-            mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
+            st = (g + j) % NUM_STAGES
+            pst = (g + j - 1) % NUM_STAGES
+            _sched_wait(sched, WG, sk + j, PINGPONG)
+            mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
             s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
-            mbarrier.wait(v_ready.index(pst), ((j - 1) // NUM_STAGES) & 1)
+            mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
             acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
             _sched_pass(sched, WG, PINGPONG, CONSUMERS)
             # S_j is done when at most the P V groups are still in flight
@@ -590,54 +700,140 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, bars, o_desc
             p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)
             r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
+        if Q_EARLY and PERSISTENT:
+            # every S of the tile is done: the producer may load the next tile's Q while this
+            # one's last P V and epilogue run
+            mbarrier.arrive(q_empty.index(WG))
         # ---- the last P V
-        lst = (num_tiles - 1) % NUM_STAGES
-        _sched_wait(sched, WG, num_tiles, PINGPONG)
-        mbarrier.wait(v_ready.index(lst), ((num_tiles - 1) // NUM_STAGES) & 1)
+        lst = (g + num_tiles - 1) % NUM_STAGES
+        _sched_wait(sched, WG, sk + num_tiles, PINGPONG)
+        mbarrier.wait(v_ready.index(lst), ((g + num_tiles - 1) // NUM_STAGES) & 1)
         acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout, P_SMEM)
         _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
+    else:
+        if Q_EARLY and PERSISTENT:
+            mbarrier.arrive(q_empty.index(WG))
+    g += num_tiles
+    # the token's turns: one per GEMM issue of the tile, num_tiles + 1 where it has any
+    sk += num_tiles + (num_tiles > 0).to(gl.int32)
 
     # ---- epilogue: fully masked rows (l_i == 0) give out = 0, lse = -inf
+    # the tile's batch and head only now, for the stores: computed before the loop they would hold
+    # registers through it (three consumers at 160 have none to spare: ptxas, spills in the loop)
+    b = bh // num_heads_q
+    h = bh % num_heads_q
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     out = _scale_rows(acc, 1.0 / l_safe, row_o, row_o1, DV1)  # [M_WG, DV0] (and [M_WG, DV1])
     if STORE_TMA:
-        # Q is no longer read: its buffers stage O for a TMA store (clipped at Sq and at HEAD_DIM_V),
-        # piece by piece (the launcher asks for STORE_TMA only where O's pieces fit Q's)
-        o_smem = _o_stage(q[0], o_desc[0], WG, q_smem[0], DQK0, DV0, CONSUMERS)
-        o_smem.store(out[0].to(dtype))
+        # O staged in shared memory for a TMA store (clipped at Sq and at HEAD_DIM_V), piece by
+        # piece: its own buffers (O_OWN: the previous tile's store must have read them), or Q's,
+        # no longer read (the launcher asks for STORE_TMA only where O's pieces fit Q's)
+        if O_OWN:
+            tma.store_wait(0)
+            o0_smem = o_smem[0].index(WG)
+        else:
+            o0_smem = _o_stage(q[0], WG, q_smem[0], DQK0, DV0, CONSUMERS)
+        o0_smem.store(out[0].to(dtype))
         if DV1 > 0:
-            o1_smem = _o_stage(q[1], o_desc[1], WG, q_smem[1], DQK1, DV1, CONSUMERS)
+            if O_OWN:
+                o1_smem = o_smem[1].index(WG)
+            else:
+                o1_smem = _o_stage(q[1], WG, q_smem[1], DQK1, DV1, CONSUMERS)
             o1_smem.store(out[1].to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc[0], [row0, 0], o_smem)
+        _store_box(o_desc[0], b, row0, h, 0, o0_smem, PERSISTENT)
         if DV1 > 0:
-            tma.async_copy_shared_to_global(o_desc[1], [row0, DV0], o1_smem)
-        tma.store_wait(0)
+            _store_box(o_desc[1], b, row0, h, DV0, o1_smem, PERSISTENT)
+        if not O_OWN:
+            tma.store_wait(0)
+            if PERSISTENT:
+                # Q's buffer has staged O: only now may the next tile's Q land there
+                mbarrier.arrive(q_empty.index(WG))
     else:
         # another output dtype (float32 partial outputs for context parallelism)
-        _store_piece(out[0], Out, row0, Sq, stride_os, 0, DV0, HEAD_DIM_V, o_layout)
+        o_base = Out + b.to(gl.int64) * stride_ob + h * stride_oh
+        _store_piece(out[0], o_base, row0, Sq, stride_os, 0, DV0, HEAD_DIM_V, o_layout)
         if DV1 > 0:
-            _store_piece(out[1], Out, row0, Sq, stride_os, DV0, DV1, HEAD_DIM_V, o1_layout)
+            _store_piece(out[1], o_base, row0, Sq, stride_os, DV0, DV1, HEAD_DIM_V, o1_layout)
+    return g, sk
 
 
 @gluon.jit
-def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
-                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
-                  DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr):
-    """The producer warp: Q once (one tile per consumer), then K_j and V_j of every key tile into
-    the ring (the descriptors and buffers are tuples over the head-dim pieces)."""
-    q_bar, k_ready, k_empty, v_ready, v_empty, sched = bars
-    start_m, bh, r0, num_full, num_tiles = plan
-    mbarrier.expect(q_bar, CONSUMERS * _nbytes(q_desc))
-    for w in gl.static_range(CONSUMERS):
-        _load_pieces(q_desc, start_m + w * M_WG, q_bar, q_smem, w, DQK0, DQK1)
+def _load_q(q_desc, q_smem, q_ready, q_empty, b, start_m, h, it, DQK0: gl.constexpr, DQK1: gl.constexpr,
+            CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Q of one query tile, a 64-row piece per consumer, each into its buffer once that consumer
+    has released it (``q_empty``: the first time round passes at once)."""
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
+        mbarrier.expect(q_ready.index(c), _nbytes(q_desc))
+        _load_box(q_desc, b, start_m + c * M_WG, h, q_ready.index(c), q_smem, c, DQK0, DQK1, PERSISTENT)
 
-    _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
-                  RUN_END, r0, num_tiles, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1)
+
+@gluon.jit
+def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
+                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
+                  DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The producer warp: its CTA's query tile, or with ``PERSISTENT`` each tile it takes from the
+    work list (``_fwd_consumer``), through ``_produce_tile``."""
+    if PERSISTENT:
+        num_work, num_bh, num_heads_q, group_size, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT = work
+        g = 0
+        it = 0
+        for w in range(gl.program_id(0), num_work, gl.num_programs(0)):
+            item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
+            b, h, h_kv = _tile_head(w % num_bh, num_heads_q, group_size)
+            g = _produce_tile(item, b, h, h_kv, g, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars,
+                              RUN_START, RUN_END, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)
+            it += 1
+    else:
+        start_m, r0, num_full, num_tiles, bh, num_heads_q, group_size = work
+        b, h, h_kv = _tile_head(bh, num_heads_q, group_size)
+        _produce_tile((start_m, r0, num_full, num_tiles), b, h, h_kv, 0, 0, q_desc, k_desc, v_desc, q_smem,
+                      k_smem, v_smem, bars, RUN_START, RUN_END, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1,
+                      CONSUMERS, PERSISTENT)
+
+
+@gluon.jit
+def _produce_tile(item, b, h, h_kv, g, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START,
+                  RUN_END, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr,
+                  DQK1: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr,
+                  PERSISTENT: gl.constexpr):
+    """Loads of one query tile (``item``, ``_tile_plan``, of batch ``b``, head ``h``, KV head ``h_kv``;
+    ring position ``g`` and Q phase ``it`` at entry): its Q (a 64-row piece per consumer) and K_j, V_j
+    of its key tiles into the ring (descriptors and buffers are tuples over the head-dim pieces).
+    Persistent: K_0 and V_0 first, then Q once the consumers have released the previous tile's,
+    so that the ring keeps filling while they finish that tile. Returns the ring position after it."""
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
+    start_m, r0, num_full, num_tiles = item
+    if not PERSISTENT:
+        # the CTA's one tile: nothing to overlap, Q first
+        _load_q(q_desc, q_smem, q_ready, q_empty, b, start_m, h, it, DQK0, DQK1, CONSUMERS, PERSISTENT)
+    r = r0
+    n = gl.load(RUN_START + r)
+    e = gl.load(RUN_END + r)
+    for j in range(num_tiles):
+        st = (g + j) % NUM_STAGES
+        # the first round passes at once: a fresh barrier has "completed" the phase before 0
+        ph = (((g + j) // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(st), ph)
+        mbarrier.expect(k_ready.index(st), _nbytes(k_desc))
+        _load_box(k_desc, b, n * BLOCK_N, h_kv, k_ready.index(st), k_smem, st, DQK0, DQK1, PERSISTENT)
+        mbarrier.wait(v_empty.index(st), ph)
+        mbarrier.expect(v_ready.index(st), _nbytes(v_desc))
+        _load_box(v_desc, b, n * BLOCK_N, h_kv, v_ready.index(st), v_smem, st, DV0, DV1, PERSISTENT)
+        if PERSISTENT:
+            if j == 0:
+                _load_q(q_desc, q_smem, q_ready, q_empty, b, start_m, h, it, DQK0, DQK1, CONSUMERS, PERSISTENT)
+        r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+    if PERSISTENT:
+        if num_tiles == 0:
+            # the consumers wait for Q on every tile, so an empty one gets it too
+            _load_q(q_desc, q_smem, q_ready, q_empty, b, start_m, h, it, DQK0, DQK1, CONSUMERS, PERSISTENT)
+    return g + num_tiles
 
 
 @gluon.jit
@@ -649,20 +845,30 @@ def gluon_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     LO, HI, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, RUN_START, RUN_END,
     qk_scale,  # softmax_scale * log2(e)
-    Sq, Sk, num_bh, num_heads_q, group_size,
+    Sq, Sk, num_bh, num_heads_q, group_size, num_work,
     HEAD_DIM_QK: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_DQK: gl.constexpr,
     BLOCK_DV: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr,
+    SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):
-    # program -> (query tile rank, batch*head): heads fastest, so the query heads of one GQA
-    # group run side by side and share K/V tiles in L2 (as in dense_fwd.py)
-    rank, bh, b, h, h_kv = _program(num_bh, num_heads_q, group_size)
-    tile_m = gl.load(ORDER + rank)
-    start_m = tile_m * (CONSUMERS * M_WG)
-    r0 = gl.load(RUN_PTR + tile_m)
-    plan = (start_m, bh, r0, gl.load(RUN_NFULL + tile_m), gl.load(RUN_COUNT + tile_m))
+    # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
+    # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
+    # the one tile of a non-persistent CTA (a persistent one never reads these: bh = 0 gives its
+    # unused per-head descriptors a valid head)
+    bh = 0
+    if PERSISTENT:
+        work = (num_work, num_bh, num_heads_q, group_size, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT)
+    else:
+        # one tile a CTA: its plan computed once, before the partitions split (what they hold in
+        # registers is then just these scalars)
+        w = gl.program_id(0)
+        bh = w % num_bh
+        start_m, r0, num_full, num_tiles = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
+        work = (start_m, r0, num_full, num_tiles, bh, num_heads_q, group_size)
+    batch = num_bh // num_heads_q
+    heads_kv = num_heads_q // group_size
 
     dtype: gl.constexpr = Q.dtype.element_ty
     # the head-dim pieces, decided once here (``head_pieces``): (BLOCK_D*, 0), one padded tile, or
@@ -674,21 +880,24 @@ def gluon_fwd_kernel(
     # the head-dim columns Q K^T covers on one padded tile: D_qk in 136..192 skips the last
     # (all-zero) quarter of its 256-wide tile (``_qk``); else the whole tile
     QK_USED: gl.constexpr = _qk_used(HEAD_DIM_QK, BLOCK_DQK)
-    b64 = b.to(gl.int64)
-    # true head dims as the tensors' shapes, the pieces (padded ones: zero-filled, clipped on
-    # store) as the tiles
-    q_desc = _piece_descs(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, M_WG, HEAD_DIM_QK, DQK0, DQK1,
-                          dtype)
-    k_desc = _piece_descs(K + b64 * stride_kb + h_kv * stride_kh, Sk, stride_ks, BLOCK_N, HEAD_DIM_QK, DQK0,
-                          DQK1, dtype)
-    v_desc = _piece_descs(V + b64 * stride_vb + h_kv * stride_vh, Sk, stride_vs, BLOCK_N, HEAD_DIM_V, DV0,
-                          DV1, dtype)
-    o_desc = _piece_descs(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, M_WG, HEAD_DIM_V, DV0, DV1,
-                          dtype)
+    # the descriptors (``_piece_descs``): the true head dims as the tensors' shapes, the pieces
+    # (padded ones: zero-filled, clipped on store) as the tiles; over the whole tensors when
+    # persistent (made once for all the CTA's tiles), else over the CTA's head
+    b = bh // num_heads_q
+    h = bh % num_heads_q
+    h_kv = h // group_size
+    q_desc = _piece_descs(Q, batch, Sq, num_heads_q, stride_qb, stride_qs, stride_qh, b, h, M_WG, HEAD_DIM_QK,
+                          DQK0, DQK1, dtype, PERSISTENT)
+    k_desc = _piece_descs(K, batch, Sk, heads_kv, stride_kb, stride_ks, stride_kh, b, h_kv, BLOCK_N, HEAD_DIM_QK,
+                          DQK0, DQK1, dtype, PERSISTENT)
+    v_desc = _piece_descs(V, batch, Sk, heads_kv, stride_vb, stride_vs, stride_vh, b, h_kv, BLOCK_N, HEAD_DIM_V,
+                          DV0, DV1, dtype, PERSISTENT)
+    o_desc = _piece_descs(Out, batch, Sq, num_heads_q, stride_ob, stride_os, stride_oh, b, h, M_WG, HEAD_DIM_V,
+                          DV0, DV1, dtype, PERSISTENT)
 
-    q_smem = _piece_buffers(q_desc, CONSUMERS, M_WG, DQK0, DQK1, dtype)  # [CONSUMERS, M_WG, DQK*]
-    k_smem = _piece_buffers(k_desc, NUM_STAGES, BLOCK_N, DQK0, DQK1, dtype)  # [NUM_STAGES, BLOCK_N, DQK*]
-    v_smem = _piece_buffers(v_desc, NUM_STAGES, BLOCK_N, DV0, DV1, dtype)  # [NUM_STAGES, BLOCK_N, DV*]
+    q_smem = _piece_buffers(CONSUMERS, M_WG, DQK0, DQK1, dtype)  # [CONSUMERS, M_WG, DQK*]
+    k_smem = _piece_buffers(NUM_STAGES, BLOCK_N, DQK0, DQK1, dtype)  # [NUM_STAGES, BLOCK_N, DQK*]
+    v_smem = _piece_buffers(NUM_STAGES, BLOCK_N, DV0, DV1, dtype)  # [NUM_STAGES, BLOCK_N, DV*]
     if P_SMEM:
         # P V from shared memory: one P buffer per consumer, in the layout wgmma reads an A from
         p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, BLOCK_N], dtype)
@@ -697,43 +906,56 @@ def gluon_fwd_kernel(
         # P stays in registers: the consumers' argument lists are the same either way, so Q's
         # buffers stand in (never read as P; no shared memory allocated for it)
         p_smem = q_smem[0]
+    if O_OWN:
+        # O's own staging buffers: Q's are released for the next tile before the epilogue
+        o_smem = _piece_buffers(CONSUMERS, M_WG, DV0, DV1, dtype)  # [CONSUMERS, M_WG, DV*]
+    else:
+        o_smem = q_smem  # stand-in, never read: O is staged in Q's buffers
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    mbarrier.init(q_bar, count=1)
+    # Q's buffer per consumer: ready when its TMA bytes land, empty when the consumer is done with it
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
+    for w in gl.static_range(CONSUMERS):
+        mbarrier.init(q_ready.index(w), count=1)
+        mbarrier.init(q_empty.index(w), count=1)
     # every consumer releases a buffer before the producer refills it
     k_ready, k_empty = _ring(NUM_STAGES, CONSUMERS)
     v_ready, v_empty = _ring(NUM_STAGES, CONSUMERS)
     sched = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
     for w in gl.static_range(CONSUMERS):
         mbarrier.init(sched.index(w), count=1)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, sched)
+    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched)
 
-    o_base = Out + b64 * stride_ob + h * stride_oh
     # the consumers' arguments after their warpgroup index, and the producer's, spelled out per
     # partition: the list is built at compile time, one entry per warpgroup (Gluon 3.6 neither
     # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
-                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
-                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
-            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
-                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
+                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
+                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
+                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
-                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, bars, o_desc, o_base, Lse, LO, HI, RUN_START, RUN_END, plan,
-                             qk_scale, Sq, stride_os, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV,
-                             NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS, P_SMEM)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, plan,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS)),
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
+                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
+                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
