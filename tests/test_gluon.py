@@ -1019,6 +1019,36 @@ def test_p_smem_follows_the_configs_consumers():
         G.resolve_config(128, bf, {"consumers": 3, "p_smem": True, "num_stages": 3})
 
 
+def test_persistent_defaults_and_rules():
+    """D = 128 on masks below ``DENSE_THREE``: persistent, O in its own buffers, a 2-stage ring (what
+    fits beside them); dense masks one tile a CTA. A config that leaves two consumers / P in registers
+    gets one tile a CTA back, an explicit ring that leaves no room for O's buffers stages O in Q's, and
+    a config naming the consumers gets their registers."""
+    from longca_triton.masks import make_mask
+
+    bf = torch.bfloat16
+    sparse, dense = make_mask("sliding_window_causal", 4096), make_mask("causal", 4096)
+    cfg = G.resolve_config(128, bf, None, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"], cfg["consumers"]) == (True, True, 2, 2)
+    assert G.smem_bytes(128, 128, 2, o_own=True) <= G.SMEM_LIMIT < G.smem_bytes(128, 128, 3, o_own=True)
+    cfg = G.resolve_config(128, bf, None, mask=dense)
+    assert (cfg["persistent"], cfg["o_own"], cfg["consumers"]) == (False, False, 3)
+    assert G.resolve_config(128, bf, None)["persistent"] is False  # no mask: no mask rule
+    assert G.resolve_config(96, bf, None, mask=sparse)["persistent"] is False  # measured at 128 only
+    cfg = G.resolve_config(128, bf, {"consumers": 3, "p_smem": True}, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["consumer_regs"]) == (False, False, 160)
+    cfg = G.resolve_config(128, bf, {"num_stages": 3}, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"]) == (True, False, 3)
+    cfg = G.resolve_config(128, bf, {"persistent": False}, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"]) == (False, True, 2)
+    with pytest.raises(ValueError, match="does not fit"):
+        G.resolve_config(128, bf, {"o_own": True, "num_stages": 3}, mask=sparse)
+    # the consumers' registers follow their count unless named
+    assert G.resolve_config(64, bf, {"consumers": 2})["consumer_regs"] == 240
+    assert G.resolve_config(128, bf, {"consumers": 3})["consumer_regs"] == 160
+    assert G.resolve_config(64, bf, {"consumers": 2, "consumer_regs": 232})["consumer_regs"] == 232
+
+
 @pytest.mark.parametrize("d,three", [(64, (3, False)), (128, (3, True)), (96, (3, True)), (256, None)],
                          ids=lambda x: str(x))
 def test_autotune_forward_candidates(d, three):
@@ -1030,8 +1060,14 @@ def test_autotune_forward_candidates(d, three):
     cands = _gluon_candidates("fwd", 128, d)
     pairs = {(c["consumers"], c["p_smem"]) for c in cands}
     assert pairs == ({(2, False), three} if three else {(2, False)}), pairs
+    # every candidate once as one tile a CTA and once persistent (O in Q's buffers), and with O's own
+    # buffers where they fit
+    launches = {(c["persistent"], c["o_own"]) for c in cands}
+    own = G.smem_bytes(d, 128, 1, o_own=True) <= G.SMEM_LIMIT  # 256: a 128-key stage leaves no room
+    assert launches == {(False, False), (True, False)} | ({(True, True)} if own else set()), launches
     for c in cands:
         r = G.resolve_config(d, torch.bfloat16, c)
         assert (r["consumers"], r["p_smem"], r["num_stages"]) == (c["consumers"], c["p_smem"], c["num_stages"])
+        assert (r["persistent"], r["o_own"]) == (c["persistent"], c["o_own"])
         assert G.smem_bytes(d, c["BLOCK_N"], c["num_stages"], split_d=c["split_d"], consumers=c["consumers"],
-                            p_smem=c["p_smem"]) <= G.SMEM_LIMIT
+                            p_smem=c["p_smem"], o_own=c["o_own"]) <= G.SMEM_LIMIT

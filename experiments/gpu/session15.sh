@@ -7,6 +7,8 @@
 #                                              GPU file: the one-tile-a-CTA path changed too), then every static
 #                                              mask at 16K, default vs persistent (O in Q's buffers / its own)
 #   bash experiments/gpu/session15.sh ab       the default (one tile a CTA) forward against _base's (carry _base)
+#   bash experiments/gpu/session15.sh tests    the Gluon GPU tests but the fused and split backward designs' (their
+#                                              kernels did not change), then `ab` for full and causal, one round
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 bench() { python -m longca_triton.cli bench dense --no-plots "$@"; }
@@ -29,5 +31,10 @@ case "${1:-}" in
   ab)
     ROUNDS=2 MASKS=full,causal,sliding_window_causal,causal_document MASKS64=causal bash experiments/gpu/gluon_fwd_ab.sh
     ;;
-  *) echo "usage: session15.sh window|persist|ab" >&2; exit 2 ;;
+  tests)
+    timeout 450 python -m pytest -q -m gpu tests/test_gluon_gpu.py -k "not fused and not -split" 2>&1 | tail -25 \
+      | tee "$OUT/gpu_tests.txt"
+    ROUNDS=1 MASKS=full,causal MASKS64=causal bash experiments/gpu/gluon_fwd_ab.sh
+    ;;
+  *) echo "usage: session15.sh window|persist|ab|tests" >&2; exit 2 ;;
 esac

@@ -176,7 +176,8 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     forward (``gluon_bwd=False``: ahead on share_question in the same run; at head dims without a
     Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
-    ``p_smem``, where the head-dim tile is 128 wide)."""
+    ``p_smem``, where the head-dim tile is 128 wide). Each forward candidate runs one tile a CTA
+    and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``)."""
     from ..kernels._runtime import block_head_dim
     from ..kernels.gluon.attention import (
         SMEM_LIMIT,
@@ -194,10 +195,14 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # dense masks, session 14); at 128 with P in registers they spill and measured slower
         # (bwd_session13)
         three = {64: [(3, False)], 128: [(3, True)]}.get(block_head_dim(head_dim), [])
+        # the launch: one tile a CTA, or persistent with O staged in Q's buffers or in its own (o_own:
+        # the default at D = 128 on the sparser masks, session 15)
+        launches = [(False, False), (True, False), (True, True)]
         return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
-                     consumers=c, p_smem=ps)
-                for (c, ps), sd, pp, st in itertools.product([(2, False)] + three, splits, [True, False], [2, 1, 3, 4])
-                if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps) <= SMEM_LIMIT]
+                     consumers=c, p_smem=ps, persistent=pe, o_own=oo)
+                for (c, ps), sd, pp, st, (pe, oo) in itertools.product([(2, False)] + three, splits, [True, False],
+                                                                       [2, 1, 3, 4], launches)
+                if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps, o_own=oo) <= SMEM_LIMIT]
     if group == "bwd":
         if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
             return [dict(gluon_bwd=False)]

@@ -361,6 +361,12 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # three consumers with P through shared memory where rows walk many key tiles (default_config's
         # docstring, session 14: full +4-5 %, causal +2-7 %; the sparser masks lose to the 192-row tile)
         base.update(consumers=3, p_smem=True, consumer_regs=160)
+    sparse_persist = head_dim == dv == 128 and mask is not None and not dense_three
+    if sparse_persist:
+        # two consumers, persistent, O in its own buffers (a 2-stage ring beside them) where rows walk
+        # few key tiles and a CTA's start and end weigh (default_config's docstring, session 15:
+        # sliding_window_causal +25 %, the documents +9-17 %; the dense masks lose, -4 to -6 %)
+        base.update(persistent=True, o_own=True, num_stages=2)
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -389,6 +395,18 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         for key in ("num_stages", "pingpong"):
             if key not in (overlay or {}):
                 cfg[key] = padded[key]
+    if sparse_persist and (int(cfg["consumers"]) != 2 or cfg["p_smem"]):
+        # the persistent launch with O's own buffers was measured with two consumers, P in registers:
+        # a config that leaves them gets one tile a CTA and the usual ring, unless it names these
+        plain = default_config(head_dim, dtype, dv)
+        for key in ("persistent", "o_own", "num_stages"):
+            if key not in (overlay or {}):
+                cfg[key] = plain[key]
+    if sparse_persist and cfg["o_own"] and "o_own" not in (overlay or {}) and smem_bytes(
+            head_dim, cfg["BLOCK_N"], int(cfg["num_stages"]), head_dim_v=dv, split_d=cfg["split_d"],
+            consumers=int(cfg["consumers"]), p_smem=cfg["p_smem"], o_own=True) > SMEM_LIMIT:
+        # a ring the config asked for that leaves no room for O's buffers: O is staged in Q's
+        cfg["o_own"] = False
     if dense_three and int(cfg["consumers"]) != 3:
         # P through shared memory was measured with three consumers only: a config that picks two
         # (and says nothing of p_smem) gets them with P in registers, their measured default, and
@@ -404,10 +422,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         raise ValueError(f"config['consumers'] must be one of {CONSUMERS} (consumer warpgroups of the forward), "
                          f"got {consumers!r}")
     cfg["consumers"] = consumers = int(consumers)
-    if consumers == 3:
-        # four warpgroups share the register file: the consumers' default is what FA3 gives its three
-        if "consumer_regs" not in (overlay or {}):
-            cfg["consumer_regs"] = min(int(cfg["consumer_regs"]), 160)
+    if "consumer_regs" not in (overlay or {}):
+        # the registers follow the consumer count unless the config names them: four warpgroups share
+        # the register file with three (FA3 gives its three 160), three with two (240)
+        cfg["consumer_regs"] = min(int(cfg["consumer_regs"]), 160) if consumers == 3 else 240
     p_smem, o_own = cfg["p_smem"], cfg["o_own"]
     if (consumers == 3 or p_smem or o_own) and "num_stages" not in (overlay or {}):
         # the deepest ring up to the default's that fits beside the Q tiles (and the P tiles)
