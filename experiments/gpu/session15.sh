@@ -36,5 +36,15 @@ case "${1:-}" in
       | tee "$OUT/gpu_tests.txt"
     ROUNDS=1 MASKS=full,causal MASKS64=causal bash experiments/gpu/gluon_fwd_ab.sh
     ;;
-  *) echo "usage: session15.sh window|persist|ab|tests" >&2; exit 2 ;;
+  target)
+    # issue 12's forward targets next to cuDNN, Flex, Flex's FA4 backend and FA4 (wheels staged and installed
+    # by the calls before: experiments/gpu/wheels.sh), interleaved timing; rows kept in /tmp across calls
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install >/dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    export PYTHONPATH=.:$PYTHONPATH
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --backends triton,triton-gluon,sdpa-cudnn,flex,flex-fa4,fa4 --mode fwd --out /tmp/fwd16 2>&1 | tail -22
+    mkdir -p "$OUT/fwd16" && cp /tmp/fwd16/* "$OUT/fwd16/" 2>/dev/null
+    ;;
+  *) echo "usage: session15.sh window|persist|ab|tests|target" >&2; exit 2 ;;
 esac
