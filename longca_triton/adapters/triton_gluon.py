@@ -24,7 +24,8 @@ class TritonGluon(TritonBackend):
     name = "triton-gluon"
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
                    "producer, two consumer warpgroups over async wgmma, three where the head-dim tiles are 64 "
-                   "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5); backward: at D = 128 our plain-Triton backward (measured faster there), else "
+                   "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5; on the sparser "
+                   "masks at D = 128 a persistent launch, one CTA per SM walking the query tiles); backward: at D = 128 our plain-Triton backward (measured faster there), else "
                    "warp-specialized Gluon dQ + dK/dV kernels (gluon_bwd=True asks for them at D = 128; bwd_design='fused': one kernel, dQ by atomics)")
 
     def available(self):

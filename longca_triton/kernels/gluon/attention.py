@@ -37,6 +37,12 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   softmax at the cost of a shared-memory round trip and a smaller ring; ours is the default at
   D = 128 with three consumers on masks of density >= ``DENSE_THREE`` (``default_config``).
 
+* ``persistent``: one CTA per SM walks the query tiles (a static tile scheduler) instead of one CTA
+  a tile; ``o_own``: O is staged for its TMA store in buffers of its own (``64 x D_v`` a consumer)
+  instead of Q's, so Q's buffer is free for the next tile right after the last ``S``. Both on by
+  default at D = 128 on masks of density below ``DENSE_THREE`` (with a 2-stage ring), off elsewhere
+  (``default_config``'s docstring, session 15).
+
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
   ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
@@ -219,6 +225,23 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     same config on one machine differ by up to 6 % on these masks (prefix_lm_causal), so the rule
     rests on full and causal, where all three calls agree. At D = 96 (split) it ties the default
     (523 vs 525, causal 482 vs 496) and at D = 64 it loses (443 vs 511): there P stays in registers.
+
+    Persistent launch (``persistent``: one CTA per SM walks the query tiles, the next tile's Q and
+    K/V load while a tile's last ``P V`` and epilogue run; ``o_own``: O staged in buffers of its
+    own, so Q is released right after the tile's last ``S``; ``attention_fwd``'s docstring). A
+    CTA's fixed cost is what it removes: at 16K the forward's time on sliding_window_causal with
+    windows of 256..8192 fits ~8 us a CTA plus ~1.3 us a key tile (experiments/results/h100/session15,
+    call 1). Measured (call 2, 16K, GQA 64:8, TFLOP/s, one tile a CTA / persistent, O in Q's
+    buffers, 3 stages / persistent + ``o_own``, 2 stages): sliding_window_causal 400 / 488 / 498,
+    prefix_lm_document 456 / 504 / 533, share_question 486 / 530 / 541, causal_document 496 / 536 /
+    544, block_causal_document 615 / 666 / 691, global_sliding_window 531 / 557 / 581, full_document
+    541 / 561 / 587, sliding_window 521 / 532 / 541, causal_blockwise 548 / 559 / 562; the dense
+    masks (three consumers, P in shared memory, no room for O's buffers) lose: full 668 / 638,
+    causal 589 / 565, prefix_lm_causal 629 / 589. So ``resolve_config`` turns on the persistent
+    launch with ``o_own`` and a 2-stage ring (Q 32 + O 32 + 2 x 64 KB) at D = 128 on the masks below
+    ``DENSE_THREE``, where two consumers run. Other head dims were not measured: off there. The one
+    tile a CTA path is unchanged in speed by the rewrite (call 3, A/B with the previous kernel: full
+    689.0 / 688.6, causal 607.1 / 610.9, D = 64 causal 485.8 / 479.9).
 
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,

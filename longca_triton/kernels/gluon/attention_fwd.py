@@ -5,7 +5,7 @@ accumulators, natural-log lse, a fully masked row gives out 0 and lse -inf).
 
 Tiling
 ------
-One CTA owns a query tile of ``CONSUMERS * M_WG`` rows (``M_WG = 64``, one wgmma row block) of
+One CTA owns a query tile of ``CONSUMERS * M_WG`` rows (or walks several: persistent, below) (``M_WG = 64``, one wgmma row block) of
 one query head and walks that tile's key tiles (``BLOCK_N`` rows of K and V) from the tile plan:
 the *full* runs first (no mask math), then the *partial* runs (element mask from the per-row
 intervals). The plan's two run lists are merged per query tile on the host (``plan.py``), so
@@ -45,6 +45,33 @@ free while the next tile's softmax runs, which lets three consumers fit 160 regi
 Between consumers (FA3's ping-pong, ``PINGPONG``): one mbarrier per consumer hands a token round
 robin, so a consumer issues its GEMMs only after the previous one has issued its own: the GEMMs
 of one warpgroup then run while the others compute their softmax.
+
+Persistent launch (``PERSISTENT``, config ``persistent``; FA3's persistent tile scheduler, static)
+--------------------------------------------------------------------------------------------------
+One CTA per SM walks the work list ``w = program_id, program_id + num_programs, ...`` (``w = rank *
+batch*heads + bh``: query tiles heaviest first by ``ORDER``, heads fastest, ``_tile_plan``). What
+it removes is a CTA's fixed cost, which weighs where rows walk few key tiles: a non-persistent CTA
+makes its four descriptors (each written to global memory and fenced), waits for its Q and first K
+tiles, and ends with the O store, all exposed (session 15, ``call1_window``: at 16K sliding
+windows of 256..8192 keys the forward's time fits ~8 us a CTA plus ~1.3 us a key tile). Persistent:
+
+* descriptors over the whole ``[B, S, H, D]`` tensors, made once (``_piece_descs(WHOLE=True)``),
+  ``[1, BLOCK, 1, D*]`` boxes addressed ``[b, row, h, column]`` (``_load_box``, ``_store_box``): the
+  box stays inside one head, so the zero fill past ``S`` and past the true head dim, and the
+  clipped store, work per batch and head as before;
+* the ring position carries over from tile to tile (``g``: stage ``g % NUM_STAGES``, its phase), so
+  the producer fills the ring with the next tile's K/V while the consumers finish the current one;
+* Q gets a ready / empty barrier pair per consumer (``q_ready``, ``q_empty``); the producer loads
+  the next tile's Q after its first K/V (``_produce_tile``) once the consumer has released its Q
+  buffer: right after the tile's last ``S`` when O has buffers of its own (``O_OWN``, config
+  ``o_own``), else after the O store that staged in Q's buffer (``tma.store_wait`` first);
+* with ``O_OWN`` the O store is left in flight; the next tile's epilogue waits for it before it
+  writes the buffer again (and the CTA before it ends).
+
+One tile a CTA (the default on the dense masks, where the persistent launch measured 4-6 % slower)
+runs the same code with the ring position and phases the constants 0, per-head descriptors (the
+CTA needs no batch or head index in its consumers, whose 160 registers at three consumers have
+none to spare) and Q loaded first.
 
 Out-of-range rows: Q rows >= Sq and K/V rows >= Sk are zero-filled by the TMA loads; the plan
 puts a ragged last key tile in the partial list, whose mask (``hi <= Sk``) removes those keys;
