@@ -46,5 +46,19 @@ case "${1:-}" in
       --backends triton,triton-gluon,sdpa-cudnn,flex,flex-fa4,fa4 --mode fwd --out /tmp/fwd16 2>&1 | tail -22
     mkdir -p "$OUT/fwd16" && cp /tmp/fwd16/* "$OUT/fwd16/" 2>/dev/null
     ;;
-  *) echo "usage: session15.sh window|persist|ab|tests|target" >&2; exit 2 ;;
+  more)
+    # what else the persistent launch buys: two consumers on the dense masks, ping-pong, three consumers with
+    # 64-key tiles and O's own buffers; then D = 96 and D = 64 on four sparse masks
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/more128" --fwd-configs 16384 \
+      --masks full,causal,prefix_lm_causal,causal_blockwise,full_document --config-json \
+      '[{"consumers": 2, "persistent": true, "o_own": true, "num_stages": 2}, {"consumers": 2, "persistent": true, "o_own": true, "num_stages": 2, "pingpong": true}, {"consumers": 3, "p_smem": true, "persistent": true, "o_own": true, "BLOCK_N": 64}]' \
+      2>&1 | grep ROW | cut -c1-200
+    for d in 96 64; do
+      PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/more$d" --fwd-configs 16384 --head-dims $d \
+        --masks sliding_window_causal,causal_document,full_document,share_question \
+        --config-json '[{"persistent": true}, {"persistent": true, "o_own": true}, {"persistent": true, "o_own": true, "num_stages": 2}]' \
+        2>&1 | grep ROW | cut -c1-200
+    done
+    ;;
+  *) echo "usage: session15.sh window|persist|ab|tests|target|more" >&2; exit 2 ;;
 esac
