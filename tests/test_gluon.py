@@ -372,8 +372,12 @@ def test_split_d_default_by_mask(name, d, want):
     # the split tile's smaller stages take a 4-deep ring (measured +1 % full, +3 % causal)
     # (at D = 128 a dense mask runs three consumers with P in shared memory: a 2-stage ring,
     # test_p_smem_default_on_dense_masks_at_d128)
+    # (at 96 and 128 a mask below DENSE_THREE runs persistent with O's own buffers: 2 stages too,
+    # test_persistent_defaults_and_rules)
     dense_128 = d == 128 and mask.density >= G.DENSE_THREE
-    assert cfg["num_stages"] == (4 if want else 2 if dense_128 else G.default_config(d, torch.bfloat16)["num_stages"])
+    persist = d in G.PERSIST_HEAD_DIMS and mask.density < G.DENSE_THREE
+    assert cfg["num_stages"] == (4 if want else 2 if dense_128 or persist
+                                 else G.default_config(d, torch.bfloat16)["num_stages"])
     # and ping-pongs (measured +4 % full, +2 % causal at 16K, bwd_session12)
     assert cfg["pingpong"] is want
     padded = G.resolve_config(d, torch.bfloat16, dict(split_d=False), mask=mask)
@@ -1020,8 +1024,8 @@ def test_p_smem_follows_the_configs_consumers():
 
 
 def test_persistent_defaults_and_rules():
-    """D = 128 on masks below ``DENSE_THREE``: persistent, O in its own buffers, a 2-stage ring (what
-    fits beside them); dense masks one tile a CTA. A config that leaves two consumers / P in registers
+    """D = 64, 96, 128 on masks below ``DENSE_THREE``: persistent, O in its own buffers, the deepest
+    ring that fits beside them; dense masks one tile a CTA. A config that leaves two consumers / P in registers
     gets one tile a CTA back, an explicit ring that leaves no room for O's buffers stages O in Q's, and
     a config naming the consumers gets their registers."""
     from longca_triton.masks import make_mask
@@ -1034,7 +1038,16 @@ def test_persistent_defaults_and_rules():
     cfg = G.resolve_config(128, bf, None, mask=dense)
     assert (cfg["persistent"], cfg["o_own"], cfg["consumers"]) == (False, False, 3)
     assert G.resolve_config(128, bf, None)["persistent"] is False  # no mask: no mask rule
-    assert G.resolve_config(96, bf, None, mask=sparse)["persistent"] is False  # measured at 128 only
+    # at 96 (padded, two consumers) a 2-stage ring, at 64 (three consumers) three beside O's buffers;
+    # dims not measured keep one tile a CTA
+    cfg = G.resolve_config(96, bf, None, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"], cfg["split_d"]) == (True, True, 2, False)
+    cfg = G.resolve_config(64, bf, None, mask=sparse)
+    assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"], cfg["consumers"]) == (True, True, 3, 3)
+    assert G.resolve_config(64, bf, {"consumers": 2}, mask=sparse)["persistent"] is False
+    for d, dv in ((80, 80), (192, 128), (256, 256)):
+        assert G.resolve_config(d, bf, None, mask=sparse, head_dim_v=dv)["persistent"] is False
+    assert G.resolve_config(96, bf, None, mask=dense)["persistent"] is False
     cfg = G.resolve_config(128, bf, {"consumers": 3, "p_smem": True}, mask=sparse)
     assert (cfg["persistent"], cfg["o_own"], cfg["consumer_regs"]) == (False, False, 160)
     cfg = G.resolve_config(128, bf, {"num_stages": 3}, mask=sparse)

@@ -40,8 +40,9 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
 * ``persistent``: one CTA per SM walks the query tiles (a static tile scheduler) instead of one CTA
   a tile; ``o_own``: O is staged for its TMA store in buffers of its own (``64 x D_v`` a consumer)
   instead of Q's, so Q's buffer is free for the next tile right after the last ``S``. Both on by
-  default at D = 128 on masks of density below ``DENSE_THREE`` (with a 2-stage ring), off elsewhere
-  (``default_config``'s docstring, session 15).
+  default at D = 64, 96, 128 (``PERSIST_HEAD_DIMS``) on masks of density below ``DENSE_THREE`` (with
+  the deepest ring that fits beside O's buffers), off elsewhere (``default_config``'s docstring,
+  session 15).
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
@@ -123,6 +124,9 @@ SMEM_LIMIT = 232448
 REG_BUDGET = 504
 #: the register file of an SM, in 32-bit registers
 REG_FILE = 65536
+#: head dims (D_qk == D_v) whose forward runs persistent with O's own buffers on masks below
+#: ``DENSE_THREE`` (``resolve_config``; measured at these three, session 15)
+PERSIST_HEAD_DIMS = (64, 96, 128)
 #: mask density from which the D = 128 forward runs three consumers with P through shared memory
 #: (``resolve_config``; full 1.0 and causal 0.5 win, the masks below 0.4 lose: default_config)
 DENSE_THREE = 0.5
@@ -239,7 +243,16 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     masks (three consumers, P in shared memory, no room for O's buffers) lose: full 668 / 638,
     causal 589 / 565, prefix_lm_causal 629 / 589. So ``resolve_config`` turns on the persistent
     launch with ``o_own`` and a 2-stage ring (Q 32 + O 32 + 2 x 64 KB) at D = 128 on the masks below
-    ``DENSE_THREE``, where two consumers run. Other head dims were not measured: off there. The one
+    ``DENSE_THREE``, where two consumers run. At D = 128 two consumers persistent on the dense masks
+    do not beat the default (call 8: full 682 / 647, causal 601 / 585, 602 with ping-pong,
+    prefix_lm_causal 632 / 612), nor three consumers with 64-key tiles and O's own buffers (590 /
+    508 / 514). D = 96 (padded, two consumers) and D = 64 (three consumers, a 3-stage ring beside O)
+    on four sparse masks (call 8, default / persistent / persistent + ``o_own``):
+    sliding_window_causal 304 / 386 / 393-413 and 251 / 261 / 283-286, causal_document 384 / 423 /
+    410-422 and 341 / 344 / 341-349, share_question 373 / 426 / 412-445 and 323 / 305 / 315-320,
+    full_document 442 / 441 / 441-446 and 417 / 424 / 415-428 (two runs of the same config differ by
+    up to 8 % there: gluon_diag times one config after the other). So the rule holds at
+    ``PERSIST_HEAD_DIMS`` (64, 96, 128, D_v = D_qk); other dims keep one tile a CTA. The one
     tile a CTA path is unchanged in speed by the rewrite (call 3, A/B with the previous kernel: full
     689.0 / 688.6, causal 607.1 / 610.9, D = 64 causal 485.8 / 479.9).
 
@@ -384,12 +397,14 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # three consumers with P through shared memory where rows walk many key tiles (default_config's
         # docstring, session 14: full +4-5 %, causal +2-7 %; the sparser masks lose to the 192-row tile)
         base.update(consumers=3, p_smem=True, consumer_regs=160)
-    sparse_persist = head_dim == dv == 128 and mask is not None and not dense_three
+    sparse_persist = (head_dim == dv and head_dim in PERSIST_HEAD_DIMS and mask is not None
+                      and getattr(mask, "density", 1.0) < DENSE_THREE)
     if sparse_persist:
-        # two consumers, persistent, O in its own buffers (a 2-stage ring beside them) where rows walk
-        # few key tiles and a CTA's start and end weigh (default_config's docstring, session 15:
-        # sliding_window_causal +25 %, the documents +9-17 %; the dense masks lose, -4 to -6 %)
-        base.update(persistent=True, o_own=True, num_stages=2)
+        # persistent, O in its own buffers (the deepest ring that fits beside them: 2 stages at 96 and
+        # 128, 3 at 64) where rows walk few key tiles and a CTA's start and end weigh (default_config's
+        # docstring, session 15: sliding_window_causal +25 % at 128, +30 % at 96, +14 % at 64; the
+        # dense masks lose, -4 to -6 %)
+        base.update(persistent=True, o_own=True)
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -418,14 +433,15 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         for key in ("num_stages", "pingpong"):
             if key not in (overlay or {}):
                 cfg[key] = padded[key]
-    if sparse_persist and (int(cfg["consumers"]) != 2 or cfg["p_smem"]):
-        # the persistent launch with O's own buffers was measured with two consumers, P in registers:
-        # a config that leaves them gets one tile a CTA and the usual ring, unless it names these
+    if sparse_persist and (int(cfg["consumers"]), bool(cfg["p_smem"])) != (base["consumers"], base["p_smem"]):
+        # the persistent launch with O's own buffers was measured with the default consumers and P in
+        # registers: a config that leaves them gets one tile a CTA and the usual ring, unless it
+        # names these
         plain = default_config(head_dim, dtype, dv)
         for key in ("persistent", "o_own", "num_stages"):
             if key not in (overlay or {}):
                 cfg[key] = plain[key]
-    if sparse_persist and cfg["o_own"] and "o_own" not in (overlay or {}) and smem_bytes(
+    if sparse_persist and cfg["o_own"] and "o_own" not in (overlay or {}) and "num_stages" in (overlay or {}) and smem_bytes(
             head_dim, cfg["BLOCK_N"], int(cfg["num_stages"]), head_dim_v=dv, split_d=cfg["split_d"],
             consumers=int(cfg["consumers"]), p_smem=cfg["p_smem"], o_own=True) > SMEM_LIMIT:
         # a ring the config asked for that leaves no room for O's buffers: O is staged in Q's
