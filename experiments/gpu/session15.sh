@@ -60,5 +60,15 @@ case "${1:-}" in
         2>&1 | grep ROW | cut -c1-200
     done
     ;;
-  *) echo "usage: session15.sh window|persist|ab|tests|target|more" >&2; exit 2 ;;
+  final)
+    # the final code's Gluon GPU tests on the forward paths whose defaults moved (persistent at 64 / 96 / 128 on
+    # the sparser masks), then issue 13's block-sparse backward cases through the interleaved harness
+    timeout 240 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA \
+      -k "persistent or padded_head_dims or (static_masks_gqa and default) or (random_overlapping and default)" 2>&1 \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed" | tee "$OUT/gpu_tests_final.txt" | tail -3
+    python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=128 \
+      --param density=0.3,0.5 --param patterns=Hkv,1 --seqlens 32K,64K --backends triton-sparse,flex --mode bwd \
+      --max-minutes 5 --out "$OUT/sparse_bwd" 2>&1 | tail -14
+    ;;
+  *) echo "usage: session15.sh window|persist|ab|tests|target|more|final" >&2; exit 2 ;;
 esac
