@@ -629,7 +629,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
                       P_SMEM, O_OWN, PERSISTENT)
         if O_OWN:
-            # (staged in Q's buffers the tile's epilogue has waited for its store already)
+            # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
+            # epilogue has waited for it already)
             tma.store_wait(0)
 
 
