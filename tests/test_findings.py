@@ -112,6 +112,22 @@ def test_memory_wall_losses_and_support(dense):
     assert "No block-sparse rows" in text and "No CP rows" in text
 
 
+def test_sources_say_how_rows_were_timed(tmp_path):
+    """The Sources table names each file's timing: interleaved rows, older rows without the field
+    (timed one after the other), both, or none timed."""
+    a = write(tmp_path / "a" / "results.jsonl", [row("triton", "causal", 4096, "fwd", 500, timing="interleaved"),
+                                                 row("flex", "causal", 4096, "fwd", 400, timing="interleaved")])
+    b = write(tmp_path / "b" / "results.jsonl", [row("triton", "full", 4096, "fwd", 500),
+                                                 row("flex", "full", 4096, "fwd", 400, timing="interleaved")])
+    c = write(tmp_path / "c" / "results.jsonl", [row("cudnn", "full", 8192, "fwd", status="unsupported: x")])
+    text = render_markdown(compute(*load_results([a, b, c])), "cmd")
+    line = {p: next(ln for ln in text.splitlines() if f"`{p}`" in ln and "| dense |" in ln) for p in (a, b, c)}
+    assert "| 2 of 2 | interleaved |" in line[a]
+    assert "| 2 of 2 | interleaved + sequential |" in line[b]
+    assert "| 1 of 1 | — |" in line[c]
+    assert "| timing |" in text
+
+
 def test_latest_row_wins_across_files(tmp_path):
     a = write(tmp_path / "a.jsonl", [row("flex", "causal", 4096, "bwd", status="error: donated buffers", time="2026-11-22T01:00:00+00:00")])
     b = write(tmp_path / "b.jsonl", [row("flex", "causal", 4096, "bwd", 300, time="2026-11-22T02:00:00+00:00"),

@@ -344,10 +344,19 @@ def _env_rows(rows: list[dict], files: dict) -> list[list]:
         commits = sorted({(e.get("git_commit") or "")[:7] for e in envs if e.get("git_commit")})
         times = sorted(_time_key(r.get("time")) for r in mine if r.get("time"))
         kinds = ",".join(sorted({r.get("kind") for r in mine})) or "—"
-        table.append([f"`{path}`", kinds, f"{info['used']} of {info['rows']}", env.get("gpu") or (mine[0].get("gpu") if mine else "") or "—",
+        table.append([f"`{path}`", kinds, f"{info['used']} of {info['rows']}", _timing(mine),
+                      env.get("gpu") or (mine[0].get("gpu") if mine else "") or "—",
                       env.get("torch") or "—", env.get("triton") or "—", env.get("cuda") or "—", env.get("cudnn") or "—",
                       ", ".join(commits) or "—", f"{times[0][:10]}" + (f" .. {times[-1][:10]}" if times[-1][:10] != times[0][:10] else "") if times else "—"])
     return table
+
+
+def _timing(rows: list[dict]) -> str:
+    """How a file's timed rows were timed: ``interleaved`` (the backends of a problem round by round,
+    one clock for all), ``sequential`` (one point after the other: every row before the harness
+    interleaved says nothing and was timed so), both, or ``—`` without a timed row."""
+    kinds = {r.get("timing") or "sequential" for r in rows if r.get("status") == "ok" and r.get("time_ms")}
+    return " + ".join(sorted(kinds)) if kinds else "—"
 
 
 def _vendors(rows: list[dict]) -> str:
@@ -377,9 +386,13 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
           "run that measured the point; which runs lacked which backends is under Coverage. Rows of "
           "different files may come from different commits and runs (Sources): a comparison across lengths "
           "measured in different runs carries their run-to-run noise (a few percent, "
-          "experiments/results/h100/refactor_check)."), ""]
+          "experiments/results/h100/refactor_check). Rows timed *interleaved* (Sources: timing) shared the "
+          "GPU's clock with the other backends of their problem; rows timed one after the other did not, and "
+          "there a backend that compiled for seconds just before its timing met a cool GPU (Flex's backward "
+          "read ~10 % faster so: experiments/results/h100/session15)."), ""]
     P += ["## Sources", "",
-          markdown_table(["file", "kinds", "rows used", "GPU", "torch", "triton", "CUDA", "cuDNN", "commits", "measured"],
+          markdown_table(["file", "kinds", "rows used", "timing", "GPU", "torch", "triton", "CUDA", "cuDNN", "commits",
+                          "measured"],
                          _env_rows(f.rows, f.files)), "",
           f"Vendor packages recorded in the rows: {_vendors(f.rows)}.", ""]
     ignored = {p: i["ignored"] for p, i in f.files.items() if i["ignored"]}
