@@ -230,9 +230,9 @@ class _Group:
 
 def _prepare_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict):
     """Everything of a point before its timing: the capability check, ``prepare``, the correctness
-    check and the peak memory of one call. Returns ``(row, make)``: ``make`` is None when the row is
-    final (unsupported, an error, a wrong result), else ``make()`` builds the function to time (for
-    ``bwd`` it runs the forward whose graph the timed backward reuses)."""
+    check and the peak memory of one call. Returns ``(row, prepared)``: ``prepared`` is None when the
+    row is final (unsupported, an error, a wrong result), else a ``_Prepared`` whose ``build()`` makes
+    the function to time."""
     row = dict(base)
     mode = problem.mode
     ok, why = backend.check(problem)
@@ -286,17 +286,22 @@ def _prepare_point(backend: Backend, problem: Problem, grp: _Group, exp: Experim
         _fail(row, e, caught)
         return row, None
     row.update(peak_mem_bytes=mem["peak_bytes"], peak_mem_above_bytes=mem["above_bytes"])
-    return row, _guarded(make, backend, problem, q.device)
+    return row, _Prepared(make, _notes(backend, problem, q.device))
 
 
-def _guarded(make, backend, problem, device):
-    """``make`` with warnings caught like the preparation's; the notes go with it."""
-    def build():
+@dataclass
+class _Prepared:
+    """A point ready to be timed: ``build()`` makes the function to time (for ``bwd`` it runs the
+    forward whose graph the timed backward reuses; warnings silenced, as the preparation recorded
+    them already); ``notes`` says what exactly ran (``_notes``)."""
+
+    make: Callable
+    notes: dict
+
+    def build(self):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return make()
-    build.notes = lambda: _notes(backend, problem, device)
-    return build
+            return self.make()
 
 
 def _fail(row: dict, e: BaseException, caught: list | None = None) -> None:
@@ -319,10 +324,10 @@ def _timed_row(row: dict, t: dict, clock: dict, timing: str, notes: dict) -> dic
     return row
 
 
-def _time_one(row: dict, make, exp: Experiment, device) -> dict:
+def _time_one(row: dict, prep: _Prepared, exp: Experiment, device) -> dict:
     """Time one prepared point on its own (``time_fn``)."""
     try:
-        timed = make()
+        timed = prep.build()
         with ClockSampler(device) as clock:
             t = time_fn(timed, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=device)
     except KeyboardInterrupt:
@@ -332,7 +337,7 @@ def _time_one(row: dict, make, exp: Experiment, device) -> dict:
         return row
     finally:
         timed = None  # noqa: F841 - release the retained graph
-    return _timed_row(row, t, clock.summary(), "sequential", make.notes())
+    return _timed_row(row, t, clock.summary(), "sequential", prep.notes)
 
 
 def _time_together(prepared: list, exp: Experiment, device) -> list[dict]:
@@ -340,10 +345,10 @@ def _time_together(prepared: list, exp: Experiment, device) -> list[dict]:
     fail (one backend's call raising, or the graphs of all of them not fitting the memory together),
     each is timed on its own instead, so one backend's failure stays its own row."""
     if len(prepared) < 2:
-        return [_time_one(row, make, exp, device) for row, make in prepared]
+        return [_time_one(row, prep, exp, device) for row, prep in prepared]
     fns = []
     try:
-        fns = [make() for _, make in prepared]
+        fns = [prep.build() for _, prep in prepared]
         with ClockSampler(device) as clock:
             ts = time_interleaved(fns, exp.warmup_ms, exp.rep, flush_l2=True, max_ms=exp.max_ms, device=device)
     except KeyboardInterrupt:
@@ -351,19 +356,19 @@ def _time_together(prepared: list, exp: Experiment, device) -> list[dict]:
     except BaseException:  # noqa: BLE001 - fall back to one at a time
         fns = None
         _free(device)
-        return [_time_one(row, make, exp, device) for row, make in prepared]
+        return [_time_one(row, prep, exp, device) for row, prep in prepared]
     finally:
         fns = None  # noqa: F841 - release the retained graphs
     c = clock.summary()
-    return [_timed_row(row, t, c, "interleaved", make.notes()) for (row, make), t in zip(prepared, ts)]
+    return [_timed_row(row, t, c, "interleaved", prep.notes) for (row, prep), t in zip(prepared, ts)]
 
 
 def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment, base: dict) -> dict:
     """One point prepared and timed on its own."""
-    row, make = _prepare_point(backend, problem, grp, exp, base)
-    if make is None:
+    row, prep = _prepare_point(backend, problem, grp, exp, base)
+    if prep is None:
         return row
-    return _time_one(row, make, exp, grp.q.device)
+    return _time_one(row, prep, exp, grp.q.device)
 
 
 def _notes(backend: Backend, problem: Problem, device) -> dict:
@@ -535,11 +540,11 @@ def run_experiment(
                                     flops=problem.flops(), status=None, time_ms=None, tflops=None)
                         if progress:
                             progress(0, f"{p.backend} {mname} S={S} {hq}:{hkv} {p.mode}", None)
-                        row, make = _prepare_point(backend, problem, grp, exp, base)
-                        if make is None:
+                        row, prep = _prepare_point(backend, problem, grp, exp, base)
+                        if prep is None:
                             emit(row)
                         else:
-                            prepared.append((row, make))
+                            prepared.append((row, prep))
                     if prepared:
                         if progress and len(prepared) > 1:
                             progress(0, f"timing {len(prepared)} backends together: {mname} S={S} {prepared[0][0]['mode']}", None)
