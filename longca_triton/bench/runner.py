@@ -278,7 +278,9 @@ def _prepare_point(backend: Backend, problem: Problem, grp: _Group, exp: Experim
                         return row, None
                 elif backend.name in REFERENCE_BACKENDS:
                     row["check"] = {"ok": True, "self": "reference"}
-                # ---- memory: one call, with no other backend's graph of this problem alive
+                # ---- memory: one call, with no other backend's graph of this problem alive (its own
+                # graph is dropped again: an interleaved bucket rebuilds all of them for the timing,
+                # so a bwd point runs its forward twice, both outside any timer)
                 mem = peak_memory(make(), device=q.device)
     except KeyboardInterrupt:
         raise

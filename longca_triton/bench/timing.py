@@ -298,6 +298,15 @@ class ClockSampler:
 
     def __exit__(self, *exc):
         self._stop.set()
+        if self.source == "nvml" and self._thread is not None:
+            self._thread.join(timeout=2)
+            try:
+                import pynvml
+
+                pynvml.nvmlShutdown()  # balances the nvmlInit of __enter__ (NVML counts them)
+            except Exception:  # noqa: BLE001
+                pass
+            self._thread = None
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -375,9 +384,7 @@ def _time_host(fn, warmup_ms, rep, max_ms, min_rep) -> dict:
     t_end = time.perf_counter() + warmup_ms / 1e3
     while time.perf_counter() < t_end:
         fn()
-    n_rep = rep
-    if max_ms is not None:
-        n_rep = max(min(rep, min_rep), min(rep, int(max_ms / max(est, 1e-3))))
+    n_rep = _rep_count(rep, min_rep, max_ms, max(est, 1e-3))
     samples = []
     for _ in range(n_rep):
         t = time.perf_counter()

@@ -441,19 +441,18 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         for key in ("persistent", "o_own", "num_stages"):
             if key not in (overlay or {}):
                 cfg[key] = plain[key]
-    if sparse_persist and cfg["o_own"] and "o_own" not in (overlay or {}) and "num_stages" in (overlay or {}) and smem_bytes(
-            head_dim, cfg["BLOCK_N"], int(cfg["num_stages"]), head_dim_v=dv, split_d=cfg["split_d"],
-            consumers=int(cfg["consumers"]), p_smem=cfg["p_smem"], o_own=True) > SMEM_LIMIT:
+    named = overlay or {}
+    if (sparse_persist and cfg["o_own"] and "o_own" not in named and "num_stages" in named
+            and smem_bytes(head_dim, cfg["BLOCK_N"], int(cfg["num_stages"]), head_dim_v=dv, split_d=cfg["split_d"],
+                           consumers=int(cfg["consumers"]), p_smem=cfg["p_smem"], o_own=True) > SMEM_LIMIT):
         # a ring the config asked for that leaves no room for O's buffers: O is staged in Q's
         cfg["o_own"] = False
     if dense_three and int(cfg["consumers"]) != 3:
         # P through shared memory was measured with three consumers only: a config that picks two
-        # (and says nothing of p_smem) gets them with P in registers, their measured default, and
-        # two consumers' registers
+        # (and says nothing of p_smem) gets them with P in registers, their measured default (and two
+        # consumers' registers: the rule below)
         if "p_smem" not in (overlay or {}):
             cfg["p_smem"] = False
-        if "consumer_regs" not in (overlay or {}):
-            cfg["consumer_regs"] = default_config(head_dim, dtype, dv)["consumer_regs"]
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     consumers = cfg["consumers"]

@@ -13,7 +13,7 @@ every partition walks one list with the same three-scalar cursor.
 
 Warp specialization (``gl.warp_specialize``), three partitions (``CONSUMERS = 2``)::
 
-    producer   1 warp, 24 registers     TMA: Q once, then K_j, V_j into a NUM_STAGES ring
+    producer   1 warp, 24 registers     TMA: Q of the tile, then K_j, V_j into a NUM_STAGES ring
     consumer 0 4 warps (default)        rows [0, 64) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1 4 warps, 240 registers   rows [64, 128)
 
@@ -345,9 +345,9 @@ def _ring(NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 def _load_kv_ring(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, RUN_START,
                   RUN_END, r0, num_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   DQK0: gl.constexpr, DQK1: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr):
-    """The producer's loop: K_j and V_j of every key tile on the run list into the ring (every
-    head-dim piece of each into its stage; one ``expect`` for all of them). ``k_desc``, ``k_smem``,
-    ``v_desc``, ``v_smem`` are piece tuples (the backward's dQ kernel passes one-element ones);
+    """The backward dQ kernel's producer loop (the forward's is ``_produce_tile``): K_j and V_j of
+    every key tile on the run list into the ring (every head-dim piece of each into its stage; one
+    ``expect`` for all of them). ``k_desc``, ``k_smem``, ``v_desc``, ``v_smem`` are piece tuples;
     ``DQK0`` / ``DV0`` are the columns the second pieces start at (unused when ``D*1 == 0``)."""
     r = r0
     n = gl.load(RUN_START + r)
@@ -750,8 +750,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     # ---- epilogue: fully masked rows (l_i == 0) give out = 0, lse = -inf
     # the tile's batch and head only now, for the stores: computed before the loop they would hold
     # registers through it (three consumers at 160 have none to spare: ptxas, spills in the loop)
-    b = bh // num_heads_q
-    h = bh % num_heads_q
+    b, h, _ = _tile_head(bh, num_heads_q, 1)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
@@ -883,8 +882,8 @@ def gluon_fwd_kernel(
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
-    # the one tile of a non-persistent CTA (a persistent one never reads these: bh = 0 gives its
-    # unused per-head descriptors a valid head)
+    # the batch*head of a non-persistent CTA's one tile (persistent: unused, whole-tensor
+    # descriptors and per-tile heads)
     bh = 0
     if PERSISTENT:
         work = (num_work, num_bh, num_heads_q, group_size, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT)
@@ -911,9 +910,7 @@ def gluon_fwd_kernel(
     # the descriptors (``_piece_descs``): the true head dims as the tensors' shapes, the pieces
     # (padded ones: zero-filled, clipped on store) as the tiles; over the whole tensors when
     # persistent (made once for all the CTA's tiles), else over the CTA's head
-    b = bh // num_heads_q
-    h = bh % num_heads_q
-    h_kv = h // group_size
+    b, h, h_kv = _tile_head(bh, num_heads_q, group_size)
     q_desc = _piece_descs(Q, batch, Sq, num_heads_q, stride_qb, stride_qs, stride_qh, b, h, M_WG, HEAD_DIM_QK,
                           DQK0, DQK1, dtype, PERSISTENT)
     k_desc = _piece_descs(K, batch, Sk, heads_kv, stride_kb, stride_ks, stride_kh, b, h_kv, BLOCK_N, HEAD_DIM_QK,
