@@ -153,6 +153,107 @@ def test_empty_rows_and_columns():
     assert torch.all(dk[:, 40:100] == 0) and torch.all(dv[:, 40:100] == 0)
 
 
+# ------------------------------------------------------------------------------ packed lists
+def packed_mask(S=333, Sk=None, min_block=32, seed=0, patterns=2, density=0.4):
+    """Variable blocks of at least ``min_block`` (so lists pack at tiles up to that size)."""
+    if Sk is None:
+        return make_mask("varblock_sparse", S, block=min_block + 19, min_block=min_block, density=density,
+                         patterns=patterns, seed=seed)
+    rng = np.random.default_rng(seed)
+    qb, kb = random_bounds(S, rng, min_block, 2 * min_block), random_bounds(Sk, rng, min_block, 2 * min_block)
+    for b in (qb, kb):  # the last block may come out short: fold it into its neighbour
+        if b[-1] - b[-2] < min_block:
+            del b[-2]
+    bm = torch.from_numpy(rng.random((patterns, len(qb) - 1, len(kb) - 1)) < density)
+    return BlockSparseMask(qb, kb, bm, name="varblock_sparse")
+
+
+def packed_flags(mask, cfg):
+    t = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), DEV)
+    return {name: t[name].packed for name in t}
+
+
+PACKED_CASES = {
+    # name: (mask kwargs, hq, hkv, config overlay)
+    "S=333-Hq=6-Hkv=2-32x32": (dict(), 6, 2, tiles(32, 32)),
+    "S=333-Hq=4-Hkv=2-heads2-chunk16": (dict(seed=1), 4, 2, {**tiles(32, 32, heads=2), "list_chunk": 16,
+                                                             "dq_list_chunk": 16, "dkdv_list_chunk": 16}),
+    "S=333-Hq=4-Hkv=2-32x16-dq16x32-dkdv32x16": (dict(seed=2), 4, 2, tiles(32, 16, dq=(16, 32), dkdv=(32, 16))),
+    "S=333-Hq=4-Hkv=1-P=1-one_launch-sweep": (dict(seed=3, patterns=1), 4, 1,
+                                              {**tiles(32, 32), "one_launch": True, "dkdv_sweep": 1}),
+    "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, tiles(32, 32)),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES), ids=list(PACKED_CASES))
+def test_packed_lists_match_reference(case):
+    """Packed lists (a key / query tile crossing from one run of kept blocks into the next) in every
+    pass, against float64: GQA, stacked heads, chunked lists, one launch, the row-major sweep, Sq != Sk."""
+    kw, hq, hkv, cfg = PACKED_CASES[case]
+    mask = packed_mask(**kw)
+    assert all(packed_flags(mask, cfg).values()), "this case is meant to pack every pass"
+    check(mask, hq=hq, hkv=hkv, cfg=cfg)
+    check(mask, hq=hq, hkv=hkv, cfg={**cfg, "pack_cols": False})
+
+
+def test_packed_lists_fp16_batch_empty_rows_and_columns():
+    """fp16, two batch entries, D = 64, a query block keeping nothing and a key block kept by nobody."""
+    mask = packed_mask(S=300, seed=5, patterns=2, density=0.5)
+    bm = mask.block_map.clone()
+    bm[:, 1] = False
+    bm[:, :, 2] = False
+    mask = BlockSparseMask(mask.q_block_bounds, mask.k_block_bounds, bm, name="varblock_sparse")
+    assert all(packed_flags(mask, tiles(32, 32)).values())
+    out, lse, dq, dk, dv = check(mask, hq=4, hkv=2, d=64, dtype=torch.float16, batch=2, cfg=tiles(32, 32))
+    r0, r1 = mask.q_block_bounds[1], mask.q_block_bounds[2]
+    c0, c1 = mask.k_block_bounds[2], mask.k_block_bounds[3]
+    assert torch.all(out[:, r0:r1] == 0) and torch.all(torch.isinf(lse[:, :, r0:r1]))
+    assert torch.all(dk[:, c0:c1] == 0) and torch.all(dv[:, c0:c1] == 0)
+
+
+@pytest.mark.parametrize("major", ["q", "k"])
+@pytest.mark.parametrize("tile", [(32, 32), (16, 32), (64, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_packed_tables_cover_exactly_the_kept_area(major, tile):
+    """Every kept pair once; every tile of a list full but its last; a tile crosses one run boundary
+    at most; fewer tiles than the unpacked lists wherever runs are ragged."""
+    mask = packed_mask(S=517, seed=6, patterns=3)
+    bm = mask.block_map if major == "q" else mask.block_map.transpose(1, 2).contiguous()
+    rows, cols = ((mask.q_block_bounds, mask.k_block_bounds) if major == "q"
+                  else (mask.k_block_bounds, mask.q_block_bounds))
+    t = build_side_tables(rows, cols, bm, *tile, "cpu", pack_cols=True)
+    plain = build_side_tables(rows, cols, bm, *tile, "cpu")
+    assert t.packed and not plain.packed and t.num_entries < plain.num_entries
+    dense = mask.to_dense()
+    if major == "k":
+        dense = dense.transpose(1, 2)
+    got = torch.zeros_like(dense)
+    for p in range(3):
+        for r in range(t.num_row_blocks):
+            lo, hi = int(t.ptr[p * t.num_row_blocks + r]), int(t.ptr[p * t.num_row_blocks + r + 1])
+            for e in range(lo, hi):
+                c = t.columns(e)
+                assert len(c) == tile[1] or (e == hi - 1 and 0 < len(c) < tile[1])
+                assert sum(1 for a, b in zip(c, c[1:]) if b != a + 1) <= 1
+                r0, r1 = rows[r], rows[r + 1]
+                assert not got[p, r0:r1, c].any(), "a pair is covered twice"
+                got[p, r0:r1, c] = True
+    assert torch.equal(got, dense)
+
+
+def test_packing_only_where_it_applies():
+    """Blocks shorter than the tile, or all multiples of it, keep the plain lists (and their boxes)."""
+    short = make_mask("varblock_sparse", 300, block=48, min_block=20, density=0.4, patterns=2, seed=2)
+    uni = make_mask("block_sparse", 256, block=64, density=0.5, patterns=2, seed=0)
+    for mask in (short, uni):
+        t = build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map, 32, 32, "cpu", True)
+        assert not t.packed
+        assert torch.equal(t.col_next, t.col_start) and torch.equal(t.col_count, t.col_end - t.col_start)
+    # 16-column tiles fit the 20-token blocks (dK/dV's columns are its DKDV_BLOCK_M query rows)
+    assert packed_flags(short, tiles(32, 16, dkdv=(16, 32))) == {"fwd": True, "dq": True, "dkdv": True}
+    assert packed_flags(short, tiles(32, 16)) == {"fwd": True, "dq": True, "dkdv": False}
+    assert packed_flags(short, {**tiles(32, 16), "pack_cols": False}) == {"fwd": False, "dq": False, "dkdv": False}
+
+
 # ------------------------------------------------------------------------------ tables
 @pytest.mark.parametrize("major", ["q", "k"])
 def test_tables_cover_exactly_the_kept_area(major):
@@ -256,7 +357,7 @@ def test_custom_op_opcheck():
     q, k, v = (torch.randn(1, 64, 2, 16, device=DEV, requires_grad=True) for _ in range(3))
     cfg = BS.resolve_config(mask, 16)
     t = BS.tables_for(mask, cfg, q.device)
-    meta = [2, int(t["fwd"].even_cols), int(t["dq"].even_cols), int(t["dkdv"].even_cols)]
+    meta = BS.op_meta(t, 2)
     args = (q, k, v, t["fwd"].lists(), t["dq"].lists(), t["dkdv"].lists(), meta, 0.25, BS._cfg_to_list(cfg))
     res = torch.library.opcheck(torch.ops.longca_triton.block_sparse_attention_fwd.default, args)
     assert set(res.values()) == {"SUCCESS"}, res

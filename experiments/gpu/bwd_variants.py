@@ -128,15 +128,16 @@ _TILE_OF = {"dkdv": dkdv_tile, "dq": dq_tile,
 _ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
 _CHUNK_PART = re.compile(r"^chunk(\d+)$")
 _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
-                 "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True}}
+                 "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True},
+                 "pack": {"pack_cols": True}, "nopack": {"pack_cols": False}}
 
 
 def compose(name: str) -> dict | None:
     """A variant spelled out: parts joined by ``+``, each a tile (``dkdv64x128w8s3``: 64 query rows per
     step x 128 keys per program, 8 warps, 3 stages; ``dq128x64w8s3``; an ``s`` prefix is allowed), one
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
-    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head, and
-    ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
+    ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head,
+    ``pack`` / ``nopack`` (``pack_cols``: packed lists for variable blocks), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
     ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
     ``chunkN`` reads that pass's list entry by entry, ``block_sparse.resolve_config``). None
     when a part is none of these."""

@@ -136,12 +136,15 @@ LN2 = 0.6931471805599453
 #: ``dkdv_head_outer``: the dK/dV grid with the KV head slowest (``block_sparse_bwd._dkdv_program``).
 #: The sweep measured slower here (H100, block 128, dK/dV 58.1 vs 51.1 ms at 32K / 0.3 per KV head, 218 vs
 #: 192 at 64K one pattern: ``experiments/results/h100/bwd_sweep/``), so the default is 0.
+#: ``pack_cols``: pack each list's runs of kept blocks into full tiles (``block_sparse_tables``), for
+#: every pass whose column blocks allow it (at least a tile long) and need it (not all multiples of the
+#: tile: variable blocks); the packed passes gather their column rows by pointer loads.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
-    "list_chunk", "dkdv_list_chunk", "dq_list_chunk",
+    "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_cols",
 )
 
 #: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
@@ -165,7 +168,8 @@ def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
-    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True}
+    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True,
+            "pack_cols": True}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -219,7 +223,7 @@ def _tile_config(mask, head_dim: int) -> dict:
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
-                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer"),
+                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "pack_cols"),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -289,18 +293,19 @@ def _check_inputs(q, k, v, mask):
 
 
 def tables_for(mask, cfg: dict, device) -> dict:
-    """The three GPU-built tables one fwd+bwd needs (cached per mask, tile sizes, device)."""
-    ts = tile_sizes(cfg)
+    """The three GPU-built tables one fwd+bwd needs (cached per mask, tile sizes, packing, device)."""
+    ts, pack = tile_sizes(cfg), bool(cfg["pack_cols"])
     return {
-        "fwd": get_side_tables(mask, "q", *ts["fwd"], device),
-        "dq": get_side_tables(mask, "q", *ts["dq"], device),
-        "dkdv": get_side_tables(mask, "k", *ts["dkdv"], device),
+        "fwd": get_side_tables(mask, "q", *ts["fwd"], device, pack),
+        "dq": get_side_tables(mask, "q", *ts["dq"], device, pack),
+        "dkdv": get_side_tables(mask, "k", *ts["dkdv"], device, pack),
     }
 
 
 def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None, repeats: int = 5) -> dict:
     """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed."""
-    return table_build_ms(mask, tile_sizes(resolve_config(mask, head_dim, config)), device, repeats)
+    cfg = resolve_config(mask, head_dim, config)
+    return table_build_ms(mask, tile_sizes(cfg), device, repeats, bool(cfg["pack_cols"]))
 
 
 def _heads(q, k, mask):
@@ -328,7 +333,7 @@ def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: di
         softmax_scale * LOG2E,
         sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
-        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"], LIST_CHUNK=cfg["list_chunk"],
+        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"], LIST_CHUNK=cfg["list_chunk"], PACKED=t.packed,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -376,7 +381,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
             EVEN_N=tq.even_cols, DKDV_LIST_CHUNK=cfg["dkdv_list_chunk"], DQ_LIST_CHUNK=cfg["dq_list_chunk"],
-            ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer,
+            ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
@@ -389,7 +394,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+            PACKED=tk.packed, num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
     if "dq" in passes:
         block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
@@ -399,7 +404,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             softmax_scale, qk_scale,
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
             **dims, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
-            EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"],
+            EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
             num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
         )
     return dq, dk, dv
@@ -428,7 +433,7 @@ BlockSparseAttentionFunction = attention_function(
 # torch.library custom ops (for torch.compile): the tables travel as lists of int32 tensors
 # ----------------------------------------------------------------------------------------------
 
-_TABLE_LEN = 7  # row_start, row_end, row_block, order, ptr, col_start, col_end (SideTables.lists())
+_TABLE_LEN = 9  # row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count
 
 
 class _Patterns:
@@ -438,13 +443,13 @@ class _Patterns:
         self.num_patterns = int(num_patterns)
 
 
-def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols) -> SideTables:
-    row_start, row_end, row_block, order, ptr, col_start, col_end = ts
+def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols, packed) -> SideTables:
+    row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count = ts
     return SideTables(tile_rows=int(tile_rows), tile_cols=int(tile_cols),
                       num_row_blocks=(ptr.shape[0] - 1) // num_patterns, num_patterns=num_patterns,
                       row_start=row_start, row_end=row_end, row_block=row_block, order=order, ptr=ptr,
-                      col_start=col_start, col_end=col_end, even_rows=False, even_cols=bool(even_cols),
-                      build_ms=0.0)
+                      col_start=col_start, col_end=col_end, col_next=col_next, col_count=col_count,
+                      even_rows=False, even_cols=bool(even_cols), build_ms=0.0, packed=bool(packed))
 
 
 def _cfg_to_list(cfg: dict) -> list[int]:
@@ -455,16 +460,24 @@ def _cfg_from_list(cfg_list) -> dict:
     cfg = dict(zip(CONFIG_KEYS, (int(x) for x in cfg_list)))
     cfg["warp_specialize"] = bool(cfg["warp_specialize"])
     cfg["one_launch"] = bool(cfg["one_launch"])
+    cfg["pack_cols"] = bool(cfg["pack_cols"])
     return cfg
 
 
+def op_meta(tables: dict, num_patterns: int) -> list[int]:
+    """What the ops need to know of ``tables`` besides their tensors: ``[num_patterns, then even_cols
+    and packed of the fwd, dq and dkdv tables]``."""
+    return [int(num_patterns)] + [int(flag) for name in ("fwd", "dq", "dkdv")
+                                  for flag in (tables[name].even_cols, tables[name].packed)]
+
+
 def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
-    """``meta = [num_patterns, fwd even_cols, dq even_cols, dkdv even_cols]``."""
+    """``meta`` from ``op_meta``."""
     ts, P = tile_sizes(c), int(meta[0])
     out = {}
-    for name, lists, even in (("fwd", fwd, meta[1]), ("dq", dq, meta[2]), ("dkdv", dkdv, meta[3])):
+    for i, (name, lists) in enumerate((("fwd", fwd), ("dq", dq), ("dkdv", dkdv))):
         if lists is not None:
-            out[name] = _tables_from_tensors(lists, *ts[name], P, even)
+            out[name] = _tables_from_tensors(lists, *ts[name], P, meta[1 + 2 * i], meta[2 + 2 * i])
     return out
 
 
@@ -558,8 +571,7 @@ def block_sparse_attention_from_tables(q, k, v, tables: dict, num_patterns: int,
                                        return_lse: bool = False):
     """The custom-op path given ready tables (``tables_for(mask, cfg, device)``, ``cfg`` from
     ``resolve_config``): traceable by ``torch.compile`` without graph breaks."""
-    meta = [int(num_patterns), int(tables["fwd"].even_cols), int(tables["dq"].even_cols),
-            int(tables["dkdv"].even_cols)]
+    meta = op_meta(tables, num_patterns)
     out, lse = torch.ops.longca_triton.block_sparse_attention_fwd(
         q, k, v, tables["fwd"].lists(), tables["dq"].lists(), tables["dkdv"].lists(), meta,
         float(softmax_scale), _cfg_to_list(cfg))

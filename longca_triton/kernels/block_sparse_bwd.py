@@ -6,7 +6,11 @@ config ``one_launch``; ``core.one_launch_split`` orders them); the bodies are ``
 
 Head dims as in the forward: K/V tiles through descriptors padded to ``BLOCK_DQK`` / ``BLOCK_DV``;
 the pointer accesses (q, dO, dq, dk, dv) AND a head-dim mask into their row masks only when the
-dim is padded."""
+dim is padded.
+
+``PACKED`` (packed lists, ``block_sparse_tables``): an entry's rows (dK/dV: query rows; dQ: keys)
+may be two pieces of two runs; the dK/dV pass reads q / dO by pointers anyway and only computes
+the rows differently, the dQ pass gathers K/V rows (``core.gather_rows``) instead of reading boxes."""
 
 import triton
 import triton.language as tl
@@ -16,6 +20,7 @@ from .core import (
     chunk_pick,
     dkdv_update,
     dq_update,
+    gather_rows,
     head_dim_offsets,
     key_program_at,
     key_program_outer,
@@ -23,6 +28,7 @@ from .core import (
     list_chunk,
     lse_log2,
     one_launch_split,
+    packed_positions,
     recompute_p,
 )
 
@@ -39,12 +45,17 @@ def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_END, e, r_pos,
+def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_END, COL_NEXT, COL_COUNT, e, r_pos,
                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
-               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr):
     """One dK/dV step: the rows of query-list entry ``e`` (its first row ``start``; ``r_pos``: each
     tile row's position in it) of the heads whose rows ``_head_rows`` gave, against the program's keys."""
-    pos = start + r_pos  # [HM]
+    if PACKED:
+        # the entry may continue in the next run of kept query blocks (block_sparse_tables)
+        pos, ok = packed_positions(r_pos, start, tl.load(COL_END + e), tl.load(COL_NEXT + e),
+                                   tl.load(COL_COUNT + e))  # [HM] each
+    else:
+        pos = start + r_pos  # [HM]
     q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
     do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
     if EVEN_M:
@@ -61,7 +72,8 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_
     else:
         # rows past the sub-tile's end belong to another block: zero q / dO and
         # lse = +inf make their p (and so every product) exactly zero
-        ok = pos < tl.load(COL_END + e)
+        if not PACKED:
+            ok = pos < tl.load(COL_END + e)
         q_ok = ok[:, None]  # [HM, 1]
         do_ok = ok[:, None]
         if not EVEN_QK:
@@ -87,12 +99,13 @@ def _dkdv_program(
     stride_db, stride_ds, stride_dh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # key-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern, num_key_tiles,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
@@ -146,8 +159,8 @@ def _dkdv_program(
             q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
             dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, tl.load(COL_START + e), COL_END,
-                                e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
-                                EVEN_QK, EVEN_V)
+                                COL_NEXT, COL_COUNT, e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
+                                qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
@@ -160,8 +173,9 @@ def _dkdv_program(
             if LIST_CHUNK == 0:
                 for e in tl.range(e_lo, e_hi):
                     dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
-                                        tl.load(COL_START + e), COL_END, e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok,
-                                        stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V)
+                                        tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, r_pos, offs_dqk,
+                                        dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V,
+                                        PACKED)
             else:
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
@@ -169,9 +183,9 @@ def _dkdv_program(
                     starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
                     for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
                         dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
-                                            chunk_pick(starts, j, LIST_CHUNK), COL_END, c0 + j, r_pos, offs_dqk,
-                                            dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
-                                            EVEN_V)
+                                            chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT, COL_COUNT, c0 + j,
+                                            r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
+                                            EVEN_M, EVEN_QK, EVEN_V, PACKED)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
@@ -202,6 +216,20 @@ def _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_sca
 
 
 @triton.jit
+def _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, start_n, COL_END, COL_NEXT,
+                    COL_COUNT, e, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr,
+                    EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """``_dq_step`` over a packed list entry: its keys gathered, the missing ones of the list's last
+    tile zeroed in ``p`` (their zero rows of K would still give ``p = exp2(-lse)``)."""
+    cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, tl.load(COL_END + e), tl.load(COL_NEXT + e),
+                                tl.load(COL_COUNT + e))  # [BLOCK_N] each
+    k = gather_rows(k_base, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
+    v = gather_rows(v_base, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
+    p = tl.where(ok[None, :], recompute_p(q, k, lse2, qk_scale, False), 0.0)  # [HM, BLOCK_N]
+    return dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
+
+
+@triton.jit
 def _dq_program(
     pid,
     Q, K, V, DOut, Lse, Delta, DQ,
@@ -210,12 +238,12 @@ def _dq_program(
     stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh,
     stride_dqb, stride_dqs, stride_dqh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # query-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr,
 ):
     """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads)."""
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
@@ -241,12 +269,30 @@ def _dq_program(
     lse2 = lse_log2(lse)
     delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
 
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    if not PACKED:
+        k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                  stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    if LIST_CHUNK == 0:
+    if PACKED:
+        k_base = K + b64 * stride_kb + h_kv * stride_kh
+        v_base = V + b64 * stride_vb + h_kv * stride_vh
+        EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
+        EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
+        if LIST_CHUNK == 0:
+            for e in tl.range(e_lo, e_hi):
+                dq = _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                                     tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, offs_dqk, dqk_ok,
+                                     offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
+        else:
+            for c0 in range(e_lo, e_hi, LIST_CHUNK):
+                starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+                for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
+                    dq = _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                                         chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT, COL_COUNT, c0 + j,
+                                         offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
+    elif LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi):
             start_n = tl.load(COL_START + e)
             dq = _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N, EVEN_N)
@@ -279,24 +325,25 @@ def block_sparse_bwd_dkdv_kernel(
     stride_db, stride_ds, stride_dh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # key-major tables
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # key-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
-        LIST_CHUNK)
+        LIST_CHUNK, PACKED)
 
 
 @triton.jit
@@ -307,22 +354,22 @@ def block_sparse_bwd_dq_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh,
     stride_dqb, stride_dqs, stride_dqh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,  # query-major tables
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # query-major tables
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr,
 ):
     """Query-major dQ (grid: row tiles x head packs)."""
     _dq_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+        ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED)
 
 
 @triton.jit
@@ -335,8 +382,8 @@ def block_sparse_bwd_one_launch_kernel(
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
     stride_dqb, stride_dqs, stride_dqh,
-    K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END,  # key-major tables
-    Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END,  # query-major tables
+    K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END, K_COL_NEXT, K_COL_COUNT,  # key-major
+    Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END, Q_COL_NEXT, Q_COL_COUNT,  # query-major
     softmax_scale, qk_scale,
     Sq, Sk, k_num_row_blocks, q_num_row_blocks, num_bkv, num_packs, num_heads_q, num_heads_kv, group_size,
     heads_per_pattern, n_dkdv, n_dq,
@@ -344,7 +391,7 @@ def block_sparse_bwd_one_launch_kernel(
     DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DKDV_HEADS: tl.constexpr, EVEN_M: tl.constexpr,
     DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
     DKDV_LIST_CHUNK: tl.constexpr, DQ_LIST_CHUNK: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
-    HEAD_OUTER: tl.constexpr,
+    HEAD_OUTER: tl.constexpr, DKDV_PACKED: tl.constexpr, DQ_PACKED: tl.constexpr,
 ):
     """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
     above, unchanged, so no atomics and the same bits."""
@@ -354,18 +401,19 @@ def block_sparse_bwd_one_launch_kernel(
             idx, Q, K, V, DOut, Lse, Delta, DK, DV,
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-            K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END,
+            K_ROW_START, K_ROW_END, K_ROW_BLOCK, K_ORDER, K_PTR, K_COL_START, K_COL_END, K_COL_NEXT, K_COL_COUNT,
             softmax_scale, qk_scale,
             Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
             n_dkdv // num_bkv,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M, SWEEP,
-            HEAD_OUTER, DKDV_LIST_CHUNK)
+            HEAD_OUTER, DKDV_LIST_CHUNK, DKDV_PACKED)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-            Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END,
+            Q_ROW_START, Q_ROW_END, Q_ROW_BLOCK, Q_ORDER, Q_PTR, Q_COL_START, Q_COL_END, Q_COL_NEXT, Q_COL_COUNT,
             softmax_scale, qk_scale,
             Sq, Sk, q_num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, DQ_HEADS, EVEN_N, DQ_LIST_CHUNK)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, DQ_HEADS, EVEN_N, DQ_LIST_CHUNK,
+            DQ_PACKED)

@@ -3,12 +3,26 @@ the tiling): one program per (row tile, head pack), online softmax over the tile
 
 Head dims: q and k ``HEAD_DIM_QK``, v and out ``HEAD_DIM_V``, in tiles padded to ``BLOCK_DQK`` /
 ``BLOCK_DV``. K/V come through descriptors (zero fill past the true dim); q and out are pointer
-accesses, masked on the head dim only when it is padded (``BLOCK_D* != HEAD_DIM_*``)."""
+accesses, masked on the head dim only when it is padded (``BLOCK_D* != HEAD_DIM_*``).
+
+``PACKED`` (packed key lists, ``block_sparse_tables``): a key tile may be two pieces of two runs,
+so K/V rows are gathered by pointer loads (``core.gather_rows``) instead of read as one box."""
 
 import triton
 import triton.language as tl
 
-from .core import chunk_pick, head_dim_offsets, kv_descs, list_chunk, softmax_finish, softmax_init, softmax_step
+from .core import (
+    chunk_pick,
+    gather_rows,
+    head_dim_offsets,
+    kv_descs,
+    list_chunk,
+    packed_positions,
+    softmax_finish,
+    softmax_init,
+    softmax_rescale,
+    softmax_step,
+)
 
 __all__ = ["block_sparse_fwd_kernel", "_pack_program"]
 
@@ -64,18 +78,34 @@ def _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, start_n, COL_END, e, qk_scale, B
 
 
 @triton.jit
+def _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs, start_n, COL_END, COL_NEXT,
+                     COL_COUNT, e, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr,
+                     EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """``_fwd_step`` over a packed list entry: its keys gathered (two pieces at most), the missing
+    ones of the list's last tile masked."""
+    cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, tl.load(COL_END + e), tl.load(COL_NEXT + e),
+                                tl.load(COL_COUNT + e))  # [BLOCK_N] each
+    k = gather_rows(k_base, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
+    qk = tl.where(ok[None, :], tl.dot(q, k.T), float("-inf"))  # [HM, BLOCK_N]
+    p, acc, m_ij, l_i = softmax_rescale(acc, m_i, l_i, qk, qk_scale, False, False)
+    v = gather_rows(v_base, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
+    acc = tl.dot(p.to(v.dtype), v, acc)  # [HM, BLOCK_DV]
+    return acc, m_ij, l_i
+
+
+@triton.jit
 def block_sparse_fwd_kernel(
     Q, K, V, Out, Lse,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END,
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
     qk_scale,  # softmax_scale * log2(e)
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr, LIST_CHUNK: tl.constexpr,
+    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr,
 ):
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
@@ -90,13 +120,33 @@ def block_sparse_fwd_kernel(
         q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]: padded columns load as 0
     q = tl.load(q_ptrs[:, None] + offs_dqk[None, :], mask=q_ok, other=0.0)  # [HM, BLOCK_DQK]
 
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    if not PACKED:
+        # (a packed list gathers its rows: no descriptor, whose device-side creation is not free)
+        k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                  stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    if LIST_CHUNK == 0:
+    if PACKED:
+        k_base = K + b64 * stride_kb + h_kv * stride_kh
+        v_base = V + b64 * stride_vb + h_kv * stride_vh
+        EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
+        EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
+        if LIST_CHUNK == 0:
+            for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
+                acc, m_i, l_i = _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+                                                 tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, offs_dqk,
+                                                 dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
+        else:
+            for c0 in range(e_lo, e_hi, LIST_CHUNK):
+                starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+                for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK), warp_specialize=WARP_SPEC):
+                    acc, m_i, l_i = _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+                                                     chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT,
+                                                     COL_COUNT, c0 + j, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale,
+                                                     BLOCK_N, EVEN_QK, EVEN_V)
+    elif LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, tl.load(COL_START + e), COL_END, e, qk_scale,
                                       BLOCK_N, EVEN_N)

@@ -15,6 +15,21 @@ Query-major (forward and dQ), for a tile size ``(tile_rows, tile_cols)``:
   Merging runs first means a ragged tail costs once per run, not once per block.
 * ``order``: row tiles sorted by their total work over patterns, heaviest first.
 
+Packed column lists (``pack_cols``, variable blocks): cutting each run into tiles leaves a ragged
+tail per run, a whole tile's work for a fraction of its keys (mean-256 blocks at 32K, density 0.3:
+the tiles' area is 1.23x the kept area at 64 x 64). Packed, a list's runs are laid end to end and
+cut into tiles of ``tile_cols`` *kept* keys, so only the list's last tile is short (1.13x there,
+what the row tiles' own tails leave). A packed tile may cross from one run into the next; when
+every column block is at least ``tile_cols`` long it crosses at most once, and entry ``e`` reads::
+
+    key j of the tile (0 <= j < tile_cols):  start + j  if start + j < end  else  next + j
+    valid:                                   j < count
+
+(``next`` = the second run's first key minus the keys taken from the first). An unpacked table
+carries the same four arrays with ``next = start`` and ``count = end - start``, so the formula holds
+for every table; the kernels switch to it (gathered rows instead of contiguous tiles) only where a
+table says ``packed``.
+
 Key-major (dK/dV) is the same construction on the transposed map: key blocks cut into sub-tiles of
 keys, and per (pattern, key block) the runs of kept *query* blocks cut into sub-tiles of queries.
 
@@ -53,11 +68,14 @@ class SideTables:
     row_block: torch.Tensor  # [T]  its block index
     order: torch.Tensor  # [T]  row tiles, heaviest first
     ptr: torch.Tensor  # [P * num_row_blocks + 1]  CSR offsets into col_start / col_end
-    col_start: torch.Tensor  # [E]
-    col_end: torch.Tensor  # [E]
+    col_start: torch.Tensor  # [E]  first column of the tile
+    col_end: torch.Tensor  # [E]  one past the last column of its first run piece
+    col_next: torch.Tensor  # [E]  column of tile offset j >= end - start is next + j (packed), else start
+    col_count: torch.Tensor  # [E]  valid columns of the tile
     even_rows: bool  # every row tile is exactly tile_rows long
     even_cols: bool  # every column tile is exactly tile_cols long
     build_ms: float  # wall time of the build (device synchronised)
+    packed: bool = False  # column tiles may cross from one run of kept blocks into the next
 
     @property
     def num_tiles(self) -> int:
@@ -69,7 +87,12 @@ class SideTables:
 
     def lists(self) -> list[torch.Tensor]:
         return [self.row_start, self.row_end, self.row_block, self.order, self.ptr,
-                self.col_start, self.col_end]
+                self.col_start, self.col_end, self.col_next, self.col_count]
+
+    def columns(self, e: int) -> list[int]:
+        """The columns of list entry ``e`` (host side; for tests and tools)."""
+        start, end, nxt, count = (int(t[e]) for t in (self.col_start, self.col_end, self.col_next, self.col_count))
+        return [start + j if start + j < end else nxt + j for j in range(count)]
 
 
 def _chunk(lo: torch.Tensor, hi: torch.Tensor, tile: int):
@@ -84,11 +107,39 @@ def _chunk(lo: torch.Tensor, hi: torch.Tensor, tile: int):
     return owner, start, end, n
 
 
+def _pack_runs(lo, hi, run_row, num_lists: int, tile: int):
+    """Runs ``[lo, hi)`` of lists ``run_row`` (sorted by list, ascending inside one) laid end to end
+    per list and cut into ``tile`` kept columns: ``(start, end, next, count, tiles per list)``.
+    Every run must be at least ``tile`` long (a tile then crosses at most one run boundary)."""
+    dev = lo.device
+    length = hi - lo  # [R]
+    total = torch.zeros(num_lists, dtype=torch.int64, device=dev).index_add_(0, run_row, length)
+    tiles = torch.div(total + tile - 1, tile, rounding_mode="floor")  # [L]
+    # a virtual axis: list l owns [base[l], base[l] + tiles[l] * tile), its runs end to end from base[l]
+    base = torch.cumsum(tiles * tile, 0) - tiles * tile
+    list_first = torch.cumsum(total, 0) - total  # where list l starts among all runs' columns
+    run_v = base[run_row] + (torch.cumsum(length, 0) - length) - list_first[run_row]  # [R]
+    owner, _, _, _ = _chunk(torch.zeros_like(tiles), tiles, 1)  # [E] the list of each tile
+    k = torch.arange(owner.numel(), device=dev) - (torch.cumsum(tiles, 0) - tiles)[owner]
+    v0 = base[owner] + k * tile
+    r1 = torch.searchsorted(run_v, v0, right=True) - 1  # the run holding the tile's first column
+    start = lo[r1] + (v0 - run_v[r1])
+    end = torch.minimum(hi[r1], start + tile)
+    count = torch.minimum(total[owner] - k * tile, torch.full_like(k, tile))
+    crosses = (end - start) < count
+    r2 = torch.clamp(r1 + 1, max=max(lo.numel() - 1, 0))
+    nxt = torch.where(crosses, lo[r2] - (end - start), start)
+    return start, end, nxt, count, tiles
+
+
 def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows: int,
-                      tile_cols: int, device) -> SideTables:
+                      tile_cols: int, device, pack_cols: bool = False) -> SideTables:
     """Tables for programs owning row tiles of ``tile_rows`` and looping over column tiles.
 
     ``row_bounds [R+1]``, ``col_bounds [C+1]`` (ints), ``block_map [P, R, C]`` bool (any device).
+    ``pack_cols``: pack each list's runs (module docstring) where that changes anything (some run
+    length is not a multiple of ``tile_cols``) and is possible (every column block at least
+    ``tile_cols`` long); the result says whether it did (``packed``).
     """
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -113,24 +164,29 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     run_row = torch.div(run_first, C, rounding_mode="floor")  # p * R + r
     lo = cb[run_first % C]
     hi = cb[run_last % C + 1]
-    _, col_start, col_end, pieces = _chunk(lo, hi, tile_cols)
-
-    counts = torch.zeros(P * R, dtype=torch.int64, device=dev)
-    counts.index_add_(0, run_row, pieces)
+    rsz = np.diff(np.asarray(row_bounds, dtype=np.int64))
+    csz = np.diff(np.asarray(col_bounds, dtype=np.int64))
+    even_cols = bool(np.all(csz % tile_cols == 0))
+    packed = bool(pack_cols and not even_cols and csz.size and csz.min() >= tile_cols)
+    if packed:
+        col_start, col_end, col_next, col_count, counts = _pack_runs(lo, hi, run_row, P * R, tile_cols)
+    else:
+        _, col_start, col_end, pieces = _chunk(lo, hi, tile_cols)
+        col_next, col_count = col_start, col_end - col_start
+        counts = torch.zeros(P * R, dtype=torch.int64, device=dev)
+        counts.index_add_(0, run_row, pieces)
     ptr = torch.zeros(P * R + 1, dtype=torch.int64, device=dev)
     ptr[1:] = torch.cumsum(counts, 0)
     work = counts.view(P, R).sum(0)[row_blocks] * (row_end - row_start)  # per row tile
     order = torch.argsort(work, descending=True, stable=True)
 
-    rsz = np.diff(np.asarray(row_bounds, dtype=np.int64))
-    csz = np.diff(np.asarray(col_bounds, dtype=np.int64))
     i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
     out = SideTables(
         tile_rows=int(tile_rows), tile_cols=int(tile_cols), num_row_blocks=int(R), num_patterns=int(P),
         row_start=i32(row_start), row_end=i32(row_end), row_block=i32(row_blocks), order=i32(order),
-        ptr=i32(ptr), col_start=i32(col_start), col_end=i32(col_end),
-        even_rows=bool(np.all(rsz % tile_rows == 0)), even_cols=bool(np.all(csz % tile_cols == 0)),
-        build_ms=0.0,
+        ptr=i32(ptr), col_start=i32(col_start), col_end=i32(col_end), col_next=i32(col_next),
+        col_count=i32(col_count), even_rows=bool(np.all(rsz % tile_rows == 0)), even_cols=even_cols,
+        build_ms=0.0, packed=packed,
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -140,8 +196,9 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
 _CACHE = PlanCache(64)
 
 
-def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device) -> SideTables:
-    """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV).
+def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False) -> SideTables:
+    """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols`` as in
+    ``build_side_tables``).
 
     The cache keeps the mask object alive with its entry, so its ``id`` cannot be reused meanwhile.
     """
@@ -151,14 +208,14 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device) ->
     def build(dev):
         if major == "q":
             return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                                     tile_rows, tile_cols, dev)
+                                     tile_rows, tile_cols, dev, pack_cols)
         return build_side_tables(mask.k_block_bounds, mask.q_block_bounds,
-                                 mask.block_map.transpose(1, 2).contiguous(), tile_rows, tile_cols, dev)
+                                 mask.block_map.transpose(1, 2).contiguous(), tile_rows, tile_cols, dev, pack_cols)
 
-    return _CACHE.get(mask, (major, int(tile_rows), int(tile_cols)), device, build)
+    return _CACHE.get(mask, (major, int(tile_rows), int(tile_cols), bool(pack_cols)), device, build)
 
 
-def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5) -> dict:
+def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack_cols: bool = False) -> dict:
     """Median wall time (ms) of building each table from scratch (no cache), per direction.
 
     ``tile_sizes``: ``{"fwd": (rows, cols), "dq": (rows, cols), "dkdv": (rows, cols)}`` as in a
@@ -170,6 +227,6 @@ def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5) -> dict:
         bm = mask.block_map if major == "q" else mask.block_map.transpose(1, 2).contiguous()
         rows, cols = ((mask.q_block_bounds, mask.k_block_bounds) if major == "q"
                       else (mask.k_block_bounds, mask.q_block_bounds))
-        times = [build_side_tables(rows, cols, bm, tr, tc, device).build_ms for _ in range(repeats + 1)]
+        times = [build_side_tables(rows, cols, bm, tr, tc, device, pack_cols).build_ms for _ in range(repeats + 1)]
         out[name] = float(np.median(times[1:]))
     return out

@@ -177,6 +177,25 @@ def chunk_pick(chunk, j, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def packed_positions(j, start, end, nxt, count):
+    """Rows / columns of a list entry at tile offsets ``j`` (``block_sparse_tables``: a packed tile may
+    cross from one run into the next): ``(pos, ok)``, ``pos = start + j`` before ``end``, ``nxt + j``
+    after, ``ok = j < count``."""
+    first = start + j
+    return tl.where(first < end, first, nxt + j), j < count
+
+
+@triton.jit
+def gather_rows(base, pos, ok, stride_s, offs_d, d_ok, EVEN_D: tl.constexpr):
+    """Rows ``pos`` (``[N]``, any order) of the ``[rows, D]`` matrix at ``base`` with row stride
+    ``stride_s``: ``[N, BLOCK_D]``, zero where ``ok`` is False (and, unless ``EVEN_D``, past the head dim)."""
+    m = ok[:, None]  # [N, 1]
+    if not EVEN_D:
+        m = m & d_ok[None, :]  # [N, BLOCK_D]
+    return tl.load(base + pos.to(tl.int64)[:, None] * stride_s + offs_d[None, :], mask=m, other=0.0)
+
+
+@triton.jit
 def interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV: tl.constexpr):
     """``allowed[i, j] = OR_t lo[i, t] <= j < hi[i, t]`` for rows ``offs_m``, columns ``offs_n``.
 
@@ -218,6 +237,16 @@ def softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale,
     ``qk_scale``. ``GUARD_EMPTY`` (masked tiles): a row may have nothing allowed yet. ``acc`` is
     ``[BLOCK_M, BLOCK_DV]``; V's padded columns load as zeros and stay zero in ``acc``.
     """
+    p, acc, m_ij, l_i = softmax_rescale(acc, m_i, l_i, qk, qk_scale, PRESCALED, GUARD_EMPTY)
+    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, BLOCK_DV]
+    return acc, m_ij, l_i
+
+
+@triton.jit
+def softmax_rescale(acc, m_i, l_i, qk, qk_scale, PRESCALED: tl.constexpr, GUARD_EMPTY: tl.constexpr):
+    """``softmax_step`` up to the ``P V`` product: ``(p [BLOCK_M, BLOCK_N] fp32, acc rescaled, m_ij,
+    l_i)``; the caller adds ``p @ v`` into ``acc`` with V from wherever its tile comes."""
     if PRESCALED:
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
     else:
@@ -235,9 +264,7 @@ def softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale,
     alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, BLOCK_DV]
-    return acc, m_ij, l_i
+    return p, acc, m_ij, l_i
 
 
 @triton.jit

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh pack   issue 13's variable blocks: packed key / query lists (tiles crossing
+#                                            from one run of kept blocks into the next) against the plain lists and
+#                                            uniform block 128, 32K density 0.3 a pattern per KV head: each variant
+#                                            checked in bf16 against float32 (one KV group), backward then forward
+set -u
+export PYTHONPATH=.:${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+BV=experiments/gpu/bwd_variants.py
+case "${1:-}" in
+  pack)
+    for mode in bwd fwd; do
+      F=$([ $mode = fwd ] && echo --sparse-fwd)
+      V=$([ $mode = fwd ] && echo two-kernels,nopack,fwd64x128w8s2,fwd64x128w4s3+chunk64,fwd64x128w8s3+chunk64,fwd64x64w4s2 \
+          || echo two-kernels,nopack,dq64x128w8s2,dq64x128w4s2,dkdv128x64w8s2+dq64x128w8s2,chunk64,dkdv64x64w4s3,nopack+dq64x128w8s2)
+      PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_$mode" --masks '' --sparse-masks uniform128 --no-vendors --no-split $F \
+        --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+      PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_$mode" --budget $([ $mode = fwd ] && echo 150 || echo 300) --masks '' \
+        --sparse-masks varblock256 --no-vendors --no-split $F --sparse-variants $V 2>&1 | grep -A3 "^| mask | two"
+      python - "$OUT/vb_$mode/bwd_variants.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("kind") == "check":
+        print("check", r.get("variant"), r.get("ok"), r.get("status", ""), str(r.get("message", ""))[:100])
+    elif r.get("kind") == "bwd":
+        print(f"{r.get('variant'):45s} {r.get('ms', 0):8.2f} ms {r.get('tflops', 0):6.1f} TFLOP/s", r.get("status", ""))
+PY
+    done
+    ;;
+  *)
+    sed -n 2,8p "$0"; exit 2
+    ;;
+esac
