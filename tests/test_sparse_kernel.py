@@ -168,6 +168,9 @@ def packed_mask(S=333, Sk=None, min_block=32, seed=0, patterns=2, density=0.4):
     return BlockSparseMask(qb, kb, bm, name="varblock_sparse")
 
 
+PACK_ALL = dict.fromkeys(BS.PACK_KEYS.values(), True)
+
+
 def packed_flags(mask, cfg):
     t = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), DEV)
     return {name: t[name].packed for name in t}
@@ -175,13 +178,14 @@ def packed_flags(mask, cfg):
 
 PACKED_CASES = {
     # name: (mask kwargs, hq, hkv, config overlay)
-    "S=333-Hq=6-Hkv=2-32x32": (dict(), 6, 2, tiles(32, 32)),
+    "S=333-Hq=6-Hkv=2-32x32": (dict(), 6, 2, {**tiles(32, 32), **PACK_ALL}),
     "S=333-Hq=4-Hkv=2-heads2-chunk16": (dict(seed=1), 4, 2, {**tiles(32, 32, heads=2), "list_chunk": 16,
-                                                             "dq_list_chunk": 16, "dkdv_list_chunk": 16}),
-    "S=333-Hq=4-Hkv=2-32x16-dq16x32-dkdv32x16": (dict(seed=2), 4, 2, tiles(32, 16, dq=(16, 32), dkdv=(32, 16))),
+                                                             "dq_list_chunk": 16, "dkdv_list_chunk": 16, **PACK_ALL}),
+    "S=333-Hq=4-Hkv=2-32x16-dq16x32-dkdv32x16": (dict(seed=2), 4, 2,
+                                                 {**tiles(32, 16, dq=(16, 32), dkdv=(32, 16)), **PACK_ALL}),
     "S=333-Hq=4-Hkv=1-P=1-one_launch-sweep": (dict(seed=3, patterns=1), 4, 1,
-                                              {**tiles(32, 32), "one_launch": True, "dkdv_sweep": 1}),
-    "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, tiles(32, 32)),
+                                              {**tiles(32, 32), "one_launch": True, "dkdv_sweep": 1, **PACK_ALL}),
+    "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, {**tiles(32, 32), **PACK_ALL}),
 }
 
 
@@ -193,7 +197,7 @@ def test_packed_lists_match_reference(case):
     mask = packed_mask(**kw)
     assert all(packed_flags(mask, cfg).values()), "this case is meant to pack every pass"
     check(mask, hq=hq, hkv=hkv, cfg=cfg)
-    check(mask, hq=hq, hkv=hkv, cfg={**cfg, "pack_cols": False})
+    check(mask, hq=hq, hkv=hkv, cfg={**cfg, **dict.fromkeys(BS.PACK_KEYS.values(), False)})
 
 
 def test_packed_lists_fp16_batch_empty_rows_and_columns():
@@ -203,8 +207,9 @@ def test_packed_lists_fp16_batch_empty_rows_and_columns():
     bm[:, 1] = False
     bm[:, :, 2] = False
     mask = BlockSparseMask(mask.q_block_bounds, mask.k_block_bounds, bm, name="varblock_sparse")
-    assert all(packed_flags(mask, tiles(32, 32)).values())
-    out, lse, dq, dk, dv = check(mask, hq=4, hkv=2, d=64, dtype=torch.float16, batch=2, cfg=tiles(32, 32))
+    cfg = {**tiles(32, 32), **PACK_ALL}
+    assert all(packed_flags(mask, cfg).values())
+    out, lse, dq, dk, dv = check(mask, hq=4, hkv=2, d=64, dtype=torch.float16, batch=2, cfg=cfg)
     r0, r1 = mask.q_block_bounds[1], mask.q_block_bounds[2]
     c0, c1 = mask.k_block_bounds[2], mask.k_block_bounds[3]
     assert torch.all(out[:, r0:r1] == 0) and torch.all(torch.isinf(lse[:, :, r0:r1]))
@@ -249,9 +254,11 @@ def test_packing_only_where_it_applies():
         assert not t.packed
         assert torch.equal(t.col_next, t.col_start) and torch.equal(t.col_count, t.col_end - t.col_start)
     # 16-column tiles fit the 20-token blocks (dK/dV's columns are its DKDV_BLOCK_M query rows)
-    assert packed_flags(short, tiles(32, 16, dkdv=(16, 32))) == {"fwd": True, "dq": True, "dkdv": True}
-    assert packed_flags(short, tiles(32, 16)) == {"fwd": True, "dq": True, "dkdv": False}
-    assert packed_flags(short, {**tiles(32, 16), "pack_cols": False}) == {"fwd": False, "dq": False, "dkdv": False}
+    assert packed_flags(short, {**tiles(32, 16, dkdv=(16, 32)), **PACK_ALL}) == {"fwd": True, "dq": True, "dkdv": True}
+    assert packed_flags(short, {**tiles(32, 16), **PACK_ALL}) == {"fwd": True, "dq": True, "dkdv": False}
+    assert packed_flags(short, {**tiles(32, 16), "pack_list": True, "dq_pack_list": False}) == {
+        "fwd": True, "dq": False, "dkdv": False}
+    assert BS.default_config(short, 64)["pack_list"] is False  # the forward's gathers lost to its boxes
 
 
 # ------------------------------------------------------------------------------ tables

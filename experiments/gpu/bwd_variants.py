@@ -129,7 +129,12 @@ _ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
 _CHUNK_PART = re.compile(r"^chunk(\d+)$")
 _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
                  "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True},
-                 "pack": {"pack_cols": True}, "nopack": {"pack_cols": False}}
+                 "pack": {"pack_list": True, "dq_pack_list": True, "dkdv_pack_list": True},
+                 "nopack": {"pack_list": False, "dq_pack_list": False, "dkdv_pack_list": False},
+                 "fwdpack": {"pack_list": True}, "dqpack": {"dq_pack_list": True}, "dqnopack": {"dq_pack_list": False},
+                 "dkdvpack": {"dkdv_pack_list": True}, "dkdvnopack": {"dkdv_pack_list": False}}
+_HEADS_PART = re.compile(r"^(fwd|dq|dkdv)heads(\d)$")
+_HEADS_KEY = {"fwd": "HEADS", "dq": "DQ_HEADS", "dkdv": "DKDV_HEADS"}
 
 
 def compose(name: str) -> dict | None:
@@ -137,7 +142,9 @@ def compose(name: str) -> dict | None:
     step x 128 keys per program, 8 warps, 3 stages; ``dq128x64w8s3``; an ``s`` prefix is allowed), one
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
     ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head,
-    ``pack`` / ``nopack`` (``pack_cols``: packed lists for variable blocks), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
+    ``pack`` / ``nopack`` (every pass's packed lists for variable blocks; one pass: ``fwdpack``,
+    ``dqpack`` / ``dqnopack``, ``dkdvpack`` / ``dkdvnopack``), ``dqheads2`` (``DQ_HEADS``; ``fwdheads2``,
+    ``dkdvheads2``: heads stacked in a tile), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
     ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
     ``chunkN`` reads that pass's list entry by entry, ``block_sparse.resolve_config``). None
     when a part is none of these."""
@@ -146,7 +153,10 @@ def compose(name: str) -> dict | None:
         m = _TILE_PART.match(part)
         one = _ONE_LAUNCH_PART.match(part)
         chunk = _CHUNK_PART.match(part)
-        if m:
+        heads = _HEADS_PART.match(part)
+        if heads:
+            cfg[_HEADS_KEY[heads.group(1)]] = int(heads.group(2))
+        elif m:
             cfg.update(_TILE_OF[m.group(1)](*(int(x) for x in m.groups()[1:])))
         elif one:
             order, warps, stages = (int(x) for x in one.groups())

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh stack  per-pass packing, heads stacked into 128-row tiles, each pass timed alone
 #   bash experiments/gpu/session16.sh pack   issue 13's variable blocks: packed key / query lists (tiles crossing
 #                                            from one run of kept blocks into the next) against the plain lists and
 #                                            uniform block 128, 32K density 0.3 a pattern per KV head: each variant
@@ -10,6 +11,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,po
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
 BV=experiments/gpu/bwd_variants.py
 case "${1:-}" in
+  stack)
+    # call 2: per-pass packing and heads stacked into 128-row tiles, with each pass timed alone (split rows)
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \
+      --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 330 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants two-kernels,nopack,dqnopack,dqheads2+dq64x64w8s2,dkdvheads2+dkdv64x64w8s2,dkdv64x64w8s2,dkdv64x64w4s3 \
+      2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_fwd" --budget 100 --masks '' --sparse-masks varblock256 --no-vendors \
+      --no-split --sparse-fwd --sparse-variants two-kernels,fwdpack,fwdheads2+fwd64x64w8s3+chunk64,fwdheads2+fwd64x64w8s2 \
+      2>&1 | grep -A3 "^| mask | two"
+    for f in "$OUT"/vb_bwd/bwd_variants.jsonl "$OUT"/vb_fwd/bwd_variants.jsonl; do python experiments/gpu/session16_rows.py "$f"; done
+    ;;
   pack)
     for mode in bwd fwd; do
       F=$([ $mode = fwd ] && echo --sparse-fwd)
@@ -19,15 +32,7 @@ case "${1:-}" in
         --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
       PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_$mode" --budget $([ $mode = fwd ] && echo 150 || echo 300) --masks '' \
         --sparse-masks varblock256 --no-vendors --no-split $F --sparse-variants $V 2>&1 | grep -A3 "^| mask | two"
-      python - "$OUT/vb_$mode/bwd_variants.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("kind") == "check":
-        print("check", r.get("variant"), r.get("ok"), r.get("status", ""), str(r.get("message", ""))[:100])
-    elif r.get("kind") == "bwd":
-        print(f"{r.get('variant'):45s} {r.get('ms', 0):8.2f} ms {r.get('tflops', 0):6.1f} TFLOP/s", r.get("status", ""))
-PY
+      python experiments/gpu/session16_rows.py "$OUT/vb_$mode/bwd_variants.jsonl"
     done
     ;;
   *)

@@ -136,16 +136,20 @@ LN2 = 0.6931471805599453
 #: ``dkdv_head_outer``: the dK/dV grid with the KV head slowest (``block_sparse_bwd._dkdv_program``).
 #: The sweep measured slower here (H100, block 128, dK/dV 58.1 vs 51.1 ms at 32K / 0.3 per KV head, 218 vs
 #: 192 at 64K one pattern: ``experiments/results/h100/bwd_sweep/``), so the default is 0.
-#: ``pack_cols``: pack each list's runs of kept blocks into full tiles (``block_sparse_tables``), for
-#: every pass whose column blocks allow it (at least a tile long) and need it (not all multiples of the
-#: tile: variable blocks); the packed passes gather their column rows by pointer loads.
+#: ``pack_list`` (forward) / ``dq_pack_list`` / ``dkdv_pack_list``: pack the pass's lists (runs of kept
+#: blocks laid end to end, cut into full tiles: ``block_sparse_tables``) where the column blocks allow it
+#: (at least a tile long) and it changes anything (variable blocks). The forward and dQ passes then
+#: gather K/V rows by pointer loads instead of TMA boxes; dK/dV reads q / dO by pointers either way.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
-    "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_cols",
+    "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
 )
+
+#: each pass's packing key
+PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
 
 #: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
 #: entry by entry inside its loop; otherwise the loop reads it in chunks of that many entries held in
@@ -169,7 +173,7 @@ def default_config(mask, head_dim: int) -> dict:
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
     return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True,
-            "pack_cols": True}
+            "pack_list": False, "dq_pack_list": True, "dkdv_pack_list": True}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -223,7 +227,7 @@ def _tile_config(mask, head_dim: int) -> dict:
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
-                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "pack_cols"),
+                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -294,18 +298,20 @@ def _check_inputs(q, k, v, mask):
 
 def tables_for(mask, cfg: dict, device) -> dict:
     """The three GPU-built tables one fwd+bwd needs (cached per mask, tile sizes, packing, device)."""
-    ts, pack = tile_sizes(cfg), bool(cfg["pack_cols"])
-    return {
-        "fwd": get_side_tables(mask, "q", *ts["fwd"], device, pack),
-        "dq": get_side_tables(mask, "q", *ts["dq"], device, pack),
-        "dkdv": get_side_tables(mask, "k", *ts["dkdv"], device, pack),
-    }
+    ts, pack = tile_sizes(cfg), pack_flags(cfg)
+    return {name: get_side_tables(mask, "k" if name == "dkdv" else "q", *ts[name], device, pack[name])
+            for name in ("fwd", "dq", "dkdv")}
+
+
+def pack_flags(cfg: dict) -> dict:
+    """Whether each pass asks for packed lists (``PACK_KEYS``)."""
+    return {name: bool(cfg[key]) for name, key in PACK_KEYS.items()}
 
 
 def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None, repeats: int = 5) -> dict:
     """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed."""
     cfg = resolve_config(mask, head_dim, config)
-    return table_build_ms(mask, tile_sizes(cfg), device, repeats, bool(cfg["pack_cols"]))
+    return table_build_ms(mask, tile_sizes(cfg), device, repeats, pack_flags(cfg))
 
 
 def _heads(q, k, mask):
@@ -460,7 +466,8 @@ def _cfg_from_list(cfg_list) -> dict:
     cfg = dict(zip(CONFIG_KEYS, (int(x) for x in cfg_list)))
     cfg["warp_specialize"] = bool(cfg["warp_specialize"])
     cfg["one_launch"] = bool(cfg["one_launch"])
-    cfg["pack_cols"] = bool(cfg["pack_cols"])
+    for key in PACK_KEYS.values():
+        cfg[key] = bool(cfg[key])
     return cfg
 
 

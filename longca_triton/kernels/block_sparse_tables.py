@@ -215,11 +215,12 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     return _CACHE.get(mask, (major, int(tile_rows), int(tile_cols), bool(pack_cols)), device, build)
 
 
-def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack_cols: bool = False) -> dict:
+def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None) -> dict:
     """Median wall time (ms) of building each table from scratch (no cache), per direction.
 
     ``tile_sizes``: ``{"fwd": (rows, cols), "dq": (rows, cols), "dkdv": (rows, cols)}`` as in a
-    resolved config (``block_sparse.tile_sizes(cfg)``). The first build (allocator warm-up) is dropped.
+    resolved config (``block_sparse.tile_sizes(cfg)``); ``pack``: the same keys to ``pack_cols``
+    flags (``block_sparse.pack_flags``). The first build (allocator warm-up) is dropped.
     """
     out = {}
     for name, (tr, tc) in tile_sizes.items():
@@ -227,6 +228,7 @@ def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack_cols: 
         bm = mask.block_map if major == "q" else mask.block_map.transpose(1, 2).contiguous()
         rows, cols = ((mask.q_block_bounds, mask.k_block_bounds) if major == "q"
                       else (mask.k_block_bounds, mask.q_block_bounds))
-        times = [build_side_tables(rows, cols, bm, tr, tc, device, pack_cols).build_ms for _ in range(repeats + 1)]
+        packed = bool((pack or {}).get(name, False))
+        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed).build_ms for _ in range(repeats + 1)]
         out[name] = float(np.median(times[1:]))
     return out
