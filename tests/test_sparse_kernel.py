@@ -169,6 +169,7 @@ def packed_mask(S=333, Sk=None, min_block=32, seed=0, patterns=2, density=0.4):
 
 
 PACK_ALL = dict.fromkeys(BS.PACK_KEYS.values(), True)
+TAILS16 = dict.fromkeys(BS.TAIL_KEYS.values(), 16)
 
 
 def packed_flags(mask, cfg):
@@ -186,6 +187,12 @@ PACKED_CASES = {
     "S=333-Hq=4-Hkv=1-P=1-one_launch-sweep": (dict(seed=3, patterns=1), 4, 1,
                                               {**tiles(32, 32), "one_launch": True, "dkdv_sweep": 1, **PACK_ALL}),
     "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, {**tiles(32, 32), **PACK_ALL}),
+    "S=333-Hq=6-Hkv=2-tails16": (dict(seed=7), 6, 2, {**tiles(32, 32), **PACK_ALL, **TAILS16}),
+    "S=333-Hq=4-Hkv=2-tails16-chunk16-one_launch": (dict(seed=8), 4, 2, {
+        **tiles(32, 32, heads=2), **PACK_ALL, **TAILS16, "list_chunk": 16, "dq_list_chunk": 16,
+        "dkdv_list_chunk": 16, "one_launch": True}),
+    "Sq=190-Sk=301-Hq=2-Hkv=1-tails16": (dict(S=190, Sk=301, seed=9, patterns=1), 2, 1,
+                                         {**tiles(32, 32), **PACK_ALL, **TAILS16}),
 }
 
 
@@ -196,8 +203,13 @@ def test_packed_lists_match_reference(case):
     kw, hq, hkv, cfg = PACKED_CASES[case]
     mask = packed_mask(**kw)
     assert all(packed_flags(mask, cfg).values()), "this case is meant to pack every pass"
+    if "tails16" in case:
+        t = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), DEV)
+        assert all(t[name + "_tail"].num_tiles for name in ("fwd", "dq", "dkdv")), "this case has tail tiles"
     check(mask, hq=hq, hkv=hkv, cfg=cfg)
     check(mask, hq=hq, hkv=hkv, cfg={**cfg, **dict.fromkeys(BS.PACK_KEYS.values(), False)})
+    if "tails16" in case:
+        check(mask, hq=hq, hkv=hkv, cfg=cfg, op=True)
 
 
 def test_packed_lists_fp16_batch_empty_rows_and_columns():
@@ -243,6 +255,33 @@ def test_packed_tables_cover_exactly_the_kept_area(major, tile):
                 assert not got[p, r0:r1, c].any(), "a pair is covered twice"
                 got[p, r0:r1, c] = True
     assert torch.equal(got, dense)
+
+
+@pytest.mark.parametrize("rows,tail", [(64, 32), (32, 16), (128, 64)], ids=lambda x: str(x))
+def test_tail_row_tiles_split_the_rows(rows, tail):
+    """The big and tail tables cover every row of every block once; tail pieces are block remainders
+    of at most ``tail`` rows, and big pieces are full tiles but for a remainder above ``tail``."""
+    mask = packed_mask(S=3001, min_block=40, seed=0, patterns=3)
+    b = mask.q_block_bounds
+    big = build_side_tables(b, b, mask.block_map, rows, 32, "cpu", True, "big", tail)
+    small = build_side_tables(b, b, mask.block_map, rows, 32, "cpu", True, "tail", tail)
+    assert big.tile_rows == rows and small.tile_rows == tail and small.num_tiles > 0
+    cover = np.zeros(3001, dtype=int)
+    for t in (big, small):
+        for i in range(t.num_tiles):
+            r0, r1, blk = int(t.row_start[i]), int(t.row_end[i]), int(t.row_block[i])
+            assert b[blk] <= r0 < r1 <= b[blk + 1] and r1 - r0 <= t.tile_rows
+            if t is big and r1 - r0 < rows:
+                assert r1 == b[blk + 1] and r1 - r0 > tail
+            if t is small:
+                assert r1 == b[blk + 1] and (b[blk + 1] - b[blk]) % rows == r1 - r0
+            cover[r0:r1] += 1
+    assert (cover == 1).all()
+    assert sorted(small.order.tolist()) == list(range(small.num_tiles))
+    with pytest.raises(ValueError, match="tail_rows"):
+        build_side_tables(b, b, mask.block_map, rows, 32, "cpu", part="tail", tail_rows=rows)
+    with pytest.raises(ValueError, match="dq_tail_rows"):
+        BS.resolve_config(mask, 32, {**tiles(32, 32), "dq_tail_rows": 32})
 
 
 def test_packing_only_where_it_applies():
@@ -365,7 +404,8 @@ def test_custom_op_opcheck():
     cfg = BS.resolve_config(mask, 16)
     t = BS.tables_for(mask, cfg, q.device)
     meta = BS.op_meta(t, 2)
-    args = (q, k, v, t["fwd"].lists(), t["dq"].lists(), t["dkdv"].lists(), meta, 0.25, BS._cfg_to_list(cfg))
+    args = (q, k, v, BS._op_lists(t, "fwd"), BS._op_lists(t, "dq"), BS._op_lists(t, "dkdv"), meta, 0.25,
+            BS._cfg_to_list(cfg))
     res = torch.library.opcheck(torch.ops.longca_triton.block_sparse_attention_fwd.default, args)
     assert set(res.values()) == {"SUCCESS"}, res
 

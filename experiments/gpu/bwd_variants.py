@@ -134,6 +134,8 @@ _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer"
                  "fwdpack": {"pack_list": True}, "dqpack": {"dq_pack_list": True}, "dqnopack": {"dq_pack_list": False},
                  "dkdvpack": {"dkdv_pack_list": True}, "dkdvnopack": {"dkdv_pack_list": False}}
 _HEADS_PART = re.compile(r"^(fwd|dq|dkdv)heads(\d)$")
+_TAIL_PART = re.compile(r"^(fwd|dq|dkdv)tail(\d+)$")
+_TAIL_KEY = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
 _HEADS_KEY = {"fwd": "HEADS", "dq": "DQ_HEADS", "dkdv": "DKDV_HEADS"}
 
 
@@ -144,7 +146,8 @@ def compose(name: str) -> dict | None:
     ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head,
     ``pack`` / ``nopack`` (every pass's packed lists for variable blocks; one pass: ``fwdpack``,
     ``dqpack`` / ``dqnopack``, ``dkdvpack`` / ``dkdvnopack``), ``dqheads2`` (``DQ_HEADS``; ``fwdheads2``,
-    ``dkdvheads2``: heads stacked in a tile), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
+    ``dkdvheads2``: heads stacked in a tile), ``dkdvtail64`` (``dkdv_tail_rows``; ``fwdtail64``,
+    ``dqtail64``: block remainders in tail tiles of their own), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
     ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
     ``chunkN`` reads that pass's list entry by entry, ``block_sparse.resolve_config``). None
     when a part is none of these."""
@@ -154,7 +157,10 @@ def compose(name: str) -> dict | None:
         one = _ONE_LAUNCH_PART.match(part)
         chunk = _CHUNK_PART.match(part)
         heads = _HEADS_PART.match(part)
-        if heads:
+        tail = _TAIL_PART.match(part)
+        if tail:
+            cfg[_TAIL_KEY[tail.group(1)]] = int(tail.group(2))
+        elif heads:
             cfg[_HEADS_KEY[heads.group(1)]] = int(heads.group(2))
         elif m:
             cfg.update(_TILE_OF[m.group(1)](*(int(x) for x in m.groups()[1:])))
@@ -202,7 +208,7 @@ def sparse_split_ms(p, mask, cfg: dict) -> dict:
     """The block-sparse dK/dV and dQ kernels timed alone (``block_sparse_bwd(passes=...)``; the
     delta preprocess is in both), from one forward's out / lse."""
     tables = BS.tables_for(mask, cfg, p.q.device)
-    out, lse = BS.block_sparse_fwd(p.q, p.k, p.v, mask, tables["fwd"], p.scale, cfg)
+    out, lse = BS.block_sparse_fwd(p.q, p.k, p.v, mask, tables["fwd"], p.scale, cfg, tables.get("fwd_tail"))
     run = lambda passes: BS.block_sparse_bwd(p.dout, p.q, p.k, p.v, out, lse, mask, tables, p.scale, cfg,  # noqa: E731
                                              passes=passes)
     run(("dkdv", "dq"))

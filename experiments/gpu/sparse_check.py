@@ -135,7 +135,7 @@ def ours_fwd(x: Inputs, mask, cfg):
     c = BS.resolve_config(mask, x.d, cfg)
     t = BS.tables_for(mask, c, "cuda")
     scale = 1.0 / math.sqrt(x.d)
-    return lambda: BS.block_sparse_fwd(x.q, x.k, x.v, mask, t["fwd"], scale, c)
+    return lambda: BS.block_sparse_fwd(x.q, x.k, x.v, mask, t["fwd"], scale, c, t.get("fwd_tail"))
 
 
 def ours_bwd(x: Inputs, mask, cfg, passes=("dkdv", "dq")):

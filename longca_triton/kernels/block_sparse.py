@@ -85,6 +85,7 @@ launchers, autograd, ``torch.library`` ops and the public functions.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -146,10 +147,18 @@ CONFIG_KEYS = (
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
+    "tail_rows", "dq_tail_rows", "dkdv_tail_rows",
 )
 
 #: each pass's packing key
 PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
+
+#: ``tail_rows`` (forward) / ``dq_tail_rows`` / ``dkdv_tail_rows``: 0, or a tail tile size below the pass's
+#: own row tile (forward ``BLOCK_M``, dQ ``DQ_BLOCK_M``, dK/dV ``DKDV_BLOCK_N`` keys): a block's remainder
+#: of at most that many rows runs in a second launch of tiles that size (``block_sparse_tables``), with 4
+#: warps and the pass's column tile, stages and list reading. Variable blocks only change with it.
+TAIL_KEYS = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
+TAIL_SIZES = (0, 16, 32, 64, 128)
 
 #: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
 #: entry by entry inside its loop; otherwise the loop reads it in chunks of that many entries held in
@@ -173,7 +182,8 @@ def default_config(mask, head_dim: int) -> dict:
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
     return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True,
-            "pack_list": False, "dq_pack_list": True, "dkdv_pack_list": True}
+            "pack_list": False, "dq_pack_list": True, "dkdv_pack_list": True,
+            "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -259,6 +269,12 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk not in LIST_CHUNKS:
             raise ValueError(f"block-sparse attention: config[{key!r}] must be one of {LIST_CHUNKS} (0: the list "
                              f"read entry by entry), got {chunk!r}")
+    rows = tile_sizes(cfg)
+    for name, key in TAIL_KEYS.items():
+        tail = cfg[key]
+        if isinstance(tail, bool) or tail not in TAIL_SIZES or (tail and tail >= rows[name][0]):
+            raise ValueError(f"block-sparse attention: config[{key!r}] must be 0 or one of {TAIL_SIZES[1:]} below the "
+                             f"pass's row tile ({rows[name][0]}), got {tail!r}")
     return cfg
 
 
@@ -297,10 +313,16 @@ def _check_inputs(q, k, v, mask):
 
 
 def tables_for(mask, cfg: dict, device) -> dict:
-    """The three GPU-built tables one fwd+bwd needs (cached per mask, tile sizes, packing, device)."""
+    """The tables one fwd+bwd needs (cached per mask, tile sizes, packing, device): ``fwd``, ``dq``,
+    ``dkdv``, and for a pass with tail tiles (``TAIL_KEYS``) ``fwd_tail`` / ``dq_tail`` / ``dkdv_tail``."""
     ts, pack = tile_sizes(cfg), pack_flags(cfg)
-    return {name: get_side_tables(mask, "k" if name == "dkdv" else "q", *ts[name], device, pack[name])
-            for name in ("fwd", "dq", "dkdv")}
+    out = {}
+    for name in ("fwd", "dq", "dkdv"):
+        major, tail = "k" if name == "dkdv" else "q", int(cfg[TAIL_KEYS[name]])
+        out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail)
+        if tail:
+            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail)
+    return out
 
 
 def pack_flags(cfg: dict) -> dict:
@@ -319,39 +341,44 @@ def _heads(q, k, mask):
     return hq, hkv, hq // hkv, hq // mask.num_patterns
 
 
-def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: dict):
-    """Forward launch. Returns ``out [B, Sq, Hq, D_v]`` (q's dtype) and ``lse [B, Hq, Sq]`` float32."""
+def block_sparse_fwd(q, k, v, mask, t: SideTables, softmax_scale: float, cfg: dict, tail: Optional[SideTables] = None):
+    """Forward launch (and a second one over ``tail``'s row tiles, when given and not empty).
+    Returns ``out [B, Sq, Hq, D_v]`` (q's dtype) and ``lse [B, Hq, Sq]`` float32."""
     q, k, v = (_descriptor_ready(x) for x in (q, k, v))
     b, sq, hq, _ = q.shape
     sk = k.shape[1]
     _, _, group, hpp = _heads(q, k, mask)
-    heads = _stack(cfg["HEADS"], group, hpp)
     out = torch.empty((b, sq, hq, v.shape[3]), device=q.device, dtype=q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
     _ensure_allocator(q.device)
-    num_packs = b * hq // heads
-    block_sparse_fwd_kernel[(t.num_tiles * num_packs,)](
-        q, k, v, out, lse,
-        *_bsh_strides(q, k, v, out),
-        *t.lists(),
-        softmax_scale * LOG2E,
-        sq, sk, t.num_row_blocks, num_packs, hq, group, hpp,
-        **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
-        EVEN_N=t.even_cols, WARP_SPEC=cfg["warp_specialize"], LIST_CHUNK=cfg["list_chunk"], PACKED=t.packed,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    # the tail tiles: their own row size, one head a tile, 4 warps (TAIL_KEYS)
+    for table, heads, warps in ((t, _stack(cfg["HEADS"], group, hpp), cfg["num_warps"]), (tail, 1, 4)):
+        if table is None or table.num_tiles == 0:
+            continue
+        num_packs = b * hq // heads
+        block_sparse_fwd_kernel[(table.num_tiles * num_packs,)](
+            q, k, v, out, lse,
+            *_bsh_strides(q, k, v, out),
+            *table.lists(),
+            softmax_scale * LOG2E,
+            sq, sk, table.num_row_blocks, num_packs, hq, group, hpp,
+            **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=table.tile_rows, BLOCK_N=cfg["BLOCK_N"], HEADS=heads,
+            EVEN_N=table.even_cols, WARP_SPEC=cfg["warp_specialize"], LIST_CHUNK=cfg["list_chunk"],
+            PACKED=table.packed, num_warps=warps, num_stages=cfg["num_stages"],
+        )
     return out, lse
 
 
 def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale: float, cfg: dict,
                      dlse=None, passes=("dkdv", "dq")):
-    """Backward launches (delta, dK/dV, dQ). Returns ``dq, dk, dv`` in the inputs' dtype.
+    """Backward launches (delta, dK/dV, dQ; each pass's tail tiles in a launch of their own when
+    ``tables`` has them: ``tables_for``). Returns ``dq, dk, dv`` in the inputs' dtype.
 
     ``passes`` picks the kernels to launch after the delta preprocess (for timing them apart);
     a skipped pass leaves its outputs uninitialised. With ``cfg["one_launch"]`` and both passes,
-    one launch runs both program sets (``block_sparse_bwd_one_launch_kernel``).
+    one launch runs both program sets (``block_sparse_bwd_one_launch_kernel``) of the main tiles.
     """
     q, k, v, out, dout = (_descriptor_ready(x) for x in (q, k, v, out, dout))
     b, sq, hq, d = q.shape
@@ -368,15 +395,42 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # delta = rowsum(dO * O) - dlse: the dense kernels' preprocess (same layout, same math)
     delta = launch_bwd_preprocess(out, dout, dlse)
     qk_scale = softmax_scale * LOG2E
-    tk = tables["dkdv"]
-    dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
-    tq = tables["dq"]
-    dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
-    num_packs = b * hq // dq_heads
     # a row-major dK/dV sweep walks one key list for every head of the group: only where they share it
     sweep = cfg.get("dkdv_sweep", 0) if hpp % group == 0 else 0
     head_outer = bool(cfg["dkdv_head_outer"])  # an int where the config came through the op's list
+
+    def launch_dkdv(tk: SideTables, heads: int, warps: int):
+        block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
+            q, k, v, dout, lse, delta, dk, dv,
+            *_bsh_strides(q, k, v, dout, dk, dv),
+            *tk.lists(),
+            softmax_scale, qk_scale,
+            sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
+            **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=tk.tile_rows, HEADS=heads,
+            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
+            PACKED=tk.packed, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
+        )
+
+    def launch_dq(tq: SideTables, heads: int, warps: int):
+        num_packs = b * hq // heads
+        block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
+            q, k, v, dout, lse, delta, dq,
+            *_bsh_strides(q, k, v, dout, dq),
+            *tq.lists(),
+            softmax_scale, qk_scale,
+            sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
+            **dims, BLOCK_M=tq.tile_rows, BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=heads,
+            EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
+            num_warps=warps, num_stages=cfg["dq_num_stages"],
+        )
+
+    tk, tq = tables["dkdv"], tables["dq"]
+    dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
+    dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
+    mains = {"dkdv": lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]),
+             "dq": lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"])}
     if cfg["one_launch"] and set(passes) == {"dkdv", "dq"}:
+        num_packs = b * hq // dq_heads
         n_dkdv, n_dq = tk.num_tiles * b * hkv, tq.num_tiles * num_packs
         block_sparse_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
             q, k, v, dout, lse, delta, dk, dv, dq,
@@ -384,35 +438,21 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             *tk.lists(), *tq.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, tq.num_row_blocks, b * hkv, num_packs, hq, hkv, group, hpp, n_dkdv, n_dq,
-            **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"], DKDV_HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols, DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
+            **dims, DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=tk.tile_rows, DKDV_HEADS=dkdv_heads,
+            EVEN_M=tk.even_cols, DQ_BLOCK_M=tq.tile_rows, DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
             EVEN_N=tq.even_cols, DKDV_LIST_CHUNK=cfg["dkdv_list_chunk"], DQ_LIST_CHUNK=cfg["dq_list_chunk"],
             ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
-        return dq, dk, dv
-    if "dkdv" in passes:
-        block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
-            q, k, v, dout, lse, delta, dk, dv,
-            *_bsh_strides(q, k, v, dout, dk, dv),
-            *tk.lists(),
-            softmax_scale, qk_scale,
-            sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
-            **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], HEADS=dkdv_heads,
-            EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
-        )
-    if "dq" in passes:
-        block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
-            q, k, v, dout, lse, delta, dq,
-            *_bsh_strides(q, k, v, dout, dq),
-            *tq.lists(),
-            softmax_scale, qk_scale,
-            sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
-            **dims, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=dq_heads,
-            EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
-            num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
-        )
+        mains = {}
+    for name in ("dkdv", "dq"):
+        if name not in passes:
+            continue
+        if name in mains:
+            mains[name]()
+        tail = tables.get(name + "_tail")
+        if tail is not None and tail.num_tiles:
+            (launch_dkdv if name == "dkdv" else launch_dq)(tail, 1, 4)
     return dq, dk, dv
 
 
@@ -422,7 +462,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
 
 
 def _bs_fwd(q, k, v, mask, tables, softmax_scale, cfg):
-    return block_sparse_fwd(q, k, v, mask, tables["fwd"], softmax_scale, cfg)
+    return block_sparse_fwd(q, k, v, mask, tables["fwd"], softmax_scale, cfg, tables.get("fwd_tail"))
 
 
 def _bs_bwd(dout, dlse, q, k, v, out, lse, mask, tables, softmax_scale, cfg):
@@ -439,7 +479,9 @@ BlockSparseAttentionFunction = attention_function(
 # torch.library custom ops (for torch.compile): the tables travel as lists of int32 tensors
 # ----------------------------------------------------------------------------------------------
 
-_TABLE_LEN = 9  # row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count
+#: per pass, the main table's 9 lists (row_start, row_end, row_block, order, ptr, col_start, col_end,
+#: col_next, col_count) then its tail table's (``_op_lists``: row lists empty when the pass has none)
+_TABLE_LEN = 18
 
 
 class _Patterns:
@@ -478,13 +520,27 @@ def op_meta(tables: dict, num_patterns: int) -> list[int]:
                                   for flag in (tables[name].even_cols, tables[name].packed)]
 
 
+def _op_lists(tables: dict, name: str) -> list[torch.Tensor]:
+    """Pass ``name``'s main and tail tables as the ops carry them (``_TABLE_LEN`` tensors)."""
+    main = tables[name]
+    tail = tables.get(name + "_tail")
+    if tail is None:  # no tail tiles: empty row lists, the launch is skipped
+        tail = dataclasses.replace(main, **{f: getattr(main, f)[:0] for f in ("row_start", "row_end", "row_block",
+                                                                              "order")})
+    return main.lists() + tail.lists()
+
+
 def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
-    """``meta`` from ``op_meta``."""
+    """``meta`` from ``op_meta``; the lists from ``_op_lists``."""
     ts, P = tile_sizes(c), int(meta[0])
     out = {}
     for i, (name, lists) in enumerate((("fwd", fwd), ("dq", dq), ("dkdv", dkdv))):
         if lists is not None:
-            out[name] = _tables_from_tensors(lists, *ts[name], P, meta[1 + 2 * i], meta[2 + 2 * i])
+            even, packed = meta[1 + 2 * i], meta[2 + 2 * i]
+            out[name] = _tables_from_tensors(lists[:9], *ts[name], P, even, packed)
+            tail = _tables_from_tensors(lists[9:], c[TAIL_KEYS[name]] or ts[name][0], ts[name][1], P, even, packed)
+            if tail.num_tiles:
+                out[name + "_tail"] = tail
     return out
 
 
@@ -494,8 +550,8 @@ def _block_sparse_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_
                          softmax_scale: float, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     # dq_tables / dkdv_tables are not read here: they ride along so that the backward has them
     c = _cfg_from_list(cfg)
-    t = _op_tables(c, meta, fwd=fwd_tables)["fwd"]
-    return block_sparse_fwd(q, k, v, _Patterns(meta[0]), t, softmax_scale, c)
+    t = _op_tables(c, meta, fwd=fwd_tables)
+    return block_sparse_fwd(q, k, v, _Patterns(meta[0]), t["fwd"], softmax_scale, c, t.get("fwd_tail"))
 
 
 @_block_sparse_fwd_op.register_fake
@@ -580,6 +636,6 @@ def block_sparse_attention_from_tables(q, k, v, tables: dict, num_patterns: int,
     ``resolve_config``): traceable by ``torch.compile`` without graph breaks."""
     meta = op_meta(tables, num_patterns)
     out, lse = torch.ops.longca_triton.block_sparse_attention_fwd(
-        q, k, v, tables["fwd"].lists(), tables["dq"].lists(), tables["dkdv"].lists(), meta,
+        q, k, v, _op_lists(tables, "fwd"), _op_lists(tables, "dq"), _op_lists(tables, "dkdv"), meta,
         float(softmax_scale), _cfg_to_list(cfg))
     return (out, lse) if return_lse else out

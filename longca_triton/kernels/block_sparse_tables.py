@@ -30,6 +30,13 @@ carries the same four arrays with ``next = start`` and ``count = end - start``, 
 for every table; the kernels switch to it (gathered rows instead of contiguous tiles) only where a
 table says ``packed``.
 
+Tail row tiles (``tail_rows``, variable blocks): a block of ``L`` rows cut into ``tile_rows`` pieces
+ends in a short piece of ``r = L mod tile_rows`` rows that costs a whole tile. With a tail size
+``t < tile_rows`` the rows split into two tables over the same lists: ``part="big"`` keeps the
+``tile_rows`` pieces (a remainder ``r > t`` stays one short big piece) and ``part="tail"`` holds the
+remainders ``0 < r <= t`` as pieces of ``t`` rows, run by a second launch with ``t``-row tiles. The
+big tiles keep the large tile's efficiency; a remainder wastes less than ``t`` rows either way.
+
 Key-major (dK/dV) is the same construction on the transposed map: key blocks cut into sub-tiles of
 keys, and per (pattern, key block) the runs of kept *query* blocks cut into sub-tiles of queries.
 
@@ -132,15 +139,36 @@ def _pack_runs(lo, hi, run_row, num_lists: int, tile: int):
     return start, end, nxt, count, tiles
 
 
+def _row_pieces(rb, tile_rows: int, part: str, tail_rows: int):
+    """Row tiles of blocks ``[rb[i], rb[i+1])``: ``(block, start, end, piece size)`` (module docstring)."""
+    lo, hi = rb[:-1], rb[1:]
+    if part == "all":
+        owner, start, end, _ = _chunk(lo, hi, tile_rows)
+        return owner, start, end, tile_rows
+    whole = lo + torch.div(hi - lo, tile_rows, rounding_mode="floor") * tile_rows  # end of the whole pieces
+    small = (hi - whole) <= tail_rows  # the remainder (possibly none) goes to the tail table
+    if part == "big":
+        owner, start, end, _ = _chunk(lo, torch.where(small, whole, hi), tile_rows)
+        return owner, start, end, tile_rows
+    owner, start, end, _ = _chunk(whole, torch.where(small, hi, whole), tail_rows)
+    return owner, start, end, tail_rows
+
+
 def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows: int,
-                      tile_cols: int, device, pack_cols: bool = False) -> SideTables:
+                      tile_cols: int, device, pack_cols: bool = False, part: str = "all",
+                      tail_rows: int = 0) -> SideTables:
     """Tables for programs owning row tiles of ``tile_rows`` and looping over column tiles.
 
     ``row_bounds [R+1]``, ``col_bounds [C+1]`` (ints), ``block_map [P, R, C]`` bool (any device).
     ``pack_cols``: pack each list's runs (module docstring) where that changes anything (some run
     length is not a multiple of ``tile_cols``) and is possible (every column block at least
-    ``tile_cols`` long); the result says whether it did (``packed``).
+    ``tile_cols`` long); the result says whether it did (``packed``). ``part`` ("all", "big", "tail")
+    and ``tail_rows``: the row tiles of one of the two launches of tail row tiles (module docstring);
+    the tail table's ``tile_rows`` is ``tail_rows``.
     """
+    if part not in ("all", "big", "tail") or (part != "all" and not 0 < tail_rows < tile_rows):
+        raise ValueError(f"part must be 'all', or 'big' / 'tail' with 0 < tail_rows < tile_rows; got {part!r}, "
+                         f"tail_rows={tail_rows}, tile_rows={tile_rows}")
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -150,11 +178,8 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     bm = block_map.to(dev, non_blocking=True)
     P, R, C = bm.shape
 
-    # row tiles: every block cut into tile_rows pieces
-    _, row_start, row_end, _ = _chunk(rb[:-1], rb[1:], tile_rows)
-    row_blocks = torch.repeat_interleave(
-        torch.arange(R, device=dev),
-        torch.div(rb[1:] - rb[:-1] + tile_rows - 1, tile_rows, rounding_mode="floor"))
+    # row tiles: every block cut into tile_rows pieces (or this part's pieces of them)
+    row_blocks, row_start, row_end, piece = _row_pieces(rb, tile_rows, part, tail_rows)
 
     # runs of consecutive kept column blocks, in (pattern, row, col) order
     prev = torch.nn.functional.pad(bm[:, :, :-1], (1, 0), value=False)
@@ -182,7 +207,7 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
 
     i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
     out = SideTables(
-        tile_rows=int(tile_rows), tile_cols=int(tile_cols), num_row_blocks=int(R), num_patterns=int(P),
+        tile_rows=int(piece), tile_cols=int(tile_cols), num_row_blocks=int(R), num_patterns=int(P),
         row_start=i32(row_start), row_end=i32(row_end), row_block=i32(row_blocks), order=i32(order),
         ptr=i32(ptr), col_start=i32(col_start), col_end=i32(col_end), col_next=i32(col_next),
         col_count=i32(col_count), even_rows=bool(np.all(rsz % tile_rows == 0)), even_cols=even_cols,
@@ -196,9 +221,10 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
 _CACHE = PlanCache(64)
 
 
-def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False) -> SideTables:
-    """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols`` as in
-    ``build_side_tables``).
+def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False,
+                    part: str = "all", tail_rows: int = 0) -> SideTables:
+    """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols``,
+    ``part`` and ``tail_rows`` as in ``build_side_tables``).
 
     The cache keeps the mask object alive with its entry, so its ``id`` cannot be reused meanwhile.
     """
@@ -208,11 +234,12 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     def build(dev):
         if major == "q":
             return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                                     tile_rows, tile_cols, dev, pack_cols)
-        return build_side_tables(mask.k_block_bounds, mask.q_block_bounds,
-                                 mask.block_map.transpose(1, 2).contiguous(), tile_rows, tile_cols, dev, pack_cols)
+                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows)
+        return build_side_tables(mask.k_block_bounds, mask.q_block_bounds, mask.block_map.transpose(1, 2).contiguous(),
+                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows)
 
-    return _CACHE.get(mask, (major, int(tile_rows), int(tile_cols), bool(pack_cols)), device, build)
+    key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows))
+    return _CACHE.get(mask, key, device, build)
 
 
 def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None) -> dict:
