@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh chunks every per-entry list value read in register chunks (not only the start)
 #   bash experiments/gpu/session16.sh tails  variable blocks with uniform 128's big tiles and the remainders in tail tiles
 #   bash experiments/gpu/session16.sh stack  per-pass packing, heads stacked into 128-row tiles, each pass timed alone
 #   bash experiments/gpu/session16.sh pack   issue 13's variable blocks: packed key / query lists (tiles crossing
@@ -14,6 +15,21 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  chunks)
+    # call 4: every per-entry value of a list (end / next / count too) read in register chunks
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \
+      --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 330 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants "two-kernels,chunk64,dkdv64x64w4s3+chunk64,$T1,$T1+dqnopack,dkdv64x128w8s3+dkdvtail64+chunk64,nopack+chunk64" \
+      2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_fwd" --masks '' --sparse-masks uniform128 --no-vendors --no-split \
+      --sparse-fwd --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_fwd" --budget 120 --masks '' --sparse-masks varblock256 --no-vendors \
+      --no-split --sparse-fwd --sparse-variants \
+      two-kernels,fwd128x64w8s3+fwdtail64+chunk64,fwdpack,fwd128x128w8s3+fwdtail64+chunk64+fwdpack \
+      2>&1 | grep -A3 "^| mask | two"
+    for f in "$OUT"/{un,vb}_{bwd,fwd}/bwd_variants.jsonl; do echo "== $f"; python experiments/gpu/session16_rows.py "$f"; done
+    ;;
   tails)
     # call 3: the big tiles of uniform blocks (128 rows / keys owned) with block remainders in 64-row tail tiles
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \

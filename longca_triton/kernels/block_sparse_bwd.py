@@ -17,15 +17,16 @@ import triton.language as tl
 
 from .block_sparse_fwd import _pack_program_at
 from .core import (
-    chunk_pick,
     dkdv_update,
     dq_update,
+    entry_at,
+    entry_chunk,
+    entry_pick,
     gather_rows,
     head_dim_offsets,
     key_program_at,
     key_program_outer,
     kv_descs,
-    list_chunk,
     lse_log2,
     one_launch_split,
     packed_positions,
@@ -45,15 +46,15 @@ def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_END, COL_NEXT, COL_COUNT, e, r_pos,
+def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
                EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr):
-    """One dK/dV step: the rows of query-list entry ``e`` (its first row ``start``; ``r_pos``: each
-    tile row's position in it) of the heads whose rows ``_head_rows`` gave, against the program's keys."""
+    """One dK/dV step: the rows of a query-list entry (``core.entry_at``: its first row ``start``;
+    ``r_pos``: each tile row's position in it) of the heads whose rows ``_head_rows`` gave, against
+    the program's keys."""
     if PACKED:
         # the entry may continue in the next run of kept query blocks (block_sparse_tables)
-        pos, ok = packed_positions(r_pos, start, tl.load(COL_END + e), tl.load(COL_NEXT + e),
-                                   tl.load(COL_COUNT + e))  # [HM] each
+        pos, ok = packed_positions(r_pos, start, end, nxt, count)  # [HM] each
     else:
         pos = start + r_pos  # [HM]
     q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
@@ -73,7 +74,7 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, COL_
         # rows past the sub-tile's end belong to another block: zero q / dO and
         # lse = +inf make their p (and so every product) exactly zero
         if not PACKED:
-            ok = pos < tl.load(COL_END + e)
+            ok = pos < end
         q_ok = ok[:, None]  # [HM, 1]
         do_ok = ok[:, None]
         if not EVEN_QK:
@@ -158,9 +159,10 @@ def _dkdv_program(
                 e = e_lo + i // chunks
             q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
-            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, tl.load(COL_START + e), COL_END,
-                                COL_NEXT, COL_COUNT, e, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
-                                qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED)
+            start, end, nxt, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_M, PACKED)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
+                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
+                                EVEN_V, PACKED)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
@@ -172,20 +174,21 @@ def _dkdv_program(
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
             if LIST_CHUNK == 0:
                 for e in tl.range(e_lo, e_hi):
-                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
-                                        tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, r_pos, offs_dqk,
-                                        dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK, EVEN_V,
-                                        PACKED)
+                    start, end, nxt, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_M, PACKED)
+                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count,
+                                        r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
+                                        EVEN_QK, EVEN_V, PACKED)
             else:
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
                 for c0 in range(e_lo, e_hi, LIST_CHUNK):
-                    starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+                    starts, ends, nxts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi,
+                                                             LIST_CHUNK, EVEN_M, PACKED)  # [LIST_CHUNK] each
                     for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
-                        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta,
-                                            chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT, COL_COUNT, c0 + j,
-                                            r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
-                                            EVEN_M, EVEN_QK, EVEN_V, PACKED)
+                        start, end, nxt, count = entry_pick(starts, ends, nxts, counts, j, LIST_CHUNK, EVEN_M, PACKED)
+                        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt,
+                                            count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
+                                            qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
@@ -203,29 +206,23 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N: tl.constexpr,
-             EVEN_N: tl.constexpr):
-    """One dQ step: the keys of list entry ``e`` (starting at ``start_n``) against the program's rows."""
-    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
-    v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-    p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
-    if not EVEN_N:
-        end_n = tl.load(COL_END + e)
-        p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
-    return dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
-
-
-@triton.jit
-def _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, start_n, COL_END, COL_NEXT,
-                    COL_COUNT, e, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr,
-                    EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
-    """``_dq_step`` over a packed list entry: its keys gathered, the missing ones of the list's last
-    tile zeroed in ``p`` (their zero rows of K would still give ``p = exp2(-lse)``)."""
-    cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, tl.load(COL_END + e), tl.load(COL_NEXT + e),
-                                tl.load(COL_COUNT + e))  # [BLOCK_N] each
-    k = gather_rows(k_base, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
-    v = gather_rows(v_base, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
-    p = tl.where(ok[None, :], recompute_p(q, k, lse2, qk_scale, False), 0.0)  # [HM, BLOCK_N]
+def _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count, offs_dqk,
+             dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, PACKED: tl.constexpr,
+             EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """One dQ step: the keys of a list entry (``core.entry_at``) against the program's rows; ``k_src`` /
+    ``v_src`` as in ``block_sparse_fwd._fwd_step`` (with ``PACKED``, rows gathered)."""
+    if PACKED:
+        cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, end_n, next_n, count)  # [BLOCK_N] each
+        k = gather_rows(k_src, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
+        v = gather_rows(v_src, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
+        # the missing keys of a list's last tile: their zero rows would still give p = exp2(-lse)
+        p = tl.where(ok[None, :], recompute_p(q, k, lse2, qk_scale, False), 0.0)  # [HM, BLOCK_N]
+    else:
+        k = k_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+        v = v_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+        p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
+        if not EVEN_N:
+            p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
     return dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
 
 
@@ -269,43 +266,34 @@ def _dq_program(
     lse2 = lse_log2(lse)
     delta = tl.load(Delta + stat, mask=row_ok, other=0.0)
 
-    if not PACKED:
-        k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                  stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
+    EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
+    if PACKED:
+        k_src = K + b64 * stride_kb + h_kv * stride_kh
+        v_src = V + b64 * stride_vb + h_kv * stride_vh
+    else:
+        k_src, v_src = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    if PACKED:
-        k_base = K + b64 * stride_kb + h_kv * stride_kh
-        v_base = V + b64 * stride_vb + h_kv * stride_vh
-        EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
-        EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
-        if LIST_CHUNK == 0:
-            for e in tl.range(e_lo, e_hi):
-                dq = _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
-                                     tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, offs_dqk, dqk_ok,
-                                     offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
-        else:
-            for c0 in range(e_lo, e_hi, LIST_CHUNK):
-                starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
-                for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
-                    dq = _dq_step_packed(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
-                                         chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT, COL_COUNT, c0 + j,
-                                         offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
-    elif LIST_CHUNK == 0:
+    if LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi):
-            start_n = tl.load(COL_START + e)
-            dq = _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N, EVEN_N)
+            start_n, end_n, next_n, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_N, PACKED)
+            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count,
+                          offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK, EVEN_V)
     else:
         # the key list in chunks held in registers: the loop's K/V loads then depend on no load of
         # the same loop, so the pipeliner prefetches them num_stages - 1 steps ahead (a table load
         # in the chain holds the prefetch to one step, issued after the step's GEMMs)
         for c0 in range(e_lo, e_hi, LIST_CHUNK):
-            starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+            starts, ends, nexts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, LIST_CHUNK,
+                                                      EVEN_N, PACKED)  # [LIST_CHUNK] each
             for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
-                start_n = chunk_pick(starts, j, LIST_CHUNK)
-                dq = _dq_step(dq, q, do, lse2, delta, k_desc, v_desc, start_n, COL_END, c0 + j, qk_scale,
-                              BLOCK_N, EVEN_N)
+                start_n, end_n, next_n, count = entry_pick(starts, ends, nexts, counts, j, LIST_CHUNK, EVEN_N, PACKED)
+                dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n,
+                              count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK,
+                              EVEN_V)
 
     dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
     tl.store(dq_ptrs[:, None] + offs_dqk[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty), mask=q_ok)

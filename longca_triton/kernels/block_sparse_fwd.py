@@ -12,11 +12,12 @@ import triton
 import triton.language as tl
 
 from .core import (
-    chunk_pick,
+    entry_at,
+    entry_chunk,
+    entry_pick,
     gather_rows,
     head_dim_offsets,
     kv_descs,
-    list_chunk,
     packed_positions,
     softmax_finish,
     softmax_init,
@@ -64,32 +65,28 @@ def _pack_program_at(pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_h
 
 
 @triton.jit
-def _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, start_n, COL_END, e, qk_scale, BLOCK_N: tl.constexpr,
-              EVEN_N: tl.constexpr):
-    """One online-softmax step over list entry ``e``, whose keys start at ``start_n``."""
-    k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
-    qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
-    if not EVEN_N:
-        # a ragged tile: keys past its end belong to another block (or lie past Sk)
-        end_n = tl.load(COL_END + e)
-        qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
-    # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
-    return softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, False)
+def _fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count, offs_dqk, dqk_ok,
+              offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, PACKED: tl.constexpr,
+              EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+    """One online-softmax step over a list entry (``core.entry_at``: its keys from ``start_n``).
 
-
-@triton.jit
-def _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs, start_n, COL_END, COL_NEXT,
-                     COL_COUNT, e, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr,
-                     EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
-    """``_fwd_step`` over a packed list entry: its keys gathered (two pieces at most), the missing
-    ones of the list's last tile masked."""
-    cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, tl.load(COL_END + e), tl.load(COL_NEXT + e),
-                                tl.load(COL_COUNT + e))  # [BLOCK_N] each
-    k = gather_rows(k_base, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
-    qk = tl.where(ok[None, :], tl.dot(q, k.T), float("-inf"))  # [HM, BLOCK_N]
-    p, acc, m_ij, l_i = softmax_rescale(acc, m_i, l_i, qk, qk_scale, False, False)
-    v = gather_rows(v_base, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
-    acc = tl.dot(p.to(v.dtype), v, acc)  # [HM, BLOCK_DV]
+    ``k_src`` / ``v_src``: the K/V descriptors, or with ``PACKED`` the KV head's base pointers (the
+    entry's keys, two pieces at most, gathered; the missing ones of the list's last tile masked)."""
+    if PACKED:
+        cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, end_n, next_n, count)  # [BLOCK_N] each
+        k = gather_rows(k_src, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
+        qk = tl.where(ok[None, :], tl.dot(q, k.T), float("-inf"))  # [HM, BLOCK_N]
+        p, acc, m_ij, l_i = softmax_rescale(acc, m_i, l_i, qk, qk_scale, False, False)
+        v = gather_rows(v_src, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
+        acc = tl.dot(p.to(v.dtype), v, acc)  # [HM, BLOCK_DV]
+    else:
+        k = k_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+        qk = tl.dot(q, k.T)  # [HM, BLOCK_N]
+        if not EVEN_N:
+            # a ragged tile: keys past its end belong to another block (or lie past Sk)
+            qk = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, qk, float("-inf"))
+        # every tile has at least one valid key, so m_ij is finite and no row can turn NaN
+        acc, m_ij, l_i = softmax_step(acc, m_i, l_i, qk, v_src, start_n, qk_scale, False, False)
     return acc, m_ij, l_i
 
 
@@ -120,43 +117,35 @@ def block_sparse_fwd_kernel(
         q_ok = q_ok & dqk_ok[None, :]  # [HM, BLOCK_DQK]: padded columns load as 0
     q = tl.load(q_ptrs[:, None] + offs_dqk[None, :], mask=q_ok, other=0.0)  # [HM, BLOCK_DQK]
 
-    if not PACKED:
+    EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
+    EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
+    if PACKED:
         # (a packed list gathers its rows: no descriptor, whose device-side creation is not free)
-        k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                  stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+        k_src = K + b64 * stride_kb + h_kv * stride_kh
+        v_src = V + b64 * stride_vb + h_kv * stride_vh
+    else:
+        k_src, v_src = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
-    if PACKED:
-        k_base = K + b64 * stride_kb + h_kv * stride_kh
-        v_base = V + b64 * stride_vb + h_kv * stride_vh
-        EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
-        EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
-        if LIST_CHUNK == 0:
-            for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
-                acc, m_i, l_i = _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
-                                                 tl.load(COL_START + e), COL_END, COL_NEXT, COL_COUNT, e, offs_dqk,
-                                                 dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_QK, EVEN_V)
-        else:
-            for c0 in range(e_lo, e_hi, LIST_CHUNK):
-                starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
-                for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK), warp_specialize=WARP_SPEC):
-                    acc, m_i, l_i = _fwd_step_packed(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
-                                                     chunk_pick(starts, j, LIST_CHUNK), COL_END, COL_NEXT,
-                                                     COL_COUNT, c0 + j, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale,
-                                                     BLOCK_N, EVEN_QK, EVEN_V)
-    elif LIST_CHUNK == 0:
+    if LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, tl.load(COL_START + e), COL_END, e, qk_scale,
-                                      BLOCK_N, EVEN_N)
+            start_n, end_n, next_n, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_N, PACKED)
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n,
+                                      count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED,
+                                      EVEN_QK, EVEN_V)
     else:
         # the key list in register chunks (``block_sparse_bwd._dq_program`` says why)
         for c0 in range(e_lo, e_hi, LIST_CHUNK):
-            starts = list_chunk(COL_START, c0, e_hi, LIST_CHUNK)  # [LIST_CHUNK]
+            starts, ends, nexts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, LIST_CHUNK,
+                                                      EVEN_N, PACKED)  # [LIST_CHUNK] each
             for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK), warp_specialize=WARP_SPEC):
-                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_desc, v_desc, chunk_pick(starts, j, LIST_CHUNK), COL_END,
-                                          c0 + j, qk_scale, BLOCK_N, EVEN_N)
+                start_n, end_n, next_n, count = entry_pick(starts, ends, nexts, counts, j, LIST_CHUNK, EVEN_N, PACKED)
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, start_n, end_n,
+                                          next_n, count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N,
+                                          PACKED, EVEN_QK, EVEN_V)
 
     # a row whose block keeps nothing never entered the loop: out = 0, lse = -inf
     out, lse = softmax_finish(acc, m_i, l_i)  # [HM, BLOCK_DV], [HM]

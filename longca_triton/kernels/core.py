@@ -177,6 +177,56 @@ def chunk_pick(chunk, j, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN: tl.constexpr, PACKED: tl.constexpr):
+    """``(start, end, next, count)`` of block-sparse list entry ``e`` (``block_sparse_tables``), loaded:
+    ``end`` only for ragged lists (not ``EVEN``), ``next`` / ``count`` only for packed ones; a value a
+    list does not need is ``start`` (never read)."""
+    start = tl.load(COL_START + e)
+    end = start
+    nxt = start
+    count = start
+    if not EVEN:
+        end = tl.load(COL_END + e)
+    if PACKED:
+        nxt = tl.load(COL_NEXT + e)
+        count = tl.load(COL_COUNT + e)
+    return start, end, nxt, count
+
+
+@triton.jit
+def entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, CHUNK: tl.constexpr, EVEN: tl.constexpr,
+                PACKED: tl.constexpr):
+    """Entries ``c0 .. c0 + CHUNK`` of the lists ``entry_at`` reads, in registers (``list_chunk``), for
+    ``entry_pick``. why all of them: a tile's rows (and the mask its loads carry) must not depend on a
+    load inside the loop, or the pipeliner prefetches it one step ahead at most."""
+    starts = list_chunk(COL_START, c0, e_hi, CHUNK)
+    ends = starts
+    nxts = starts
+    counts = starts
+    if not EVEN:
+        ends = list_chunk(COL_END, c0, e_hi, CHUNK)
+    if PACKED:
+        nxts = list_chunk(COL_NEXT, c0, e_hi, CHUNK)
+        counts = list_chunk(COL_COUNT, c0, e_hi, CHUNK)
+    return starts, ends, nxts, counts
+
+
+@triton.jit
+def entry_pick(starts, ends, nxts, counts, j, CHUNK: tl.constexpr, EVEN: tl.constexpr, PACKED: tl.constexpr):
+    """``entry_at`` for entry ``c0 + j`` of an ``entry_chunk``."""
+    start = chunk_pick(starts, j, CHUNK)
+    end = start
+    nxt = start
+    count = start
+    if not EVEN:
+        end = chunk_pick(ends, j, CHUNK)
+    if PACKED:
+        nxt = chunk_pick(nxts, j, CHUNK)
+        count = chunk_pick(counts, j, CHUNK)
+    return start, end, nxt, count
+
+
+@triton.jit
 def packed_positions(j, start, end, nxt, count):
     """Rows / columns of a list entry at tile offsets ``j`` (``block_sparse_tables``: a packed tile may
     cross from one run into the next): ``(pos, ok)``, ``pos = start + j`` before ``end``, ``nxt + j``
