@@ -15,7 +15,7 @@ run on autograd's device thread, so ``ncu`` picks them by name, skipping the fir
 
 ``experiments/gpu/ncu_bwd.sh`` runs every case. Cases: dense-causal-hm32 (head-major 32x64/4/3, the
 old default), dense-causal-hm64 (head-major 64x64/4/2), dense-causal-sweep (the new default: sweep 2
-on 64x64/4/2), sparse-ours, sparse-flex. S = 16K (dense) / 32K (block-sparse), GQA 64:8, D = 128, bf16.
+on 64x64/4/2), sparse-ours, sparse-flex, varblock-ours, varblock-big (``VARBLOCK``). S = 16K (dense) / 32K (block-sparse), GQA 64:8, D = 128, bf16.
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ DENSE = {
     "dense-causal-hm64": dict(dkdv_sweep=0, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
     "dense-causal-sweep": dict(dkdv_sweep=2, DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
 }
-CASES = (*DENSE, "sparse-ours", "sparse-flex")
+#: variable blocks (mean 256, min 128; session 16): the default tiles, and uniform block 128's backward tiles
+#: (128 keys a dK/dV program, 64 query rows a step) with the blocks' remainders in 64-row tail tiles
+VARBLOCK = {
+    "varblock-ours": {},
+    "varblock-big": dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_list_chunk=64,
+                         dkdv_tail_rows=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3,
+                         dq_list_chunk=64, dq_tail_rows=64),
+}
+CASES = (*DENSE, "sparse-ours", "sparse-flex", *VARBLOCK)
 
 
 def backward_fn(case: str):
@@ -48,6 +56,9 @@ def backward_fn(case: str):
     if case in DENSE:
         S = 16384
         mask = make_mask("causal", S)
+    elif case in VARBLOCK:
+        S = 32768
+        mask = make_mask("varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=hkv, seed=0)
     else:
         S = 32768
         mask = make_mask("block_sparse", S, block=128, density=0.3, patterns=hkv, seed=0)
@@ -58,6 +69,8 @@ def backward_fn(case: str):
         attn = lambda *t: D.dense_attention(*t, mask, config=cfg)  # noqa: E731
     elif case == "sparse-ours":
         attn = lambda *t: BS.block_sparse_attention(*t, mask)  # noqa: E731
+    elif case in VARBLOCK:
+        attn = lambda *t: BS.block_sparse_attention(*t, mask, config=VARBLOCK[case] or None)  # noqa: E731
     else:
         from bwd_variants import flex_sparse_attn
         from types import SimpleNamespace

@@ -6,17 +6,18 @@
 #   OUT=$OUT bash experiments/gpu/ncu_stalls.sh source   per-SASS-instruction stall sampling (the source
 #                                                        page) -> $OUT/src.tgz (<case>.csv, .ncu-rep);
 #                                                        read it with experiments/gpu/ncu_source_top.py
+#   CASES="sparse-ours varblock-big" KERNELS=bwd_dkdv SKIP=1 COUNT=1 ...   other cases (ncu_bwd.py), one kernel
 set -u
 MODE=${1:-raw}
 DIR=$OUT/$([ "$MODE" = source ] && echo src || echo st)
 mkdir -p "$DIR"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-for c in sparse-ours sparse-flex; do
+for c in ${CASES:-sparse-ours sparse-flex}; do
   case $c in
     # Flex's backward template kernel (not the delta reduction kernel whose name also matches
     # flex_attention_backward), second pass
     sparse-flex) FILTER=(-k regex:triton_tem_fused_flex_attention_backward -s 1 -c 1) ;;
-    *) FILTER=(-k regex:bwd_dkdv\|bwd_dq -s 2 -c 2) ;;
+    *) FILTER=(-k regex:${KERNELS:-bwd_dkdv\|bwd_dq} -s ${SKIP:-2} -c ${COUNT:-2}) ;;
   esac
   if [ "$MODE" = source ]; then
     "$NCU" --clock-control none "${FILTER[@]}" --section SourceCounters --section WarpStateStats \

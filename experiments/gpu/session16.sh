@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh ncu    Nsight Compute stall sampling: uniform vs variable-block dK/dV; the row-major sweep
 #   bash experiments/gpu/session16.sh chunks every per-entry list value read in register chunks (not only the start)
 #   bash experiments/gpu/session16.sh tails  variable blocks with uniform 128's big tiles and the remainders in tail tiles
 #   bash experiments/gpu/session16.sh stack  per-pass packing, heads stacked into 128-row tiles, each pass timed alone
@@ -15,6 +16,19 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  ncu)
+    # call 5: where the variable-block dK/dV pass loses to uniform block 128's at the same tiles: per-SASS stall
+    # sampling of the dK/dV kernel (second backward; the variable blocks' main launch, not its tail launch)
+    for c in sparse-ours:1 varblock-big:2 varblock-ours:1; do
+      OUT=$OUT CASES=${c%%:*} KERNELS=bwd_dkdv SKIP=${c##*:} COUNT=1 bash experiments/gpu/ncu_stalls.sh source
+      mv "$OUT/src.tgz" "$OUT/src_${c%%:*}.tgz"
+      tar xzf "$OUT/src_${c%%:*}.tgz" -O "src/${c%%:*}.csv" > /tmp/${c%%:*}.csv
+      python experiments/gpu/ncu_source_top.py /tmp/${c%%:*}.csv --top 12 | cut -c1-220 | tee "$OUT/top_${c%%:*}.txt"
+    done
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 200 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants "two-kernels,sweep2,sweep1,$T2+sweep2" 2>&1 | grep -A3 "^| mask | two"
+    python experiments/gpu/session16_rows.py "$OUT/vb_bwd/bwd_variants.jsonl"
+    ;;
   chunks)
     # call 4: every per-entry value of a list (end / next / count too) read in register chunks
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \

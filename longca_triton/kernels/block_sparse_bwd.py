@@ -71,8 +71,9 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
         lse = tl.load(Lse + stat_rows + pos)
         delta = tl.load(Delta + stat_rows + pos)
     else:
-        # rows past the sub-tile's end belong to another block: zero q / dO and
-        # lse = +inf make their p (and so every product) exactly zero
+        # rows past the sub-tile's end belong to another block: their q / dO / delta load as zeros,
+        # so every product they enter is exactly zero (lse loads as 0 too: p = 1 there, times zeros;
+        # why not +inf: a zero fill is what an asynchronous copy can do)
         if not PACKED:
             ok = pos < end
         q_ok = ok[:, None]  # [HM, 1]
@@ -83,7 +84,7 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
             do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
         q = tl.load(q_ptrs, mask=q_ok, other=0.0)
         do = tl.load(do_ptrs, mask=do_ok, other=0.0)
-        lse = tl.load(Lse + stat_rows + pos, mask=ok, other=float("inf"))
+        lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
         delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
     p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
     dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
