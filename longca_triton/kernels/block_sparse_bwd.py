@@ -72,8 +72,8 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
         delta = tl.load(Delta + stat_rows + pos)
     else:
         # rows past the sub-tile's end belong to another block: their q / dO / delta load as zeros,
-        # so every product they enter is exactly zero (lse loads as 0 too: p = 1 there, times zeros;
-        # why not +inf: a zero fill is what an asynchronous copy can do)
+        # so every product they enter is exactly zero (lse loads as 0 too, as in the dense kernels'
+        # ``load_row_stats``: p = 1 there, times zeros)
         if not PACKED:
             ok = pos < end
         q_ok = ok[:, None]  # [HM, 1]
