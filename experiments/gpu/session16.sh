@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh combo  the row-major dK/dV sweep with big dQ tiles, and dK/dV tiles beside it
 #   bash experiments/gpu/session16.sh ncu    Nsight Compute stall sampling: uniform vs variable-block dK/dV; the row-major sweep
 #   bash experiments/gpu/session16.sh chunks every per-entry list value read in register chunks (not only the start)
 #   bash experiments/gpu/session16.sh tails  variable blocks with uniform 128's big tiles and the remainders in tail tiles
@@ -16,6 +17,16 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  combo)
+    # call 6: the row-major sweep for dK/dV with the big dQ tiles (+ tails, plain lists), and dK/dV tiles beside it
+    DQB=dq128x64w8s3+dqtail64+dqnopack+chunk64
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \
+      --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 300 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants "two-kernels,sweep2+$DQB,sweep2+$DQB+dkdv64x128w8s2,sweep2+$DQB+dkdv32x64w4s3,sweep2+$DQB+dkdv32x64w4s2,sweep2+$DQB+dkdv64x64w4s3,sweep2" \
+      2>&1 | grep -A3 "^| mask | two"
+    for f in "$OUT"/{un,vb}_bwd/bwd_variants.jsonl; do echo "== $f"; python experiments/gpu/session16_rows.py "$f"; done
+    ;;
   ncu)
     # call 5: where the variable-block dK/dV pass loses to uniform block 128's at the same tiles: per-SASS stall
     # sampling of the dK/dV kernel (second backward; the variable blocks' main launch, not its tail launch)
