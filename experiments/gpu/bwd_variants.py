@@ -295,10 +295,31 @@ def run_mask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, smoke: 
 
 
 # ------------------------------------------------------------------------------ block-sparse
-SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters)
+def aligned_bounds(S: int, unit: int = 128, mean: int = 256, seed: int = 0) -> dict:
+    """Variable blocks whose sizes are multiples of ``unit`` (``unit`` to ``2 * mean - unit``, mean
+    ``mean``): variable blocks without ragged tiles at ``unit``-sized tiles (an experiment that tells
+    the ragged tiles' cost from the variable structure's)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < S:
+        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
+    sizes[-1] -= sum(sizes) - S
+    if sizes[-1] <= 0:
+        sizes.pop()
+        sizes[-1] += S - sum(sizes)
+    bounds = [0]
+    for x in sizes:
+        bounds.append(bounds[-1] + x)
+    return {"min_block": unit, "block_bounds": bounds}
+
+
+SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters or a function of S giving them)
     "uniform128": ("block_sparse", 128, {}),
     "uniform64": ("block_sparse", 64, {}),
     "varblock256": ("varblock_sparse", 256, {"min_block": 128}),
+    "varblock256x128": ("varblock_sparse", 256, aligned_bounds),
 }
 
 
@@ -380,8 +401,10 @@ def run_sparse(emit, name: str, S: int, hq: int, hkv: int, d: int, dtype, smoke:
     ``mode="fwd"`` the forward alone (``row["mode"]`` says which)."""
     time_of = autograd_bwd_ms if mode == "bwd" else fwd_ms
     kind, block, extra = SPARSE_MASKS[name]
+    if callable(extra):
+        extra = extra(S, 32, 64) if smoke else extra(S)
     mask = make_mask(kind, S, block=block if not smoke else 32, density=density, patterns=patterns or hkv, seed=0,
-                     **({"min_block": 16} if smoke and extra else extra))
+                     **({"min_block": 16} if smoke and extra and "block_bounds" not in extra else extra))
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(1, S, h, d, device=DC.DEV, dtype=dtype) for h in (hq, hkv, hkv, hq))
     p = SimpleNamespace(mask=mask, q=q, k=k, v=v, dout=dout, hq=hq, scale=d ** -0.5)  # DC.Problem's fields

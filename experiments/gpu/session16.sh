@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh accept the variable-block defaults through the harness; 128-aligned variable blocks
 #   bash experiments/gpu/session16.sh combo  the row-major dK/dV sweep with big dQ tiles, and dK/dV tiles beside it
 #   bash experiments/gpu/session16.sh ncu    Nsight Compute stall sampling: uniform vs variable-block dK/dV; the row-major sweep
 #   bash experiments/gpu/session16.sh chunks every per-entry list value read in register chunks (not only the start)
@@ -17,6 +18,19 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  accept)
+    # call 7: the new variable-block defaults through the harness (a varblock bucket and a uniform bucket per
+    # density, 32K, a pattern per KV head), then blocks that are multiples of 128 (variable, not ragged) run
+    # with uniform block 128's tiles: what the variable structure costs without ragged tiles
+    bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K --mode bwd; }
+    bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+      --backends triton-varblock --out "$OUT/h_var" 2>&1 | tail -6
+    bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
+      --backends triton-sparse --out "$OUT/h_uni" 2>&1 | tail -6
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/al_bwd" --budget 200 --masks '' --sparse-masks varblock256x128 --no-vendors \
+      --sparse-variants "two-kernels,dkdv64x128w8s3+dq128x64w8s3+chunk64" 2>&1 | grep -A3 "^| mask | two"
+    python experiments/gpu/session16_rows.py "$OUT/al_bwd/bwd_variants.jsonl"
+    ;;
   combo)
     # call 6: the row-major sweep for dK/dV with the big dQ tiles (+ tails, plain lists), and dK/dV tiles beside it
     DQB=dq128x64w8s3+dqtail64+dqnopack+chunk64

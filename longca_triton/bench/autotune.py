@@ -286,21 +286,31 @@ def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
 def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     """Variable blocks (``triton-varblock``, ``block`` = the mean block): blocks are walked in
     sub-tiles carrying their valid length, so the inner tile is searched too (the two largest
-    powers of two up to the mean block, at most 128); one head per tile."""
+    powers of two up to the mean block, at most 128); one head per tile; and the variable blocks'
+    own options: tail row tiles, packed lists (backward passes), the dK/dV sweep."""
     b = 1 << (max(16, min(block, 128)).bit_length() - 1)
     inner = sorted({max(16, b // 2), b})
     outer = _sparse_outer(block, head_dim)
     warps, stages = [4, 8], [2, 3]
+    # a block's remainder in 64-row tail tiles of its own, where the owned tile is larger (``tail_rows``)
+    tails = lambda m: [0, 64] if m > 64 else [0]  # noqa: E731
     if group == "fwd":
-        # the forward's list read entry by entry or in register chunks (the 64x64 default: chunks)
-        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False, list_chunk=c)
-                for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS)]
+        # the forward's list read entry by entry or in register chunks (the 64x64 default: chunks); its
+        # key lists stay plain (packed, its K/V gathers lost to TMA boxes: session 16)
+        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False, list_chunk=c,
+                     tail_rows=t)
+                for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS) for t in tails(m)]
     if group == "dkdv":
-        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s)
-                for m, n, w, s in itertools.product(inner, outer, warps, stages)]
+        # packed query lists (they won at every tile measured: session 16), head-major or the row-major
+        # sweep (``dkdv_sweep`` 2)
+        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
+                     dkdv_pack_list=True, dkdv_sweep=sw, dkdv_tail_rows=t)
+                for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
     if group == "dq":
-        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s)
-                for n, m, w, s in itertools.product(inner, outer, warps, stages)]
+        # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64)
+        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s, dq_list_chunk=c,
+                     dq_pack_list=False, dq_tail_rows=t)
+                for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS) for t in tails(m)]
     if group == "bwd":
         return _one_launch_candidates(head_dim > 128)
     raise ValueError(f"unknown key group {group!r}")

@@ -181,9 +181,9 @@ def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
-    return {**with_one_launch_defaults(_tile_config(mask, head_dim)), "dkdv_sweep": 0, "dkdv_head_outer": True,
-            "pack_list": False, "dq_pack_list": True, "dkdv_pack_list": True,
-            "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0}
+    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "pack_list": False, "dq_pack_list": True,
+            "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
+            **with_one_launch_defaults(_tile_config(mask, head_dim))}
 
 
 def _tile_config(mask, head_dim: int) -> dict:
@@ -228,10 +228,20 @@ def _tile_config(mask, head_dim: int) -> dict:
     n = min(blk or 64, 64)
     w = 4 if m <= 64 else 8
     chunked = m == 64 and n == 64
-    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=3 if chunked else 2, warp_specialize=False,
-                DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
-                DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2,
-                list_chunk=64 if chunked else 0, dkdv_list_chunk=0, dq_list_chunk=0)
+    cfg = dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=3 if chunked else 2, warp_specialize=False,
+               DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
+               DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2,
+               list_chunk=64 if chunked else 0, dkdv_list_chunk=0, dq_list_chunk=0)
+    if blk is None and not big:
+        # variable blocks (H100, mean 256 / min 128, 32K density 0.3, a pattern per KV head, bf16, D = 128:
+        # experiments/results/h100/session16/): the dK/dV pass walks packed query lists (71.5 -> 64.9 ms,
+        # the tiles' area over the kept area 1.23 -> 1.13) with the row-major sweep (one list entry for the
+        # group's eight heads in turn); the dQ pass takes uniform block 128's 128 x 64 tiles, a block's
+        # remainder of <= 64 rows in 64-row tail tiles, plain (unpacked) key lists boxed by TMA, read in
+        # register chunks (38.0 -> 34.6 ms). Whole backward 97.1 -> 90.4 ms (calls 6; two-kernels before).
+        cfg.update(dkdv_sweep=2, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
+                   dq_tail_rows=64, dq_pack_list=False)
+    return cfg
 
 
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
