@@ -191,6 +191,7 @@ PACKED_CASES = {
     "S=333-Hq=4-Hkv=2-tails16-chunk16-one_launch": (dict(seed=8), 4, 2, {
         **tiles(32, 32, heads=2), **PACK_ALL, **TAILS16, "list_chunk": 16, "dq_list_chunk": 16,
         "dkdv_list_chunk": 16, "one_launch": True}),
+    "S=333-Hq=4-Hkv=2-sweep2-tails16": (dict(seed=10), 4, 2, {**tiles(32, 32), **PACK_ALL, **TAILS16, "dkdv_sweep": 2}),
     "Sq=190-Sk=301-Hq=2-Hkv=1-tails16": (dict(S=190, Sk=301, seed=9, patterns=1), 2, 1,
                                          {**tiles(32, 32), **PACK_ALL, **TAILS16}),
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh count  a packed entry's count from the loop index instead of a table load
 #   bash experiments/gpu/session16.sh accept the variable-block defaults through the harness; 128-aligned variable blocks
 #   bash experiments/gpu/session16.sh combo  the row-major dK/dV sweep with big dQ tiles, and dK/dV tiles beside it
 #   bash experiments/gpu/session16.sh ncu    Nsight Compute stall sampling: uniform vs variable-block dK/dV; the row-major sweep
@@ -18,6 +19,17 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  count)
+    # call 8: a packed entry's count from the loop index (only a list's last entry may be short), not a load
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \
+      --sparse-variants two-kernels 2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 260 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants "two-kernels,hm,hm+dkdv64x64w4s2+chunk64,dqpack,dkdv64x128w8s3+dkdvtail64,dkdv64x64w4s3" \
+      2>&1 | grep -A3 "^| mask | two"
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_fwd" --budget 80 --masks '' --sparse-masks varblock256 --no-vendors \
+      --no-split --sparse-fwd --sparse-variants two-kernels,fwdpack 2>&1 | grep -A3 "^| mask | two"
+    for f in "$OUT"/{un,vb}_bwd/bwd_variants.jsonl "$OUT"/vb_fwd/bwd_variants.jsonl; do echo "== $f"; python experiments/gpu/session16_rows.py "$f"; done
+    ;;
   accept)
     # call 7: the new variable-block defaults through the harness (a varblock bucket and a uniform bucket per
     # density, 32K, a pattern per KV head), then blocks that are multiples of 128 (variable, not ragged) run

@@ -27,8 +27,10 @@ from .core import (
     key_program_at,
     key_program_outer,
     kv_descs,
+    last_count,
     lse_log2,
     one_launch_split,
+    packed_count,
     packed_positions,
     recompute_p,
 )
@@ -152,6 +154,7 @@ def _dkdv_program(
         pat = (h_kv * group_size) // heads_per_pattern
         e_lo = tl.load(PTR + pat * num_row_blocks + blk)
         e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+        last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
         chunks = group_size // HEADS
         for i in tl.range(0, (e_hi - e_lo) * chunks):
             if SWEEP == 2:
@@ -160,7 +163,8 @@ def _dkdv_program(
                 e = e_lo + i // chunks
             q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
-            start, end, nxt, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_M, PACKED)
+            start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
+            count = packed_count(e, e_hi, last, BLOCK_M)
             dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
                                 offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
                                 EVEN_V, PACKED)
@@ -173,9 +177,11 @@ def _dkdv_program(
                                                     stride_dh, num_heads_q, Sq)
             e_lo = tl.load(PTR + pat * num_row_blocks + blk)
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+            last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
             if LIST_CHUNK == 0:
                 for e in tl.range(e_lo, e_hi):
-                    start, end, nxt, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_M, PACKED)
+                    start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
+                    count = packed_count(e, e_hi, last, BLOCK_M)
                     dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count,
                                         r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
                                         EVEN_QK, EVEN_V, PACKED)
@@ -183,10 +189,11 @@ def _dkdv_program(
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
                 for c0 in range(e_lo, e_hi, LIST_CHUNK):
-                    starts, ends, nxts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi,
+                    starts, ends, nxts = entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi,
                                                              LIST_CHUNK, EVEN_M, PACKED)  # [LIST_CHUNK] each
                     for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
-                        start, end, nxt, count = entry_pick(starts, ends, nxts, counts, j, LIST_CHUNK, EVEN_M, PACKED)
+                        start, end, nxt = entry_pick(starts, ends, nxts, j, LIST_CHUNK, EVEN_M, PACKED)
+                        count = packed_count(c0 + j, e_hi, last, BLOCK_M)
                         dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt,
                                             count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
                                             qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED)
@@ -278,9 +285,11 @@ def _dq_program(
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
     if LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi):
-            start_n, end_n, next_n, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_N, PACKED)
+            start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_N, PACKED)
+            count = packed_count(e, e_hi, last, BLOCK_N)
             dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count,
                           offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK, EVEN_V)
     else:
@@ -288,10 +297,11 @@ def _dq_program(
         # the same loop, so the pipeliner prefetches them num_stages - 1 steps ahead (a table load
         # in the chain holds the prefetch to one step, issued after the step's GEMMs)
         for c0 in range(e_lo, e_hi, LIST_CHUNK):
-            starts, ends, nexts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, LIST_CHUNK,
+            starts, ends, nexts = entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi, LIST_CHUNK,
                                                       EVEN_N, PACKED)  # [LIST_CHUNK] each
             for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
-                start_n, end_n, next_n, count = entry_pick(starts, ends, nexts, counts, j, LIST_CHUNK, EVEN_N, PACKED)
+                start_n, end_n, next_n = entry_pick(starts, ends, nexts, j, LIST_CHUNK, EVEN_N, PACKED)
+                count = packed_count(c0 + j, e_hi, last, BLOCK_N)
                 dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n,
                               count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK,
                               EVEN_V)

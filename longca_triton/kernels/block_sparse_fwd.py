@@ -18,6 +18,8 @@ from .core import (
     gather_rows,
     head_dim_offsets,
     kv_descs,
+    last_count,
+    packed_count,
     packed_positions,
     softmax_finish,
     softmax_init,
@@ -130,19 +132,22 @@ def block_sparse_fwd_kernel(
     acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
+    last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
     if LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi, warp_specialize=WARP_SPEC):
-            start_n, end_n, next_n, count = entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN_N, PACKED)
+            start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_N, PACKED)
+            count = packed_count(e, e_hi, last, BLOCK_N)
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n,
                                       count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED,
                                       EVEN_QK, EVEN_V)
     else:
         # the key list in register chunks (``block_sparse_bwd._dq_program`` says why)
         for c0 in range(e_lo, e_hi, LIST_CHUNK):
-            starts, ends, nexts, counts = entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, LIST_CHUNK,
+            starts, ends, nexts = entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi, LIST_CHUNK,
                                                       EVEN_N, PACKED)  # [LIST_CHUNK] each
             for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK), warp_specialize=WARP_SPEC):
-                start_n, end_n, next_n, count = entry_pick(starts, ends, nexts, counts, j, LIST_CHUNK, EVEN_N, PACKED)
+                start_n, end_n, next_n = entry_pick(starts, ends, nexts, j, LIST_CHUNK, EVEN_N, PACKED)
+                count = packed_count(c0 + j, e_hi, last, BLOCK_N)
                 acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, start_n, end_n,
                                           next_n, count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N,
                                           PACKED, EVEN_QK, EVEN_V)

@@ -177,24 +177,41 @@ def chunk_pick(chunk, j, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def entry_at(COL_START, COL_END, COL_NEXT, COL_COUNT, e, EVEN: tl.constexpr, PACKED: tl.constexpr):
-    """``(start, end, next, count)`` of block-sparse list entry ``e`` (``block_sparse_tables``), loaded:
-    ``end`` only for ragged lists (not ``EVEN``), ``next`` / ``count`` only for packed ones; a value a
-    list does not need is ``start`` (never read)."""
+def entry_at(COL_START, COL_END, COL_NEXT, e, EVEN: tl.constexpr, PACKED: tl.constexpr):
+    """``(start, end, next)`` of block-sparse list entry ``e`` (``block_sparse_tables``), loaded: ``end``
+    only for ragged lists (not ``EVEN``), ``next`` only for packed ones; a value a list does not need is
+    ``start`` (never read). A packed entry's valid count is ``packed_count``'s, not a load."""
     start = tl.load(COL_START + e)
     end = start
     nxt = start
-    count = start
     if not EVEN:
         end = tl.load(COL_END + e)
     if PACKED:
         nxt = tl.load(COL_NEXT + e)
-        count = tl.load(COL_COUNT + e)
-    return start, end, nxt, count
+    return start, end, nxt
 
 
 @triton.jit
-def entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, CHUNK: tl.constexpr, EVEN: tl.constexpr,
+def last_count(COL_COUNT, e_lo, e_hi, PACKED: tl.constexpr):
+    """The valid count of a packed list's last entry (the only one that may be short), read once
+    before the list's loop; 0 for an empty or unpacked list."""
+    count = 0
+    if PACKED:
+        count = tl.load(COL_COUNT + tl.maximum(e_hi - 1, 0), mask=e_hi > e_lo, other=0)
+    return count
+
+
+@triton.jit
+def packed_count(e, e_hi, last, BLOCK: tl.constexpr):
+    """Entry ``e``'s valid count in a packed list ending at ``e_hi`` whose last entry has ``last``.
+
+    why not a table load per entry: a load mask that comes from a load inside the loop holds the
+    pipeliner's prefetch of the masked tile back; from the loop index it does not."""
+    return tl.where(e == e_hi - 1, last, BLOCK)
+
+
+@triton.jit
+def entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi, CHUNK: tl.constexpr, EVEN: tl.constexpr,
                 PACKED: tl.constexpr):
     """Entries ``c0 .. c0 + CHUNK`` of the lists ``entry_at`` reads, in registers (``list_chunk``), for
     ``entry_pick``. why all of them: a tile's rows (and the mask its loads carry) must not depend on a
@@ -202,28 +219,24 @@ def entry_chunk(COL_START, COL_END, COL_NEXT, COL_COUNT, c0, e_hi, CHUNK: tl.con
     starts = list_chunk(COL_START, c0, e_hi, CHUNK)
     ends = starts
     nxts = starts
-    counts = starts
     if not EVEN:
         ends = list_chunk(COL_END, c0, e_hi, CHUNK)
     if PACKED:
         nxts = list_chunk(COL_NEXT, c0, e_hi, CHUNK)
-        counts = list_chunk(COL_COUNT, c0, e_hi, CHUNK)
-    return starts, ends, nxts, counts
+    return starts, ends, nxts
 
 
 @triton.jit
-def entry_pick(starts, ends, nxts, counts, j, CHUNK: tl.constexpr, EVEN: tl.constexpr, PACKED: tl.constexpr):
+def entry_pick(starts, ends, nxts, j, CHUNK: tl.constexpr, EVEN: tl.constexpr, PACKED: tl.constexpr):
     """``entry_at`` for entry ``c0 + j`` of an ``entry_chunk``."""
     start = chunk_pick(starts, j, CHUNK)
     end = start
     nxt = start
-    count = start
     if not EVEN:
         end = chunk_pick(ends, j, CHUNK)
     if PACKED:
         nxt = chunk_pick(nxts, j, CHUNK)
-        count = chunk_pick(counts, j, CHUNK)
-    return start, end, nxt, count
+    return start, end, nxt
 
 
 @triton.jit
