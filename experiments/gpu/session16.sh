@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh dense  issue 13's dense backward targets, a second interleaved run
 #   bash experiments/gpu/session16.sh count  a packed entry's count from the loop index instead of a table load
 #   bash experiments/gpu/session16.sh accept the variable-block defaults through the harness; 128-aligned variable blocks
 #   bash experiments/gpu/session16.sh combo  the row-major dK/dV sweep with big dQ tiles, and dK/dV tiles beside it
@@ -19,6 +20,12 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  dense)
+    # call 9: issue 13's dense backward targets once more, interleaved (session 15's call 1 met them, the two
+    # sliding windows by 0.6 / 1.0 %): ours, cuDNN and Flex on every static mask at 16K
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --backends triton,triton-gluon,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -30
+    ;;
   count)
     # call 8: a packed entry's count from the loop index (only a list's last entry may be short), not a load
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/un_bwd" --masks '' --sparse-masks uniform128 --no-vendors \
