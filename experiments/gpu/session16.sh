@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh windows the sliding windows' backward: tile / order variants next to Flex
 #   bash experiments/gpu/session16.sh dense  issue 13's dense backward targets, a second interleaved run
 #   bash experiments/gpu/session16.sh count  a packed entry's count from the loop index instead of a table load
 #   bash experiments/gpu/session16.sh accept the variable-block defaults through the harness; 128-aligned variable blocks
@@ -20,6 +21,14 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  windows)
+    # call 10: the two sliding windows (1.09-1.11x Flex in call 9): dK/dV tiles, grid order, sweep, one launch
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/win" --budget 420 --masks sliding_window,sliding_window_causal \
+      --sparse-masks '' --no-split --variants \
+      two-kernels,dkdv64x64w4s2,dkdv64x64w4s3,outer,sweep2,dkdv64x64w4s2+sweep2,dkdv32x64w4s2,dq64x64w4s3,one2w4s3 \
+      2>&1 | grep -B2 -A6 "^| mask | two kernels | best one launch | fused" | head -12
+    python experiments/gpu/session16_rows.py "$OUT/win/bwd_variants.jsonl" | grep -v "^check"
+    ;;
   dense)
     # call 9: issue 13's dense backward targets once more, interleaved (session 15's call 1 met them, the two
     # sliding windows by 0.6 / 1.0 %): ours, cuDNN and Flex on every static mask at 16K
