@@ -47,14 +47,15 @@ case "${1:-}" in
     for f in "$OUT"/{un,vb}_bwd/bwd_variants.jsonl "$OUT"/vb_fwd/bwd_variants.jsonl; do echo "== $f"; python experiments/gpu/session16_rows.py "$f"; done
     ;;
   accept)
-    # call 7: the new variable-block defaults through the harness (a varblock bucket and a uniform bucket per
-    # density, 32K, a pattern per KV head), then blocks that are multiples of 128 (variable, not ragged) run
-    # with uniform block 128's tiles: what the variable structure costs without ragged tiles
-    bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K --mode bwd; }
+    # call 7 (and 11 with SEQLENS=32K,64K): the variable-block defaults through the harness (a varblock bucket and
+    # a uniform bucket per density, a pattern per KV head), then blocks that are multiples of 128 (variable, not
+    # ragged) run with uniform block 128's tiles: what the variable structure costs without ragged tiles
+    bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens ${SEQLENS:-32K} --mode bwd; }
     bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-      --backends triton-varblock --out "$OUT/h_var" 2>&1 | tail -6
+      --backends triton-varblock --out "$OUT/h_var" 2>&1 | tail -8
     bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
-      --backends triton-sparse --out "$OUT/h_uni" 2>&1 | tail -6
+      --backends triton-sparse --out "$OUT/h_uni" 2>&1 | tail -8
+    [ -n "${SEQLENS:-}" ] && exit 0
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/al_bwd" --budget 200 --masks '' --sparse-masks varblock256x128 --no-vendors \
       --sparse-variants "two-kernels,dkdv64x128w8s3+dq128x64w8s3+chunk64" 2>&1 | grep -A3 "^| mask | two"
     python experiments/gpu/session16_rows.py "$OUT/al_bwd/bwd_variants.jsonl"
