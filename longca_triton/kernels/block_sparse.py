@@ -37,6 +37,26 @@ GPU): every block is processed in sub-tiles of a fixed size, each carrying its v
   masking; when every block is a multiple of ``BLOCK_N`` (uniform blocks) the mask is compiled
   out (``EVEN_N``) and the loop is a plain flash-attention loop over an index list.
 
+Variable blocks cut into fixed tiles leave ragged pieces that cost whole tiles (mean-256 blocks at
+64 x 64: the tiles' area is 1.23x the kept area). Two options cut that (``block_sparse_tables``):
+
+* packed lists (``pack_list`` / ``dq_pack_list`` / ``dkdv_pack_list``): a list's runs laid end to
+  end and cut into full tiles, so only its last tile is short; a tile may cross from one run into
+  the next, its rows then gathered by pointer loads (``PACKED``). Only the list's last entry may be
+  short, so an entry's valid count comes from the loop index, not from a load (a load mask read
+  from the table inside the loop held the pipeliner back: dK/dV 64.8 -> 57.1 ms at 32K / 0.3).
+* tail row tiles (``tail_rows`` / ...): a block's remainder of at most that many rows runs in a
+  second launch of smaller tiles, so the main launch keeps large tiles.
+
+Measured on an H100 (mean 256 / min 128, GQA 64:8, D = 128, bf16, a pattern per KV head;
+``experiments/results/h100/session16/``): the dK/dV pass with packed query lists and the row-major
+sweep, the dQ pass in uniform block 128's 128 x 64 tiles with 64-row tails over plain key lists
+(TMA boxes; gathered packed keys were no faster), the forward unchanged (its gathers lost to TMA
+boxes: 289 vs 331 TFLOP/s). Backward 0.72-0.74x uniform block 128's at 32K / 64K, densities 0.3 /
+0.5 (session 12: 0.67-0.72x). Variable blocks whose sizes are multiples of 128 run at 0.95-0.97x uniform:
+what is left is the ragged tiles (their area 1.13x, and a gathered, masked step costing more than
+a boxed one), not the variable structure.
+
 Kernels
 -------
 * ``block_sparse_fwd_kernel``: one program per (row tile, head pack): online softmax over the list.
@@ -238,7 +258,9 @@ def _tile_config(mask, head_dim: int) -> dict:
         # the tiles' area over the kept area 1.23 -> 1.13) with the row-major sweep (one list entry for the
         # group's eight heads in turn); the dQ pass takes uniform block 128's 128 x 64 tiles, a block's
         # remainder of <= 64 rows in 64-row tail tiles, plain (unpacked) key lists boxed by TMA, read in
-        # register chunks (38.0 -> 34.6 ms). Whole backward 97.1 -> 90.4 ms (calls 6; two-kernels before).
+        # register chunks (38.0 -> 34.6 ms). Whole backward 97.1 -> 90.4 ms (call 6), then with a packed
+        # entry's count from the loop index dK/dV 57.1 ms, backward 91.2 ms against uniform block 128's 67.9
+        # (call 8; calls differ by a few %); through the harness 0.72-0.74x uniform at 32K / 64K (call 11).
         cfg.update(dkdv_sweep=2, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
                    dq_tail_rows=64, dq_pack_list=False)
     return cfg
