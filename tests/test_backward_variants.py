@@ -612,14 +612,23 @@ def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
     assert (cfg["list_chunk"], cfg["num_stages"]) == ((64, 3) if fwd_chunked else (0, 2))
 
 
-def test_block_sparse_varblock_forward_reads_its_list_in_chunks(monkeypatch):
+def test_block_sparse_varblock_defaults(monkeypatch):
     import longca_triton.kernels.block_sparse as BS
 
     monkeypatch.setattr(BS, "_interpreting", lambda: False)
     mask = make_mask("varblock_sparse", 2048, block=256, min_block=128, density=0.5, patterns=2, seed=1)
     cfg = BS.default_config(mask, 128)
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (64, 64, 3, 64)
-    assert cfg["dkdv_list_chunk"] == cfg["dq_list_chunk"] == 0
+    assert not cfg["pack_list"] and cfg["tail_rows"] == 0  # the forward: plain lists, one launch
+    # the backward (session 16): dK/dV over packed query lists with the row-major sweep, entry by entry;
+    # dQ in 128 x 64 tiles with 64-row tails over plain key lists read in chunks
+    assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 64, 2, 0)
+    assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 0
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (128, 64, 3, 64)
+    assert cfg["dq_tail_rows"] == 64 and not cfg["dq_pack_list"]
+    # D > 128 keeps the 64 x 64 backward
+    big = BS.default_config(mask, 256)
+    assert (big["DQ_BLOCK_M"], big["dq_tail_rows"], big["dkdv_sweep"]) == (64, 0, 0)
 
 
 _CHUNK_CASES = {

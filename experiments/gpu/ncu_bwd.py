@@ -38,6 +38,7 @@ DENSE = {
 #: (128 keys a dK/dV program, 64 query rows a step) with the blocks' remainders in 64-row tail tiles
 VARBLOCK = {
     "varblock-ours": {},
+    "varblock-aligned": {},  # blocks of 128 / 256 / 384 (bwd_variants.aligned_bounds): no ragged tile
     "varblock-big": dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_list_chunk=64,
                          dkdv_tail_rows=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3,
                          dq_list_chunk=64, dq_tail_rows=64),
@@ -58,7 +59,10 @@ def backward_fn(case: str):
         mask = make_mask("causal", S)
     elif case in VARBLOCK:
         S = 32768
-        mask = make_mask("varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=hkv, seed=0)
+        from bwd_variants import aligned_bounds
+
+        extra = aligned_bounds(S) if case == "varblock-aligned" else {"min_block": 128}
+        mask = make_mask("varblock_sparse", S, block=256, density=0.3, patterns=hkv, seed=0, **extra)
     else:
         S = 32768
         mask = make_mask("block_sparse", S, block=128, density=0.3, patterns=hkv, seed=0)

@@ -9,7 +9,7 @@ set -u
 OUT=${OUT:-/tmp/ncu_bwd}
 mkdir -p "$OUT/ncu"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-CASES=${CASES:-dense-causal-hm32 dense-causal-hm64 dense-causal-sweep sparse-ours sparse-flex}
+CASES=${CASES:-dense-causal-hm32 dense-causal-hm64 dense-causal-sweep sparse-ours sparse-flex varblock-ours varblock-aligned varblock-big}
 { "$NCU" --version; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/ncu/env.txt" 2>&1
 for c in $CASES; do
@@ -17,6 +17,8 @@ for c in $CASES; do
   # thread: pick them by name, skipping the first (compiling) pass's launches
   case $c in
     sparse-flex) FILTER=(-k regex:triton_tem -s 2 -c 2) ;;  # forward, backward of the second pass
+    # varblock-big's dK/dV and dQ passes each launch twice (main tiles, then the tail tiles)
+    varblock-big) FILTER=(-k regex:bwd_dkdv\|bwd_dq -s 4 -c 4) ;;
     *) FILTER=(-k regex:bwd_dkdv\|bwd_dq -s 2 -c 2) ;;
   esac
   "$NCU" --clock-control none "${FILTER[@]}" \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh keytails dK/dV key remainders in 32-key tiles; ncu of ragged vs 128-aligned blocks
 #   bash experiments/gpu/session16.sh windows the sliding windows' backward: tile / order variants next to Flex
 #   bash experiments/gpu/session16.sh dense  issue 13's dense backward targets, a second interleaved run
 #   bash experiments/gpu/session16.sh count  a packed entry's count from the loop index instead of a table load
@@ -21,6 +22,21 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  keytails)
+    # call 12: dK/dV's key-side remainders in 32-key tail tiles; the defaults on ragged vs 128-aligned variable
+    # blocks; then stall sampling of the dK/dV kernel on both (same config: packed + masked vs boxed + even)
+    for m in varblock256 varblock256x128; do
+      PYTHONUNBUFFERED=1 python $BV --out "$OUT/$m" --budget 200 --masks '' --sparse-masks $m --no-vendors \
+        --sparse-variants "two-kernels,dkdvtail32" 2>&1 | grep -A3 "^| mask | two"
+      python experiments/gpu/session16_rows.py "$OUT/$m/bwd_variants.jsonl"
+    done
+    for c in varblock-ours:1 varblock-aligned:1; do
+      OUT=$OUT CASES=${c%%:*} KERNELS=bwd_dkdv SKIP=${c##*:} COUNT=1 bash experiments/gpu/ncu_stalls.sh source
+      mv "$OUT/src.tgz" "$OUT/src_${c%%:*}.tgz"
+      tar xzf "$OUT/src_${c%%:*}.tgz" -O "src/${c%%:*}.csv" > /tmp/${c%%:*}.csv
+      python experiments/gpu/ncu_source_top.py /tmp/${c%%:*}.csv --top 14 | cut -c1-220 | tee "$OUT/top_${c%%:*}.txt"
+    done
+    ;;
   windows)
     # call 10: the two sliding windows (1.09-1.11x Flex in call 9): dK/dV tiles, grid order, sweep, one launch
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/win" --budget 420 --masks sliding_window,sliding_window_causal \

@@ -27,6 +27,7 @@ from .core import (
     key_program_at,
     key_program_outer,
     kv_descs,
+    kv_sources,
     last_count,
     lse_log2,
     one_launch_split,
@@ -276,12 +277,8 @@ def _dq_program(
 
     EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
     EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
-    if PACKED:
-        k_src = K + b64 * stride_kb + h_kv * stride_kh
-        v_src = V + b64 * stride_vb + h_kv * stride_vh
-    else:
-        k_src, v_src = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    k_src, v_src = kv_sources(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
+                              BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, PACKED)
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)

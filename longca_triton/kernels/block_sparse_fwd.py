@@ -17,7 +17,7 @@ from .core import (
     entry_pick,
     gather_rows,
     head_dim_offsets,
-    kv_descs,
+    kv_sources,
     last_count,
     packed_count,
     packed_positions,
@@ -121,13 +121,8 @@ def block_sparse_fwd_kernel(
 
     EVEN_QK: tl.constexpr = BLOCK_DQK == HEAD_DIM_QK
     EVEN_V: tl.constexpr = BLOCK_DV == HEAD_DIM_V
-    if PACKED:
-        # (a packed list gathers its rows: no descriptor, whose device-side creation is not free)
-        k_src = K + b64 * stride_kb + h_kv * stride_kh
-        v_src = V + b64 * stride_vb + h_kv * stride_vh
-    else:
-        k_src, v_src = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    k_src, v_src = kv_sources(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
+                              BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, PACKED)
 
     acc, m_i, l_i = softmax_init(HEADS * BLOCK_M, BLOCK_DV)  # acc [HM, BLOCK_DV]
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)

@@ -164,6 +164,22 @@ def kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride
 
 
 @triton.jit
+def kv_sources(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
+               BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PACKED: tl.constexpr):
+    """Where a block-sparse query-major pass reads K/V tiles from: ``kv_descs``, or for a packed list
+    (rows gathered: ``gather_rows``) the KV head's base pointers (no descriptor, whose device-side
+    creation is not free)."""
+    if PACKED:
+        k_src = K + b64 * stride_kb + h_kv * stride_kh
+        v_src = V + b64 * stride_vb + h_kv * stride_vh
+    else:
+        k_src, v_src = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    return k_src, v_src
+
+
+@triton.jit
 def list_chunk(LIST, c0, e_hi, CHUNK: tl.constexpr):
     """Entries ``c0 .. c0 + CHUNK`` of an int32 list (0 past ``e_hi``), in registers: ``[CHUNK]``."""
     offs = c0 + tl.arange(0, CHUNK)
