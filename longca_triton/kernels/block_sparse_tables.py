@@ -28,7 +28,8 @@ every column block is at least ``tile_cols`` long it crosses at most once, and e
 (``next`` = the second run's first key minus the keys taken from the first). An unpacked table
 carries the same four arrays with ``next = start`` and ``count = end - start``, so the formula holds
 for every table; the kernels switch to it (gathered rows instead of contiguous tiles) only where a
-table says ``packed``.
+table says ``packed``. Every packed entry but a list's last is full, so the kernels read a list's
+last ``count`` once and take ``tile_cols`` for the others (``core.packed_count``).
 
 Tail row tiles (``tail_rows``, variable blocks): a block of ``L`` rows cut into ``tile_rows`` pieces
 ends in a short piece of ``r = L mod tile_rows`` rows that costs a whole tile. With a tail size
