@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 16's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session16.sh dq32   dQ over 32-key steps (less ragged waste on the key side)
 #   bash experiments/gpu/session16.sh keytails dK/dV key remainders in 32-key tiles; ncu of ragged vs 128-aligned blocks
 #   bash experiments/gpu/session16.sh windows the sliding windows' backward: tile / order variants next to Flex
 #   bash experiments/gpu/session16.sh dense  issue 13's dense backward targets, a second interleaved run
@@ -22,6 +23,13 @@ BV=experiments/gpu/bwd_variants.py
 T1=dkdv64x128w8s3+dkdvtail64+dq128x64w8s3+dqtail64+chunk64  # uniform block 128's backward tiles, tails of 64
 T2=dkdv64x128w8s2+dkdvtail64+dq128x64w8s2+dqtail64          # the same, lists read entry by entry, two stages
 case "${1:-}" in
+  dq32)
+    # call 13: dQ stepping over 32-key tiles (a run's ragged key tail wastes less) with the 128-row tiles and tails
+    PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 200 --masks '' --sparse-masks varblock256 --no-vendors \
+      --sparse-variants "two-kernels,dq128x32w8s3+dqtail64+chunk64,dq128x32w8s4+dqtail64+chunk64,dq128x32w4s3+dqtail64+chunk64,two-kernels" \
+      2>&1 | grep -A3 "^| mask | two"
+    python experiments/gpu/session16_rows.py "$OUT/vb_bwd/bwd_variants.jsonl"
+    ;;
   keytails)
     # call 12: dK/dV's key-side remainders in 32-key tail tiles; the defaults on ragged vs 128-aligned variable
     # blocks; then stall sampling of the dK/dV kernel on both (same config: packed + masked vs boxed + even)
