@@ -26,7 +26,7 @@ case "${1:-}" in
   dq32)
     # call 13: dQ stepping over 32-key tiles (a run's ragged key tail wastes less) with the 128-row tiles and tails
     PYTHONUNBUFFERED=1 python $BV --out "$OUT/vb_bwd" --budget 200 --masks '' --sparse-masks varblock256 --no-vendors \
-      --sparse-variants "two-kernels,dq128x32w8s3+dqtail64+chunk64,dq128x32w8s4+dqtail64+chunk64,dq128x32w4s3+dqtail64+chunk64,two-kernels" \
+      --sparse-variants "two-kernels,dq128x32w8s3+dqtail64+chunk64,dq128x32w8s4+dqtail64+chunk64,dq128x32w4s3+dqtail64+chunk64" \
       2>&1 | grep -A3 "^| mask | two"
     python experiments/gpu/session16_rows.py "$OUT/vb_bwd/bwd_variants.jsonl"
     ;;
