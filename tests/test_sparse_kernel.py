@@ -154,6 +154,26 @@ def test_empty_rows_and_columns():
 
 
 # ------------------------------------------------------------------------------ packed lists
+def walked_pairs(t, mask, major):
+    """The (pattern, row, column) pairs tables ``t`` make the kernels walk, each asserted to be walked
+    once, and the mask's own pairs in the same orientation (``major`` "k": transposed)."""
+    dense = mask.to_dense()
+    if major == "k":
+        dense = dense.transpose(1, 2)
+    got = torch.zeros_like(dense)
+    for p in range(t.num_patterns):
+        for tile in range(t.num_tiles):
+            r0, r1, blk = int(t.row_start[tile]), int(t.row_end[tile]), int(t.row_block[tile])
+            assert 0 < r1 - r0 <= t.tile_rows
+            lo, hi = int(t.ptr[p * t.num_row_blocks + blk]), int(t.ptr[p * t.num_row_blocks + blk + 1])
+            for e in range(lo, hi):
+                c = t.columns(e)
+                assert 0 < len(c) <= t.tile_cols
+                assert not got[p, r0:r1, c].any(), "a pair is covered twice"
+                got[p, r0:r1, c] = True
+    return got, dense
+
+
 def packed_mask(S=333, Sk=None, min_block=32, seed=0, patterns=2, density=0.4):
     """Variable blocks of at least ``min_block`` (so lists pack at tiles up to that size)."""
     if Sk is None:
@@ -241,21 +261,13 @@ def test_packed_tables_cover_exactly_the_kept_area(major, tile):
     t = build_side_tables(rows, cols, bm, *tile, "cpu", pack_cols=True)
     plain = build_side_tables(rows, cols, bm, *tile, "cpu")
     assert t.packed and not plain.packed and t.num_entries < plain.num_entries
-    dense = mask.to_dense()
-    if major == "k":
-        dense = dense.transpose(1, 2)
-    got = torch.zeros_like(dense)
-    for p in range(3):
-        for r in range(t.num_row_blocks):
-            lo, hi = int(t.ptr[p * t.num_row_blocks + r]), int(t.ptr[p * t.num_row_blocks + r + 1])
-            for e in range(lo, hi):
-                c = t.columns(e)
-                assert len(c) == tile[1] or (e == hi - 1 and 0 < len(c) < tile[1])
-                assert sum(1 for a, b in zip(c, c[1:]) if b != a + 1) <= 1
-                r0, r1 = rows[r], rows[r + 1]
-                assert not got[p, r0:r1, c].any(), "a pair is covered twice"
-                got[p, r0:r1, c] = True
+    got, dense = walked_pairs(t, mask, major)
     assert torch.equal(got, dense)
+    for lo, hi in zip(t.ptr[:-1].tolist(), t.ptr[1:].tolist()):  # every list
+        for e in range(lo, hi):
+            c = t.columns(e)
+            assert len(c) == tile[1] or (e == hi - 1 and 0 < len(c) < tile[1])
+            assert sum(1 for a, b in zip(c, c[1:]) if b != a + 1) <= 1
 
 
 @pytest.mark.parametrize("rows,tail", [(64, 32), (32, 16), (128, 64)], ids=lambda x: str(x))
@@ -309,21 +321,10 @@ def test_tables_cover_exactly_the_kept_area(major):
     bm = torch.from_numpy(rng.random((3, len(b) - 1, len(b) - 1)) < 0.4)
     mask = BlockSparseMask(b, b, bm)
     t = get_side_tables(mask, major, 32, 16, "cpu")
-    dense = mask.to_dense()
-    if major == "k":
-        dense = dense.transpose(1, 2)
-    got = torch.zeros_like(dense)
-    for p in range(3):
-        for tile in range(t.num_tiles):
-            r0, r1, blk = int(t.row_start[tile]), int(t.row_end[tile]), int(t.row_block[tile])
-            assert 0 < r1 - r0 <= 32
-            lo, hi = int(t.ptr[p * t.num_row_blocks + blk]), int(t.ptr[p * t.num_row_blocks + blk + 1])
-            for e in range(lo, hi):
-                c0, c1 = int(t.col_start[e]), int(t.col_end[e])
-                assert 0 < c1 - c0 <= 16
-                assert not got[p, r0:r1, c0:c1].any(), "a pair is covered twice"
-                got[p, r0:r1, c0:c1] = True
+    got, dense = walked_pairs(t, mask, major)
     assert torch.equal(got, dense)
+    # unpacked: every entry one contiguous piece of one run
+    assert all(t.columns(e) == list(range(int(t.col_start[e]), int(t.col_end[e]))) for e in range(t.num_entries))
     assert sorted(t.order.tolist()) == list(range(t.num_tiles))
     assert get_side_tables(mask, major, 32, 16, "cpu") is t  # cached
 

@@ -459,9 +459,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     tk, tq = tables["dkdv"], tables["dq"]
     dkdv_heads = _stack(cfg["DKDV_HEADS"], group, hpp)
     dq_heads = _stack(cfg["DQ_HEADS"], group, hpp)
-    mains = {"dkdv": lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]),
-             "dq": lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"])}
-    if cfg["one_launch"] and set(passes) == {"dkdv", "dq"}:
+    one_launch = cfg["one_launch"] and set(passes) == {"dkdv", "dq"}
+    if one_launch:
         num_packs = b * hq // dq_heads
         n_dkdv, n_dq = tk.num_tiles * b * hkv, tq.num_tiles * num_packs
         block_sparse_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
@@ -476,15 +475,15 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
-        mains = {}
-    for name in ("dkdv", "dq"):
-        if name not in passes:
-            continue
-        if name in mains:
-            mains[name]()
+    if "dkdv" in passes and not one_launch:
+        launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"])
+    if "dq" in passes and not one_launch:
+        launch_dq(tq, dq_heads, cfg["dq_num_warps"])
+    # the tail tiles (one launch or not): their own row size, one head a tile, 4 warps (TAIL_KEYS)
+    for name, launch in (("dkdv", launch_dkdv), ("dq", launch_dq)):
         tail = tables.get(name + "_tail")
-        if tail is not None and tail.num_tiles:
-            (launch_dkdv if name == "dkdv" else launch_dq)(tail, 1, 4)
+        if name in passes and tail is not None and tail.num_tiles:
+            launch(tail, 1, 4)
     return dq, dk, dv
 
 

@@ -190,8 +190,8 @@ def _dkdv_program(
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
                 for c0 in range(e_lo, e_hi, LIST_CHUNK):
-                    starts, ends, nxts = entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi,
-                                                             LIST_CHUNK, EVEN_M, PACKED)  # [LIST_CHUNK] each
+                    starts, ends, nxts = entry_chunk(COL_START, COL_END, COL_NEXT, c0, e_hi, LIST_CHUNK, EVEN_M,
+                                                     PACKED)  # [LIST_CHUNK] each
                     for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
                         start, end, nxt = entry_pick(starts, ends, nxts, j, LIST_CHUNK, EVEN_M, PACKED)
                         count = packed_count(c0 + j, e_hi, last, BLOCK_M)

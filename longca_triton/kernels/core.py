@@ -195,8 +195,9 @@ def chunk_pick(chunk, j, CHUNK: tl.constexpr):
 @triton.jit
 def entry_at(COL_START, COL_END, COL_NEXT, e, EVEN: tl.constexpr, PACKED: tl.constexpr):
     """``(start, end, next)`` of block-sparse list entry ``e`` (``block_sparse_tables``), loaded: ``end``
-    only for ragged lists (not ``EVEN``), ``next`` only for packed ones; a value a list does not need is
-    ``start`` (never read). A packed entry's valid count is ``packed_count``'s, not a load."""
+    only for ragged lists (not ``EVEN``; a packed list is always ragged: ``block_sparse_tables`` packs
+    only lists whose tiles are not all full), ``next`` only for packed ones; a value a list does not
+    need is ``start`` (never read). A packed entry's valid count is ``packed_count``'s, not a load."""
     start = tl.load(COL_START + e)
     end = start
     nxt = start
