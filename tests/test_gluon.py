@@ -375,7 +375,7 @@ def test_split_d_default_by_mask(name, d, want):
     # (at 96 and 128 a mask below DENSE_THREE runs persistent with O's own buffers: 2 stages too,
     # test_persistent_defaults_and_rules)
     dense_128 = d == 128 and mask.density >= G.DENSE_THREE
-    persist = d in G.PERSIST_HEAD_DIMS and mask.density < G.DENSE_THREE
+    persist = d in G.PERSIST_HEAD_DIMS and mask.density < (G.DENSE_THREE if d == 128 else G.PERSIST_BELOW)
     assert cfg["num_stages"] == (4 if want else 2 if dense_128 or persist
                                  else G.default_config(d, torch.bfloat16)["num_stages"])
     # and ping-pongs (measured +4 % full, +2 % causal at 16K, bwd_session12)
@@ -552,7 +552,11 @@ _COMPILE = textwrap.dedent("""
              ("persist-own", 128, dict(persistent=True, o_own=True, num_stages=2), dict(num_iv=1)),
              ("persist-psmem", 128, dict(persistent=True, consumers=3, p_smem=True), dict(has_partial=False, num_iv=1)),
              ("persist-split", 96, dict(persistent=True, split_d=True), {}),
-             ("persist-fp32-out", 128, dict(persistent=True), dict(store_tma=False, dtype="fp16"))]
+             ("persist-fp32-out", 128, dict(persistent=True), dict(store_tma=False, dtype="fp16")),
+             # persistent, O staged in the consumers' P buffers (no room for O's own beside P's)
+             ("persist-o-in-p", 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True), {}),
+             ("persist-o-in-p-d64-snake", 64, dict(persistent=True, p_smem=True, o_in_p=True, snake=True),
+              dict(has_partial=False, num_iv=1))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -630,7 +634,8 @@ def test_every_variant_compiles_for_sm90a():
     assert psmem["psmem-d128"]["spill_stores"] <= 32 and psmem["psmem-d128"]["spill_loads"] <= 32, psmem
     assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
-    assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out"}
+    assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
+                            "persist-o-in-p", "persist-o-in-p-d64-snake"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
@@ -640,6 +645,11 @@ def test_every_variant_compiles_for_sm90a():
     for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out"):
         assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
     assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
+    # O in P's buffers: no shared memory beyond Q, P and the ring (Q 48 + P 48 + two 64 KB stages);
+    # with two intervals a row the mask's registers spill (measured 832 B stored; one tile a CTA 632)
+    est = G.smem_bytes(128, 128, 2, consumers=3, p_smem=True)
+    assert est - 1024 <= persist["persist-o-in-p"]["shared"] <= est, (persist["persist-o-in-p"]["shared"], est)
+    assert persist["persist-o-in-p"]["spill_stores"] <= 960, persist["persist-o-in-p"]
     # O's own buffers: two 64 KB stages, Q 32 KB, O 32 KB, tight to 1 KB
     est = G.smem_bytes(128, 128, 2, o_own=True)
     assert est - 1024 <= persist["persist-own"]["shared"] <= est, (persist["persist-own"]["shared"], est)
@@ -986,7 +996,7 @@ def test_consumers_config():
     assert G._regs(160, 3) == (24, 128) and G._regs(240, 2) == (24, 168)
 
 
-@pytest.mark.parametrize("name,want", [("full", True), ("causal", True), ("prefix_lm_causal", True),
+@pytest.mark.parametrize("name,want", [("full", True), ("causal", False), ("prefix_lm_causal", True),
                                        ("causal_blockwise", False), ("share_question", False),
                                        ("global_sliding_window", False), (None, False)])
 def test_p_smem_default_on_dense_masks_at_d128(name, want):
@@ -1035,9 +1045,13 @@ def test_persistent_defaults_and_rules():
     cfg = G.resolve_config(128, bf, None, mask=sparse)
     assert (cfg["persistent"], cfg["o_own"], cfg["num_stages"], cfg["consumers"]) == (True, True, 2, 2)
     assert G.smem_bytes(128, 128, 2, o_own=True) <= G.SMEM_LIMIT < G.smem_bytes(128, 128, 3, o_own=True)
+    assert cfg["snake"] is True  # the boustrophedon follows the persistent launch
     cfg = G.resolve_config(128, bf, None, mask=dense)
-    assert (cfg["persistent"], cfg["o_own"], cfg["consumers"]) == (False, False, 3)
+    assert (cfg["persistent"], cfg["o_own"], cfg["consumers"], cfg["snake"]) == (True, True, 2, True)
+    cfg = G.resolve_config(128, bf, None, mask=make_mask("full", 4096))
+    assert (cfg["persistent"], cfg["o_own"], cfg["consumers"], cfg["snake"]) == (False, False, 3, False)
     assert G.resolve_config(128, bf, None)["persistent"] is False  # no mask: no mask rule
+    assert G.resolve_config(128, bf, {"snake": False}, mask=sparse)["snake"] is False
     # at 96 (padded, two consumers) a 2-stage ring, at 64 (three consumers) three beside O's buffers;
     # dims not measured keep one tile a CTA
     cfg = G.resolve_config(96, bf, None, mask=sparse)
@@ -1047,7 +1061,8 @@ def test_persistent_defaults_and_rules():
     assert G.resolve_config(64, bf, {"consumers": 2}, mask=sparse)["persistent"] is False
     for d, dv in ((80, 80), (192, 128), (256, 256)):
         assert G.resolve_config(d, bf, None, mask=sparse, head_dim_v=dv)["persistent"] is False
-    assert G.resolve_config(96, bf, None, mask=dense)["persistent"] is False
+    assert G.resolve_config(96, bf, None, mask=dense)["persistent"] is False  # causal: 128 only
+    assert G.resolve_config(64, bf, None, mask=dense)["persistent"] is False
     cfg = G.resolve_config(128, bf, {"consumers": 3, "p_smem": True}, mask=sparse)
     assert (cfg["persistent"], cfg["o_own"], cfg["consumer_regs"]) == (False, False, 160)
     cfg = G.resolve_config(128, bf, {"num_stages": 3}, mask=sparse)
@@ -1060,6 +1075,39 @@ def test_persistent_defaults_and_rules():
     assert G.resolve_config(64, bf, {"consumers": 2})["consumer_regs"] == 240
     assert G.resolve_config(128, bf, {"consumers": 3})["consumer_regs"] == 160
     assert G.resolve_config(64, bf, {"consumers": 2, "consumer_regs": 232})["consumer_regs"] == 232
+
+
+def test_o_in_p_and_snake_rules():
+    """``o_in_p`` (O staged in P's buffers) needs the persistent launch, P in shared memory and O as
+    one piece no wider than the P tile, and replaces the sparse masks' default ``o_own``;
+    ``snake`` needs the persistent launch. Each refusal names what is missing."""
+    from longca_triton.masks import make_mask
+
+    bf = torch.bfloat16
+    sparse, dense = make_mask("sliding_window_causal", 4096), make_mask("full", 4096)
+    cfg = G.resolve_config(128, bf, {"persistent": True, "o_in_p": True, "snake": True}, mask=dense)
+    assert (cfg["persistent"], cfg["o_in_p"], cfg["snake"], cfg["o_own"], cfg["consumers"], cfg["p_smem"],
+            cfg["num_stages"]) == (True, True, True, False, 3, True, 2)
+    # the sparse default's own O buffers give way to P's (and their ring depth to the deepest that fits)
+    cfg = G.resolve_config(128, bf, {"consumers": 3, "p_smem": True, "persistent": True, "o_in_p": True},
+                           mask=sparse)
+    assert (cfg["o_own"], cfg["o_in_p"], cfg["num_stages"]) == (False, True, 2)
+    # D = 64: O's 64-wide tile is a view of the 128-wide P buffer
+    assert G.resolve_config(64, bf, {"persistent": True, "p_smem": True, "o_in_p": True})["o_in_p"] is True
+    with pytest.raises(ValueError, match="persistent=True and p_smem=True"):
+        G.resolve_config(128, bf, {"o_in_p": True}, mask=dense)
+    with pytest.raises(ValueError, match="persistent=True and p_smem=True"):
+        G.resolve_config(128, bf, {"persistent": True, "o_in_p": True})
+    with pytest.raises(ValueError, match="one of o_own, o_in_p"):
+        G.resolve_config(128, bf, {"persistent": True, "p_smem": True, "o_in_p": True, "o_own": True,
+                                   "num_stages": 1})
+    with pytest.raises(ValueError, match="does not fit"):
+        G.resolve_config(96, bf, {"persistent": True, "p_smem": True, "o_in_p": True, "split_d": True})
+    with pytest.raises(ValueError, match="does not fit"):
+        G.resolve_config(256, bf, {"persistent": True, "p_smem": True, "o_in_p": True})
+    with pytest.raises(ValueError, match="needs persistent=True"):
+        G.resolve_config(128, bf, {"snake": True}, mask=dense)
+    assert G.resolve_config(128, bf, {"snake": True}, mask=sparse)["snake"] is True
 
 
 @pytest.mark.parametrize("d,three", [(64, (3, False)), (128, (3, True)), (96, (3, True)), (256, None)],

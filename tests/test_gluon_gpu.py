@@ -236,7 +236,17 @@ PERSISTENT = [(128, 128, dict(persistent=True)), (128, 128, dict(persistent=True
               (128, 128, dict(persistent=True, BLOCK_N=64, o_own=True)),
               (64, 64, dict(persistent=True)), (64, 64, dict(persistent=True, consumers=2, o_own=True)),
               (96, 96, dict(persistent=True, split_d=True)), (96, 96, dict(persistent=True, o_own=True)),
-              (192, 128, dict(persistent=True)), (256, 256, dict(persistent=True, o_own=True, num_stages=1))]
+              (192, 128, dict(persistent=True)), (256, 256, dict(persistent=True, o_own=True, num_stages=1)),
+              # O staged in P's buffers (a 64-wide O in a view of the 128-wide P tile at D = 64), and the
+              # work list walked as a boustrophedon
+              (128, 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True)),
+              (128, 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True, snake=True)),
+              (64, 64, dict(persistent=True, p_smem=True, o_in_p=True, snake=True)),
+              (128, 128, dict(persistent=True, o_own=True, num_stages=2, snake=True)),
+              # one exponential in n by the FMA pipe's polynomial (masked scores must still give 0)
+              (96, 96, dict(persistent=True, split_d=True, poly_exp=4)),
+              (128, 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True, poly_exp=8)),
+              (64, 64, dict(poly_exp=2))]
 
 
 @needs_sm90
@@ -267,9 +277,10 @@ def test_persistent_fp32_partial_output_and_equal_bits():
     rows = mask.to_dense().cuda().any(1)
     assert out.dtype == torch.float32 and torch.all(out[:, ~rows] == 0)
     assert _rel(out, ref, rows) <= 2e-2
-    for extra in ({}, dict(o_own=True, num_stages=2)):
+    for extra, more in (({}, {}), (dict(o_own=True, num_stages=2), {}),
+                        (dict(consumers=3, p_smem=True), dict(o_in_p=True, snake=True))):
         a, la = gluon_attention(q, k, v, mask, return_lse=True, config=dict(persistent=False, **extra))
-        b, lb = gluon_attention(q, k, v, mask, return_lse=True, config=dict(persistent=True, **extra))
+        b, lb = gluon_attention(q, k, v, mask, return_lse=True, config=dict(persistent=True, **extra, **more))
         assert torch.equal(a, b) and torch.equal(la, lb), extra
 
 
@@ -290,6 +301,19 @@ CONFIGS = [dict(pingpong=True, num_stages=2), dict(BLOCK_N=64, num_stages=3), di
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_configs(config):
     _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 4, 128, config=config)
+
+
+@needs_sm90
+@pytest.mark.parametrize("poly_exp", [2, 4, 8], ids=lambda n: f"poly_exp={n}")
+@pytest.mark.parametrize("D,extra", [(96, dict(split_d=True)), (128, {}), (64, {})],
+                         ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("name", ["random", "causal", "sliding_window_causal"])
+def test_poly_exp_forward(name, D, extra, poly_exp):
+    """Exponentials split between the MUFU and the FMA pipe's polynomial: the same checks as every
+    forward (float32 reference, lse, empty rows giving 0 and -inf)."""
+    mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
+            else small_mask(name, 2049, seed=3))
+    _check(mask, 8, 2, D, config=dict(poly_exp=poly_exp, **extra))
 
 
 @needs_sm90

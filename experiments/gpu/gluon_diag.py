@@ -324,14 +324,16 @@ def run_bwd_configs(S: int, only_fused: bool = False, masks=("full", "causal"), 
     return rows
 
 
-def run_fwd_configs(S: int, masks, configs, d: int = 128) -> list:
+def run_fwd_configs(S: int, masks, configs, d: int = 128, interleave: bool = False) -> list:
     """The Gluon forward's configs at ``S`` on ``masks`` (GQA 64:8, head dim ``d``): TFLOP/s of the
     default (``{}``) and each of ``configs``, each config first checked against the float32
     chunked reference (relative L2 error of ``out`` < 0.02, bf16's is ~0.002; a failing config is
-    not timed)."""
+    not timed). ``interleave``: a mask's configs are timed with their repetitions interleaved
+    (``time_interleaved``: round r starts with config r mod n), so a drifting SM clock weighs on
+    all of them alike; else one config after the other."""
     import torch
 
-    from longca_triton.bench.timing import time_fn
+    from longca_triton.bench.timing import time_fn, time_interleaved
     from longca_triton.kernels.gluon.attention import gluon_attention
     from longca_triton.masks import make_mask
     from longca_triton.reference import chunked_attention
@@ -343,6 +345,7 @@ def run_fwd_configs(S: int, masks, configs, d: int = 128) -> list:
     for name in masks:
         mask = make_mask(name, S, seed=0)
         ref = None
+        timed = []
         for cfg in [dict(), *configs]:
             row = dict(mask=name, S=S, D=d, config=cfg)
             try:
@@ -354,6 +357,9 @@ def run_fwd_configs(S: int, masks, configs, d: int = 128) -> list:
                 row["err_out"] = err
                 if not err < 0.02:
                     raise AssertionError(f"relative error {err} against the float32 reference")
+                if interleave:
+                    timed.append(row)
+                    continue
                 with torch.no_grad():
                     t = time_fn(lambda: gluon_attention(q, k, v, mask, config=cfg or None), max_ms=2000)["median_ms"]
                 row["fwd_ms"], row["fwd_tflops"] = t, mask.flops(64, d, "fwd") / t / 1e9
@@ -361,6 +367,15 @@ def run_fwd_configs(S: int, masks, configs, d: int = 128) -> list:
                 row["error"] = _tail(e)
             print("ROW " + json.dumps(row), flush=True)
             rows.append(row)
+        if timed:
+            fns = [lambda c=r["config"]: gluon_attention(q, k, v, mask, config=c or None) for r in timed]
+            with torch.no_grad():
+                stats = time_interleaved(fns, rep=40, max_ms=3000)
+            for row, st in zip(timed, stats):
+                t = st["median_ms"]
+                row["fwd_ms"], row["fwd_tflops"], row["interleaved"] = t, mask.flops(64, d, "fwd") / t / 1e9, True
+                print("ROW " + json.dumps(row), flush=True)
+                rows.append(row)
     return rows
 
 
@@ -375,6 +390,8 @@ def main() -> None:
     ap.add_argument("--fwd-configs", type=int, default=None, metavar="S",
                     help="only time the Gluon forward's --config-json configs next to its default at this "
                          "length on --masks (D = 128 unless --head-dims names one dim)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="with --fwd-configs: time a mask's configs with their repetitions interleaved")
     ap.add_argument("--bwd-only-fused", action="store_true",
                     help="with --bwd-configs: the split default and the fused design's configs only")
     ap.add_argument("--masks", default="full,causal", metavar="NAME,...",
@@ -417,7 +434,7 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         with (out / "fwd_configs.jsonl").open("a") as f:
-            for r in run_fwd_configs(args.fwd_configs, masks, extra, d):
+            for r in run_fwd_configs(args.fwd_configs, masks, extra, d, args.interleave):
                 f.write(json.dumps(r) + "\n")
                 f.flush()
         return

@@ -86,12 +86,14 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
     producer, maxnreg = _regs(c["consumer_regs"], c["consumers"])
     dims = head_dim_meta(head_dim, dv)
     o_own = store_tma and c["o_own"]
-    store_tma = store_tma and (o_own or o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"]))
+    o_in_p = store_tma and c["o_in_p"]
+    store_tma = store_tma and (o_own or o_in_p or o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"]))
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
                   CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
-                  PERSISTENT=c["persistent"])
+                  PERSISTENT=c["persistent"], O_IN_P=o_in_p, SNAKE=c["snake"],
+                  POLY_EXP=c["poly_exp"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

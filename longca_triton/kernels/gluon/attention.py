@@ -42,7 +42,14 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   instead of Q's, so Q's buffer is free for the next tile right after the last ``S``. Both on by
   default at D = 64, 96, 128 (``PERSIST_HEAD_DIMS``) on masks of density below ``DENSE_THREE`` (with
   the deepest ring that fits beside O's buffers), off elsewhere (``default_config``'s docstring,
-  session 15).
+  session 15). ``o_in_p`` (persistent with ``p_smem``, one head-dim piece, ``D_v <= BLOCK_N``): O is
+  staged in the consumer's P buffer instead, which needs no shared memory of its own (three
+  consumers with P in shared memory leave none for O's buffers) and likewise frees Q right after
+  the last ``S``. ``snake``: the persistent CTAs take the heaviest-first work list in a
+  boustrophedon (``attention_fwd._work_index``) instead of plain round robin.
+* ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
+  computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
+  split; ``attention_fwd._exp2_mix_asm``), for head dims whose GEMMs are short next to the softmax.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
@@ -96,7 +103,7 @@ from .plan import WsPlan, get_ws_plan
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
     "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
-    "BLOCK_M", "SMEM_LIMIT", "split_d_reason",
+    "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason",
 ]
 
 #: query-tile rows per CTA of the backward kernels, and of the forward with its default two consumer
@@ -125,17 +132,26 @@ REG_BUDGET = 504
 #: the register file of an SM, in 32-bit registers
 REG_FILE = 65536
 #: head dims (D_qk == D_v) whose forward runs persistent with O's own buffers on masks below
-#: ``DENSE_THREE`` (``resolve_config``; measured at these three, session 15)
+#: ``PERSIST_BELOW`` (D = 64, 96) or ``DENSE_THREE`` (D = 128) (``resolve_config``; measured at these
+#: three, session 15)
 PERSIST_HEAD_DIMS = (64, 96, 128)
-#: mask density from which the D = 128 forward runs three consumers with P through shared memory
-#: (``resolve_config``; full 1.0 and causal 0.5 win, the masks below 0.4 lose: default_config)
-DENSE_THREE = 0.5
+#: mask density from which the D = 128 forward runs three consumers with P through shared memory, and
+#: below which it runs persistent (``resolve_config``: full 1.0 and prefix_lm_causal 0.86 win with
+#: three; causal 0.5 won with three against one tile a CTA of two (session 14) but loses 1.3 % to two
+#: persistent ones walking a boustrophedon (session 17); the masks below 0.4 lose: default_config)
+DENSE_THREE = 0.6
+#: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
+#: not measured persistent at these dims and stays one tile a CTA)
+PERSIST_BELOW = 0.5
 
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "consumers", "p_smem", "persistent", "o_own") + GLUON_BWD_KEYS
+               "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp") + GLUON_BWD_KEYS
+#: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
+#: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
+POLY_EXP = (0, 2, 4, 8)
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
@@ -147,7 +163,8 @@ FUSED_DQ = ("atomic", "writer", "writer_keys")
 FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
-                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own"),
+                   bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
+                              "o_in_p", "snake"),
                    tuned_name="triton-gluon")
 
 
@@ -256,6 +273,18 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     tile a CTA path is unchanged in speed by the rewrite (call 3, A/B with the previous kernel: full
     689.0 / 688.6, causal 607.1 / 610.9, D = 64 causal 485.8 / 479.9).
 
+    Session 17 (experiments/results/h100/session17, 16K, GQA 64:8, TFLOP/s, each mask's configs timed
+    interleaved): the boustrophedon work list (``snake``) with two persistent consumers and O's own
+    buffers: causal_blockwise 570 -> 578, full_document 546 -> 557 (call 1), and on causal it beats
+    three consumers one tile a CTA in both calls that timed it (606 / 598, 628 / 620), while full (654
+    / 674) and prefix_lm_causal (574 / 594) keep three: so ``snake`` follows ``persistent`` and
+    ``DENSE_THREE`` is 0.6 (causal, 0.5, runs two persistent consumers). Three consumers persistent
+    (O in Q's buffers, or in P's: ``o_in_p``, which frees Q right after the last ``S``) against one
+    tile a CTA, interleaved: full 650 / 653 / 640, causal 575 / 579 / 598, prefix_lm_causal 580 / 582
+    / 594 (call 1): not a default. One exponential in n on the FMA pipe (``poly_exp``) loses at every
+    n and dim (call 2, default / n = 2 / 4 / 8: D = 96 full 532 / 461 / 508 / 526, D = 128 full 674 /
+    - / 597 / 646, D = 64 full 540 / 405 / 443 / 515): the softmax is bound by issue, not by the MUFU.
+
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
@@ -275,8 +304,8 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # consumers within 240 registers (128-row / 64-row ones spill 300-700 B, tests/test_gluon.py);
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
-                split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False,
-                gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
+                split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
+                snake=False, poly_exp=0, gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
@@ -307,6 +336,23 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
     p = 64 * consumers * block_n * elem if p_smem else 0
     o = 64 * consumers * dv * elem if o_own else 0
     return q + ring + p + o + 1024
+
+
+def o_in_p_reason(cfg: dict, head_dim: int, head_dim_v: Optional[int] = None) -> str:
+    """Why ``o_in_p`` (O staged in the consumers' P buffers) cannot take ``cfg`` at these head dims
+    (empty when it can): it needs the persistent launch (``persistent``), P in shared memory
+    (``p_smem``), not ``o_own`` (O has buffers of its own then), and O as one head-dim piece no
+    wider than the P buffer (``D_v``'s tile <= ``BLOCK_N``)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    if not (cfg["persistent"] and cfg["p_smem"]):
+        return "O is staged in P's shared buffers: it needs persistent=True and p_smem=True"
+    if cfg["o_own"]:
+        return "o_own=True gives O buffers of its own: use one of o_own, o_in_p"
+    pieces = head_pieces(dv, block_head_dim(dv), bool(cfg["split_d"]))
+    if pieces[1] or pieces[0] > int(cfg["BLOCK_N"]):
+        return (f"O's tile at D_v={dv} ({'+'.join(str(x) for x in pieces if x)} wide) does not fit a "
+                f"[64, BLOCK_N={cfg['BLOCK_N']}] P buffer as one piece")
+    return ""
 
 
 def bwd_reason(head_dim: int, head_dim_v: Optional[int] = None) -> str:
@@ -398,13 +444,13 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # docstring, session 14: full +4-5 %, causal +2-7 %; the sparser masks lose to the 192-row tile)
         base.update(consumers=3, p_smem=True, consumer_regs=160)
     sparse_persist = (head_dim == dv and head_dim in PERSIST_HEAD_DIMS and mask is not None
-                      and getattr(mask, "density", 1.0) < DENSE_THREE)
+                      and getattr(mask, "density", 1.0) < (DENSE_THREE if head_dim == 128 else PERSIST_BELOW))
     if sparse_persist:
         # persistent, O in its own buffers (the deepest ring that fits beside them: 2 stages at 96 and
         # 128, 3 at 64) where rows walk few key tiles and a CTA's start and end weigh (default_config's
         # docstring, session 15: sliding_window_causal +25 % at 128, +30 % at 96, +14 % at 64; the
-        # dense masks lose, -4 to -6 %)
-        base.update(persistent=True, o_own=True)
+        # dense masks lose, -4 to -6 %), the work list walked as a boustrophedon (session 17: +1-2 %)
+        base.update(persistent=True, o_own=True, snake=True)
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -453,6 +499,23 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # consumers' registers: the rule below)
         if "p_smem" not in (overlay or {}):
             cfg["p_smem"] = False
+    if "snake" not in named:
+        # the boustrophedon is the persistent launch's order unless a config says otherwise (it orders
+        # nothing without one)
+        cfg["snake"] = bool(cfg["persistent"])
+    if cfg["o_in_p"] and cfg["o_own"] and "o_own" not in named:
+        # O staged in P's buffers replaces the default's own O buffers
+        cfg["o_own"] = False
+    if cfg["o_in_p"] or cfg["snake"]:
+        no_o_in_p = o_in_p_reason(cfg, head_dim, dv) if cfg["o_in_p"] else ""
+        if no_o_in_p:
+            raise ValueError(f"config['o_in_p']=True: {no_o_in_p}")
+        if cfg["snake"] and not cfg["persistent"]:
+            raise ValueError("config['snake']=True orders a persistent launch's work list: it needs persistent=True")
+    if isinstance(cfg["poly_exp"], bool) or cfg["poly_exp"] not in POLY_EXP:
+        raise ValueError(f"config['poly_exp'] must be one of {POLY_EXP} (0: every exponential on the MUFU; n: one "
+                         f"of every n by a polynomial on the FMA pipe), got {cfg['poly_exp']!r}")
+    cfg["poly_exp"] = int(cfg["poly_exp"])
     if cfg["BLOCK_N"] not in (64, 128):
         raise ValueError(f"config['BLOCK_N'] must be 64 or 128 for the Gluon forward, got {cfg['BLOCK_N']}")
     consumers = cfg["consumers"]
@@ -583,11 +646,13 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         HAS_PARTIAL_TILES=plan.has_partial, PINGPONG=cfg["pingpong"],
         # O leaves by a TMA store where it has q's dtype, staged in buffers of its own (o_own) or in
         # Q's where its tiles fit there
-        STORE_TMA=store_tma and (cfg["o_own"] or o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split)),
+        STORE_TMA=store_tma and (cfg["o_own"] or cfg["o_in_p"]
+                                 or o_fits_q(d, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], split)),
         CONSUMER_REGS=cfg["consumer_regs"],
         PRODUCER_REGS=producer_regs,
         SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
-        PERSISTENT=cfg["persistent"],
+        PERSISTENT=cfg["persistent"], O_IN_P=store_tma and cfg["o_in_p"], SNAKE=cfg["snake"],
+        POLY_EXP=cfg["poly_exp"],
         num_warps=4, maxnreg=maxnreg,
     )
     return out, lse

@@ -422,8 +422,65 @@ def _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout: gl.constexpr, BLOCK_N: gl
     return s
 
 
+#: 2^f on f in [-1/2, 1/2] as ``1 + f (C1 + f (C2 + f C3))`` (``POLY_EXP``): a minimax fit with the
+#: constant term exactly 1 (so that a clamped -127 gives exactly 0 below), max relative error 1.0e-4
+#: (bf16 rounds P at 2^-9 = 2.0e-3); fp32 bit patterns for the PTX
+EXP2_POLY = (0.6932829, 0.24221097, 0.05500893)
+_EXP2_POLY_HEX = ("0f3F317AFD", "0f3E780627", "0f3D61510B")
+
+
+@gluon.constexpr_function
+def _exp2_mix_asm(n: int) -> str:
+    """PTX for ``n`` consecutive scores of a thread (``inline_asm_elementwise``, ``pack=n``): the
+    first ``n - 1`` through the MUFU's ``ex2.approx``, the last by a polynomial on the FMA pipe
+    (FlashAttention-4's split of the softmax's exponentials between the two units).
+
+    The polynomial form: ``x = max(x, -127)``; ``t = x + 1.5 * 2^23`` rounds ``x`` to the integer
+    ``j`` (in ``t``'s low mantissa bits), ``f = x - j`` in [-1/2, 1/2]; ``2^x = 2^f * 2^j`` adds ``j``
+    to the exponent field of ``2^f``: ``bits(p) + (bits(t) << 23)`` (``1.5 * 2^23``'s own bits vanish
+    in the shift). -inf (a masked score) clamps to -127, whose ``f = 0`` gives ``p = 1`` exactly and
+    the sum 0x3F800000 - 127 * 2^23 = +0.0: exactly 0, as ``ex2`` gives."""
+    c1, c2, c3 = _EXP2_POLY_HEX
+    k = n - 1
+    lines = [f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(k)]
+    lines += [
+        "{", ".reg .f32 x, t, j, f, p;", ".reg .b32 tb, pb;",
+        f"max.ftz.f32 x, ${n + k}, 0fC2FE0000;",
+        "add.rn.ftz.f32 t, x, 0f4B400000;",
+        "sub.rn.ftz.f32 j, t, 0f4B400000;",
+        "sub.rn.ftz.f32 f, x, j;",
+        f"fma.rn.ftz.f32 p, f, {c3}, {c2};",
+        f"fma.rn.ftz.f32 p, p, f, {c1};",
+        "fma.rn.ftz.f32 p, p, f, 0f3F800000;",
+        "mov.b32 tb, t;", "mov.b32 pb, p;",
+        "shl.b32 tb, tb, 23;",
+        f"add.s32 ${k}, pb, tb;",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+@gluon.constexpr_function
+def _exp2_mix_constraints(n: int) -> str:
+    return ",".join(["=r"] * n + ["r"] * n)
+
+
 @gluon.jit
-def _softmax(s, m_i, l_i, qk_scale):
+def _exp2(x, POLY_EXP: gl.constexpr):
+    """``2^x`` elementwise: the MUFU's ``ex2`` for every element (``POLY_EXP == 0``), or for all but
+    one of every ``POLY_EXP`` consecutive elements of a thread, that one by the polynomial of
+    ``_exp2_mix_asm`` on the FMA pipe (the softmax is bound by the MUFU, 16 exponentials a clock per
+    SM against 128 FMAs, where the head dim's GEMMs are short: D = 96, 64)."""
+    if POLY_EXP == 0:
+        y = gl.exp2(x)
+    else:
+        y = gl.inline_asm_elementwise(_exp2_mix_asm(POLY_EXP), _exp2_mix_constraints(POLY_EXP), [x],
+                                      dtype=gl.float32, is_pure=True, pack=POLY_EXP)
+    return y
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, qk_scale, POLY_EXP: gl.constexpr):
     """Fold raw scores ``s [M_WG, BLOCK_N]`` (masked entries -inf) into the row max ``m_i`` and
     row sum ``l_i`` (log2 domain). Returns ``(m_new, l_new, p, alpha)``."""
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [M_WG]
@@ -431,7 +488,7 @@ def _softmax(s, m_i, l_i, qk_scale):
     # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
     # one FFMA + EX2 per score: the scale is folded into the exponent
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_sub, 1))  # [M_WG, BLOCK_N]
+    p = _exp2(s * qk_scale - gl.expand_dims(m_sub, 1), POLY_EXP)  # [M_WG, BLOCK_N]
     alpha = gl.exp2(m_i - m_sub)  # [M_WG]
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return m_new, l_new, p, alpha
@@ -519,15 +576,32 @@ def _o_stage(q, WG: gl.constexpr, q_smem, DQK: gl.constexpr, DV: gl.constexpr, C
     """The shared buffer that stages one O piece ``[M_WG, DV]`` for its TMA store: this warpgroup's
     Q buffer ``q`` of the same piece (no longer read), or where O's piece is narrower, its first
     ``[M_WG, DV]`` tile (a view of the ``[CONSUMERS, M_WG, DQK]`` buffers as ``CONSUMERS * DQK / DV``
-    tiles)."""
+    tiles). With ``O_IN_P`` the same for its P buffer (``DQK``: ``BLOCK_N``)."""
     if DV == DQK:
         o_smem = q
     else:
-        # the launcher asks for STORE_TMA only when DV <= DQK (``o_fits_q``)
+        # the launcher asks for STORE_TMA only when DV <= DQK (``o_fits_q``), O_IN_P only when
+        # DV <= BLOCK_N
         RATIO: gl.constexpr = DQK // DV
         layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([M_WG, DV], q_smem.dtype)
         o_smem = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * RATIO, M_WG, DV], layout).index(WG * RATIO)
     return o_smem
+
+
+@gluon.jit
+def _work_index(k, SNAKE: gl.constexpr):
+    """The work item a persistent CTA takes in its ``k``-th round: ``k * grid + program_id``, or with
+    ``SNAKE`` in odd rounds ``k * grid + grid - 1 - program_id`` (a boustrophedon over the
+    heaviest-first list, so the CTA that took the heaviest item of one round takes the lightest of
+    the next: the static schedule's per-CTA sums stay within one item of each other instead of
+    drifting apart by a round's spread every round). May be >= the work count in the last round."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if SNAKE:
+        lane = gl.where(k % 2 == 1, nprog - 1 - pid, pid)
+    else:
+        lane = pid
+    return k * nprog + lane
 
 
 @gluon.jit
@@ -586,7 +660,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
-                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr):
+                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
+                  SNAKE: gl.constexpr, POLY_EXP: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
     ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
     ``program_id, program_id + num_programs, ...``).
@@ -610,14 +685,16 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
         g = 0
         sk = 0
         it = 0
-        for w in range(gl.program_id(0), num_work, gl.num_programs(0)):
-            item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
-            g, sk = _consume_tile(WG, item, w % num_bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem,
-                                  o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
-                                  stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
-                                  BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                                  P_SMEM, O_OWN, PERSISTENT)
-            it += 1
+        for k in range(0, gl.cdiv(num_work, gl.num_programs(0))):
+            w = _work_index(k, SNAKE)
+            if w < num_work:
+                item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
+                g, sk = _consume_tile(WG, item, w % num_bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem,
+                                      o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                                      stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
+                                      BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
+                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP)
+                it += 1
         # the last tile's O store must have read its buffer before the CTA ends
         tma.store_wait(0)
     else:
@@ -627,7 +704,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                       p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                      P_SMEM, O_OWN, PERSISTENT)
+                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP)
         if O_OWN:
             # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
             # epilogue has waited for it already)
@@ -641,7 +718,8 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                   QK_USED: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
-                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr):
+                  P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
+                  POLY_EXP: gl.constexpr):
     """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
     num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
@@ -650,7 +728,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
     NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
     # Q's buffer is free once the tile's last S is computed, unless it stages O for the TMA store
-    Q_EARLY: gl.constexpr = O_OWN or not STORE_TMA
+    Q_EARLY: gl.constexpr = O_OWN or O_IN_P or not STORE_TMA
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -700,7 +778,10 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
                 s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
-        m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
+        m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
+        if O_IN_P:
+            # the previous tile's O left through this P buffer: its TMA store must have read it
+            tma.store_wait(0)
         p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)  # [M_WG, BLOCK_N]
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
@@ -720,7 +801,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
             if HAS_PARTIAL_TILES:
                 if r >= r0 + num_full:
                     s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale)
+            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
             acc = _wait_pv(acc, DV1)
             mbarrier.arrive(v_empty.index(pst))
             acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
@@ -762,6 +843,11 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         if O_OWN:
             tma.store_wait(0)
             o0_smem = o_smem[0].index(WG)
+        elif O_IN_P:
+            # this warpgroup's P buffer (its last P V has retired: _wait_pv above); a tile without
+            # key tiles wrote no P, so the previous tile's store may still be reading it
+            tma.store_wait(0)
+            o0_smem = _o_stage(p_buf, WG, p_smem, BLOCK_N, DV0, CONSUMERS)
         else:
             o0_smem = _o_stage(q[0], WG, q_smem[0], DQK0, DV0, CONSUMERS)
         o0_smem.store(out[0].to(dtype))
@@ -775,7 +861,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         _store_box(o_desc[0], b, row0, h, 0, o0_smem, PERSISTENT)
         if DV1 > 0:
             _store_box(o_desc[1], b, row0, h, DV0, o1_smem, PERSISTENT)
-        if not O_OWN:
+        if not (O_OWN or O_IN_P):
             tma.store_wait(0)
             if PERSISTENT:
                 # Q's buffer has staged O: only now may the next tile's Q land there
@@ -803,19 +889,23 @@ def _load_q(q_desc, q_smem, q_ready, q_empty, b, start_m, h, it, DQK0: gl.conste
 @gluon.jit
 def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
-                  DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+                  DV0: gl.constexpr, DV1: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+                  SNAKE: gl.constexpr):
     """The producer warp: its CTA's query tile, or with ``PERSISTENT`` each tile it takes from the
     work list (``_fwd_consumer``), through ``_produce_tile``."""
     if PERSISTENT:
         num_work, num_bh, num_heads_q, group_size, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT = work
         g = 0
         it = 0
-        for w in range(gl.program_id(0), num_work, gl.num_programs(0)):
-            item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
-            b, h, h_kv = _tile_head(w % num_bh, num_heads_q, group_size)
-            g = _produce_tile(item, b, h, h_kv, g, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars,
-                              RUN_START, RUN_END, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)
-            it += 1
+        for k in range(0, gl.cdiv(num_work, gl.num_programs(0))):
+            w = _work_index(k, SNAKE)
+            if w < num_work:
+                item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
+                b, h, h_kv = _tile_head(w % num_bh, num_heads_q, group_size)
+                g = _produce_tile(item, b, h, h_kv, g, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars,
+                                  RUN_START, RUN_END, BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS,
+                                  PERSISTENT)
+                it += 1
     else:
         start_m, r0, num_full, num_tiles, bh, num_heads_q, group_size = work
         b, h, h_kv = _tile_head(bh, num_heads_q, group_size)
@@ -878,7 +968,7 @@ def gluon_fwd_kernel(
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, PINGPONG: gl.constexpr,
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
-    PERSISTENT: gl.constexpr,
+    PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr, SNAKE: gl.constexpr, POLY_EXP: gl.constexpr,
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
@@ -959,28 +1049,28 @@ def gluon_fwd_kernel(
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
             (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)),
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT)),
+                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Session 17's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
+#                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
+#   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
+#                                              buffers (three consumers) and the boustrophedon work list, against
+#                                              the defaults, timed interleaved per mask; GPU tests of both first
+set -u
+export PYTHONPATH=.:${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+P3='"consumers": 3, "p_smem": true, "persistent": true'
+SHOW='
+import json, sys
+for ln in sys.stdin:
+    r = json.loads(ln[4:])
+    if r.get("interleaved") or "error" in r:
+        print(r["mask"], r["D"], json.dumps(r["config"]), r.get("fwd_tflops") and round(r["fwd_tflops"], 1),
+              r.get("error", "")[:200])
+'
+diag() {  # diag OUTDIR D MASKS CONFIGS: interleaved forward timings, each config checked first
+  PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/$1" --fwd-configs 16384 --interleave \
+    --head-dims "$2" --masks "$3" --config-json "$4" 2>&1 | grep ROW | python -c "$SHOW"
+}
+case "${1:-}" in
+  poly)
+    timeout 230 python -m pytest -q -m gpu tests/test_gluon_gpu.py -k "poly_exp" -rA 2>&1 | tail -45 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    diag d96 96 full,causal,causal_document '[{"poly_exp": 2}, {"poly_exp": 4}, {"poly_exp": 8}]'
+    diag d128 128 full,causal '[{"poly_exp": 4}, {"poly_exp": 8}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2, "snake": true}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2, "snake": true, "poly_exp": 4}]'
+    diag d64 64 full,causal '[{"poly_exp": 2}, {"poly_exp": 4}, {"poly_exp": 8}]'
+    ;;
+  persist)
+    timeout 240 python -m pytest -q -m gpu tests/test_gluon_gpu.py -k "o_in_p or snake or equal_bits" -rA \
+      2>&1 | tail -40 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/persist" --fwd-configs 16384 --interleave \
+      --masks full,causal,prefix_lm_causal,causal_blockwise,full_document \
+      --config-json "[{$P3}, {$P3, \"o_in_p\": true}, {$P3, \"o_in_p\": true, \"snake\": true},
+                      {\"consumers\": 2, \"p_smem\": false, \"persistent\": true, \"o_own\": true, \"num_stages\": 2, \"snake\": true}]" \
+      2>&1 | grep ROW | python -c "
+import json, sys
+for ln in sys.stdin:
+    r = json.loads(ln[4:])
+    if r.get('interleaved') or 'error' in r:
+        print(r['mask'], json.dumps(r['config']), r.get('fwd_tflops') and round(r['fwd_tflops'], 1), r.get('error', '')[:200])
+"
+    ;;
+  *)
+    sed -n 2,5p "$0"; exit 2 ;;
+esac
