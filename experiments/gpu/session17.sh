@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Session 17's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/wheels.sh stage         (calls carrying .whl/fa4/1, then .whl/fa4/2), then
+#   bash experiments/gpu/session17.sh target   (carrying .whl/fa4/3) issue 12's forward targets with the new defaults
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -23,6 +25,15 @@ diag() {  # diag OUTDIR D MASKS CONFIGS: interleaved forward timings, each confi
     --head-dims "$2" --masks "$3" --config-json "$4" 2>&1 | grep ROW | python -c "$SHOW"
 }
 case "${1:-}" in
+  target)
+    # issue 12's forward targets next to cuDNN, Flex, Flex's FA4 backend and FA4, interleaved (as session 15's)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install >/dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    export PYTHONPATH=.:$PYTHONPATH
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --backends triton,triton-gluon,sdpa-cudnn,flex,flex-fa4,fa4 --mode fwd --out /tmp/fwd16 2>&1 | tail -22
+    mkdir -p "$OUT/fwd16" && cp /tmp/fwd16/* "$OUT/fwd16/" 2>/dev/null
+    ;;
   poly)
     timeout 230 python -m pytest -q -m gpu tests/test_gluon_gpu.py -k "poly_exp" -rA 2>&1 | tail -45 > "$OUT/gpu_tests.txt"
     tail -3 "$OUT/gpu_tests.txt"
