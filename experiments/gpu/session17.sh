@@ -2,6 +2,10 @@
 # Session 17's GPU calls (one subcommand per call; rows go straight into $OUT).
 #   bash experiments/gpu/wheels.sh stage         (calls carrying .whl/fa4/1, then .whl/fa4/2), then
 #   bash experiments/gpu/session17.sh target   (carrying .whl/fa4/3) issue 12's forward targets with the new defaults
+#   bash experiments/gpu/session17.sh partial  what the forward pays for the mask path: full, prefix_lm_causal with
+#                                              prefix S - 1 / 12288 / seed 0, causal; defaults and other configs
+#   bash experiments/gpu/session17.sh split    the forward's full tiles in a loop without the mask code: GPU tests,
+#                                              then partial_cost.py again
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -25,6 +29,18 @@ diag() {  # diag OUTDIR D MASKS CONFIGS: interleaved forward timings, each confi
     --head-dims "$2" --masks "$3" --config-json "$4" 2>&1 | grep ROW | python -c "$SHOW"
 }
 case "${1:-}" in
+  partial)
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
+      '[{"consumers": 3, "p_smem": true, "persistent": false}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}, {"consumers": 2, "p_smem": false, "persistent": false}]'
+    ;;
+  split)
+    timeout 300 python -m pytest -q -m gpu tests/test_gluon_gpu.py \
+      -k "(static_masks_gqa and default) or persistent_forward or (random_overlapping and default) or three_consumers or equal_bits or split_head_dims_configs" \
+      -rA 2>&1 | tail -30 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
+      '[{"consumers": 3, "p_smem": true, "persistent": false}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}]'
+    ;;
   target)
     # issue 12's forward targets next to cuDNN, Flex, Flex's FA4 backend and FA4, interleaved (as session 15's)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install >/dev/null 2>&1
