@@ -469,8 +469,11 @@ def _exp2_mix_constraints(n: int) -> str:
 def _exp2(x, POLY_EXP: gl.constexpr):
     """``2^x`` elementwise: the MUFU's ``ex2`` for every element (``POLY_EXP == 0``), or for all but
     one of every ``POLY_EXP`` consecutive elements of a thread, that one by the polynomial of
-    ``_exp2_mix_asm`` on the FMA pipe (the softmax is bound by the MUFU, 16 exponentials a clock per
-    SM against 128 FMAs, where the head dim's GEMMs are short: D = 96, 64)."""
+    ``_exp2_mix_asm`` on the FMA pipe (the MUFU gives 16 exponentials a clock per SM against 128
+    FMAs). Measured on an H100 (experiments/results/h100/session17, call 2): every split loses at
+    D = 64, 96, 128 (2-25 %, more the more move): the softmax is bound by instruction issue, and a
+    polynomial exponential costs ~10 issue slots against the MUFU's one. Kept as a config for GPUs
+    and head dims where the MUFU does bind (FA4's Blackwell case)."""
     if POLY_EXP == 0:
         y = gl.exp2(x)
     else:
