@@ -6,6 +6,7 @@
 #                                              prefix S - 1 / 12288 / seed 0, causal; defaults and other configs
 #   bash experiments/gpu/session17.sh split    the forward's full tiles in a loop without the mask code: GPU tests,
 #                                              then partial_cost.py again
+#   bash experiments/gpu/session17.sh ncu      Nsight Compute: the forward on full vs prefix_lm_causal prefix S - 1
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -40,6 +41,11 @@ case "${1:-}" in
     tail -3 "$OUT/gpu_tests.txt"
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
       '[{"consumers": 3, "p_smem": true, "persistent": false}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}]'
+    ;;
+  ncu)
+    OUT=$OUT CASES="128:full 128:prefix_lm_causal:prefix=16383 128:prefix_lm_causal:prefix=16256" \
+      bash experiments/gpu/gluon_fwd_ncu.sh
+    for f in "$OUT"/gfwd/*.log; do echo "== $f"; grep -E "Duration|Executed Ipc A|Registers Per|Theoretical Occ|Achieved Occ|Issue Slots Busy|L2 Hit|DRAM Through" "$f" | head -12; done
     ;;
   target)
     # issue 12's forward targets next to cuDNN, Flex, Flex's FA4 backend and FA4, interleaved (as session 15's)
