@@ -7,6 +7,8 @@
 #   bash experiments/gpu/session17.sh split    the forward's full tiles in a loop without the mask code: GPU tests,
 #                                              then partial_cost.py again
 #   bash experiments/gpu/session17.sh ncu      Nsight Compute: the forward on full vs prefix_lm_causal prefix S - 1
+#   bash experiments/gpu/session17.sh cols     the interval mask without the hoisted column registers: GPU tests, then
+#                                              partial_cost.py
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -41,6 +43,14 @@ case "${1:-}" in
     tail -3 "$OUT/gpu_tests.txt"
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
       '[{"consumers": 3, "p_smem": true, "persistent": false}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}]'
+    ;;
+  cols)
+    timeout 270 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA \
+      -k "(static_masks_gqa and default) or (random_overlapping and default) or persistent_forward or (three_consumers and Sq=1)" \
+      2>&1 | tail -30 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
+      '[{"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}]'
     ;;
   ncu)
     OUT=$OUT CASES="128:full 128:prefix_lm_causal:prefix=16383 128:prefix_lm_causal:prefix=16256" \
