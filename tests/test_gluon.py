@@ -74,6 +74,55 @@ def test_merged_runs_visit_the_plans_tiles(name, sq, sk, bn):
         assert walk(*karr, n) == seq, f"key tile {n}"
 
 
+@pytest.mark.parametrize("name", ["causal", "prefix_lm_causal", "sliding_window_causal", "random"])
+def test_split_plans_cover_the_tiles_once(name):
+    """The split launch's plans (``part="full"`` / ``"partial"``) visit together exactly the tiles
+    of the whole plan, each once, the first only full ones and the second only partial ones;
+    ``fwd_plan`` gives the pair only with ``split_partial`` and only where partial tiles exist."""
+    mask = random_range_mask(700, 900, seed=3) if name == "random" else small_mask(name, 1000, seed=1)
+    plan, _ = _expected(mask, 192, 128)
+    arrays = {part: [t.numpy() for t in build_ws_plan(plan, part=part).tensors()[3:]]
+              for part in ("all", "full", "partial")}
+    for m in range(plan.num_m):
+        whole = walk(*arrays["all"], m)
+        full, partial = walk(*arrays["full"], m), walk(*arrays["partial"], m)
+        assert all(not p for _, p in full) and all(p for _, p in partial)
+        assert sorted(full + partial) == sorted(whole)
+    assert build_ws_plan(plan, part="full").has_partial is False
+    cfg = G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=mask)
+    pair = G.fwd_plan(mask, cfg, "cpu")
+    assert isinstance(pair, tuple) and [p.has_partial for p in pair] == [False, True]
+    assert not isinstance(G.fwd_plan(mask, G.resolve_config(128, torch.bfloat16, mask=mask), "cpu"), tuple)
+    full = lt.make_mask("full", 1024)
+    assert not isinstance(G.fwd_plan(full, G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=full),
+                                     "cpu"), tuple)
+    with pytest.raises(ValueError, match="part must be one of"):
+        build_ws_plan(plan, part="half")
+
+
+@pytest.mark.parametrize("name,want", [("causal", True), ("prefix_lm_causal", True), ("causal_blockwise", False),
+                                       ("full_document", False), ("full", False), ("sliding_window_causal", False)])
+def test_split_partial_default_where_partial_tiles_are_few(name, want):
+    """At D = 128 the split launch is the default where partial tiles are at most
+    ``SPLIT_PARTIAL_SHARE`` of the visited ones (16K: causal 1.6 %, prefix_lm_causal 1.0 %; off at
+    causal_blockwise 4.9 %, full_document 8.7 %, and without partial tiles); other dims keep one
+    launch; a config naming it decides."""
+    mask = lt.make_mask(name, 16384)
+    cfg = G.resolve_config(128, torch.bfloat16, mask=mask)
+    assert cfg["split_partial"] is want
+    bt = mask.block_tables(G.fwd_block_m(cfg), cfg["BLOCK_N"])
+    assert want == (0 < bt.num_partial <= G.SPLIT_PARTIAL_SHARE * (bt.num_full + bt.num_partial))
+    assert G.resolve_config(64, torch.bfloat16, mask=mask)["split_partial"] is False
+    assert G.resolve_config(128, torch.bfloat16, {"split_partial": False}, mask=mask)["split_partial"] is False
+
+
+def test_split_partial_rules():
+    """The split launch's merge takes O as one head-dim piece: refused with a split D_v."""
+    assert G.resolve_config(96, torch.bfloat16, {"split_partial": True})["split_partial"] is True
+    with pytest.raises(ValueError, match="one head-dim piece"):
+        G.resolve_config(96, torch.bfloat16, {"split_partial": True, "split_d": True})
+
+
 def test_merge_runs_empty_tiles_and_no_runs():
     # tile 0: nothing; tile 1: a full run and a partial run; tile 2: nothing
     full = (np.array([0, 0, 1, 1]), np.array([2]), np.array([5]))
@@ -556,7 +605,9 @@ _COMPILE = textwrap.dedent("""
              # persistent, O staged in the consumers' P buffers (no room for O's own beside P's)
              ("persist-o-in-p", 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True), {}),
              ("persist-o-in-p-d64-snake", 64, dict(persistent=True, p_smem=True, o_in_p=True, snake=True),
-              dict(has_partial=False, num_iv=1))]
+              dict(has_partial=False, num_iv=1)),
+             # the split launch's second half: partial tiles merged into the first launch's (O, lse)
+             ("persist-merge", 128, dict(persistent=True, consumers=3, p_smem=True), dict(merge=True))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -635,7 +686,7 @@ def test_every_variant_compiles_for_sm90a():
     assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
     assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
-                            "persist-o-in-p", "persist-o-in-p-d64-snake"}
+                            "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
@@ -650,6 +701,8 @@ def test_every_variant_compiles_for_sm90a():
     est = G.smem_bytes(128, 128, 2, consumers=3, p_smem=True)
     assert est - 1024 <= persist["persist-o-in-p"]["shared"] <= est, (persist["persist-o-in-p"]["shared"], est)
     assert persist["persist-o-in-p"]["spill_stores"] <= 960, persist["persist-o-in-p"]
+    # the merge epilogue loads the first launch's O (pointer loads: global, not TMA)
+    assert persist["persist-merge"]["shared"] <= G.SMEM_LIMIT
     # O's own buffers: two 64 KB stages, Q 32 KB, O 32 KB, tight to 1 KB
     est = G.smem_bytes(128, 128, 2, o_own=True)
     assert est - 1024 <= persist["persist-own"]["shared"] <= est, (persist["persist-own"]["shared"], est)

@@ -303,6 +303,25 @@ def test_configs(config):
     _check(random_range_mask(1500, 1700, seed=5, n_slices=6), 4, 4, 128, config=config)
 
 
+#: the split launch (split_partial): the full tiles, then the partial tiles merged into them; the
+#: D = 128 defaults (three consumers on dense masks, two persistent on the others), two persistent
+#: consumers, D = 64 (three consumers), 96 on its padded tile
+SPLIT_PARTIAL = [(128, {}), (128, dict(consumers=2, persistent=True, o_own=True, num_stages=2)), (64, {}),
+                 (96, dict(split_d=False))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,config", SPLIT_PARTIAL,
+                         ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("name", ["random", "causal", "prefix_lm_causal", "sliding_window_causal", "causal_document"])
+def test_split_partial_forward(name, D, config):
+    """Two launches merge to the one-launch result: float32 reference, lse, rows with nothing allowed
+    (0 and -inf), two batches, Sq = 3001 (ragged), GQA 8:2; random masks with several intervals a row."""
+    mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
+            else small_mask(name, 3001, seed=7))
+    _check(mask, 8, 2, D, config=dict(split_partial=True, **config), B=2)
+
+
 @needs_sm90
 @pytest.mark.parametrize("poly_exp", [2, 4, 8], ids=lambda n: f"poly_exp={n}")
 @pytest.mark.parametrize("D,extra", [(96, dict(split_d=True)), (128, {}), (64, {})],

@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--S", type=int, default=16384)
     ap.add_argument("--config-json", default="[]", help="configs timed beside each mask's default (a list)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--more-masks", default="", metavar="NAME,...", help="static masks timed after those (seed 0)")
     a = ap.parse_args()
     S = a.S
     extra = json.loads(a.config_json)
@@ -37,6 +38,7 @@ def main() -> None:
     masks = [("full", make_mask("full", S)), ("prefix=S-1", make_mask("prefix_lm_causal", S, prefix=S - 1)),
              ("prefix=12288", make_mask("prefix_lm_causal", S, prefix=12288)),
              ("prefix_lm_causal", make_mask("prefix_lm_causal", S, seed=0)), ("causal", make_mask("causal", S))]
+    masks += [(name, make_mask(name, S, seed=0)) for name in a.more_masks.split(",") if name]
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, S, 64, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(1, S, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))

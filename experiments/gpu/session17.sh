@@ -9,6 +9,7 @@
 #   bash experiments/gpu/session17.sh ncu      Nsight Compute: the forward on full vs prefix_lm_causal prefix S - 1
 #   bash experiments/gpu/session17.sh cols     the interval mask without the hoisted column registers: GPU tests, then
 #                                              partial_cost.py
+#   bash experiments/gpu/session17.sh splitlaunch  the split launch (split_partial): GPU tests, then partial_cost.py
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -43,6 +44,12 @@ case "${1:-}" in
     tail -3 "$OUT/gpu_tests.txt"
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json \
       '[{"consumers": 3, "p_smem": true, "persistent": false}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2}]'
+    ;;
+  splitlaunch)
+    timeout 240 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "split_partial" 2>&1 | tail -25 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --more-masks causal_blockwise,full_document --config-json \
+      '[{"split_partial": true}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2, "split_partial": true}]'
     ;;
   cols)
     timeout 270 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA \

@@ -47,6 +47,11 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   consumers with P in shared memory leave none for O's buffers) and likewise frees Q right after
   the last ``S``. ``snake``: the persistent CTAs take the heaviest-first work list in a
   boustrophedon (``attention_fwd._work_index``) instead of plain round robin.
+* ``split_partial``: on a mask with partial tiles, two launches: the full tiles in the kernel compiled
+  without the mask path, then the partial tiles in one that merges its (O, lse) into the first's
+  (``gluon_fwd``): with the mask path compiled in, ptxas moves the key loop's descriptor and ring
+  arithmetic off the uniform datapath (session 17: a mask that is full but for one key per row tile
+  ran 10 % slower than full).
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
   split; ``attention_fwd._exp2_mix_asm``), for head dims whose GEMMs are short next to the softmax.
@@ -103,7 +108,7 @@ from .plan import WsPlan, get_ws_plan
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
     "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
-    "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason",
+    "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason", "split_partial_reason", "fwd_plan",
 ]
 
 #: query-tile rows per CTA of the backward kernels, and of the forward with its default two consumer
@@ -140,6 +145,10 @@ PERSIST_HEAD_DIMS = (64, 96, 128)
 #: three; causal 0.5 won with three against one tile a CTA of two (session 14) but loses 1.3 % to two
 #: persistent ones walking a boustrophedon (session 17); the masks below 0.4 lose: default_config)
 DENSE_THREE = 0.6
+#: the largest share of partial tiles among the key tiles the D = 128 forward visits at which it
+#: splits its launch (``split_partial``; session 17, call 12: on at prefix_lm_causal 1.0 % and
+#: causal 1.6 %, +4-5 %; off at causal_blockwise 4.9 % and full_document 8.7 %, -1 and -4 %)
+SPLIT_PARTIAL_SHARE = 0.025
 #: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
 #: not measured persistent at these dims and stays one tile a CTA)
 PERSIST_BELOW = 0.5
@@ -148,7 +157,7 @@ PERSIST_BELOW = 0.5
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp") + GLUON_BWD_KEYS
+               "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp", "split_partial") + GLUON_BWD_KEYS
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
@@ -164,7 +173,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake"),
+                              "o_in_p", "snake", "split_partial"),
                    tuned_name="triton-gluon")
 
 
@@ -284,6 +293,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     / 594 (call 1): not a default. One exponential in n on the FMA pipe (``poly_exp``) loses at every
     n and dim (call 2, default / n = 2 / 4 / 8: D = 96 full 532 / 461 / 508 / 526, D = 128 full 674 /
     - / 597 / 646, D = 64 full 540 / 405 / 443 / 515): the softmax is bound by issue, not by the MUFU.
+    The split launch (``split_partial``, call 12, one tile a CTA / split): prefix_lm_causal 605.9 /
+    632.1, causal (two persistent consumers) 581.4 / 609.0, prefix_lm_causal at prefix S - 1 606.4 /
+    636.2 (full 666.9); causal_blockwise 556.1 / 548.4 and full_document 540.0 / 517.1 lose (their
+    partial tiles are 4.9 and 8.7 % of the work, the second launch's share grows): on at D = 128 where
+    partial tiles are at most ``SPLIT_PARTIAL_SHARE`` of the visited tiles.
 
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
@@ -305,7 +319,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
+                snake=False, poly_exp=0, split_partial=False, gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
@@ -336,6 +350,15 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
     p = 64 * consumers * block_n * elem if p_smem else 0
     o = 64 * consumers * dv * elem if o_own else 0
     return q + ring + p + o + 1024
+
+
+def split_partial_reason(cfg: dict, head_dim: int, head_dim_v: Optional[int] = None) -> str:
+    """Why the split launch (``split_partial``) cannot take ``cfg`` at these head dims (empty when it
+    can): its second launch merges O as one head-dim piece (no ``split_d`` split of D_v)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    if head_pieces(dv, block_head_dim(dv), bool(cfg["split_d"]))[1]:
+        return f"its merge takes O as one head-dim piece: D_v={dv} with split_d=True is two; use split_d=False"
+    return ""
 
 
 def o_in_p_reason(cfg: dict, head_dim: int, head_dim_v: Optional[int] = None) -> str:
@@ -506,6 +529,16 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     if cfg["o_in_p"] and cfg["o_own"] and "o_own" not in named:
         # O staged in P's buffers replaces the default's own O buffers
         cfg["o_own"] = False
+    if ("split_partial" not in named and head_dim == dv == 128 and mask is not None
+            and hasattr(mask, "block_tables")):
+        # the split launch where partial tiles are a small share of the work (SPLIT_PARTIAL_SHARE):
+        # the full tiles then run in the kernel without the mask path, whose uniform datapath that
+        # path costs (attention_fwd._consume_tile), and the second launch stays short
+        bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
+        visited = bt.num_full + bt.num_partial
+        cfg["split_partial"] = bool(bt.num_partial) and bt.num_partial <= SPLIT_PARTIAL_SHARE * visited
+    if cfg["split_partial"] and split_partial_reason(cfg, head_dim, dv):
+        raise ValueError(f"config['split_partial']=True: {split_partial_reason(cfg, head_dim, dv)}")
     if cfg["o_in_p"] or cfg["snake"]:
         no_o_in_p = o_in_p_reason(cfg, head_dim, dv) if cfg["o_in_p"] else ""
         if no_o_in_p:
@@ -612,20 +645,42 @@ def check_inputs(q, k, v, mask=None) -> None:
 # Launcher
 # ----------------------------------------------------------------------------------------------
 
-def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=None):
+def gluon_fwd(q, k, v, plan, softmax_scale: float, cfg: dict, out_dtype=None):
     """Launch the warp-specialized forward. Returns ``out [B, Sq, Hq, D]`` (q's dtype, or
-    ``out_dtype``) and ``lse [B, Hq, Sq]`` float32."""
-    from .attention_fwd import gluon_fwd_kernel
+    ``out_dtype``) and ``lse [B, Hq, Sq]`` float32.
 
-    tiles = plan.tiles
-    check_plan(tiles, fwd_block_m(cfg), cfg["BLOCK_N"], "Gluon forward")
+    ``plan``: a :class:`WsPlan`, or the split launch's pair ``(full, partial)``
+    (``fwd_plan``, config ``split_partial``): the full tiles first, in the kernel compiled without
+    the mask path, then the partial tiles in one that merges its (O, lse) into the first's."""
+    pieces = plan if isinstance(plan, tuple) else (plan,)
+    for piece in pieces:
+        check_plan(piece.tiles, fwd_block_m(cfg), cfg["BLOCK_N"], "Gluon forward")
     q, k, v = (descriptor_ready(t) for t in (q, k, v))
     b, sq, hq, d = q.shape
-    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    dv = v.shape[3]
     out = torch.empty((b, sq, hq, dv), device=q.device, dtype=out_dtype or q.dtype)
     lse = torch.empty((b, hq, sq), device=q.device, dtype=torch.float32)
     if b * hq * sq == 0:
         return out, lse
+    if len(pieces) > 1 and (out.dtype != q.dtype or split_partial_reason(cfg, d, dv)):
+        raise ValueError(f"the split launch (split_partial) needs O in q's dtype and "
+                         f"{split_partial_reason(cfg, d, dv) or 'no float32 partial output'}")
+    for i, piece in enumerate(pieces):
+        # the partial tiles are a few a query tile: their launch runs persistent (one CTA per SM
+        # walking the query tiles), where one CTA a tile would pay a CTA's start and end for each
+        _launch_fwd(q, k, v, out, lse, piece, softmax_scale, dict(cfg, persistent=True, snake=True) if i else cfg,
+                    merge=i > 0)
+    return out, lse
+
+
+def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, merge: bool):
+    """One launch of ``gluon_fwd_kernel`` over ``plan`` into ``out``, ``lse``; ``merge``: combine with
+    what they hold (the split launch's second half)."""
+    from .attention_fwd import gluon_fwd_kernel
+
+    tiles = plan.tiles
+    b, sq, hq, d = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     ensure_allocator(q.device)
     producer_regs, maxnreg = _regs(cfg["consumer_regs"], cfg["consumers"])
     dims = head_dim_meta(d, dv)
@@ -652,10 +707,9 @@ def gluon_fwd(q, k, v, plan: WsPlan, softmax_scale: float, cfg: dict, out_dtype=
         PRODUCER_REGS=producer_regs,
         SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
         PERSISTENT=cfg["persistent"], O_IN_P=store_tma and cfg["o_in_p"], SNAKE=cfg["snake"],
-        POLY_EXP=cfg["poly_exp"],
+        POLY_EXP=cfg["poly_exp"], MERGE=merge,
         num_warps=4, maxnreg=maxnreg,
     )
-    return out, lse
 
 
 def _bwd_inputs(dout, q, k, v, out, lse, dlse):
@@ -791,10 +845,20 @@ GluonAttentionFunction = attention_function(
     """``(q, k, v) -> (out, lse)``: Gluon forward; Gluon or plain-Triton backward.""")
 
 
+def fwd_plan(mask, cfg: dict, device):
+    """The forward's plan: one :class:`WsPlan`, or with ``split_partial`` on a mask that has
+    partial tiles the pair ``(full tiles only, partial tiles only)`` (``gluon_fwd``)."""
+    plan = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device)
+    if cfg["split_partial"] and plan.has_partial:
+        plan = tuple(get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device, part=part)
+                     for part in ("full", "partial"))
+    return plan
+
+
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
     """The forward's merged-run plan and the backward's two plans (all cached; the fused Gluon
     backward has one, the second is None)."""
-    fwd = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device)
+    fwd = fwd_plan(mask, cfg, device)
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         return fwd, get_ws_plan(mask, cfg["fused_block_mq"], BLOCK_M, device, "k"), None
     if cfg["gluon_bwd"]:

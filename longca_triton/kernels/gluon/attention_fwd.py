@@ -89,6 +89,17 @@ fits there (``BLOCK_DV <= BLOCK_DQK``: a ``_reinterpret`` view when smaller), el
 masked pointer store. With ``BLOCK_D* == HEAD_DIM_*`` the kernel is the one written for 64 / 128
 (the same PTX).
 
+Split launch (``MERGE``, config ``split_partial``)
+--------------------------------------------------
+With the mask path compiled in (``HAS_PARTIAL_TILES``), ptxas moves the key loop's shared-memory
+descriptors and ring arithmetic from the uniform datapath to per-thread registers (any change to
+``S`` under a branch does it, wherever the branch sits; three consumers then spill them): a mask that
+is full but for one key per row tile ran 10 % slower than full (session 17). Where partial tiles are
+few, the launcher runs the full tiles in the kernel compiled without the mask path, then the partial
+tiles in a second, persistent launch with ``MERGE``: its epilogue reads the first launch's ``O`` and
+``lse`` of its rows and stores ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)`` with ``lse =
+logaddexp(lse_a, lse_b)`` (``_merge_rows``; ``O_a`` is read back in q's dtype: one more rounding).
+
 Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
 -----------------------------------------------------------
 Padding 96 to 128 wastes a quarter of every wgmma. wgmma takes K in steps of 16 and N in
@@ -138,6 +149,7 @@ __all__ = ["gluon_fwd_kernel", "M_WG", "qk_used", "split_pieces", "head_pieces",
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
 LN2 = gl.constexpr(_core.LN2)
+LOG2E = gl.constexpr(_core.LOG2E)
 
 
 def qk_used(head_dim_qk: int, block_dqk: int) -> int:
@@ -625,6 +637,33 @@ def _store_piece(out, Out, row0, Sq, stride_os, C0: gl.constexpr, DV: gl.constex
 
 
 @gluon.jit
+def _merge_rows(out, lse, o_base, lse_base, row0, offs_m, Sq, stride_os, DV: gl.constexpr,
+                HEAD_DIM_V: gl.constexpr, o_layout: gl.constexpr, row_o: gl.constexpr):
+    """``(out, lse)`` of rows ``offs_m`` merged with the ``(O, lse)`` an earlier launch stored for
+    them (``MERGE``, the split launch): with ``lse = logaddexp(lse_a, lse_b)`` the softmax over both
+    key sets is ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)``. A row neither launch allowed
+    anything keeps 0 and -inf; a row only one of them did gets that one's values (weight 1, the other 0).
+    ``out [M_WG, DV]`` fp32 (one head-dim piece, ``o_layout``), ``lse [M_WG]``."""
+    ok = offs_m < Sq
+    lse_a = gl.load(lse_base + offs_m, mask=ok, other=float("-inf"))
+    mx = gl.maximum(lse_a, lse)
+    mx_s = gl.where(mx == float("-inf"), 0.0, mx)
+    w_a = gl.exp2((lse_a - mx_s) * LOG2E)  # [M_WG]: 0 where lse_a = -inf
+    w_b = gl.exp2((lse - mx_s) * LOG2E)
+    tot = w_a + w_b
+    tot_s = gl.where(tot == 0.0, 1.0, tot)
+    lse_new = gl.where(mx == float("-inf"), float("-inf"), mx_s + gl.log2(tot_s) * LN2)
+    rows = row0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
+    ld_ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
+    o_a = gl.load(ptrs, mask=ld_ok, other=0.0).to(gl.float32)  # [M_WG, DV]
+    wa = gl.expand_dims(gl.convert_layout(w_a / tot_s, row_o), 1)
+    wb = gl.expand_dims(gl.convert_layout(w_b / tot_s, row_o), 1)
+    return o_a * wa + out * wb, lse_new
+
+
+@gluon.jit
 def _sched_wait(sched, WG: gl.constexpr, k, PINGPONG: gl.constexpr):
     """Ping-pong: wait for the token before issuing this warpgroup's GEMMs (its ``k``-th time)."""
     if PINGPONG:
@@ -664,7 +703,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
-                  SNAKE: gl.constexpr, POLY_EXP: gl.constexpr):
+                  SNAKE: gl.constexpr, POLY_EXP: gl.constexpr, MERGE: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
     ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
     ``program_id, program_id + num_programs, ...``).
@@ -696,7 +735,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                                       o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP)
+                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE)
                 it += 1
         # the last tile's O store must have read its buffer before the CTA ends
         tma.store_wait(0)
@@ -707,7 +746,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                       p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP)
+                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE)
         if O_OWN:
             # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
             # epilogue has waited for it already)
@@ -722,7 +761,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                   NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
-                  POLY_EXP: gl.constexpr):
+                  POLY_EXP: gl.constexpr, MERGE: gl.constexpr):
     """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
     num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
@@ -837,8 +876,14 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     b, h, _ = _tile_head(bh, num_heads_q, 1)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     out = _scale_rows(acc, 1.0 / l_safe, row_o, row_o1, DV1)  # [M_WG, DV0] (and [M_WG, DV1])
+    if MERGE:
+        # the split launch's second half: these rows' (O, lse) over their full tiles, written by the
+        # first launch, merged with this one's over their partial tiles
+        out, lse = _merge_rows(out[0], lse, Out + b.to(gl.int64) * stride_ob + h * stride_oh, Lse + bh.to(gl.int64) * Sq,
+                               row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout, row_o)
+        out = (out,)
+    gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     if STORE_TMA:
         # O staged in shared memory for a TMA store (clipped at Sq and at HEAD_DIM_V), piece by
         # piece: its own buffers (O_OWN: the previous tile's store must have read them), or Q's,
@@ -972,6 +1017,7 @@ def gluon_fwd_kernel(
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
     PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr, SNAKE: gl.constexpr, POLY_EXP: gl.constexpr,
+    MERGE: gl.constexpr,
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
@@ -1052,15 +1098,15 @@ def gluon_fwd_kernel(
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
             (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -1069,11 +1115,11 @@ def gluon_fwd_kernel(
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

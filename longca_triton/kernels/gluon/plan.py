@@ -93,14 +93,26 @@ def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tupl
     return out
 
 
-def build_ws_plan(tiles: TilePlan, major: str = "q") -> WsPlan:
+#: which runs a plan keeps (``build_ws_plan``): all of them, only the full ones, only the partial ones
+PARTS = ("all", "full", "partial")
+
+
+def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPlan:
     """Merge ``tiles``' query-major (``major="q"``: forward, dQ) or key-major (``"k"``: dK/dV) run
-    lists; ``order`` is the matching launch order (heaviest first)."""
+    lists; ``order`` is the matching launch order (heaviest first). ``part="full"`` / ``"partial"``
+    keeps only the full / only the partial runs (the forward's split launch: the full tiles in the
+    kernel compiled without the mask path, the partial ones in a second launch that merges)."""
     if major not in ("q", "k"):
         raise ValueError(f"major must be 'q' or 'k', got {major!r}")
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     lists = (tiles.q_full, tiles.q_part) if major == "q" else (tiles.k_full, tiles.k_part)
     num = tiles.num_m if major == "q" else tiles.num_n
     host = [tuple(t.cpu().numpy() for t in lst) for lst in lists]
+    if part != "all":
+        # the dropped list becomes empty: every tile's pointer 0, no runs
+        drop = 1 if part == "full" else 0
+        host[drop] = (np.zeros(num + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     arrays = merge_runs(host[0], host[1], num)
     dev = tiles.lo.device
     ptr, nfull, count, start, end = (torch.from_numpy(a).to(dev) for a in arrays)
@@ -112,7 +124,8 @@ def build_ws_plan(tiles: TilePlan, major: str = "q") -> WsPlan:
 _CACHE = PlanCache(64)
 
 
-def get_ws_plan(mask, block_m: int, block_n: int, device, major: str = "q") -> WsPlan:
-    """Cached :class:`WsPlan` for ``mask`` and tiles ``block_m x block_n`` (host work once)."""
-    return _CACHE.get(mask, ("ws", major, int(block_m), int(block_n)), device,
-                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev), major))
+def get_ws_plan(mask, block_m: int, block_n: int, device, major: str = "q", part: str = "all") -> WsPlan:
+    """Cached :class:`WsPlan` for ``mask`` and tiles ``block_m x block_n`` (host work once);
+    ``part`` as in :func:`build_ws_plan`."""
+    return _CACHE.get(mask, ("ws", major, int(block_m), int(block_n), part), device,
+                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev), major, part))
