@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--config-json", default="[]", help="configs timed beside each mask's default (a list)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--more-masks", default="", metavar="NAME,...", help="static masks timed after those (seed 0)")
+    ap.add_argument("--only", action="store_true", help="only the --more-masks")
     a = ap.parse_args()
     S = a.S
     extra = json.loads(a.config_json)
@@ -38,6 +39,8 @@ def main() -> None:
     masks = [("full", make_mask("full", S)), ("prefix=S-1", make_mask("prefix_lm_causal", S, prefix=S - 1)),
              ("prefix=12288", make_mask("prefix_lm_causal", S, prefix=12288)),
              ("prefix_lm_causal", make_mask("prefix_lm_causal", S, seed=0)), ("causal", make_mask("causal", S))]
+    if a.only:
+        masks = []
     masks += [(name, make_mask(name, S, seed=0)) for name in a.more_masks.split(",") if name]
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, S, 64, 128, device="cuda", dtype=torch.bfloat16, generator=g)

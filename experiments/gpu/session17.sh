@@ -10,6 +10,8 @@
 #   bash experiments/gpu/session17.sh cols     the interval mask without the hoisted column registers: GPU tests, then
 #                                              partial_cost.py
 #   bash experiments/gpu/session17.sh splitlaunch  the split launch (split_partial): GPU tests, then partial_cost.py
+#   bash experiments/gpu/session17.sh split3   the split launch with three consumers in its first launch (no mask path:
+#                                              no spill) on the masks it lost on, and the two it wins
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -50,6 +52,12 @@ case "${1:-}" in
     tail -3 "$OUT/gpu_tests.txt"
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --more-masks causal_blockwise,full_document --config-json \
       '[{"split_partial": true}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2, "split_partial": true}]'
+    ;;
+  split3)
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --only \
+      --more-masks causal_blockwise,full_document,global_sliding_window,causal,prefix_lm_causal --config-json \
+      '[{"split_partial": true}, {"split_partial": true, "consumers": 3, "p_smem": true, "persistent": false},
+        {"split_partial": true, "consumers": 3, "p_smem": true, "persistent": true}]'
     ;;
   cols)
     timeout 270 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA \
