@@ -54,7 +54,8 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   ran 10 % slower than full).
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
-  split; ``attention_fwd._exp2_mix_asm``), for head dims whose GEMMs are short next to the softmax.
+  split; ``attention_fwd._exp2_mix_asm``). Measured slower at every n and head dim on an H100 (the
+  softmax there is bound by instruction issue, not by the MUFU): off, kept for study.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
   ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
@@ -157,7 +158,8 @@ PERSIST_BELOW = 0.5
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
-               "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp", "split_partial") + GLUON_BWD_KEYS
+               "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
+               "split_partial") + GLUON_BWD_KEYS
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
@@ -319,7 +321,8 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, split_partial=False, gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
+                snake=False, poly_exp=0, split_partial=False,
+                gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,

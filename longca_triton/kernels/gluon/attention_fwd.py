@@ -880,8 +880,9 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     if MERGE:
         # the split launch's second half: these rows' (O, lse) over their full tiles, written by the
         # first launch, merged with this one's over their partial tiles
-        out, lse = _merge_rows(out[0], lse, Out + b.to(gl.int64) * stride_ob + h * stride_oh, Lse + bh.to(gl.int64) * Sq,
-                               row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout, row_o)
+        o_base = Out + b.to(gl.int64) * stride_ob + h * stride_oh
+        out, lse = _merge_rows(out[0], lse, o_base, Lse + bh.to(gl.int64) * Sq, row0, offs_m, Sq, stride_os, DV0,
+                               HEAD_DIM_V, o_layout, row_o)
         out = (out,)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     if STORE_TMA:
