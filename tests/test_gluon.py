@@ -89,6 +89,12 @@ def test_split_plans_cover_the_tiles_once(name):
         assert all(not p for _, p in full) and all(p for _, p in partial)
         assert sorted(full + partial) == sorted(whole)
     assert build_ws_plan(plan, part="full").has_partial is False
+    # the first launch walks every query tile (it writes the base the second merges into), the
+    # second only those with partial tiles, heaviest first as the whole plan orders them
+    whole_order = build_ws_plan(plan).order.tolist()
+    assert build_ws_plan(plan, part="full").order.tolist() == whole_order
+    with_partial = {m for m in range(plan.num_m) if any(p for _, p in walk(*arrays["all"], m))}
+    assert build_ws_plan(plan, part="partial").order.tolist() == [m for m in whole_order if m in with_partial]
     cfg = G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=mask)
     pair = G.fwd_plan(mask, cfg, "cpu")
     assert isinstance(pair, tuple) and [p.has_partial for p in pair] == [False, True]
@@ -121,6 +127,33 @@ def test_split_partial_rules():
     assert G.resolve_config(96, torch.bfloat16, {"split_partial": True})["split_partial"] is True
     with pytest.raises(ValueError, match="one head-dim piece"):
         G.resolve_config(96, torch.bfloat16, {"split_partial": True, "split_d": True})
+
+
+def test_poly_exp_constants_and_error():
+    """``poly_exp``'s PTX evaluates ``2^x`` as ``_exp2_mix_asm`` does (emulated here in float32 from
+    its hex constants): within 1.1e-4 relative of 2^x where 2^x is a normal float, never negative or
+    NaN, exactly 1 at 0 and exactly 0 at -inf (a masked score)."""
+    from longca_triton.kernels.gluon import attention_fwd as F
+
+    c = [np.frombuffer(int(h[2:], 16).to_bytes(4, "little"), np.float32)[0] for h in F._EXP2_POLY_HEX]
+    assert list(c) == [np.float32(x) for x in F.EXP2_POLY]
+    c1, c2, c3 = (np.float32(x) for x in c)
+
+    def poly(x):
+        x = np.maximum(x.astype(np.float32), np.float32(-127))
+        t = (x + np.float32(12582912.0)).astype(np.float32)
+        f = (x - (t - np.float32(12582912.0))).astype(np.float32)
+        p = (((c3 * f + c2) * f + c1) * f + np.float32(1)).astype(np.float32)
+        return (p.view(np.uint32) + (t.view(np.uint32) << np.uint32(23))).astype(np.uint32).view(np.float32)
+
+    x = np.concatenate([np.linspace(-140, 0.001, 400001, dtype=np.float32), np.float32([-np.inf, 0.0, -126.5, -127])])
+    y, ref = poly(x), np.exp2(x.astype(np.float64))
+    assert not np.isnan(y).any() and (y >= 0).all()
+    normal = ref > 1.2e-38
+    assert np.max(np.abs(y[normal] / ref[normal] - 1)) <= 1.1e-4
+    assert poly(np.float32([-np.inf]))[0] == 0.0 and poly(np.float32([0.0]))[0] == 1.0
+    # one of every n by the polynomial, the rest by the MUFU
+    assert F._exp2_mix_asm(4).count("ex2.approx") == 3 and F._exp2_mix_asm(8).count("ex2.approx") == 7
 
 
 def test_merge_runs_empty_tiles_and_no_runs():

@@ -12,6 +12,7 @@
 #   bash experiments/gpu/session17.sh splitlaunch  the split launch (split_partial): GPU tests, then partial_cost.py
 #   bash experiments/gpu/session17.sh split3   the split launch with three consumers in its first launch (no mask path:
 #                                              no spill) on the masks it lost on, and the two it wins
+#   bash experiments/gpu/session17.sh trim     the split launch's second half over the tiles with partial tiles only
 #   bash experiments/gpu/session17.sh poly     issues 17 / 12: one exponential in n of the forward's softmax by a
 #                                              polynomial on the FMA pipe (poly_exp), D = 96 / 128 / 64, interleaved
 #   bash experiments/gpu/session17.sh persist  issue 12: the Gluon forward's persistent launch with O staged in P's
@@ -53,6 +54,11 @@ case "${1:-}" in
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --more-masks causal_blockwise,full_document --config-json \
       '[{"split_partial": true}, {"consumers": 2, "p_smem": false, "persistent": true, "o_own": true, "num_stages": 2, "split_partial": true}]'
     ;;
+  trim)
+    timeout 240 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "split_partial" 2>&1 | tail -25 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --config-json '[{"split_partial": false}]'
+    ;;
   split3)
     PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --only \
       --more-masks causal_blockwise,full_document,global_sliding_window,causal,prefix_lm_causal --config-json \
@@ -73,13 +79,8 @@ case "${1:-}" in
     for f in "$OUT"/gfwd/*.log; do echo "== $f"; grep -E "Duration|Executed Ipc A|Registers Per|Theoretical Occ|Achieved Occ|Issue Slots Busy|L2 Hit|DRAM Through" "$f" | head -12; done
     ;;
   target)
-    # issue 12's forward targets next to cuDNN, Flex, Flex's FA4 backend and FA4, interleaved (as session 15's)
-    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install >/dev/null 2>&1
-    source experiments/gpu/wheels.sh env
-    export PYTHONPATH=.:$PYTHONPATH
-    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
-      --backends triton,triton-gluon,sdpa-cudnn,flex,flex-fa4,fa4 --mode fwd --out /tmp/fwd16 2>&1 | tail -22
-    mkdir -p "$OUT/fwd16" && cp /tmp/fwd16/* "$OUT/fwd16/" 2>/dev/null
+    # issue 12's forward targets: session 15's command (bench dense, six backends, interleaved)
+    bash experiments/gpu/session15.sh target
     ;;
   poly)
     timeout 230 python -m pytest -q -m gpu tests/test_gluon_gpu.py -k "poly_exp" -rA 2>&1 | tail -45 > "$OUT/gpu_tests.txt"

@@ -299,7 +299,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     632.1, causal (two persistent consumers) 581.4 / 609.0, prefix_lm_causal at prefix S - 1 606.4 /
     636.2 (full 666.9); causal_blockwise 556.1 / 548.4 and full_document 540.0 / 517.1 lose (their
     partial tiles are 4.9 and 8.7 % of the work, the second launch's share grows): on at D = 128 where
-    partial tiles are at most ``SPLIT_PARTIAL_SHARE`` of the visited tiles.
+    partial tiles are at most ``SPLIT_PARTIAL_SHARE`` of the visited tiles. With its second launch
+    over the query tiles that have partial tiles only (call 19): prefix_lm_causal 616.1 / 645.5, causal
+    603.4 / 622.2, prefix 12288 614.6 / 659.0.
 
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
@@ -542,12 +544,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         cfg["split_partial"] = bool(bt.num_partial) and bt.num_partial <= SPLIT_PARTIAL_SHARE * visited
     if cfg["split_partial"] and split_partial_reason(cfg, head_dim, dv):
         raise ValueError(f"config['split_partial']=True: {split_partial_reason(cfg, head_dim, dv)}")
-    if cfg["o_in_p"] or cfg["snake"]:
-        no_o_in_p = o_in_p_reason(cfg, head_dim, dv) if cfg["o_in_p"] else ""
-        if no_o_in_p:
-            raise ValueError(f"config['o_in_p']=True: {no_o_in_p}")
-        if cfg["snake"] and not cfg["persistent"]:
-            raise ValueError("config['snake']=True orders a persistent launch's work list: it needs persistent=True")
+    if cfg["o_in_p"] and o_in_p_reason(cfg, head_dim, dv):
+        raise ValueError(f"config['o_in_p']=True: {o_in_p_reason(cfg, head_dim, dv)}")
+    if cfg["snake"] and not cfg["persistent"]:
+        raise ValueError("config['snake']=True orders a persistent launch's work list: it needs persistent=True")
     if isinstance(cfg["poly_exp"], bool) or cfg["poly_exp"] not in POLY_EXP:
         raise ValueError(f"config['poly_exp'] must be one of {POLY_EXP} (0: every exponential on the MUFU; n: one "
                          f"of every n by a polynomial on the FMA pipe), got {cfg['poly_exp']!r}")
@@ -688,7 +688,9 @@ def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict
     producer_regs, maxnreg = _regs(cfg["consumer_regs"], cfg["consumers"])
     dims = head_dim_meta(d, dv)
     split = cfg["split_d"]
-    num_work = tiles.num_m * b * hq
+    # the work list: the plan's ordered query tiles (all of them, or with the split launch's partial
+    # plan those that have partial tiles) times batch * heads
+    num_work = len(plan.order) * b * hq
     # persistent: one CTA per SM walks the work list (tiles heaviest first, heads fastest) in steps
     # of the grid; else one CTA per query tile
     grid = (min(num_work, torch.cuda.get_device_properties(q.device).multi_processor_count)

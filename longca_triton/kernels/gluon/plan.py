@@ -43,7 +43,7 @@ class WsPlan:
     run_start: torch.Tensor
     run_end: torch.Tensor
     has_partial: bool
-    order: torch.Tensor  # launch order of the major tiles (heaviest first)
+    order: torch.Tensor  # launch order of the major tiles (heaviest first; part="partial": those with any)
 
     def tensors(self) -> list:
         """What the kernels read: ``LO, HI, ORDER`` and the merged runs, in argument order."""
@@ -115,10 +115,15 @@ def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPla
         host[drop] = (np.zeros(num + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     arrays = merge_runs(host[0], host[1], num)
     dev = tiles.lo.device
+    order = tiles.q_order if major == "q" else tiles.k_order
+    if part == "partial":
+        # the split launch's second half visits only the tiles that have partial runs: the others'
+        # rows keep what the first half stored (the first half keeps every tile: it writes the base)
+        keep = arrays[2][order.cpu().numpy()] > 0
+        order = order[torch.from_numpy(keep).to(order.device)]
     ptr, nfull, count, start, end = (torch.from_numpy(a).to(dev) for a in arrays)
     return WsPlan(tiles=tiles, run_ptr=ptr, run_nfull=nfull, run_count=count, run_start=start,
-                  run_end=end, has_partial=bool(len(host[1][1])),
-                  order=tiles.q_order if major == "q" else tiles.k_order)
+                  run_end=end, has_partial=bool(len(host[1][1])), order=order)
 
 
 _CACHE = PlanCache(64)
