@@ -640,7 +640,10 @@ _COMPILE = textwrap.dedent("""
              ("persist-o-in-p-d64-snake", 64, dict(persistent=True, p_smem=True, o_in_p=True, snake=True),
               dict(has_partial=False, num_iv=1)),
              # the split launch's second half: partial tiles merged into the first launch's (O, lse)
-             ("persist-merge", 128, dict(persistent=True, consumers=3, p_smem=True), dict(merge=True))]
+             ("persist-merge", 128, dict(persistent=True, consumers=3, p_smem=True), dict(merge=True)),
+             # the same as causal's default (two persistent consumers, O's own buffers, one interval)
+             ("persist-own-merge", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
+              dict(merge=True, num_iv=1))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -719,14 +722,16 @@ def test_every_variant_compiles_for_sm90a():
     assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
     assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
-                            "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge"}
+                            "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge", "persist-own-merge"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
         assert r["tma_store4"] >= (0 if name == "persist-fp32-out" else 1) and r["tma_store"] == 0, r
         assert r["shared"] <= G.SMEM_LIMIT, r
     # two consumers stay spill-free; three at 160 registers spill about as much as one tile a CTA does
-    for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out"):
+    # (the merge reads the first launch's O while the last P V runs: held from the tile's start it
+    # spilled 56 B there)
+    for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out", "persist-own-merge"):
         assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
     assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
     # O in P's buffers: no shared memory beyond Q, P and the ring (Q 48 + P 48 + two 64 KB stages);

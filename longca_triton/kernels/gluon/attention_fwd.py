@@ -96,8 +96,9 @@ descriptors and ring arithmetic from the uniform datapath to per-thread register
 ``S`` under a branch does it, wherever the branch sits; three consumers then spill them): a mask that
 is full but for one key per row tile ran 10 % slower than full (session 17). Where partial tiles are
 few, the launcher runs the full tiles in the kernel compiled without the mask path, then the partial
-tiles in a second, persistent launch with ``MERGE``: its epilogue reads the first launch's ``O`` and
-``lse`` of its rows and stores ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)`` with ``lse =
+tiles in a second, persistent launch with ``MERGE``: it reads the first launch's ``O`` and ``lse`` of
+its rows while the tile's last ``P V`` runs (``_merge_load``: the loads' latency hides behind it) and
+its epilogue stores ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)`` with ``lse =
 logaddexp(lse_a, lse_b)`` (``_merge_rows``; ``O_a`` is read back in q's dtype: one more rounding).
 
 Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
@@ -637,15 +638,27 @@ def _store_piece(out, Out, row0, Sq, stride_os, C0: gl.constexpr, DV: gl.constex
 
 
 @gluon.jit
-def _merge_rows(out, lse, o_base, lse_base, row0, offs_m, Sq, stride_os, DV: gl.constexpr,
-                HEAD_DIM_V: gl.constexpr, o_layout: gl.constexpr, row_o: gl.constexpr):
-    """``(out, lse)`` of rows ``offs_m`` merged with the ``(O, lse)`` an earlier launch stored for
-    them (``MERGE``, the split launch): with ``lse = logaddexp(lse_a, lse_b)`` the softmax over both
-    key sets is ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)``. A row neither launch allowed
-    anything keeps 0 and -inf; a row only one of them did gets that one's values (weight 1, the other 0).
-    ``out [M_WG, DV]`` fp32 (one head-dim piece, ``o_layout``), ``lse [M_WG]``."""
+def _merge_load(o_base, lse_base, row0, offs_m, Sq, stride_os, DV: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                o_layout: gl.constexpr):
+    """The ``(O_a, lse_a)`` an earlier launch stored for rows ``offs_m`` (``MERGE``, the split launch):
+    ``O_a [M_WG, DV]`` in its stored dtype (``o_layout``; rows >= Sq and columns >= HEAD_DIM_V 0),
+    ``lse_a [M_WG]`` (-inf beyond Sq)."""
     ok = offs_m < Sq
     lse_a = gl.load(lse_base + offs_m, mask=ok, other=float("-inf"))
+    rows = row0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
+    ld_ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
+    return gl.load(ptrs, mask=ld_ok, other=0.0), lse_a
+
+
+@gluon.jit
+def _merge_rows(out, lse, o_a, lse_a, row_o: gl.constexpr):
+    """``(out, lse)`` of some rows merged with the ``(O_a, lse_a)`` an earlier launch stored for them
+    (``_merge_load``): with ``lse = logaddexp(lse_a, lse_b)`` the softmax over both key sets is ``O =
+    O_a exp(lse_a - lse) + O_b exp(lse_b - lse)``. A row neither launch allowed anything keeps 0 and
+    -inf; a row only one of them did gets that one's values (weight 1, the other 0).
+    ``out [M_WG, DV]`` fp32 (one head-dim piece), ``lse [M_WG]``."""
     mx = gl.maximum(lse_a, lse)
     mx_s = gl.where(mx == float("-inf"), 0.0, mx)
     w_a = gl.exp2((lse_a - mx_s) * LOG2E)  # [M_WG]: 0 where lse_a = -inf
@@ -653,14 +666,9 @@ def _merge_rows(out, lse, o_base, lse_base, row0, offs_m, Sq, stride_os, DV: gl.
     tot = w_a + w_b
     tot_s = gl.where(tot == 0.0, 1.0, tot)
     lse_new = gl.where(mx == float("-inf"), float("-inf"), mx_s + gl.log2(tot_s) * LN2)
-    rows = row0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
-    ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
-    ld_ok = gl.expand_dims(rows < Sq, 1) & gl.expand_dims(cols < HEAD_DIM_V, 0)
-    o_a = gl.load(ptrs, mask=ld_ok, other=0.0).to(gl.float32)  # [M_WG, DV]
     wa = gl.expand_dims(gl.convert_layout(w_a / tot_s, row_o), 1)
     wb = gl.expand_dims(gl.convert_layout(w_b / tot_s, row_o), 1)
-    return o_a * wa + out * wb, lse_new
+    return o_a.to(gl.float32) * wa + out * wb, lse_new
 
 
 @gluon.jit
@@ -861,11 +869,22 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         mbarrier.wait(v_ready.index(lst), ((g + num_tiles - 1) // NUM_STAGES) & 1)
         acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout, P_SMEM)
         _sched_pass(sched, WG, PINGPONG, CONSUMERS)
+        if MERGE:
+            # the split launch's second half: these rows' (O, lse) over their full tiles, written by
+            # the first launch, read while the last P V runs (earlier, held through the loop, they
+            # cost two persistent consumers 56 B of spills: the loop's registers are full)
+            o_a, lse_a = _merge_load(Out + (bh // num_heads_q).to(gl.int64) * stride_ob
+                                     + (bh % num_heads_q) * stride_oh, Lse + bh.to(gl.int64) * Sq,
+                                     row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout)
         acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
     else:
         if Q_EARLY and PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))
+        if MERGE:
+            o_a, lse_a = _merge_load(Out + (bh // num_heads_q).to(gl.int64) * stride_ob
+                                     + (bh % num_heads_q) * stride_oh, Lse + bh.to(gl.int64) * Sq,
+                                     row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout)
     g += num_tiles
     # the token's turns: one per GEMM issue of the tile, num_tiles + 1 where it has any
     sk += num_tiles + (num_tiles > 0).to(gl.int32)
@@ -878,11 +897,8 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     out = _scale_rows(acc, 1.0 / l_safe, row_o, row_o1, DV1)  # [M_WG, DV0] (and [M_WG, DV1])
     if MERGE:
-        # the split launch's second half: these rows' (O, lse) over their full tiles, written by the
-        # first launch, merged with this one's over their partial tiles
-        o_base = Out + b.to(gl.int64) * stride_ob + h * stride_oh
-        out, lse = _merge_rows(out[0], lse, o_base, Lse + bh.to(gl.int64) * Sq, row0, offs_m, Sq, stride_os, DV0,
-                               HEAD_DIM_V, o_layout, row_o)
+        # merged with this launch's (O, lse) over the partial tiles
+        out, lse = _merge_rows(out[0], lse, o_a, lse_a, row_o)
         out = (out,)
     gl.store(Lse + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     if STORE_TMA:
