@@ -129,6 +129,34 @@ def test_split_partial_rules():
         G.resolve_config(96, torch.bfloat16, {"split_partial": True, "split_d": True})
 
 
+@pytest.mark.parametrize("design", ["mixed", "split", "fused"])
+def test_backward_plans_per_design(design):
+    """Each backward design gets the plans its kernels walk: the mixed one the Gluon dQ kernel's merged
+    runs (128-row query tiles, ``dq_block_n`` keys) and the dense dK/dV kernel's :class:`TilePlan` at
+    the plain-Triton config's dK/dV tiles; the mixed backward refuses a dK/dV plan of other tiles
+    before any kernel runs."""
+    from longca_triton.kernels import dense as D
+    from longca_triton.kernels.dense_tables import TilePlan
+    from longca_triton.kernels.gluon.plan import WsPlan
+
+    mask = lt.make_mask("causal_document", 700, seed=1)
+    cfg = G.resolve_config(128, torch.bfloat16, dict(bwd_design=design))
+    bwd_cfg = D.resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32, DKDV_BLOCK_N=64))
+    fwd, a, b = G.plans_for_gluon(mask, cfg, bwd_cfg, "cpu")
+    assert isinstance(fwd, WsPlan) and isinstance(a, WsPlan)
+    if design == "mixed":
+        assert (a.tiles.block_m, a.tiles.block_n) == (G.BLOCK_M, cfg["dq_block_n"])
+        assert isinstance(b, TilePlan) and (b.block_m, b.block_n) == (32, 64)
+        other = D.get_tile_plan(mask, 64, 64, "cpu")
+        q = torch.zeros(1, 700, 2, 128)
+        with pytest.raises(ValueError, match="dK/dV"):
+            G.gluon_bwd(q, q, q, q, q, torch.zeros(1, 2, 700), a, other, 0.1, cfg, bwd_cfg=bwd_cfg)
+    elif design == "split":
+        assert isinstance(b, WsPlan) and (b.tiles.block_m, b.tiles.block_n) == (cfg["dkdv_block_mq"], G.BLOCK_M)
+    else:
+        assert b is None and (a.tiles.block_m, a.tiles.block_n) == (cfg["fused_block_mq"], G.BLOCK_M)
+
+
 def test_poly_exp_constants_and_error():
     """``poly_exp``'s PTX evaluates ``2^x`` as ``_exp2_mix_asm`` does (emulated here in float32 from
     its hex constants): within 1.1e-4 relative of 2^x where 2^x is a normal float, never negative or
@@ -182,14 +210,16 @@ def test_default_configs_validate_and_fit(d, dv):
     assert G.smem_bytes(d, cfg["BLOCK_N"], cfg["num_stages"], head_dim_v=dv) <= G.SMEM_LIMIT
     producer, maxnreg = G._regs(cfg["consumer_regs"])
     assert producer >= 24 and 2 * cfg["consumer_regs"] + producer == 3 * maxnreg
-    # the Gluon backward only where it was written for and measured faster (D = 64); elsewhere
-    # (D = 128: PLAIN_BWD_HEAD_DIMS) the plain-Triton one; its configs must fit wherever it can run
+    # the Gluon backward where it was written for (D = 64, 128 with D_v == D_qk) and measured
+    # faster: at D = 128 as the mixed design (MIXED_BWD_HEAD_DIMS: its dQ kernel, the plain-Triton
+    # dK/dV kernel); at D = 64 the plain-Triton one (PLAIN_BWD_HEAD_DIMS); its configs must fit
+    # wherever it can run
     assert cfg["gluon_bwd"] == (d == dv and d in G.BWD_HEAD_DIMS and d not in G.PLAIN_BWD_HEAD_DIMS)
+    assert cfg["bwd_design"] == ("mixed" if d in G.MIXED_BWD_HEAD_DIMS else "split")
     if d == dv and d in G.BWD_HEAD_DIMS:
         assert G.bwd_smem_bytes("dq", d, cfg["dq_block_n"], cfg["dq_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("dkdv", d, cfg["dkdv_block_mq"], cfg["dkdv_stages"]) <= G.SMEM_LIMIT
         assert G.bwd_smem_bytes("fused", d, cfg["fused_block_mq"], cfg["fused_stages"]) <= G.SMEM_LIMIT
-        assert cfg["bwd_design"] == "split", "split stays the default until a GPU measures fused faster"
         assert cfg["fused_dq"] == "atomic", "the dQ writer stays off until a GPU measures it"
         for mode in ("writer", "writer_keys"):
             w = G.resolve_config(d, torch.bfloat16, dict(bwd_design="fused", fused_dq=mode))
@@ -272,7 +302,7 @@ def test_fused_writer_registers_and_shared_memory(monkeypatch):
     assert G.fused_split_d(128) and not G.fused_split_d(64)
     # the key is the fused design's: with split it is inert
     split = G.resolve_config(128, torch.bfloat16, dict(fused_dq="writer", bwd_consumer_regs=240))
-    assert split["bwd_consumer_regs"] == 240 and split["bwd_design"] == "split"
+    assert split["bwd_consumer_regs"] == 240 and split["bwd_design"] == "mixed"
     import longca_triton.kernels.config as C
 
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(base, bwd_consumer_regs=240))
@@ -313,18 +343,25 @@ def test_smem_bytes_pads_each_dim():
     assert G.smem_bytes(256, 64, 3) > G.SMEM_LIMIT >= G.smem_bytes(256, 64, 2)
 
 
-@pytest.mark.parametrize("config,want", [
-    (None, False),  # D = 128's default: the plain-Triton backward (measured faster, bwd_session12)
-    (dict(pingpong=True), False),  # forward keys only
-    (dict(dq_block_n=128, dq_stages=2), True),  # a key of the Gluon backward asks for it
-    (dict(bwd_design="fused"), True),
-    (dict(dkdv_stages=3, gluon_bwd=False), False),  # unless the config says otherwise
-    (dict(gluon_bwd=True), True),
+@pytest.mark.parametrize("config,want,design", [
+    (None, True, "mixed"),  # D = 128's default: Gluon dQ + plain-Triton dK/dV (session 18)
+    (dict(pingpong=True), True, "mixed"),  # forward keys only
+    (dict(dq_block_n=128, dq_stages=2), True, "mixed"),  # the dQ kernel's keys serve both designs
+    (dict(dkdv_block_mq=64), True, "split"),  # a Gluon dK/dV key asks for the design that runs it
+    (dict(dkdv_skew=True, bwd_design="mixed"), True, "mixed"),  # unless the config names one
+    (dict(bwd_design="fused"), True, "fused"),
+    (dict(dkdv_stages=3, gluon_bwd=False), False, "split"),  # the plain-Triton backward
+    (dict(gluon_bwd=True), True, "mixed"),
 ], ids=lambda x: str(x))
-def test_gluon_bwd_default_and_what_a_config_asks_for(config, want):
-    assert G.resolve_config(128, torch.bfloat16, config)["gluon_bwd"] is want
-    # D = 64 keeps the Gluon backward; at dims it cannot take, a Gluon-backward key asks for nothing
-    assert G.resolve_config(64, torch.bfloat16)["gluon_bwd"]
+def test_gluon_bwd_default_and_what_a_config_asks_for(config, want, design):
+    cfg = G.resolve_config(128, torch.bfloat16, config)
+    assert cfg["gluon_bwd"] is want
+    assert not want or cfg["bwd_design"] == design
+    # D = 64 runs the plain-Triton backward by default (PLAIN_BWD_HEAD_DIMS), a Gluon-backward key
+    # asks for the Gluon one (the split design there); at dims it cannot take, such a key asks for nothing
+    assert not G.resolve_config(64, torch.bfloat16)["gluon_bwd"]
+    d64 = G.resolve_config(64, torch.bfloat16, dict(dq_stages=2))
+    assert d64["gluon_bwd"] and d64["bwd_design"] == "split"
     assert not G.resolve_config(96, torch.bfloat16, dict(dkdv_stages=3))["gluon_bwd"]
 
 
@@ -333,10 +370,12 @@ def test_gluon_bwd_keys_from_the_autotune_cache_ask_for_the_gluon_backward(monke
 
     q = torch.zeros(1, 64, 2, 128)
     mask = lt.make_mask("causal", 64)
-    for entry, want in ((dict(dq_stages=2, dkdv_block_mq=64), True), (dict(gluon_bwd=False, dq_stages=2), False),
-                        (dict(num_stages=2), False)):
+    for entry, want, design in ((dict(dq_stages=2, dkdv_block_mq=64), True, "split"),
+                                (dict(gluon_bwd=False, dq_stages=2), False, None),
+                                (dict(num_stages=2), True, "mixed"), (dict(bwd_design="mixed", dq_stages=2), True, "mixed")):
         monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None, e=entry: dict(e))
-        assert G.resolve_config(128, torch.bfloat16, None, q=q, k=q, mask=mask)["gluon_bwd"] is want
+        cfg = G.resolve_config(128, torch.bfloat16, None, q=q, k=q, mask=mask)
+        assert cfg["gluon_bwd"] is want and (design is None or cfg["bwd_design"] == design)
 
 
 def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):
@@ -915,6 +954,9 @@ def test_gluon_tunable_search_space_fits_and_skips_off_gpu():
     # D = 128, the plain-Triton backward under the Gluon forward
     bwd = t.candidates("bwd", 128, 128)
     assert {c.get("dkdv_block_mq") for c in bwd} >= {32, 64} and dict(gluon_bwd=False) in bwd
+    assert {c.get("bwd_design") for c in bwd} == {"mixed", "split", None}
+    for c in bwd:  # each candidate resolves to the design it names
+        assert G.resolve_config(128, torch.bfloat16, c)["bwd_design"] == c.get("bwd_design", "mixed")
     # the default a search starts from is what a user gets for that mask
     assert t.default(128, torch.bfloat16, small_mask("full", 300))["dkdv_block_mq"] == 64
     assert t.default(128, torch.bfloat16, small_mask("causal", 300))["dkdv_block_mq"] == 32
@@ -991,6 +1033,23 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
     _check_binding(dq, {**ptrs, "DQ": bf})
     _check_binding(dkdv, {**ptrs, "DK": bf, "DV": bf})
     assert dkdv.calls[0][0] == (dkdv_plan.tiles.num_n * 2 * 2,)
+    # the mixed design: the Gluon dQ kernel (recorded), then the plain-Triton dK/dV kernel, which
+    # runs here in the interpreter on the dense plan of the plain-Triton config's dK/dV tiles
+    from longca_triton.kernels import dense as D
+
+    # (a real forward and delta here: its dK, dV must equal the plain-Triton backward's bit for bit)
+    monkeypatch.setattr(G, "launch_bwd_preprocess", D.launch_bwd_preprocess)
+    mcfg = G.resolve_config(64, torch.bfloat16, dict(bwd_design="mixed"))
+    bcfg = D.resolve_config(64, torch.float16)
+    fplan, kplan, qplan = D.plans_for(mask, bcfg, "cpu")
+    qh, kh, vh = (t.to(torch.float16) for t in (q, k, v))
+    outh, lseh = D.dense_fwd(qh, kh, vh, fplan, 0.125, bcfg)
+    douth = torch.randn_like(qh)
+    grads = G.gluon_bwd(douth, qh, kh, vh, outh, lseh, dq_plan, kplan, 0.125, mcfg, bwd_cfg=bcfg)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert len(dq.calls) == 2 and len(dkdv.calls) == 1  # one more dQ launch, no Gluon dK/dV one
+    _, dk_ref, dv_ref = D.dense_bwd(douth, qh, kh, vh, outh, lseh, kplan, qplan, 0.125, bcfg)
+    assert torch.equal(grads[1], dk_ref) and torch.equal(grads[2], dv_ref)
     # the fused design: one Gluon kernel (recorded), then the dq_accum cast (plain Triton: it runs
     # here in the interpreter, on the untouched zero dq_accum)
     fused = _Recorder(attention_bwd_fused.gluon_bwd_fused_kernel)

@@ -88,10 +88,12 @@ def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None, B=1):
 RANDOM = [(1000, 1000, 0), (777, 2049, 1), (2048, 300, 2), (129, 4000, 3)]
 
 
-#: the backward designs: the defaults (at D = 128 the plain-Triton backward, PLAIN_BWD_HEAD_DIMS), the Gluon
-#: split one and the fused one with each dQ path (each named key asks for the Gluon backward): every
-#: numerics case runs with each
-DESIGNS = {"default": {}, "split": dict(bwd_design="split"), "fused": dict(bwd_design="fused"),
+#: the backward designs: the defaults (at D = 128 the mixed one, MIXED_BWD_HEAD_DIMS: the Gluon dQ kernel
+#: and the plain-Triton dK/dV kernel; at D = 64 the plain-Triton one, PLAIN_BWD_HEAD_DIMS), the mixed one
+#: at D = 64 too, the plain-Triton backward under the Gluon forward, the Gluon split one and the fused one with each dQ path (each named key asks for the
+#: Gluon backward): every numerics case runs with each
+DESIGNS = {"default": {}, "mixed": dict(bwd_design="mixed"), "plain": dict(gluon_bwd=False),
+           "split": dict(bwd_design="split"), "fused": dict(bwd_design="fused"),
            "fused-writer": dict(bwd_design="fused", fused_dq="writer"),
            "fused-writer_keys": dict(bwd_design="fused", fused_dq="writer_keys")}
 
@@ -361,12 +363,13 @@ def test_fused_deterministic_falls_back_and_split_is_bitwise():
 
 
 @needs_sm90
-@pytest.mark.parametrize("design,D", [("fused-writer", 64), ("fused-writer", 128), ("fused-writer_keys", 128)],
-                         ids=str)
+@pytest.mark.parametrize("design,D", [("fused-writer", 64), ("fused-writer", 128), ("fused-writer_keys", 128),
+                                      ("mixed", 64), ("mixed", 128)], ids=str)
 def test_fused_writer_batches_match_split(design, D):
     """B = 2, GQA 6:2: the writer finds each tile of ``dq_accum`` by the index consumer 0 leaves in
-    shared memory, ``(b * Hq + h) * tiles + m`` (the other cases have B = 1). Its gradients equal
-    the split design's to bf16 accuracy."""
+    shared memory, ``(b * Hq + h) * tiles + m``, and the mixed design hands the Gluon dQ kernel's
+    inputs (heads of a group contiguous) to the plain-Triton dK/dV kernel (the other cases have
+    B = 1). Their gradients equal the split design's to bf16 accuracy."""
     from longca_triton.kernels.gluon.attention import gluon_attention
 
     mask = random_range_mask(900, 1100, seed=4, n_slices=6)

@@ -10,6 +10,7 @@ checked against the float32 reference (one KV group) before it is timed. ``host_
 of one launch (a launch slower than the GPU work queued before it leaves the GPU idle).
 
     PYTHONUNBUFFERED=1 python experiments/gpu/gluon_bwd_split.py --out $OUT --masks full,causal
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_bwd_split.py --out $OUT --masks full,causal --interleave
 
 Rows go to ``<out>/gluon_bwd_split.jsonl`` as they are measured.
 """
@@ -51,7 +52,30 @@ def host_ms(fn, n: int = 20) -> float:
     return total / n * 1e3
 
 
-def run(out_dir: Path, mname: str, S: int, hq: int, hkv: int, d: int, checks: bool):
+def _pair(passes, pre, qfam: str, kfam: str, dkdv_first: bool):
+    """The whole backward of one pair: the delta preprocess, then its dQ and dK/dV passes in order."""
+    def whole():
+        pre()
+        if dkdv_first:
+            passes[(kfam, "dkdv")]()
+        passes[(qfam, "dq")]()
+        if not dkdv_first:
+            passes[(kfam, "dkdv")]()
+    return whole
+
+
+def _checked(emit, whole, ref, pair: str, out, lse, grads) -> bool:
+    """Run ``whole`` once; with a reference, compare its gradients (a ``check`` row). False when wrong."""
+    whole()
+    if ref is None:
+        return True
+    torch.cuda.synchronize()
+    res = compare(ref, out, lse, list(grads), torch.bfloat16)
+    emit(dict(kind="check", pair=pair, **res.as_row(), message=res.message))
+    return res.ok
+
+
+def run(out_dir: Path, mname: str, S: int, hq: int, hkv: int, d: int, checks: bool, interleave: bool = False):
     def emit(row):
         row = {"mask": mname, "S": S, **row}
         with open(out_dir / "gluon_bwd_split.jsonl", "a") as f:
@@ -82,24 +106,17 @@ def run(out_dir: Path, mname: str, S: int, hq: int, hkv: int, d: int, checks: bo
     emit(dict(kind="pass", family="both", name="preprocess", ms=DC.median_ms(pre, rep=150)))
     for (fam, name), fn in passes.items():
         fn()
-        emit(dict(kind="pass", family=fam, name=name, ms=DC.median_ms(fn, rep=250), host_ms=host_ms(fn)))
+        if not interleave:
+            emit(dict(kind="pass", family=fam, name=name, ms=DC.median_ms(fn, rep=250), host_ms=host_ms(fn)))
 
     ref = reference_group(p.mask, p.q, p.k, p.v, p.dout, p.scale, True) if checks else None
+    if interleave:
+        _interleaved(emit, p, passes, pre, out, lse, dq, dk, dv, ref, mname)
+        return
     for pair, (qfam, kfam, dkdv_first) in PAIRS.items():
-        def whole(qfam=qfam, kfam=kfam, dkdv_first=dkdv_first):
-            pre()
-            if dkdv_first:
-                passes[(kfam, "dkdv")]()
-            passes[(qfam, "dq")]()
-            if not dkdv_first:
-                passes[(kfam, "dkdv")]()
-        whole()
-        if ref is not None:
-            torch.cuda.synchronize()
-            res = compare(ref, out, lse, [dq, dk, dv], torch.bfloat16)
-            emit(dict(kind="check", pair=pair, **res.as_row(), message=res.message))
-            if not res.ok:
-                continue
+        whole = _pair(passes, pre, qfam, kfam, dkdv_first)
+        if not _checked(emit, whole, ref, pair, out, lse, (dq, dk, dv)):
+            continue
         t = DC.median_ms(whole, rep=250)
         emit(dict(kind="bwd", pair=pair, ms=t, tflops=p.bwd_flops / t * 1e-9))
         # each kernel's time inside the sequence (CUDA events between the launches): which one
@@ -120,6 +137,41 @@ def run(out_dir: Path, mname: str, S: int, hq: int, hkv: int, d: int, checks: bo
         emit(dict(kind="segments", pair=pair, **{n: sorted(v)[len(v) // 2] for n, v in seg.items()}))
 
 
+#: the pairs ``--interleave`` times beside SDPA-cuDNN's backward
+INTERLEAVED = ("triton", "gluon-dq+triton-dkdv", "triton-dkdv, then gluon-dq", "gluon")
+
+
+def _interleaved(emit, p, passes, pre, out, lse, dq, dk, dv, ref, mname):
+    """``--interleave``: the whole backwards of ``INTERLEAVED`` and SDPA-cuDNN's (full and causal
+    only) timed with their repetitions interleaved (``time_interleaved``), each pair checked first."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from longca_triton.bench.timing import time_interleaved
+
+    fns = {}
+    for pair in INTERLEAVED:
+        whole = _pair(passes, pre, *PAIRS[pair])
+        if _checked(emit, whole, ref, pair, out, lse, (dq, dk, dv)):
+            fns[pair] = whole
+    if mname in ("full", "causal"):
+        q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (p.q, p.k, p.v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            try:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=mname == "causal", enable_gqa=True)
+            except RuntimeError:
+                # a cuDNN without GQA: K, V expanded to the query heads (the harness does the same)
+                k, v = (t.detach().repeat_interleave(p.hq // p.hkv, 1).requires_grad_() for t in (k, v))
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=mname == "causal")
+        dout = p.dout.transpose(1, 2)
+        fns["sdpa-cudnn"] = lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+    stats = time_interleaved(list(fns.values()), rep=40, max_ms=4000)
+    ms = {name: st["median_ms"] for name, st in zip(fns, stats)}
+    for name, t in ms.items():
+        emit(dict(kind="bwd_interleaved", pair=name, ms=t, tflops=p.bwd_flops / t * 1e-9,
+                  vs_cudnn=ms["sdpa-cudnn"] / t if "sdpa-cudnn" in ms else None))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -128,6 +180,8 @@ def main(argv=None):
     ap.add_argument("--heads", default="64:8")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--interleave", action="store_true",
+                    help="only the whole backwards of INTERLEAVED and SDPA-cuDNN's, timed interleaved")
     a = ap.parse_args(argv)
     hq, hkv = (int(x) for x in a.heads.split(":"))
     out_dir = Path(a.out)
@@ -135,7 +189,7 @@ def main(argv=None):
     with open(out_dir / "gluon_bwd_split.jsonl", "a") as f:
         f.write(json.dumps(dict(kind="env", **DC.env_info())) + "\n")
     for m in filter(None, a.masks.split(",")):
-        run(out_dir, m, a.S, hq, hkv, a.head_dim, not a.no_check)
+        run(out_dir, m, a.S, hq, hkv, a.head_dim, not a.no_check, a.interleave)
 
 
 if __name__ == "__main__":

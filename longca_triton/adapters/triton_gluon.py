@@ -1,7 +1,9 @@
 """Our warp-specialized Gluon kernels (``longca_triton/kernels/gluon/``) as the ``triton-gluon`` backend.
 
 Forward and backward are Gluon (FlashAttention-3's design on sm_90: TMA producer warp,
-consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). It runs on
+consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). By default the
+backward is the Gluon dQ kernel with our plain-Triton dK/dV kernel at D = 128 (``bwd_design="mixed"``)
+and our plain-Triton backward elsewhere, each measured fastest there. It runs on
 sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case is ``unsupported`` with the
 reason, never a crash. A config with ``gluon_bwd=False`` runs our plain-Triton backward instead.
 Head dims: the kernels take every one our plain-Triton kernels take (multiples of 8 up to 256, D_v
@@ -25,8 +27,10 @@ class TritonGluon(TritonBackend):
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
                    "producer, two consumer warpgroups over async wgmma, three where the head-dim tiles are 64 "
                    "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5; on the sparser "
-                   "masks at D = 128 a persistent launch, one CTA per SM walking the query tiles); backward: at D = 128 our plain-Triton backward (measured faster there), else "
-                   "warp-specialized Gluon dQ + dK/dV kernels (gluon_bwd=True asks for them at D = 128; bwd_design='fused': one kernel, dQ by atomics)")
+                   "masks at D = 128 a persistent launch, one CTA per SM walking the query tiles); backward: at D = 128 the Gluon dQ kernel "
+                   "then our plain-Triton dK/dV kernel (bwd_design='mixed'), elsewhere our plain-Triton backward (each "
+                   "measured fastest there); bwd_design='split' asks for warp-specialized Gluon dQ + dK/dV kernels, "
+                   "'fused' for one kernel with dQ by atomics)")
 
     def available(self):
         try:
@@ -66,7 +70,7 @@ class TritonGluon(TritonBackend):
         why = device_reason(torch.device("cuda"))
         return (not why), why
 
-    #: the split backward writes every gradient tile once (no atomics); the fused one (atomics) is
+    #: the split and mixed backwards write every gradient tile once (no atomics); the fused one (atomics) is
     #: refused or dropped under deterministic=True (``gluon_attention``'s docstring)
     honours_deterministic = True
 

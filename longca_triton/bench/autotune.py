@@ -172,7 +172,8 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     fits in shared memory, ping-pong on/off, and at head dims that split (80, 96, ...) the exact
     pieces (``split_d``) against the padded tile. Backward: the dQ kernel's key tile and ring, the
     dK/dV kernel's query tile (32 and 64 at every dim: 64 won by 15-17 % at D = 128 on the masks
-    without partial tiles, gluon/run3), ring and skew, and the plain-Triton backward under the Gluon
+    without partial tiles, gluon/run3), ring and skew; the Gluon dQ kernel with the plain-Triton
+    dK/dV kernel (``bwd_design="mixed"``, the D = 128 default: session 18); and the plain-Triton backward under the Gluon
     forward (``gluon_bwd=False``: ahead on share_question in the same run; at head dims without a
     Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
@@ -206,10 +207,13 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     if group == "bwd":
         if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
             return [dict(gluon_bwd=False)]
-        return [dict(dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks, dkdv_skew=skew)
-                for bn, qs, m, ks, skew in itertools.product([64, 128], [2, 3], [32, 64], [3, 2, 4], [False, True])
-                if bwd_smem_bytes("dq", head_dim, bn, qs) <= SMEM_LIMIT
-                and bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT] + [dict(gluon_bwd=False)]
+        dq = [(bn, qs) for bn, qs in itertools.product([64, 128], [2, 3])
+              if bwd_smem_bytes("dq", head_dim, bn, qs) <= SMEM_LIMIT]
+        return ([dict(bwd_design="mixed", dq_block_n=bn, dq_stages=qs) for bn, qs in dq]
+                + [dict(bwd_design="split", dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks,
+                        dkdv_skew=skew)
+                   for (bn, qs), m, ks, skew in itertools.product(dq, [32, 64], [3, 2, 4], [False, True])
+                   if bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT] + [dict(gluon_bwd=False)])
     raise ValueError(f"unknown key group {group!r}")
 
 

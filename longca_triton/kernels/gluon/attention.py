@@ -4,8 +4,10 @@ The forward is ``attention_fwd.gluon_fwd_kernel`` (FlashAttention-3's design in 
 producer warp, two (or three: ``consumers``) consumer warpgroups, async wgmma with the softmax of one key
 tile overlapping the ``P V`` of the previous one). The backward (``gluon_bwd=True``) is
 ``attention_bwd.py``: a delta preprocess, then a warp-specialized dQ kernel and a warp-specialized
-dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring); with
-``gluon_bwd=False`` it is our plain-Triton dense backward on this forward's ``out`` and ``lse``.
+dK/dV kernel (why two and not FA3's one with dQ atomics: that module's docstring), or
+(``bwd_design="mixed"``, the default at D = 128) the Gluon dQ kernel and our plain-Triton dK/dV
+kernel; with ``gluon_bwd=False`` it is our plain-Triton dense backward on this forward's ``out`` and
+``lse``.
 
 Head dims: the forward takes every head dim our plain-Triton kernels take (multiples of 8 up to
 256, D_v may differ from D_qk: 64, 80, 96, 128, 192/128, 256...) on power-of-two tiles
@@ -58,13 +60,16 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   softmax there is bound by instruction issue, not by the MUFU): off, kept for study.
 
 * ``gluon_bwd``: the Gluon backward (else the plain-Triton one, whose keys are the dense kernel's,
-  ``bwd_config``; the default at D = 128, where it measured faster: ``PLAIN_BWD_HEAD_DIMS``);
+  ``bwd_config``);
   ``dq_block_n`` (key-tile rows of the dQ kernel), ``dkdv_block_mq`` (query-tile
   rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
   ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
   overlap, more registers), ``bwd_consumer_regs``.
 * ``bwd_design``: ``"split"`` (the dQ kernel and the dK/dV kernel above, 7 GEMMs per tile pair,
-  no atomics) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
+  no atomics), ``"mixed"`` (the Gluon dQ kernel, then the plain-Triton dK/dV kernel with the dense
+  kernel's ``DKDV_*`` / ``dkdv_*`` keys from ``bwd_config``: each pass from the family that runs it
+  faster; the default at D = 128, ``MIXED_BWD_HEAD_DIMS``; a config naming a key of the Gluon dK/dV
+  kernel but no design gets ``"split"``) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
   pair, dQ added into fp32 by atomics, then cast; not deterministic). ``"split"`` stays the
   default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
   64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's, and ``fused_dq`` its dQ
@@ -101,14 +106,14 @@ from ..config import resolve as _resolve
 from ..core import LOG2E
 from ..dense import _check_plan as check_plan
 from ..dense import check_deterministic as dense_check_deterministic
-from ..dense import dense_bwd, launch_bwd_preprocess, plans_for
+from ..dense import dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
 from .attention_fwd import head_pieces, o_fits_q, split_pieces
 from .plan import WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
+    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "MIXED_BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
     "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason", "split_partial_reason", "fwd_plan",
 ]
 
@@ -119,10 +124,14 @@ BLOCK_M = 128
 #: plain-Triton kernels take (``_runtime.head_dim_reason``: multiples of 8 up to 256, D_v may
 #: differ), and other dims run the plain-Triton backward (``bwd_reason``)
 BWD_HEAD_DIMS = (64, 128)
-#: head dims of ``BWD_HEAD_DIMS`` whose default backward is the plain-Triton one all the same: at D = 128
-#: it measured faster than the Gluon backward on 8 of the 12 static masks (``default_config``); the
-#: Gluon one stays a config (``gluon_bwd=True``) and an autotune candidate
-PLAIN_BWD_HEAD_DIMS = (128,)
+#: head dims of ``BWD_HEAD_DIMS`` whose default backward is ``bwd_design="mixed"`` (the Gluon dQ
+#: kernel, the plain-Triton dK/dV kernel): at D = 128 it measured 6-10 % faster than the plain-Triton
+#: pair and 9-19 % faster than the Gluon pair on all 12 static masks (``default_config``)
+MIXED_BWD_HEAD_DIMS = (128,)
+#: head dims of ``BWD_HEAD_DIMS`` whose default backward is the plain-Triton one (``gluon_bwd=False``):
+#: at D = 64 the Gluon pair measured 1.29-1.42x its time and the mixed one 1.22-1.34x (session 18,
+#: ``default_config``); the Gluon designs stay configs and autotune candidates there
+PLAIN_BWD_HEAD_DIMS = (64,)
 #: (D_qk, D_v) pairs whose forward has passed tests/test_gluon_gpu.py on an H100
 #: (experiments/results/h100/gluon/test_gluon_gpu.txt: 64, 128; gluon/run2/gluon_gpu_new.txt:
 #: ``test_padded_head_dims`` at 80, 96, 192/128, 256 on four shapes each, and gluon/run2/
@@ -166,7 +175,10 @@ POLY_EXP = (0, 2, 4, 8)
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
-BWD_DESIGNS = ("split", "fused")
+BWD_DESIGNS = ("split", "fused", "mixed")
+#: the Gluon dK/dV kernel's keys: a config naming one but no ``bwd_design`` asks for ``"split"``
+#: (``"mixed"`` runs the plain-Triton dK/dV kernel, which has keys of its own)
+GLUON_DKDV_KEYS = ("dkdv_block_mq", "dkdv_stages", "dkdv_skew")
 #: the fused backward's dQ paths (``attention_bwd_fused.py``): atomics from the MMA warpgroups, or a
 #: dQ-writer partition fed through shared memory
 FUSED_DQ = ("atomic", "writer", "writer_keys")
@@ -221,7 +233,25 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     (ptxas: 192/128 308 B, 256 748 B of spill stores; the defaults spill nothing). Dims outside
     ``BWD_HEAD_DIMS`` (or D_v != D_qk) default to ``gluon_bwd=False``.
 
-    Which backward at D = 128: the plain-Triton one (``gluon_bwd=False``) since session 12. The dense
+    Which backward at D = 128: the mixed one (``bwd_design="mixed"``: the Gluon dQ kernel, then the
+    plain-Triton dK/dV kernel) since session 18, whose interleaved timing (experiments/results/h100/
+    session18, calls 4-5: whole backwards, repetitions interleaved, each pair checked against float32
+    first; 16K, GQA 64:8, bf16, ms plain pair / mixed / Gluon pair) put it ahead on all 12 static
+    masks: full 50.74 / 47.06 / 54.29 (sdpa-cudnn 39.26), causal 26.62 / 24.58 / 28.87 (21.52),
+    causal_document 7.81 / 7.22 / 8.04, share_question 9.77 / 9.06 / 11.10, causal_blockwise 20.48 /
+    18.89 / 21.84, prefix_lm_causal 29.32 / 27.10 / 32.40, prefix_lm_document 7.91 / 7.29 / 8.37,
+    global_sliding_window 13.98 / 12.99 / 14.52, block_causal_document 11.82 / 10.63 / 11.92,
+    full_document 13.75 / 12.72 / 14.85, sliding_window 7.66 / 7.09 / 7.62, sliding_window_causal
+    4.52 / 4.17 / 4.39 (launching dK/dV first: within 1 %). Session 12 had measured the mixed pair
+    "no faster" than the plain one, timing each pair after the other (below): the order effect
+    session 15 found in the harness. Through the harness (``bench dense``, backends interleaved,
+    three runs, call 6-7): ``triton-gluon`` full 481 / 476 / 476, causal 457 / 459 / 455 TFLOP/s
+    against sdpa-cudnn 545 / 546 / 541 and 520 / 511 / 513 (0.87-0.88x / 0.88-0.90x). At D = 64 the
+    opposite (call 12, same script, ms plain / mixed / Gluon pair): full 28.39 / 38.09 / 40.09 (cuDNN
+    22.67), causal 13.66 / 18.11 / 19.39, causal_document 4.14 / 5.06 / 5.36, sliding_window_causal
+    2.43 / 2.96 / 3.10: D = 64 runs the plain-Triton backward (``PLAIN_BWD_HEAD_DIMS``), so the Gluon
+    split pair is the default at no head dim. Before session 18 D = 128 ran the plain-Triton one
+    (``gluon_bwd=False``), from session 12. The dense
     kernel's backward gained the row-major dK/dV sweep and the 64x64 dK/dV tiles (issue 13) and now
     beats the Gluon split backward (``experiments/results/h100/bwd_session12``: each pass alone and
     the four pairs, 16K, GQA 64:8, bf16, H100, ms Gluon / plain): full 51.6 / 49.1, causal 27.3 /
@@ -230,8 +260,8 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     causal_blockwise 20.9 / 20.3; Gluon ahead on block_causal_document 11.4 / 11.8, sliding_window
     7.47 / 7.67, sliding_window_causal 4.32 / 4.45 (mean: plain 2.5 % faster). By pass, Gluon's dQ is
     the faster (full 17.3 vs 20.4 ms) and the plain dK/dV (28.3 vs 31.5), yet the mixed pair is no
-    faster than the plain one (full 48.9, causal 26.5) except on share_question (9.28). MHA and
-    D = 64 were not measured: D = 64 keeps the Gluon backward.
+    faster than the plain one (full 48.9, causal 26.5) except on share_question (9.28) (sequential
+    timing: see session 18 above).
 
     Three consumer warpgroups (``consumers=3``, a 192-row query tile, 160 registers each: FA3's
     choice at small head dims) where both head-dim tiles are 64 wide: D = 64 at 16K, GQA 64:8, H100
@@ -327,7 +357,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
-                bwd_design="split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
+                bwd_design="mixed" if head_dim in MIXED_BWD_HEAD_DIMS else "split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
                 fused_dq="atomic")
 
 
@@ -484,9 +514,12 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
                                                                           v if dv != head_dim else None)
     if overlay and "gluon_bwd" not in overlay and any(key in overlay for key in GLUON_BWD_KEYS):
-        # a config that sets the Gluon backward's keys asks for that backward, whatever the default
-        # (D = 128's is the plain-Triton one)
+        # a config that sets the Gluon backward's keys asks for that backward
         base["gluon_bwd"] = not bwd_reason(head_dim, dv)
+    if overlay and "bwd_design" not in overlay and any(key in overlay for key in GLUON_DKDV_KEYS):
+        # ... and one that tunes the Gluon dK/dV kernel for the design that runs it (configs and
+        # autotune entries from before the mixed default keep their meaning)
+        base["bwd_design"] = "split"
     cfg = _resolve(_SPEC, base, overlay or {})
     no_bwd = bwd_reason(head_dim, dv)
     if no_bwd:
@@ -773,17 +806,27 @@ def launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, plan: WsPlan, softm
     )
 
 
-def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan: WsPlan, softmax_scale: float,
-              cfg: dict, dlse=None):
-    """Launch delta preprocess, the Gluon dQ kernel and the Gluon dK/dV kernel. Returns
-    ``dq, dk, dv`` in the inputs' dtype."""
+def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan, softmax_scale: float,
+              cfg: dict, dlse=None, bwd_cfg: Optional[dict] = None):
+    """Launch delta preprocess, the Gluon dQ kernel, then the dK/dV kernel of ``cfg["bwd_design"]``:
+    the Gluon one (``"split"``, ``dkdv_plan`` a key-major :class:`WsPlan`) or the plain-Triton one
+    (``"mixed"``: ``dense.launch_bwd_dkdv`` on the dense :class:`TilePlan` ``dkdv_plan`` with
+    ``bwd_cfg``'s ``DKDV_*`` / ``dkdv_*`` keys). Each tile of dQ, dK, dV is written once by one
+    program: no atomics, bitwise reproducible. Returns ``dq, dk, dv`` in the inputs' dtype."""
+    mixed = cfg["bwd_design"] == "mixed"
     check_plan(dq_plan.tiles, BLOCK_M, cfg["dq_block_n"], "dQ")
-    check_plan(dkdv_plan.tiles, cfg["dkdv_block_mq"], BLOCK_M, "dK/dV")
+    if mixed:
+        check_plan(dkdv_plan, bwd_cfg["DKDV_BLOCK_M"], bwd_cfg["DKDV_BLOCK_N"], "dK/dV")
+    else:
+        check_plan(dkdv_plan.tiles, cfg["dkdv_block_mq"], BLOCK_M, "dK/dV")
     q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
     if delta is None:
         return dq, dk, dv
     launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, dq_plan, softmax_scale, cfg)
-    launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, dkdv_plan, softmax_scale, cfg)
+    if mixed:
+        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, bwd_cfg)
+    else:
+        launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, dkdv_plan, softmax_scale, cfg)
     return dq, dk, dv
 
 
@@ -838,7 +881,7 @@ def _bwd(dout, dlse, q, k, v, out, lse, plan, bwd_a, bwd_b, softmax_scale, cfg, 
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         return gluon_bwd_fused(dout, q, k, v, out, lse, bwd_a, softmax_scale, cfg, dlse=dlse)
     if cfg["gluon_bwd"]:
-        return gluon_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, cfg, dlse=dlse)
+        return gluon_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, cfg, dlse=dlse, bwd_cfg=bwd_cfg)
     return dense_bwd(dout, q, k, v, out, lse, bwd_a, bwd_b, softmax_scale, bwd_cfg, dlse=dlse)
 
 
@@ -862,10 +905,14 @@ def fwd_plan(mask, cfg: dict, device):
 
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
     """The forward's merged-run plan and the backward's two plans (all cached; the fused Gluon
-    backward has one, the second is None)."""
+    backward has one, the second is None; the mixed one the Gluon dQ plan and the dense dK/dV
+    :class:`TilePlan` of ``bwd_cfg``'s tiles)."""
     fwd = fwd_plan(mask, cfg, device)
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         return fwd, get_ws_plan(mask, cfg["fused_block_mq"], BLOCK_M, device, "k"), None
+    if cfg["gluon_bwd"] and cfg["bwd_design"] == "mixed":
+        return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
+                plans_for(mask, bwd_cfg, device)[1])
     if cfg["gluon_bwd"]:
         return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
                 get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k"))
@@ -878,10 +925,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
                     bwd_config: Optional[dict] = None, deterministic: bool = False):
     """Attention of ``q [B, Sq, Hq, D_qk]`` over ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     under a ``RangeMask`` on an sm_90 GPU: the warp-specialized Gluon forward, the Gluon backward
-    (``gluon_bwd``, at D 64 / 128 with D_v == D_qk) or the plain-Triton one.
+    (``gluon_bwd``, at D 64 / 128 with D_v == D_qk; at 128 by default ``bwd_design="mixed"``: the
+    Gluon dQ kernel and the plain-Triton dK/dV kernel) or the plain-Triton one.
 
     ``config`` sets the launch (``CONFIG_KEYS``), ``bwd_config`` the plain-Triton backward's (the
-    dense kernel's keys, with ``gluon_bwd=False``). ``deterministic=True``: bitwise-identical
+    dense kernel's keys, with ``gluon_bwd=False``; with ``bwd_design="mixed"`` its dK/dV keys). ``deterministic=True``: bitwise-identical
     gradients run to run (no atomics in either backward). Returns ``out`` or ``(out, lse)`` like
     ``dense_attention``. The fused Gluon backward (``bwd_design="fused"``) adds dQ by fp32 atomics:
     with ``deterministic=True`` an explicit config asking for it is refused, one from the autotune
@@ -893,8 +941,8 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask, v=v)
     bwd_cfg = dense_resolve_config(config_head_dim(d, dv), q.dtype, bwd_config, q=q, k=k, mask=mask,
                                    v=v if dv != d else None)
-    # deterministic=True: the split Gluon backward has no atomics (each dQ, dK, dV tile is written
-    # once by one program), so it holds at no cost; the fused one adds dQ by atomics, and so does
+    # deterministic=True: the split and mixed Gluon backwards have no atomics (each dQ, dK, dV tile
+    # is written once by one program), so it holds at no cost; the fused one adds dQ by atomics, and so does
     # the plain-Triton one with fused_dq: refused when explicit, dropped when from the cache
     if deterministic and cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         if config is None:
