@@ -95,15 +95,67 @@ def test_split_plans_cover_the_tiles_once(name):
     assert build_ws_plan(plan, part="full").order.tolist() == whole_order
     with_partial = {m for m in range(plan.num_m) if any(p for _, p in walk(*arrays["all"], m))}
     assert build_ws_plan(plan, part="partial").order.tolist() == [m for m in whole_order if m in with_partial]
-    cfg = G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=mask)
+    cfg = G.resolve_config(128, torch.bfloat16, {"split_partial": True, "mask_head": False}, mask=mask)
     pair = G.fwd_plan(mask, cfg, "cpu")
     assert isinstance(pair, tuple) and [p.has_partial for p in pair] == [False, True]
-    assert not isinstance(G.fwd_plan(mask, G.resolve_config(128, torch.bfloat16, mask=mask), "cpu"), tuple)
+    one = G.resolve_config(128, torch.bfloat16, {"split_partial": False, "mask_head": False}, mask=mask)
+    assert not isinstance(G.fwd_plan(mask, one, "cpu"), tuple)
     full = lt.make_mask("full", 1024)
     assert not isinstance(G.fwd_plan(full, G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=full),
                                      "cpu"), tuple)
     with pytest.raises(ValueError, match="part must be one of"):
         build_ws_plan(plan, part="half")
+
+
+@pytest.mark.parametrize("name", ["causal", "prefix_lm_causal", "sliding_window_causal", "full_document", "random"])
+@pytest.mark.parametrize("block_m", [128, 192])
+def test_mask_head_plans_cover_the_tiles_once(name, block_m):
+    """``part="head"`` puts each query tile's first partial key tile in front of its full tiles (no
+    partial runs left: the loop never masks) and ``part="rest"`` holds its other partial tiles: together
+    exactly the whole plan's tiles, each once; the rest's order lists only the query tiles that have
+    any, heaviest first."""
+    mask = random_range_mask(700, 900, seed=3) if name == "random" else small_mask(name, 1000, seed=1)
+    plan, _ = _expected(mask, block_m, 128)
+    head, rest = build_ws_plan(plan, part="head"), build_ws_plan(plan, part="rest")
+    assert head.has_partial is False and head.mask_head is True and rest.mask_head is False
+    arrays = {k: [t.numpy() for t in p.tensors()[3:]] for k, p in (("all", build_ws_plan(plan)), ("head", head),
+                                                                  ("rest", rest))}
+    for m in range(plan.num_m):
+        whole = walk(*arrays["all"], m)
+        h, r = walk(*arrays["head"], m), walk(*arrays["rest"], m)
+        partial = [n for n, p in whole if p]
+        if partial:
+            assert h[0][0] == partial[0]  # the head tile first
+        assert sorted(n for n, _ in r) == partial[1:]
+        assert sorted([n for n, _ in h] + [n for n, _ in r]) == sorted(n for n, _ in whole)
+    with_rest = {m for m in range(plan.num_m) if walk(*arrays["rest"], m)}
+    assert rest.order.tolist() == [m for m in build_ws_plan(plan).order.tolist() if m in with_rest]
+    # fwd_plan: the head plan alone where no tile has a second partial tile, else with the rest
+    cfg = G.resolve_config(128, torch.bfloat16, {"mask_head": True, "consumers": block_m // 64}, mask=mask)
+    assert G.fwd_block_m(cfg) == block_m
+    pieces = G.fwd_plan(mask, cfg, "cpu")
+    assert isinstance(pieces, tuple) and pieces[0].mask_head and len(pieces) == 1 + bool(with_rest)
+    with pytest.raises(ValueError, match="forward's"):
+        build_ws_plan(plan, major="k", part="head")
+
+
+@pytest.mark.parametrize("name,want", [("causal", True), ("prefix_lm_causal", True), ("causal_blockwise", True),
+                                       ("full_document", True), ("full", False), ("sliding_window_causal", False),
+                                       ("global_sliding_window", False), ("causal_document", False),
+                                       ("share_question", False)])
+def test_mask_head_default(name, want):
+    """At D = 128 ``mask_head`` is the default where at most ``MASK_HEAD_REST_TILES`` of the query tiles
+    have partial tiles beyond their first (16K: causal none, prefix_lm_causal 13 of 86, causal_blockwise
+    and full_document 65 of 128; off at global_sliding_window 104, causal_document 124, ...) and
+    there are partial tiles at all; other dims do without; a config naming it decides. It takes
+    precedence over the split launch."""
+    mask = lt.make_mask(name, 16384)
+    cfg = G.resolve_config(128, torch.bfloat16, mask=mask)
+    assert cfg["mask_head"] is want
+    assert G.resolve_config(64, torch.bfloat16, mask=mask)["mask_head"] is False
+    assert G.resolve_config(128, torch.bfloat16, {"mask_head": False}, mask=mask)["mask_head"] is False
+    pieces = G.fwd_plan(mask, cfg, "cpu")
+    assert want == (isinstance(pieces, tuple) and pieces[0].mask_head)
 
 
 @pytest.mark.parametrize("name,want", [("causal", True), ("prefix_lm_causal", True), ("causal_blockwise", False),
@@ -682,7 +734,11 @@ _COMPILE = textwrap.dedent("""
              ("persist-merge", 128, dict(persistent=True, consumers=3, p_smem=True), dict(merge=True)),
              # the same as causal's default (two persistent consumers, O's own buffers, one interval)
              ("persist-own-merge", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
-              dict(merge=True, num_iv=1))]
+              dict(merge=True, num_iv=1)),
+             # mask_head: step 0 masked without a branch, the loop compiled without the mask path
+             ("persist-own-head", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
+              dict(has_partial=False, mask_head=True)),
+             ("psmem-d128-head", 128, dict(consumers=3, p_smem=True), dict(has_partial=False, mask_head=True))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
@@ -745,7 +801,7 @@ def test_every_variant_compiles_for_sm90a():
         if name != "dkdv-skew":
             assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
     psmem = {n: rows.pop(n) for n in [n for n in rows if n.startswith("psmem")]}
-    assert set(psmem) == {"psmem-d128", "psmem-d128-partial"}
+    assert set(psmem) == {"psmem-d128", "psmem-d128-partial", "psmem-d128-head"}
     for name, r in psmem.items():
         # three consumers at 160 registers, producer 24; P stored by stmatrix, fenced for the async
         # proxy before the P V wgmma reads it (one fence per store site at least)
@@ -759,9 +815,13 @@ def test_every_variant_compiles_for_sm90a():
     # row; causal ran 2-7 % faster all the same)
     assert psmem["psmem-d128"]["spill_stores"] <= 32 and psmem["psmem-d128"]["spill_loads"] <= 32, psmem
     assert psmem["psmem-d128-partial"]["spill_stores"] <= 768, psmem
+    # mask_head: the step-0 mask without a branch spills a little more than none (measured 40 B vs 24;
+    # the branch's mask path 180-632) and leaves the loop on the uniform datapath (session 18)
+    assert psmem["psmem-d128-head"]["spill_stores"] <= 64, psmem
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
     assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
-                            "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge", "persist-own-merge"}
+                            "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge", "persist-own-merge",
+                            "persist-own-head"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
@@ -770,7 +830,8 @@ def test_every_variant_compiles_for_sm90a():
     # two consumers stay spill-free; three at 160 registers spill about as much as one tile a CTA does
     # (the merge reads the first launch's O while the last P V runs: held from the tile's start it
     # spilled 56 B there)
-    for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out", "persist-own-merge"):
+    for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out", "persist-own-merge",
+                 "persist-own-head"):
         assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
     assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
     # O in P's buffers: no shared memory beyond Q, P and the ring (Q 48 + P 48 + two 64 KB stages);

@@ -325,6 +325,20 @@ def test_split_partial_forward(name, D, config):
 
 
 @needs_sm90
+@pytest.mark.parametrize("D,config", SPLIT_PARTIAL,
+                         ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("name", ["random", "causal", "prefix_lm_causal", "sliding_window_causal", "causal_document",
+                                  "full_document"])
+def test_mask_head_forward(name, D, config):
+    """Each query tile's first partial key tile at the front of its walk, masked at step 0 without a
+    branch (full tiles there too: the interval mask passes them whole), the others merged by a second
+    launch: the same checks (random masks give several partial tiles a query tile, causal one)."""
+    mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
+            else small_mask(name, 3001, seed=7))
+    _check(mask, 8, 2, D, config=dict(mask_head=True, **config), B=2)
+
+
+@needs_sm90
 @pytest.mark.parametrize("poly_exp", [2, 4, 8], ids=lambda n: f"poly_exp={n}")
 @pytest.mark.parametrize("D,extra", [(96, dict(split_d=True)), (128, {}), (64, {})],
                          ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))

@@ -8,6 +8,8 @@
 #                                               # Gluon pair) beside SDPA-cuDNN's, interleaved
 #   bash experiments/gpu/session18.sh bwdtarget # the mixed default's GPU tests; issue 12's backward
 #                                               # run (12 masks, triton / triton-gluon / cuDNN / Flex)
+#   bash experiments/gpu/session18.sh head      # mask_head: its GPU tests, then timed interleaved against
+#                                               # each mask's default (split launch / one launch)
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 case "${1:-}" in
@@ -32,6 +34,13 @@ case "${1:-}" in
     PYTHONUNBUFFERED=1 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --backends triton,triton-gluon,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -30
     ;;
+  head)
+    timeout 200 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "mask_head" 2>&1 | tail -30 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/partial_cost.py --more-masks causal_blockwise,full_document,sliding_window_causal \
+      --config-json '[{"mask_head": true}, {"mask_head": true, "consumers": 2, "persistent": true, "o_own": true, "num_stages": 2, "snake": true}, {"split_partial": false}]' \
+      | python3 -c "import sys, json; [print(r['mask'], r['config'], round(r['fwd_tflops'], 1), round(r['err_out'], 5)) for r in map(json.loads, sys.stdin)]"
+    ;;
   *)
-    sed -n '2,12p' "$0"; exit 2 ;;
+    sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -54,6 +54,10 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   (``gluon_fwd``): with the mask path compiled in, ptxas moves the key loop's descriptor and ring
   arithmetic off the uniform datapath (session 17: a mask that is full but for one key per row tile
   ran 10 % slower than full).
+* ``mask_head``: on a mask with partial tiles, each query tile's first partial key tile moves to the
+  front of its walk and step 0 masks without a branch (``attention_fwd``: a full tile's rows allow
+  every key, so masking it changes nothing), the loop compiled without the mask path; a tile's
+  other partial tiles (none on causal at 128-row tiles) run in the split launch's second half.
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
   split; ``attention_fwd._exp2_mix_asm``). Measured slower at every n and head dim on an H100 (the
@@ -86,6 +90,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .._autograd import attention_function
@@ -159,6 +164,14 @@ DENSE_THREE = 0.6
 #: splits its launch (``split_partial``; session 17, call 12: on at prefix_lm_causal 1.0 % and
 #: causal 1.6 %, +4-5 %; off at causal_blockwise 4.9 % and full_document 8.7 %, -1 and -4 %)
 SPLIT_PARTIAL_SHARE = 0.025
+#: at D = 128 the forward moves each query tile's first partial key tile to the front of its walk
+#: (``mask_head``) where at most this share of the query tiles have partial tiles beyond it (session
+#: 18, calls 13 and 15, TFLOP/s default / mask_head, interleaved: causal (no such tile) 607 / 642,
+#: prefix_lm_causal (13 of 86) 632 / 651, causal_blockwise (65 of 128) 555 / 588, full_document (65 of
+#: 128) 541 / 542 and 567 / 573; losses where most query tiles have more: global_sliding_window (104 of
+#: 128) 580 / 546, causal_document (124) 522 / 477, share_question (123) 507 / 451,
+#: sliding_window_causal (120) 449 / 384)
+MASK_HEAD_REST_TILES = 0.6
 #: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
 #: not measured persistent at these dims and stays one tile a CTA)
 PERSIST_BELOW = 0.5
@@ -168,7 +181,7 @@ GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dk
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
-               "split_partial") + GLUON_BWD_KEYS
+               "split_partial", "mask_head") + GLUON_BWD_KEYS
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
@@ -187,7 +200,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial"),
+                              "o_in_p", "snake", "split_partial", "mask_head"),
                    tuned_name="triton-gluon")
 
 
@@ -333,6 +346,16 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     over the query tiles that have partial tiles only (call 19): prefix_lm_causal 616.1 / 645.5, causal
     603.4 / 622.2, prefix 12288 614.6 / 659.0.
 
+    Session 18 (experiments/results/h100/session18, calls 13 and 15): ``mask_head`` (each query
+    tile's first partial key tile at the front of its walk, masked at step 0 without a branch; the
+    others in the split launch's second half) against the defaults then, interleaved: causal 607.4 /
+    642.2 (split / mask_head), prefix_lm_causal 631.6 / 651.2, causal_blockwise 555.3 / 588.2 (one
+    launch), full_document 540.9 / 542.2; losses where most query tiles keep partial tiles for the
+    second launch: sliding_window_causal 448.9 / 384.1, global_sliding_window 579.9 / 546.2,
+    causal_document 521.6 / 477.2, share_question 507.1 / 450.5. On at D = 128 where at most
+    ``MASK_HEAD_REST_TILES`` of the query tiles have such tiles; it takes precedence over the split
+    launch.
+
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
     gluon/run3/split_d_tests.txt), with a 4-stage ring (a split tile needs less shared memory; H100,
@@ -353,7 +376,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, split_partial=False,
+                snake=False, poly_exp=0, split_partial=False, mask_head=False,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -575,8 +598,16 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
         visited = bt.num_full + bt.num_partial
         cfg["split_partial"] = bool(bt.num_partial) and bt.num_partial <= SPLIT_PARTIAL_SHARE * visited
-    if cfg["split_partial"] and split_partial_reason(cfg, head_dim, dv):
-        raise ValueError(f"config['split_partial']=True: {split_partial_reason(cfg, head_dim, dv)}")
+    if ("mask_head" not in named and head_dim == dv == 128 and mask is not None
+            and hasattr(mask, "block_tables")):
+        # each query tile's first partial key tile masked at step 0 without a branch, the others (if
+        # any) in the split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES)
+        bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
+        per_tile = np.diff(np.asarray(bt.q_part_ptr))
+        cfg["mask_head"] = bool(per_tile.any()) and int((per_tile >= 2).sum()) <= MASK_HEAD_REST_TILES * bt.num_m
+    if (cfg["split_partial"] or cfg["mask_head"]) and split_partial_reason(cfg, head_dim, dv):
+        key = "mask_head" if cfg["mask_head"] else "split_partial"
+        raise ValueError(f"config[{key!r}]=True: {split_partial_reason(cfg, head_dim, dv)}")
     if cfg["o_in_p"] and o_in_p_reason(cfg, head_dim, dv):
         raise ValueError(f"config['o_in_p']=True: {o_in_p_reason(cfg, head_dim, dv)}")
     if cfg["snake"] and not cfg["persistent"]:
@@ -745,7 +776,7 @@ def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict
         PRODUCER_REGS=producer_regs,
         SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
         PERSISTENT=cfg["persistent"], O_IN_P=store_tma and cfg["o_in_p"], SNAKE=cfg["snake"],
-        POLY_EXP=cfg["poly_exp"], MERGE=merge,
+        POLY_EXP=cfg["poly_exp"], MERGE=merge, MASK_HEAD=plan.mask_head,
         num_warps=4, maxnreg=maxnreg,
     )
 
@@ -894,10 +925,18 @@ GluonAttentionFunction = attention_function(
 
 
 def fwd_plan(mask, cfg: dict, device):
-    """The forward's plan: one :class:`WsPlan`, or with ``split_partial`` on a mask that has
-    partial tiles the pair ``(full tiles only, partial tiles only)`` (``gluon_fwd``)."""
+    """The forward's plan: one :class:`WsPlan`, or on a mask that has partial tiles with
+    ``mask_head`` the pair ``(each tile's first partial tile in front of its full tiles, the other
+    partial tiles)`` (the second left out where there are none), else with ``split_partial`` the pair
+    ``(full tiles only, partial tiles only)`` (``gluon_fwd``)."""
     plan = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device)
-    if cfg["split_partial"] and plan.has_partial:
+    if not plan.has_partial:
+        return plan
+    if cfg["mask_head"]:
+        head, rest = (get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device, part=part)
+                      for part in ("head", "rest"))
+        return (head, rest) if len(rest.order) else (head,)
+    if cfg["split_partial"]:
         plan = tuple(get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device, part=part)
                      for part in ("full", "partial"))
     return plan

@@ -711,7 +711,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
-                  SNAKE: gl.constexpr, POLY_EXP: gl.constexpr, MERGE: gl.constexpr):
+                  SNAKE: gl.constexpr, POLY_EXP: gl.constexpr, MERGE: gl.constexpr,
+                  MASK_HEAD: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
     ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
     ``program_id, program_id + num_programs, ...``).
@@ -743,7 +744,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                                       o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE)
+                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD)
                 it += 1
         # the last tile's O store must have read its buffer before the CTA ends
         tma.store_wait(0)
@@ -754,7 +755,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                       p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE)
+                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD)
         if O_OWN:
             # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
             # epilogue has waited for it already)
@@ -769,7 +770,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                   NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
-                  POLY_EXP: gl.constexpr, MERGE: gl.constexpr):
+                  POLY_EXP: gl.constexpr, MERGE: gl.constexpr, MASK_HEAD: gl.constexpr):
     """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
     num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
@@ -828,6 +829,11 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
                 s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
+        elif MASK_HEAD:
+            # the item's first key tile is its only partial one (or a full one, where the rows'
+            # intervals allow every key): masked without a branch, which keeps the loop on the
+            # uniform datapath (a branch on S anywhere does not: session 17)
+            s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
         m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
         if O_IN_P:
             # the previous tile's O left through this P buffer: its TMA store must have read it
@@ -1034,7 +1040,7 @@ def gluon_fwd_kernel(
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
     PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr, SNAKE: gl.constexpr, POLY_EXP: gl.constexpr,
-    MERGE: gl.constexpr,
+    MERGE: gl.constexpr, MASK_HEAD: gl.constexpr,
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
@@ -1115,15 +1121,15 @@ def gluon_fwd_kernel(
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
             (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -1132,11 +1138,11 @@ def gluon_fwd_kernel(
             (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -43,7 +43,10 @@ class WsPlan:
     run_start: torch.Tensor
     run_end: torch.Tensor
     has_partial: bool
-    order: torch.Tensor  # launch order of the major tiles (heaviest first; part="partial": those with any)
+    order: torch.Tensor  # launch order of the major tiles (heaviest first; part="partial"/"rest": those with any)
+    #: ``part="head"``: a tile's first key tile may be partial (its first partial tile, moved to the
+    #: front); the forward masks step 0 without a branch and never masks in the loop
+    mask_head: bool = False
 
     def tensors(self) -> list:
         """What the kernels read: ``LO, HI, ORDER`` and the merged runs, in argument order."""
@@ -93,15 +96,39 @@ def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tupl
     return out
 
 
-#: which runs a plan keeps (``build_ws_plan``): all of them, only the full ones, only the partial ones
-PARTS = ("all", "full", "partial")
+#: which runs a plan keeps (``build_ws_plan``): all of them, only the full ones, only the partial ones;
+#: "head": the full runs behind each tile's first partial key tile, "rest": the partial tiles but those
+PARTS = ("all", "full", "partial", "head", "rest")
+
+
+def split_head(part: tuple, num: int):
+    """A tile's first partial key tile apart from its others: CSR ``(ptr, start, end)`` (numpy) of
+    partial runs -> ``(head, rest)``, ``head`` one 1-tile run per tile that has any partial tile
+    (the first tile of its first run), ``rest`` the same runs without it (a 1-tile run vanishes)."""
+    ptr, start, end = (np.asarray(a, dtype=np.int64) for a in part)
+    counts = np.diff(ptr)
+    has = counts > 0
+    first = ptr[:-1][has]  # index of each tile's first run
+    h_ptr = np.zeros(num + 1, np.int64)
+    np.cumsum(has.astype(np.int64), out=h_ptr[1:])
+    head = (h_ptr, start[first], start[first] + 1)
+    r_start = start.copy()
+    r_start[first] += 1
+    keep = r_start < end
+    tile = np.repeat(np.arange(num), counts)
+    r_ptr = np.zeros(num + 1, np.int64)
+    np.cumsum(np.bincount(tile[keep], minlength=num), out=r_ptr[1:])
+    return head, (r_ptr, r_start[keep], end[keep])
 
 
 def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPlan:
     """Merge ``tiles``' query-major (``major="q"``: forward, dQ) or key-major (``"k"``: dK/dV) run
     lists; ``order`` is the matching launch order (heaviest first). ``part="full"`` / ``"partial"``
     keeps only the full / only the partial runs (the forward's split launch: the full tiles in the
-    kernel compiled without the mask path, the partial ones in a second launch that merges)."""
+    kernel compiled without the mask path, the partial ones in a second launch that merges);
+    ``"head"`` each tile's first partial key tile (``split_head``) in front of its full runs (the
+    forward masks step 0 without a branch: ``mask_head``) and ``"rest"`` the partial tiles but
+    those (query-major only)."""
     if major not in ("q", "k"):
         raise ValueError(f"major must be 'q' or 'k', got {major!r}")
     if part not in PARTS:
@@ -109,21 +136,34 @@ def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPla
     lists = (tiles.q_full, tiles.q_part) if major == "q" else (tiles.k_full, tiles.k_part)
     num = tiles.num_m if major == "q" else tiles.num_n
     host = [tuple(t.cpu().numpy() for t in lst) for lst in lists]
-    if part != "all":
+    empty = (np.zeros(num + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    mask_head = False
+    if part in ("head", "rest"):
+        if major != "q":
+            raise ValueError(f"part={part!r} is the forward's (major='q'), got major={major!r}")
+        head, rest = split_head(host[1], num)
+        if part == "head":
+            # the head tile in front of its tile's full runs, as its first "full" run: no partial
+            # runs remain, so the loop never masks (step 0 does, without a branch: mask_head)
+            ptr, _, _, start, end = merge_runs(head, host[0], num)
+            host = [(ptr, start[:-1], end[:-1]), empty]
+            mask_head = bool(len(head[1]))
+        else:
+            host = [empty, rest]
+    elif part != "all":
         # the dropped list becomes empty: every tile's pointer 0, no runs
-        drop = 1 if part == "full" else 0
-        host[drop] = (np.zeros(num + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        host[1 if part == "full" else 0] = empty
     arrays = merge_runs(host[0], host[1], num)
     dev = tiles.lo.device
     order = tiles.q_order if major == "q" else tiles.k_order
-    if part == "partial":
+    if part in ("partial", "rest"):
         # the split launch's second half visits only the tiles that have partial runs: the others'
         # rows keep what the first half stored (the first half keeps every tile: it writes the base)
         keep = arrays[2][order.cpu().numpy()] > 0
         order = order[torch.from_numpy(keep).to(order.device)]
     ptr, nfull, count, start, end = (torch.from_numpy(a).to(dev) for a in arrays)
     return WsPlan(tiles=tiles, run_ptr=ptr, run_nfull=nfull, run_count=count, run_start=start,
-                  run_end=end, has_partial=bool(len(host[1][1])), order=order)
+                  run_end=end, has_partial=bool(len(host[1][1])), order=order, mask_head=mask_head)
 
 
 _CACHE = PlanCache(64)
