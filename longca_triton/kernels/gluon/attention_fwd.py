@@ -100,6 +100,12 @@ tiles in a second, persistent launch with ``MERGE``: it reads the first launch's
 its rows while the tile's last ``P V`` runs (``_merge_load``: the loads' latency hides behind it) and
 its epilogue stores ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)`` with ``lse =
 logaddexp(lse_a, lse_b)`` (``_merge_rows``; ``O_a`` is read back in q's dtype: one more rounding).
+That second launch rereads Q and reads and rewrites O for every query tile it visits (session 18: its
+time is mostly that traffic). ``MASK_HEAD`` (config ``mask_head``) avoids it where a query tile has
+one partial key tile: masking *without a branch* leaves ptxas' datapath alone, so the plan
+(``plan.build_ws_plan(part="head")``) moves each query tile's first partial tile to the front of its
+walk and step 0 always applies the interval mask (a full tile there passes it whole), while the loop
+is compiled without the mask path; the tile's other partial tiles, if any, go to the merging launch.
 
 Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
 -----------------------------------------------------------
