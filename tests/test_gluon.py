@@ -154,6 +154,9 @@ def test_mask_head_default(name, want):
     assert cfg["mask_head"] is want
     assert G.resolve_config(64, torch.bfloat16, mask=mask)["mask_head"] is False
     assert G.resolve_config(128, torch.bfloat16, {"mask_head": False}, mask=mask)["mask_head"] is False
+    # a config naming the split launch gets it, not mask_head
+    split = G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=mask)
+    assert split["mask_head"] is False and split["split_partial"] is True
     pieces = G.fwd_plan(mask, cfg, "cpu")
     assert want == (isinstance(pieces, tuple) and pieces[0].mask_head)
 

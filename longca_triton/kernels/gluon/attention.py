@@ -598,10 +598,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
         visited = bt.num_full + bt.num_partial
         cfg["split_partial"] = bool(bt.num_partial) and bt.num_partial <= SPLIT_PARTIAL_SHARE * visited
-    if ("mask_head" not in named and head_dim == dv == 128 and mask is not None
-            and hasattr(mask, "block_tables")):
+    if ("mask_head" not in named and "split_partial" not in named and head_dim == dv == 128
+            and mask is not None and hasattr(mask, "block_tables")):
         # each query tile's first partial key tile masked at step 0 without a branch, the others (if
-        # any) in the split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES)
+        # any) in the split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES;
+        # a config that names the split launch gets the split launch)
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
         per_tile = np.diff(np.asarray(bt.q_part_ptr))
         cfg["mask_head"] = bool(per_tile.any()) and int((per_tile >= 2).sum()) <= MASK_HEAD_REST_TILES * bt.num_m
