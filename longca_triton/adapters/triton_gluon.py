@@ -89,8 +89,10 @@ class TritonGluon(TritonBackend):
         )
 
         d, dv = problem.head_dim, problem.d_v
-        plans_for_gluon(problem.mask, resolve_config(d, problem.dtype, config, head_dim_v=dv),
-                        dense_cfg(config_head_dim(d, dv), problem.dtype), q.device)
+        # with the mask: its mask-dependent defaults (consumers, mask_head / split plans, the dense
+        # dK/dV tile) are the ones the call will use
+        plans_for_gluon(problem.mask, resolve_config(d, problem.dtype, config, head_dim_v=dv, mask=problem.mask),
+                        dense_cfg(config_head_dim(d, dv), problem.dtype, mask=problem.mask), q.device)
 
 
 register(TritonGluon())
