@@ -130,11 +130,11 @@ BLOCK_M = 128
 #: differ), and other dims run the plain-Triton backward (``bwd_reason``)
 BWD_HEAD_DIMS = (64, 128)
 #: head dims of ``BWD_HEAD_DIMS`` whose default backward is ``bwd_design="mixed"`` (the Gluon dQ
-#: kernel, the plain-Triton dK/dV kernel): at D = 128 it measured 6-10 % faster than the plain-Triton
-#: pair and 9-19 % faster than the Gluon pair on all 12 static masks (``default_config``)
+#: kernel, the plain-Triton dK/dV kernel): at D = 128 it measured 7-11 % faster than the plain-Triton
+#: pair and 5-23 % faster than the Gluon pair on all 12 static masks (``default_config``)
 MIXED_BWD_HEAD_DIMS = (128,)
 #: head dims of ``BWD_HEAD_DIMS`` whose default backward is the plain-Triton one (``gluon_bwd=False``):
-#: at D = 64 the Gluon pair measured 1.29-1.42x its time and the mixed one 1.22-1.34x (session 18,
+#: at D = 64 the Gluon pair measured 1.28-1.42x its time and the mixed one 1.22-1.34x (session 18,
 #: ``default_config``); the Gluon designs stay configs and autotune candidates there
 PLAIN_BWD_HEAD_DIMS = (64,)
 #: (D_qk, D_v) pairs whose forward has passed tests/test_gluon_gpu.py on an H100
@@ -499,7 +499,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     autotune cache, with ValueError when ``config`` asks for it; ``split_d`` likewise where the
     dims do not split (``split_d_reason``). A config (explicit or cached) that sets a key of the
     Gluon backward (``GLUON_BWD_KEYS``) but not ``gluon_bwd`` gets the Gluon backward where it can run,
-    whatever the default (the plain-Triton one at D = 128)."""
+    whatever the default (the mixed design at D = 128, the plain-Triton backward at D = 64)."""
     if head_dim_v is None:
         head_dim_v = head_dim if v is None else int(v.shape[-1])
     dv = head_dim_v

@@ -644,13 +644,15 @@ def _store_piece(out, Out, row0, Sq, stride_os, C0: gl.constexpr, DV: gl.constex
 
 
 @gluon.jit
-def _merge_load(o_base, lse_base, row0, offs_m, Sq, stride_os, DV: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                o_layout: gl.constexpr):
-    """The ``(O_a, lse_a)`` an earlier launch stored for rows ``offs_m`` (``MERGE``, the split launch):
-    ``O_a [M_WG, DV]`` in its stored dtype (``o_layout``; rows >= Sq and columns >= HEAD_DIM_V 0),
-    ``lse_a [M_WG]`` (-inf beyond Sq)."""
+def _merge_load(Out, Lse, bh, num_heads_q, row0, offs_m, Sq, stride_ob, stride_os, stride_oh, DV: gl.constexpr,
+                HEAD_DIM_V: gl.constexpr, o_layout: gl.constexpr):
+    """The ``(O_a, lse_a)`` an earlier launch stored for rows ``offs_m`` of batch*head ``bh`` (``MERGE``,
+    the split launch): ``O_a [M_WG, DV]`` in its stored dtype (``o_layout``; rows >= Sq and columns >=
+    HEAD_DIM_V 0), ``lse_a [M_WG]`` (-inf beyond Sq)."""
+    b, h, _ = _tile_head(bh, num_heads_q, 1)
+    o_base = Out + b.to(gl.int64) * stride_ob + h * stride_oh
     ok = offs_m < Sq
-    lse_a = gl.load(lse_base + offs_m, mask=ok, other=float("-inf"))
+    lse_a = gl.load(Lse + bh.to(gl.int64) * Sq + offs_m, mask=ok, other=float("-inf"))
     rows = row0 + gl.arange(0, M_WG, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
     ptrs = o_base + gl.expand_dims(rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0)
@@ -885,18 +887,16 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
             # the split launch's second half: these rows' (O, lse) over their full tiles, written by
             # the first launch, read while the last P V runs (earlier, held through the loop, they
             # cost two persistent consumers 56 B of spills: the loop's registers are full)
-            o_a, lse_a = _merge_load(Out + (bh // num_heads_q).to(gl.int64) * stride_ob
-                                     + (bh % num_heads_q) * stride_oh, Lse + bh.to(gl.int64) * Sq,
-                                     row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout)
+            o_a, lse_a = _merge_load(Out, Lse, bh, num_heads_q, row0, offs_m, Sq, stride_ob, stride_os, stride_oh,
+                                     DV0, HEAD_DIM_V, o_layout)
         acc = _wait_pv(acc, DV1)
         mbarrier.arrive(v_empty.index(lst))
     else:
         if Q_EARLY and PERSISTENT:
             mbarrier.arrive(q_empty.index(WG))
         if MERGE:
-            o_a, lse_a = _merge_load(Out + (bh // num_heads_q).to(gl.int64) * stride_ob
-                                     + (bh % num_heads_q) * stride_oh, Lse + bh.to(gl.int64) * Sq,
-                                     row0, offs_m, Sq, stride_os, DV0, HEAD_DIM_V, o_layout)
+            o_a, lse_a = _merge_load(Out, Lse, bh, num_heads_q, row0, offs_m, Sq, stride_ob, stride_os, stride_oh,
+                                     DV0, HEAD_DIM_V, o_layout)
     g += num_tiles
     # the token's turns: one per GEMM issue of the tile, num_tiles + 1 where it has any
     sk += num_tiles + (num_tiles > 0).to(gl.int32)
