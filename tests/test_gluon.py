@@ -22,7 +22,7 @@ import longca_triton as lt
 from longca_triton.adapters import Problem, get_backend
 from longca_triton.kernels.dense_tables import get_tile_plan
 from longca_triton.kernels.gluon import attention as G
-from longca_triton.kernels.gluon.plan import build_ws_plan, merge_runs, walk
+from longca_triton.kernels.gluon.plan import build_ws_plan, merge_runs, pad_single, split_head, walk
 from longca_triton.masks import STATIC_MASK_NAMES
 
 
@@ -107,58 +107,113 @@ def test_split_plans_cover_the_tiles_once(name):
         build_ws_plan(plan, part="half")
 
 
-@pytest.mark.parametrize("name", ["causal", "prefix_lm_causal", "sliding_window_causal", "full_document", "random"])
+@pytest.mark.parametrize("head_tiles", [1, 2], ids=lambda k: f"head={k}")
+@pytest.mark.parametrize("name", ["causal", "prefix_lm_causal", "sliding_window_causal", "full_document", "random",
+                                  "tiny_documents"])
 @pytest.mark.parametrize("block_m", [128, 192])
-def test_mask_head_plans_cover_the_tiles_once(name, block_m):
-    """``part="head"`` puts each query tile's first partial key tile in front of its full tiles (no
-    partial runs left: the loop never masks) and ``part="rest"`` holds its other partial tiles: together
-    exactly the whole plan's tiles, each once; the rest's order lists only the query tiles that have
-    any, heaviest first."""
-    mask = random_range_mask(700, 900, seed=3) if name == "random" else small_mask(name, 1000, seed=1)
+def test_mask_head_plans_cover_the_tiles_once(name, block_m, head_tiles):
+    """``part="head"`` puts each query tile's first ``head`` partial key tiles in front of its full tiles
+    (no partial runs left: the loop never masks) and ``part="rest"`` holds its other partial tiles:
+    together exactly the whole plan's tiles, each once; the rest's order lists only the query tiles
+    that have any, heaviest first. With ``head=2`` a query tile that walks one key tile walks a second
+    that none of its rows may see (the forward's step 1 has no branch), and no other gets one."""
+    if name == "random":
+        mask = random_range_mask(700, 900, seed=3)
+    elif name == "tiny_documents":
+        # documents of 1..60 tokens: many query tiles walk one key tile (and the last pads backwards)
+        mask = lt.make_mask("causal_document", 1000, doc_lens=[37, 5, 60, 1] * 5 + [381, 104])
+    else:
+        mask = small_mask(name, 1000, seed=1)
     plan, _ = _expected(mask, block_m, 128)
-    head, rest = build_ws_plan(plan, part="head"), build_ws_plan(plan, part="rest")
-    assert head.has_partial is False and head.mask_head is True and rest.mask_head is False
+    head, rest = (build_ws_plan(plan, part=part, head=head_tiles) for part in ("head", "rest"))
+    assert head.has_partial is False and head.mask_head == head_tiles and rest.mask_head == 0
     arrays = {k: [t.numpy() for t in p.tensors()[3:]] for k, p in (("all", build_ws_plan(plan)), ("head", head),
                                                                   ("rest", rest))}
+    padded = 0
     for m in range(plan.num_m):
         whole = walk(*arrays["all"], m)
-        h, r = walk(*arrays["head"], m), walk(*arrays["rest"], m)
+        h, r = [n for n, _ in walk(*arrays["head"], m)], [n for n, _ in walk(*arrays["rest"], m)]
         partial = [n for n, p in whole if p]
-        if partial:
-            assert h[0][0] == partial[0]  # the head tile first
-        assert sorted(n for n, _ in r) == partial[1:]
-        assert sorted([n for n, _ in h] + [n for n, _ in r]) == sorted(n for n, _ in whole)
+        assert h[:len(partial[:head_tiles])] == partial[:head_tiles]  # the head tiles first, in key order
+        assert sorted(r) == partial[head_tiles:]
+        if head_tiles == 2 and len(whole) == 1:
+            # the pad: a tile this query tile does not visit (its neighbour, or past the keys)
+            padded += 1
+            assert len(h) == 2 and h[1] not in (n for n, _ in whole) and abs(h[1] - h[0]) == 1, (m, h, whole)
+            h = h[:1]
+        assert sorted(h + r) == sorted(n for n, _ in whole)
+    assert padded == (0 if head_tiles == 1 else sum(len(walk(*arrays["all"], m)) == 1 for m in range(plan.num_m)))
+    if name == "tiny_documents" and head_tiles == 2:
+        assert padded > 0
     with_rest = {m for m in range(plan.num_m) if walk(*arrays["rest"], m)}
     assert rest.order.tolist() == [m for m in build_ws_plan(plan).order.tolist() if m in with_rest]
-    # fwd_plan: the head plan alone where no tile has a second partial tile, else with the rest
-    cfg = G.resolve_config(128, torch.bfloat16, {"mask_head": True, "consumers": block_m // 64}, mask=mask)
+    # fwd_plan: the head plan alone where no tile has partial tiles beyond the head, else with the rest
+    cfg = G.resolve_config(128, torch.bfloat16, {"mask_head": head_tiles, "consumers": block_m // 64}, mask=mask)
     assert G.fwd_block_m(cfg) == block_m
     pieces = G.fwd_plan(mask, cfg, "cpu")
-    assert isinstance(pieces, tuple) and pieces[0].mask_head and len(pieces) == 1 + bool(with_rest)
+    assert isinstance(pieces, tuple) and pieces[0].mask_head == head_tiles and len(pieces) == 1 + bool(with_rest)
     with pytest.raises(ValueError, match="forward's"):
         build_ws_plan(plan, major="k", part="head")
+    with pytest.raises(ValueError, match="head must be one of"):
+        build_ws_plan(plan, part="head", head=3)
 
 
-@pytest.mark.parametrize("name,want", [("causal", True), ("prefix_lm_causal", True), ("causal_blockwise", True),
-                                       ("full_document", True), ("full", False), ("sliding_window_causal", False),
-                                       ("global_sliding_window", False), ("causal_document", False),
-                                       ("share_question", False)])
+def test_split_head_and_pad_single_by_hand():
+    """``split_head`` takes a tile's first k partial tiles across its runs; ``pad_single`` gives a
+    one-tile walk its next neighbour, its previous one at the last key tile, the tile past the keys
+    where there is only one."""
+    # tile 0: runs [0, 1) and [3, 5); tile 1: [2, 6); tile 2: none
+    part = (np.array([0, 2, 3, 3]), np.array([0, 3, 2]), np.array([1, 5, 6]))
+    head, rest = split_head(part, 3, 2)
+    assert [a.tolist() for a in head] == [[0, 2, 3, 3], [0, 3, 2], [1, 4, 4]]
+    assert [a.tolist() for a in rest] == [[0, 1, 2, 2], [4, 4], [5, 6]]
+    head1, rest1 = split_head(part, 3, 1)
+    assert [a.tolist() for a in head1] == [[0, 1, 2, 2], [0, 2], [1, 3]]
+    assert [a.tolist() for a in rest1] == [[0, 1, 2, 2], [3, 3], [5, 6]]
+    # tiles walking [4, 5) (middle), [7, 8) (the last of 8), [2, 4) (two: no pad), nothing
+    runs = (np.array([0, 1, 2, 3, 3]), np.array([4, 7, 2]), np.array([5, 8, 4]))
+    pad = pad_single(runs, 4, 8)
+    assert [a.tolist() for a in pad] == [[0, 1, 2, 2, 2], [5, 6], [6, 7]]
+    one_key = pad_single((np.array([0, 1]), np.array([0]), np.array([1])), 1, 1)
+    assert [a.tolist() for a in one_key] == [[0, 1], [1], [2]]
+
+
+@pytest.mark.parametrize("name,want", [("causal", 1), ("prefix_lm_causal", 1), ("causal_blockwise", 2),
+                                       ("full_document", 2), ("full", 0), ("sliding_window_causal", 2),
+                                       ("global_sliding_window", 2), ("causal_document", 2), ("sliding_window", 2),
+                                       ("prefix_lm_document", 2), ("share_question", 0)])
 def test_mask_head_default(name, want):
     """At D = 128 ``mask_head`` is the default where at most ``MASK_HEAD_REST_TILES`` of the query tiles
-    have partial tiles beyond their first (16K: causal none, prefix_lm_causal 13 of 86, causal_blockwise
-    and full_document 65 of 128; off at global_sliding_window 104, causal_document 124, ...) and
-    there are partial tiles at all; other dims do without; a config naming it decides. It takes
-    precedence over the split launch."""
+    have partial tiles beyond the head ones (16K): one where no query tile has two (causal), or where
+    three consumers run (prefix_lm_causal, 13 of 86 beyond one); two with two consumers where any has
+    two (causal_blockwise, full_document 14 of 128 beyond two, the windows none); off where more do
+    (share_question 112 of 128) or there are no partial tiles; other dims do without; a config naming
+    it decides (a bool meaning 0 / 1). It takes precedence over the split launch."""
     mask = lt.make_mask(name, 16384)
     cfg = G.resolve_config(128, torch.bfloat16, mask=mask)
-    assert cfg["mask_head"] is want
-    assert G.resolve_config(64, torch.bfloat16, mask=mask)["mask_head"] is False
-    assert G.resolve_config(128, torch.bfloat16, {"mask_head": False}, mask=mask)["mask_head"] is False
+    assert cfg["mask_head"] == want and type(cfg["mask_head"]) is int
+    assert G.resolve_config(64, torch.bfloat16, mask=mask)["mask_head"] == 0
+    assert G.resolve_config(128, torch.bfloat16, {"mask_head": False}, mask=mask)["mask_head"] == 0
+    assert G.resolve_config(128, torch.bfloat16, {"mask_head": True}, mask=mask)["mask_head"] == 1
     # a config naming the split launch gets it, not mask_head
     split = G.resolve_config(128, torch.bfloat16, {"split_partial": True}, mask=mask)
-    assert split["mask_head"] is False and split["split_partial"] is True
+    assert split["mask_head"] == 0 and split["split_partial"] is True
     pieces = G.fwd_plan(mask, cfg, "cpu")
     assert want == (isinstance(pieces, tuple) and pieces[0].mask_head)
+
+
+def test_default_mask_head_rule_and_bad_values():
+    """``default_mask_head`` by hand; ``mask_head`` outside ``MASK_HEAD`` is refused by name."""
+    n = 10
+    assert G.default_mask_head(np.zeros(n, int), 2) == 0
+    assert G.default_mask_head(np.ones(n, int), 2) == 1  # one partial tile a query tile: one masked step
+    assert G.default_mask_head(np.full(n, 2), 2) == 2 and G.default_mask_head(np.full(n, 2), 3) == 0
+    assert G.default_mask_head(np.array([2] * 5 + [1] * 5), 3) == 1  # 5 of 10 beyond one <= 0.6
+    assert G.default_mask_head(np.array([3] * 7 + [2] * 3), 2) == 0  # 7 of 10 beyond two > 0.6
+    mask = lt.make_mask("causal", 1024)
+    for bad in (3, -1, "two", 1.5):
+        with pytest.raises(ValueError, match="mask_head"):
+            G.resolve_config(128, torch.bfloat16, {"mask_head": bad}, mask=mask)
 
 
 @pytest.mark.parametrize("name,want", [("causal", True), ("prefix_lm_causal", True), ("causal_blockwise", False),
@@ -741,6 +796,9 @@ _COMPILE = textwrap.dedent("""
              # mask_head: step 0 masked without a branch, the loop compiled without the mask path
              ("persist-own-head", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
               dict(has_partial=False, mask_head=True)),
+             # mask_head=2: step 1 peeled out of the loop, masked without a branch too
+             ("persist-own-head2", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
+              dict(has_partial=False, mask_head=2)),
              ("psmem-d128-head", 128, dict(consumers=3, p_smem=True), dict(has_partial=False, mask_head=True))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
@@ -824,7 +882,7 @@ def test_every_variant_compiles_for_sm90a():
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
     assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
                             "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge", "persist-own-merge",
-                            "persist-own-head"}
+                            "persist-own-head", "persist-own-head2"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
@@ -833,8 +891,9 @@ def test_every_variant_compiles_for_sm90a():
     # two consumers stay spill-free; three at 160 registers spill about as much as one tile a CTA does
     # (the merge reads the first launch's O while the last P V runs: held from the tile's start it
     # spilled 56 B there)
+    # (mask_head=2's two branch-free masked steps too: its loop is the unmasked kernel's, session 19)
     for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out", "persist-own-merge",
-                 "persist-own-head"):
+                 "persist-own-head", "persist-own-head2"):
         assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
     assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
     # O in P's buffers: no shared memory beyond Q, P and the ring (Q 48 + P 48 + two 64 KB stages);

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from utils import random_range_mask, small_mask
 
+import longca_triton as lt
 from longca_triton.masks import STATIC_MASK_NAMES
 from longca_triton.reference import chunked_attention
 
@@ -336,6 +337,32 @@ def test_mask_head_forward(name, D, config):
     mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
             else small_mask(name, 3001, seed=7))
     _check(mask, 8, 2, D, config=dict(mask_head=True, **config), B=2)
+
+
+#: mask_head=2 is for two consumers (three spill): one tile a CTA and persistent, D = 128 / 64 / 96
+MASK_HEAD2 = [(128, dict(consumers=2)), (128, dict(consumers=2, persistent=True, o_own=True, num_stages=2)),
+              (64, dict(consumers=2, persistent=True, o_own=True)), (96, dict(consumers=2, split_d=False))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,config", MASK_HEAD2,
+                         ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("name", ["random", "causal", "sliding_window_causal", "causal_document", "full_document",
+                                  "share_question", "tiny_documents", "one_key_tile"])
+def test_mask_head2_forward(name, D, config):
+    """Each query tile's first two partial key tiles at the front, both masked without a branch (step
+    1 peeled out of the loop); a query tile that walks one key tile walks a fully masked neighbour too
+    (tiny documents; Sk = 100: one key tile, the pad past the keys, zero-filled by the TMA); the rest
+    merged by the second launch (random, share_question: more than two a tile)."""
+    if name == "random":
+        mask = random_range_mask(1500, 1700, seed=5, n_slices=6)
+    elif name == "tiny_documents":
+        mask = lt.make_mask("causal_document", 1000, doc_lens=[37, 5, 60, 1] * 5 + [381, 104])
+    elif name == "one_key_tile":
+        mask = random_range_mask(700, 100, seed=2, n_slices=3)
+    else:
+        mask = small_mask(name, 3001, seed=7)
+    _check(mask, 8, 2, D, config=dict(mask_head=2, **config), B=2)
 
 
 @needs_sm90

@@ -70,7 +70,7 @@ def _compile(fn, consts: dict, dtype: str, maxnreg: int) -> Compiled:
 
 def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
                 has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16",
-                head_dim_v: int | None = None, merge: bool = False, mask_head: bool = False) -> Compiled:
+                head_dim_v: int | None = None, merge: bool = False, mask_head: int = 0) -> Compiled:
     """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)
     at D_qk = ``head_dim`` and D_v = ``head_dim_v`` (default D_qk). ``store_tma`` as the launcher
     sets it: only where O's tiles fit in Q's buffers (``attention_fwd.o_fits_q``: ``BLOCK_DV <=
@@ -93,7 +93,7 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
                   CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
                   PERSISTENT=c["persistent"], O_IN_P=o_in_p, SNAKE=c["snake"],
-                  POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=mask_head)
+                  POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=int(mask_head))
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

@@ -54,10 +54,13 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   (``gluon_fwd``): with the mask path compiled in, ptxas moves the key loop's descriptor and ring
   arithmetic off the uniform datapath (session 17: a mask that is full but for one key per row tile
   ran 10 % slower than full).
-* ``mask_head``: on a mask with partial tiles, each query tile's first partial key tile moves to the
-  front of its walk and step 0 masks without a branch (``attention_fwd``: a full tile's rows allow
-  every key, so masking it changes nothing), the loop compiled without the mask path; a tile's
-  other partial tiles (none on causal at 128-row tiles) run in the split launch's second half.
+* ``mask_head``: 0, 1 or 2 (``MASK_HEAD``; a bool means 0 / 1): on a mask with partial tiles, each
+  query tile's first ``mask_head`` partial key tiles move to the front of its walk and those steps
+  mask without a branch (``attention_fwd``: a full tile's rows allow every key, so masking it changes
+  nothing), the loop compiled without the mask path; a tile's other partial tiles (none on causal at
+  128-row tiles; few on the window and document masks with 2) run in the split launch's second half.
+  2 is meant for two consumers (three spill 776 B at sm_90a); the default at D = 128 follows
+  ``default_mask_head``.
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
   split; ``attention_fwd._exp2_mix_asm``). Measured slower at every n and head dim on an H100 (the
@@ -114,7 +117,7 @@ from ..dense import check_deterministic as dense_check_deterministic
 from ..dense import dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
 from ..dense import resolve_config as dense_resolve_config
 from .attention_fwd import head_pieces, o_fits_q, split_pieces
-from .plan import WsPlan, get_ws_plan
+from .plan import HEAD_TILES, WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
@@ -164,13 +167,16 @@ DENSE_THREE = 0.6
 #: splits its launch (``split_partial``; session 17, call 12: on at prefix_lm_causal 1.0 % and
 #: causal 1.6 %, +4-5 %; off at causal_blockwise 4.9 % and full_document 8.7 %, -1 and -4 %)
 SPLIT_PARTIAL_SHARE = 0.025
-#: at D = 128 the forward moves each query tile's first partial key tile to the front of its walk
-#: (``mask_head``) where at most this share of the query tiles have partial tiles beyond it (session
-#: 18, calls 13 and 15, TFLOP/s default / mask_head, interleaved: causal (no such tile) 607 / 642,
-#: prefix_lm_causal (13 of 86) 632 / 651, causal_blockwise (65 of 128) 555 / 588, full_document (65 of
-#: 128) 541 / 542 and 567 / 573; losses where most query tiles have more: global_sliding_window (104 of
-#: 128) 580 / 546, causal_document (124) 522 / 477, share_question (123) 507 / 451,
-#: sliding_window_causal (120) 449 / 384)
+#: at D = 128 the forward moves each query tile's first partial key tiles (one, or two with two
+#: consumers: ``default_mask_head``) to the front of its walk (``mask_head``) where at most this share
+#: of the query tiles have partial tiles beyond them. Session 18, calls 13 and 15, TFLOP/s default /
+#: mask_head=1, interleaved: causal (no such tile) 607 / 642, prefix_lm_causal (13 of 86) 632 / 651,
+#: causal_blockwise (65 of 128) 555 / 588, full_document (65 of 128) 541 / 542 and 567 / 573. Session
+#: 19, call 1, mask_head 0 / 1 / 2: causal 642 / 676 / 666, causal_blockwise 568 / 602 / 606,
+#: full_document 552 / 555 / 566, sliding_window_causal 456 / 389 / 488, global_sliding_window
+#: 563 / 536 / 601, causal_document 514 / 472 / 530, sliding_window 529 / 507 / 576,
+#: prefix_lm_document 515 / 478 / 529; share_question (112 of 128 query tiles with more than two)
+#: 505 / 451 / 465
 MASK_HEAD_REST_TILES = 0.6
 #: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
 #: not measured persistent at these dims and stays one tile a CTA)
@@ -185,6 +191,9 @@ CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", 
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
+#: ``mask_head``: 0, or how many of each query tile's partial key tiles (its first) the forward masks in
+#: its first steps without a branch (``plan.build_ws_plan(part="head", head=...)``)
+MASK_HEAD = (0,) + HEAD_TILES
 #: consumer warpgroups of the forward (``consumers``): two (FA3's default) or three (FA3's choice at
 #: head dims <= 96, where the GEMMs are short next to the softmax); the query tile is 64 rows each
 CONSUMERS = (2, 3)
@@ -200,7 +209,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial", "mask_head"),
+                              "o_in_p", "snake", "split_partial"),
                    tuned_name="triton-gluon")
 
 
@@ -354,7 +363,12 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     second launch: sliding_window_causal 448.9 / 384.1, global_sliding_window 579.9 / 546.2,
     causal_document 521.6 / 477.2, share_question 507.1 / 450.5. On at D = 128 where at most
     ``MASK_HEAD_REST_TILES`` of the query tiles have such tiles; it takes precedence over the split
-    launch.
+    launch. Session 19 (call 1): ``mask_head=2`` (the first two partial tiles masked without a branch)
+    wins where query tiles have two partial tiles, against the best other launch: sliding_window_causal
+    488.0 (455.7 one launch), global_sliding_window 601.0 (563.3), sliding_window 575.9 (529.1),
+    causal_document 529.5 (513.7), prefix_lm_document 528.9 (514.8), full_document 565.6 (554.5 with
+    one), causal_blockwise 605.8 (602.0); causal keeps one (676.4 / 665.7), share_question none
+    (505.4; 465.3 with two: 112 of its 128 query tiles have more). ``default_mask_head``.
 
     ``split_d`` (two exact head-dim pieces instead of a padded tile, 80 / 96 ...) is off here and
     turned on by ``resolve_config`` at D = 96 on dense masks (above; its GPU tests pass,
@@ -376,7 +390,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, split_partial=False, mask_head=False,
+                snake=False, poly_exp=0, split_partial=False, mask_head=0,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -408,6 +422,29 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
     p = 64 * consumers * block_n * elem if p_smem else 0
     o = 64 * consumers * dv * elem if o_own else 0
     return q + ring + p + o + 1024
+
+
+def _mask_head_value(value) -> int:
+    """``mask_head`` as an int in ``MASK_HEAD`` (``True`` / ``False`` from older configs: 1 / 0)."""
+    if isinstance(value, bool):
+        return int(value)
+    if value not in MASK_HEAD:
+        raise ValueError(f"config['mask_head'] must be one of {MASK_HEAD} (how many of each query tile's partial "
+                         f"key tiles its first steps mask without a branch) or a bool, got {value!r}")
+    return int(value)
+
+
+def default_mask_head(partial_per_tile, consumers: int) -> int:
+    """The D = 128 forward's ``mask_head`` on a mask whose query tiles have ``partial_per_tile`` partial
+    key tiles each: 1 where no query tile has more than one (causal: a second masked step costs 1.5 %),
+    else 2 with two consumers (three spill there) and 1 with three, where at most
+    ``MASK_HEAD_REST_TILES`` of the query tiles keep partial tiles beyond those for the split launch's
+    second half; 0 without partial tiles or where more do (share_question)."""
+    per_tile = np.asarray(partial_per_tile)
+    if not per_tile.any():
+        return 0
+    k = 1 if per_tile.max() <= 1 or consumers != 2 else 2
+    return k if int((per_tile > k).sum()) <= MASK_HEAD_REST_TILES * len(per_tile) else 0
 
 
 def split_partial_reason(cfg: dict, head_dim: int, head_dim_v: Optional[int] = None) -> str:
@@ -604,11 +641,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # any) in the split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES;
         # a config that names the split launch gets the split launch)
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
-        per_tile = np.diff(np.asarray(bt.q_part_ptr))
-        cfg["mask_head"] = bool(per_tile.any()) and int((per_tile >= 2).sum()) <= MASK_HEAD_REST_TILES * bt.num_m
+        cfg["mask_head"] = default_mask_head(np.diff(np.asarray(bt.q_part_ptr)), int(cfg["consumers"]))
+    cfg["mask_head"] = _mask_head_value(cfg["mask_head"])
     if (cfg["split_partial"] or cfg["mask_head"]) and split_partial_reason(cfg, head_dim, dv):
         key = "mask_head" if cfg["mask_head"] else "split_partial"
-        raise ValueError(f"config[{key!r}]=True: {split_partial_reason(cfg, head_dim, dv)}")
+        raise ValueError(f"config[{key!r}]={cfg[key]!r}: {split_partial_reason(cfg, head_dim, dv)}")
     if cfg["o_in_p"] and o_in_p_reason(cfg, head_dim, dv):
         raise ValueError(f"config['o_in_p']=True: {o_in_p_reason(cfg, head_dim, dv)}")
     if cfg["snake"] and not cfg["persistent"]:
@@ -934,7 +971,7 @@ def fwd_plan(mask, cfg: dict, device):
     if not plan.has_partial:
         return plan
     if cfg["mask_head"]:
-        head, rest = (get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device, part=part)
+        head, rest = (get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device, part=part, head=cfg["mask_head"])
                       for part in ("head", "rest"))
         return (head, rest) if len(rest.order) else (head,)
     if cfg["split_partial"]:

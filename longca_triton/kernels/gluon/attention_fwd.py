@@ -101,11 +101,18 @@ its rows while the tile's last ``P V`` runs (``_merge_load``: the loads' latency
 its epilogue stores ``O = O_a exp(lse_a - lse) + O_b exp(lse_b - lse)`` with ``lse =
 logaddexp(lse_a, lse_b)`` (``_merge_rows``; ``O_a`` is read back in q's dtype: one more rounding).
 That second launch rereads Q and reads and rewrites O for every query tile it visits (session 18: its
-time is mostly that traffic). ``MASK_HEAD`` (config ``mask_head``) avoids it where a query tile has
-one partial key tile: masking *without a branch* leaves ptxas' datapath alone, so the plan
-(``plan.build_ws_plan(part="head")``) moves each query tile's first partial tile to the front of its
-walk and step 0 always applies the interval mask (a full tile there passes it whole), while the loop
-is compiled without the mask path; the tile's other partial tiles, if any, go to the merging launch.
+time is mostly that traffic). ``MASK_HEAD`` (config ``mask_head``, 1 or 2) avoids it where a query
+tile has one or two partial key tiles: masking *without a branch* leaves ptxas' datapath alone, so
+the plan (``plan.build_ws_plan(part="head", head=MASK_HEAD)``) moves each query tile's first
+``MASK_HEAD`` partial tiles to the front of its walk and those steps always apply the interval mask (a
+full tile there passes it whole), while the loop is compiled without the mask path; the tile's other
+partial tiles, if any, go to the merging launch. With 2, step 1 is peeled out of the loop
+(``_kv_step``, the loop's body, inlined twice: the loop's SASS is the unmasked kernel's, 466
+instructions against 778 with the branch; sm_90a, two persistent consumers, no spills), so every item
+that walks any key tile must walk two: the plan gives a query tile that walks one a neighbour none of
+its rows may see (``plan.pad_single``; past the keys, zero-filled by the TMA, where there is none).
+Most query tiles of the window and document masks have exactly two partial tiles (a window's or a
+document's two edges): session 19 measured +3 to +9 % there against the best of the other launches.
 
 Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
 -----------------------------------------------------------
@@ -771,6 +778,48 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
 
 
 @gluon.jit
+def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars,
+             offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, MASK: gl.constexpr,
+             s_layout: gl.constexpr, p_layout: gl.constexpr, p1_layout: gl.constexpr, row_o: gl.constexpr,
+             row_o1: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
+             DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr,
+             PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, POLY_EXP: gl.constexpr,
+             HOLD_IV: gl.constexpr):
+    """Step ``j >= 1`` of a query tile's key walk (``_consume_tile``): ``S_j = Q K_j^T`` issued, then
+    ``P_{j-1} V_{j-1}`` beside it, ``S_j``'s softmax while that runs, O rescaled. ``MASK``: 0 no mask,
+    1 the interval mask on partial runs only (a branch: ``HAS_PARTIAL_TILES``), 2 the interval mask
+    always (``MASK_HEAD``'s peeled step 1). Returns ``(acc, m_i, l_i, p_op, r, n, e)``."""
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
+    dtype: gl.constexpr = k_smem[0].dtype
+    # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
+    NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
+    st = (g + j) % NUM_STAGES
+    pst = (g + j - 1) % NUM_STAGES
+    _sched_wait(sched, WG, sk + j, PINGPONG)
+    mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
+    s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
+    mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
+    acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
+    _sched_pass(sched, WG, PINGPONG, CONSUMERS)
+    # S_j is done when at most the P V groups are still in flight
+    s = warpgroup_mma_wait(NUM_PV, deps=(s,))
+    mbarrier.arrive(k_empty.index(st))
+    if MASK == 1:
+        if r >= r0 + num_full:
+            s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
+    elif MASK == 2:
+        s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+    m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
+    acc = _wait_pv(acc, DV1)
+    mbarrier.arrive(v_empty.index(pst))
+    acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
+    # P_j into P_{j-1}'s place: the wait above has retired the P V that read it
+    p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)
+    r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+    return acc, m_i, l_i, p_op, r, n, e
+
+
+@gluon.jit
 def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem, o_smem,
                   bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq, stride_ob, stride_os,
                   stride_oh, HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
@@ -784,8 +833,6 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
     dtype: gl.constexpr = q_smem[0].dtype
-    # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
-    NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
     # Q's buffer is free once the tile's last S is computed, unless it stages O for the TMA store
     Q_EARLY: gl.constexpr = O_OWN or O_IN_P or not STORE_TMA
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -837,10 +884,10 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
                 s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
-        elif MASK_HEAD:
-            # the item's first key tile is its only partial one (or a full one, where the rows'
-            # intervals allow every key): masked without a branch, which keeps the loop on the
-            # uniform datapath (a branch on S anywhere does not: session 17)
+        elif MASK_HEAD > 0:
+            # the item's first key tile (of its first MASK_HEAD, the only partial ones; full ones pass
+            # the rows' intervals whole): masked without a branch, which keeps the loop on the uniform
+            # datapath (a branch on S anywhere does not: session 17)
             s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
         m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
         if O_IN_P:
@@ -849,29 +896,23 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)  # [M_WG, BLOCK_N]
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
 
-        # ---- steps 1 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
-        for j in range(1, num_tiles):
-            st = (g + j) % NUM_STAGES
-            pst = (g + j - 1) % NUM_STAGES
-            _sched_wait(sched, WG, sk + j, PINGPONG)
-            mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
-            s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
-            mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
-            acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
-            _sched_pass(sched, WG, PINGPONG, CONSUMERS)
-            # S_j is done when at most the P V groups are still in flight
-            s = warpgroup_mma_wait(NUM_PV, deps=(s,))
-            mbarrier.arrive(k_empty.index(st))
-            if HAS_PARTIAL_TILES:
-                if r >= r0 + num_full:
-                    s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
-            m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
-            acc = _wait_pv(acc, DV1)
-            mbarrier.arrive(v_empty.index(pst))
-            acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
-            # P_j into P_{j-1}'s place: the wait above has retired the P V that read it
-            p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)
-            r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+        if MASK_HEAD == 2:
+            # ---- step 1, out of the loop: the item's second key tile is masked without a branch too
+            # (the plan gives every item that walks any key tile at least two: a fully masked
+            # neighbour where it has one)
+            acc, m_i, l_i, p_op, r, n, e = _kv_step(
+                1, g, sk, WG, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars, offs_m,
+                iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 2, s_layout, p_layout, p1_layout, row_o,
+                row_o1, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES, PINGPONG, CONSUMERS, P_SMEM,
+                POLY_EXP, HOLD_IV)
+        # ---- steps J0 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
+        J0: gl.constexpr = 2 if MASK_HEAD == 2 else 1
+        for j in range(J0, num_tiles):
+            acc, m_i, l_i, p_op, r, n, e = _kv_step(
+                j, g, sk, WG, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars, offs_m,
+                iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 1 if HAS_PARTIAL_TILES else 0, s_layout,
+                p_layout, p1_layout, row_o, row_o1, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES,
+                PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV)
 
         if Q_EARLY and PERSISTENT:
             # every S of the tile is done: the producer may load the next tile's Q while this

@@ -44,9 +44,10 @@ class WsPlan:
     run_end: torch.Tensor
     has_partial: bool
     order: torch.Tensor  # launch order of the major tiles (heaviest first; part="partial"/"rest": those with any)
-    #: ``part="head"``: a tile's first key tile may be partial (its first partial tile, moved to the
-    #: front); the forward masks step 0 without a branch and never masks in the loop
-    mask_head: bool = False
+    #: ``part="head"``: how many of a tile's first key tiles may be partial (its first ``mask_head``
+    #: partial tiles, moved to the front); the forward masks those steps without a branch and never
+    #: masks in the loop; 0 otherwise
+    mask_head: int = 0
 
     def tensors(self) -> list:
         """What the kernels read: ``LO, HI, ORDER`` and the merged runs, in argument order."""
@@ -97,57 +98,88 @@ def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tupl
 
 
 #: which runs a plan keeps (``build_ws_plan``): all of them, only the full ones, only the partial ones;
-#: "head": the full runs behind each tile's first partial key tile, "rest": the partial tiles but those
+#: "head": the full runs behind each tile's first partial key tiles, "rest": the partial tiles but those
 PARTS = ("all", "full", "partial", "head", "rest")
 
 
-def split_head(part: tuple, num: int):
-    """A tile's first partial key tile apart from its others: CSR ``(ptr, start, end)`` (numpy) of
-    partial runs -> ``(head, rest)``, ``head`` one 1-tile run per tile that has any partial tile
-    (the first tile of its first run), ``rest`` the same runs without it (a 1-tile run vanishes)."""
+def split_head(part: tuple, num: int, k: int = 1):
+    """A tile's first ``k`` partial key tiles apart from its others: CSR ``(ptr, start, end)`` (numpy)
+    of partial runs -> ``(head, rest)``, ``head`` the runs that hold each tile's first ``k`` partial
+    tiles (fewer where it has fewer), ``rest`` the same runs without them (a run taken whole
+    vanishes)."""
     ptr, start, end = (np.asarray(a, dtype=np.int64) for a in part)
     counts = np.diff(ptr)
-    has = counts > 0
-    first = ptr[:-1][has]  # index of each tile's first run
-    h_ptr = np.zeros(num + 1, np.int64)
-    np.cumsum(has.astype(np.int64), out=h_ptr[1:])
-    head = (h_ptr, start[first], start[first] + 1)
-    r_start = start.copy()
-    r_start[first] += 1
-    keep = r_start < end
     tile = np.repeat(np.arange(num), counts)
-    r_ptr = np.zeros(num + 1, np.int64)
-    np.cumsum(np.bincount(tile[keep], minlength=num), out=r_ptr[1:])
-    return head, (r_ptr, r_start[keep], end[keep])
+    length = end - start
+    # a run's partial tiles before it within its tile (an exclusive prefix sum restarted per tile)
+    excl = np.cumsum(length) - length
+    before = excl - excl[ptr[:-1][tile]]
+    take = np.clip(k - before, 0, length)
+
+    def csr(sel, s, e):
+        p = np.zeros(num + 1, np.int64)
+        np.cumsum(np.bincount(tile[sel], minlength=num), out=p[1:])
+        return p, s[sel], e[sel]
+
+    return csr(take > 0, start, start + take), csr(start + take < end, start + take, end)
 
 
-def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPlan:
+def pad_single(runs: tuple, num: int, num_keys: int):
+    """CSR runs ``(ptr, start, end)`` (numpy) of tiles over ``num_keys`` key tiles, each tile that
+    walks exactly one key tile given a second, one that none of its rows may see (``mask_head=2``:
+    every item that walks any tile walks two, so the forward's step 1 needs no branch): its next
+    neighbour, else its previous one, else the first tile past the keys (loaded as zeros by the TMA).
+    Returns the pad runs as CSR."""
+    ptr, start, end = (np.asarray(a, dtype=np.int64) for a in runs)
+    counts = np.diff(ptr)
+    tile = np.repeat(np.arange(num), counts)
+    walks = np.bincount(tile, weights=end - start, minlength=num).astype(np.int64)
+    one = walks == 1
+    n = start[ptr[:-1][one]]  # the one run of such a tile is one key tile long
+    pad = np.where(n + 1 < num_keys, n + 1, np.where(n >= 1, n - 1, num_keys))
+    p = np.zeros(num + 1, np.int64)
+    np.cumsum(one.astype(np.int64), out=p[1:])
+    return p, pad, pad + 1
+
+
+#: how many partial tiles of each query tile the forward may mask without a branch (``mask_head``)
+HEAD_TILES = (1, 2)
+
+
+def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all", head: int = 1) -> WsPlan:
     """Merge ``tiles``' query-major (``major="q"``: forward, dQ) or key-major (``"k"``: dK/dV) run
     lists; ``order`` is the matching launch order (heaviest first). ``part="full"`` / ``"partial"``
     keeps only the full / only the partial runs (the forward's split launch: the full tiles in the
     kernel compiled without the mask path, the partial ones in a second launch that merges);
-    ``"head"`` each tile's first partial key tile (``split_head``) in front of its full runs (the
-    forward masks step 0 without a branch: ``mask_head``) and ``"rest"`` the partial tiles but
-    those (query-major only)."""
+    ``"head"`` each tile's first ``head`` partial key tiles (``split_head``) in front of its full runs
+    (the forward masks its first ``head`` steps without a branch: ``mask_head``; with ``head=2`` a tile
+    that walks one key tile walks a second that its rows cannot see, ``pad_single``) and ``"rest"``
+    the partial tiles but those (query-major only)."""
     if major not in ("q", "k"):
         raise ValueError(f"major must be 'q' or 'k', got {major!r}")
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    if head not in HEAD_TILES:
+        raise ValueError(f"head must be one of {HEAD_TILES} (partial tiles masked without a branch), got {head!r}")
     lists = (tiles.q_full, tiles.q_part) if major == "q" else (tiles.k_full, tiles.k_part)
     num = tiles.num_m if major == "q" else tiles.num_n
     host = [tuple(t.cpu().numpy() for t in lst) for lst in lists]
     empty = (np.zeros(num + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    mask_head = False
+    mask_head = 0
     if part in ("head", "rest"):
         if major != "q":
             raise ValueError(f"part={part!r} is the forward's (major='q'), got major={major!r}")
-        head, rest = split_head(host[1], num)
+        first, rest = split_head(host[1], num, head)
         if part == "head":
-            # the head tile in front of its tile's full runs, as its first "full" run: no partial
-            # runs remain, so the loop never masks (step 0 does, without a branch: mask_head)
-            ptr, _, _, start, end = merge_runs(head, host[0], num)
-            host = [(ptr, start[:-1], end[:-1]), empty]
-            mask_head = bool(len(head[1]))
+            # the head tiles in front of their tile's full runs, as its first "full" runs: no partial
+            # runs remain, so the loop never masks (the first `head` steps do, without a branch)
+            ptr, _, _, start, end = merge_runs(first, host[0], num)
+            runs = (ptr, start[:-1], end[:-1])
+            if head == 2:
+                ptr, _, _, start, end = merge_runs(runs, pad_single(runs, num, tiles.num_n), num)
+                runs = (ptr, start[:-1], end[:-1])
+            host = [runs, empty]
+            mask_head = head if len(first[1]) else 0
         else:
             host = [empty, rest]
     elif part != "all":
@@ -169,8 +201,9 @@ def build_ws_plan(tiles: TilePlan, major: str = "q", part: str = "all") -> WsPla
 _CACHE = PlanCache(64)
 
 
-def get_ws_plan(mask, block_m: int, block_n: int, device, major: str = "q", part: str = "all") -> WsPlan:
+def get_ws_plan(mask, block_m: int, block_n: int, device, major: str = "q", part: str = "all",
+                head: int = 1) -> WsPlan:
     """Cached :class:`WsPlan` for ``mask`` and tiles ``block_m x block_n`` (host work once);
-    ``part`` as in :func:`build_ws_plan`."""
-    return _CACHE.get(mask, ("ws", major, int(block_m), int(block_n), part), device,
-                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev), major, part))
+    ``part`` and ``head`` as in :func:`build_ws_plan`."""
+    return _CACHE.get(mask, ("ws", major, int(block_m), int(block_n), part, int(head)), device,
+                      lambda dev: build_ws_plan(get_tile_plan(mask, block_m, block_n, dev), major, part, head))
