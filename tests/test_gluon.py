@@ -202,6 +202,22 @@ def test_mask_head_default(name, want):
     assert want == (isinstance(pieces, tuple) and pieces[0].mask_head)
 
 
+@pytest.mark.parametrize("name", ["full", "causal", "causal_document", "sliding_window_causal", "full_document"])
+def test_rowsum_mma_default_and_smem(name):
+    """``rowsum_mma`` is D = 64's default where its forward runs persistent (the sparser masks), off on
+    the dense ones and at D = 96 / 128; a config decides; its block of ones counts in the shared
+    memory bound (three consumers with P in shared memory at D = 128 fill it to the byte)."""
+    mask = lt.make_mask(name, 16384)
+    cfg = G.resolve_config(64, torch.bfloat16, mask=mask)
+    assert cfg["rowsum_mma"] == cfg["persistent"] == (mask.density < G.PERSIST_BELOW)
+    assert not G.resolve_config(96, torch.bfloat16, mask=mask)["rowsum_mma"]
+    assert not G.resolve_config(128, torch.bfloat16, mask=mask)["rowsum_mma"]
+    assert not G.resolve_config(64, torch.bfloat16, {"rowsum_mma": False}, mask=mask)["rowsum_mma"]
+    assert G.resolve_config(128, torch.bfloat16, {"rowsum_mma": True}, mask=mask)["rowsum_mma"]
+    base = G.smem_bytes(128, 128, 2, consumers=3, p_smem=True)
+    assert G.smem_bytes(128, 128, 2, consumers=3, p_smem=True, rowsum_mma=True) == base + 128 * 8 * 2 <= G.SMEM_LIMIT
+
+
 def test_default_mask_head_rule_and_bad_values():
     """``default_mask_head`` by hand; ``mask_head`` outside ``MASK_HEAD`` is refused by name."""
     n = 10
@@ -799,6 +815,10 @@ _COMPILE = textwrap.dedent("""
              # mask_head=2: step 1 peeled out of the loop, masked without a branch too
              ("persist-own-head2", 128, dict(persistent=True, o_own=True, num_stages=2, snake=True),
               dict(has_partial=False, mask_head=2)),
+             # rowsum_mma: the row sums by one more wgmma against a block of ones (D = 64's persistent default)
+             ("persist-own-rowsum-d64", 64, dict(persistent=True, o_own=True, snake=True, rowsum_mma=True),
+              dict(num_iv=1)),
+             ("persist-own-d64", 64, dict(persistent=True, o_own=True, snake=True, rowsum_mma=False), dict(num_iv=1)),
              ("psmem-d128-head", 128, dict(consumers=3, p_smem=True), dict(has_partial=False, mask_head=True))]
     bwd = [("dq-d128", "dq", 128, None, {}), ("dkdv-d128", "dkdv", 128, None, {}),
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
@@ -882,7 +902,7 @@ def test_every_variant_compiles_for_sm90a():
     persist = {n: rows.pop(n) for n in [n for n in rows if n.startswith("persist")]}
     assert set(persist) == {"persist-d128", "persist-own", "persist-psmem", "persist-split", "persist-fp32-out",
                             "persist-o-in-p", "persist-o-in-p-d64-snake", "persist-merge", "persist-own-merge",
-                            "persist-own-head", "persist-own-head2"}
+                            "persist-own-head", "persist-own-head2", "persist-own-rowsum-d64", "persist-own-d64"}
     for name, r in persist.items():
         # whole-tensor descriptors only (4-d boxes), a loop over the work list in steps of the grid
         assert r["tma_load"] == 0 and r["tma_load4"] >= 3 and r["nctaid"] >= 1, r
@@ -893,9 +913,15 @@ def test_every_variant_compiles_for_sm90a():
     # spilled 56 B there)
     # (mask_head=2's two branch-free masked steps too: its loop is the unmasked kernel's, session 19)
     for name in ("persist-d128", "persist-own", "persist-split", "persist-fp32-out", "persist-own-merge",
-                 "persist-own-head", "persist-own-head2"):
+                 "persist-own-head", "persist-own-head2", "persist-own-d64"):
         assert persist[name]["spill_stores"] == 0 and persist[name]["spill_loads"] == 0, persist[name]
     assert persist["persist-psmem"]["spill_stores"] <= 256, persist["persist-psmem"]
+    # rowsum_mma: one more wgmma per P V step (and at the last one) against the block of ones, 2 KB of it
+    rs, plain = persist["persist-own-rowsum-d64"], persist["persist-own-d64"]
+    assert rs["wgmma"] > plain["wgmma"] and plain["shared"] < rs["shared"] <= plain["shared"] + 2048 + 64, (rs, plain)
+    # its [64, 8] accumulator beside the mask path at three consumers' 128 registers: a few bytes (measured
+    # 4 B stored, 16 loaded; none without the mask path), and the GPU ran it 1-8 % faster all the same
+    assert rs["spill_stores"] <= 16 and rs["spill_loads"] <= 32, rs
     # O in P's buffers: no shared memory beyond Q, P and the ring (Q 48 + P 48 + two 64 KB stages);
     # with two intervals a row the mask's registers spill (measured 832 B stored; one tile a CTA 632)
     est = G.smem_bytes(128, 128, 2, consumers=3, p_smem=True)

@@ -365,6 +365,28 @@ def test_mask_head2_forward(name, D, config):
     _check(mask, 8, 2, D, config=dict(mask_head=2, **config), B=2)
 
 
+#: rowsum_mma on the defaults' shapes: two consumers, three with P in shared memory, persistent with
+#: two masked head steps, the split launch (its merging second half), split D = 96, D = 64
+ROWSUM = [(128, {}), (128, dict(consumers=3, p_smem=True)),
+          (128, dict(consumers=2, persistent=True, o_own=True, num_stages=2, mask_head=2)),
+          (128, dict(split_partial=True, mask_head=0)), (96, dict(split_d=True)), (64, {}),
+          (96, dict(split_d=False, consumers=2, persistent=True, o_own=True)),
+          (64, dict(persistent=True, o_own=True))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("D,config", ROWSUM,
+                         ids=lambda x: str(x) if isinstance(x, int) else "-".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("name", ["random", "causal", "sliding_window_causal", "full_document"])
+def test_rowsum_mma_forward(name, D, config):
+    """The row sums by one more wgmma against a block of ones (``rowsum_mma``): the same checks as
+    every forward (float32 reference, lse, rows with nothing allowed giving 0 and -inf, B = 2, GQA,
+    Sq = 3001)."""
+    mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
+            else small_mask(name, 3001, seed=7))
+    _check(mask, 8, 2, D, config=dict(rowsum_mma=True, **config), B=2)
+
+
 @needs_sm90
 @pytest.mark.parametrize("poly_exp", [2, 4, 8], ids=lambda n: f"poly_exp={n}")
 @pytest.mark.parametrize("D,extra", [(96, dict(split_d=True)), (128, {}), (64, {})],

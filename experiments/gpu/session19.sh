@@ -3,6 +3,10 @@
 #   bash experiments/gpu/session19.sh head2   mask_head=2 (two branch-free masked steps): its GPU tests, then
 #                                             every two-consumer static mask at 16K timed interleaved with
 #                                             mask_head 0 / 1 / 2 and the default (partial_cost.py)
+#   bash experiments/gpu/session19.sh rowsum  rowsum_mma (the row sums by one more wgmma against ones): its GPU
+#                                             tests, then D = 96, 64, 128 on four masks at 16K, each mask's
+#                                             default / default again / rowsum_mma timed interleaved
+#   bash experiments/gpu/session19.sh rowsum64  D = 64's persistent launch with rowsum_mma: tests, every mask
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
@@ -17,6 +21,29 @@ case "${1:-}" in
       causal,causal_blockwise,full_document,sliding_window_causal,global_sliding_window,causal_document,sliding_window,prefix_lm_document,share_question \
       --config-json '[{"mask_head": 0}, {"mask_head": 1}, {"mask_head": 2}]' | rows
     ;;
+  rowsum)
+    # one pytest process per config: an illegal address in one cannot fail the others
+    for k in "128-]" "p_smem" "persistent and 128" "split_partial" "96 and not persistent" "64-]" "96 and persistent"; do
+      timeout 60 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "rowsum and $k" 2>&1 \
+        | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" >> "$OUT/gpu_tests_rowsum.txt"
+      grep -E "passed|failed" "$OUT/gpu_tests_rowsum.txt" | tail -1
+    done
+    for d in 96 128 64; do
+      PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/rowsum$d" --fwd-configs 16384 --head-dims $d \
+        --interleave --masks full,causal,causal_document,sliding_window_causal \
+        --config-json '[{"rowsum_mma": false}, {"rowsum_mma": true}]' 2>&1 | grep ROW | grep fwd_tflops \
+        | python3 -c "import sys, json; [print(r['D'], r['mask'], r['config'], round(r['fwd_tflops'], 1), round(r['err_out'], 5)) for r in (json.loads(l[4:]) for l in sys.stdin)]"
+    done
+    ;;
+  rowsum64)
+    # D = 64's persistent launch (three consumers) with rowsum_mma: its GPU tests, then every mask at 16K
+    timeout 120 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "rowsum and 64" 2>&1 \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/gpu_tests_rowsum64.txt"
+    tail -1 "$OUT/gpu_tests_rowsum64.txt"
+    PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/rowsum64all" --fwd-configs 16384 --head-dims 64 \
+      --interleave --masks all --config-json '[{"rowsum_mma": false}, {"rowsum_mma": true}]' 2>&1 | grep ROW \
+      | grep fwd_tflops | python3 -c "import sys, json; [print(r['D'], r['mask'], r['config'], round(r['fwd_tflops'], 1), round(r['err_out'], 5)) for r in (json.loads(l[4:]) for l in sys.stdin)]"
+    ;;
   *)
-    sed -n '2,6p' "$0"; exit 2 ;;
+    sed -n '2,11p' "$0"; exit 2 ;;
 esac

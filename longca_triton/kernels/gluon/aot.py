@@ -93,7 +93,8 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
                   CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
                   CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
                   PERSISTENT=c["persistent"], O_IN_P=o_in_p, SNAKE=c["snake"],
-                  POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=int(mask_head))
+                  POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=int(mask_head),
+                  ROWSUM_MMA=c["rowsum_mma"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

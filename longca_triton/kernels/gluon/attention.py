@@ -61,6 +61,10 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   128-row tiles; few on the window and document masks with 2) run in the split launch's second half.
   2 is meant for two consumers (three spill 776 B at sm_90a); the default at D = 128 follows
   ``default_mask_head``.
+* ``rowsum_mma``: the softmax's row sums by one more async wgmma per ``P V`` step, P against a block
+  of ones (N = 8), instead of one FADD per score (``attention_fwd._rowsum_mma``): the default for
+  D = 64's persistent launch (``ROWSUM_HEAD_DIMS``, +1 to +8 %); slower elsewhere (the narrow GEMM
+  costs the tensor pipe more than the FADDs cost the issue slots at D = 96 / 128).
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
   split; ``attention_fwd._exp2_mix_asm``). Measured slower at every n and head dim on an H100 (the
@@ -178,6 +182,16 @@ SPLIT_PARTIAL_SHARE = 0.025
 #: prefix_lm_document 515 / 478 / 529; share_question (112 of 128 query tiles with more than two)
 #: 505 / 451 / 465
 MASK_HEAD_REST_TILES = 0.6
+#: head dims whose persistent forward (the sparser masks) takes its row sums from the tensor cores
+#: (``rowsum_mma``). Session 19, calls 8-9, 16K, GQA 64:8, TFLOP/s default / rowsum_mma, interleaved:
+#: D = 64 persistent (three consumers) full_document 416-421 / 430, causal_document 339-341 / 363,
+#: share_question 313-315 / 331, causal_blockwise 441-442 / 449, prefix_lm_document 344-346 / 373,
+#: sliding_window 362-363 / 393, sliding_window_causal 273 / 289, global_sliding_window 356 / 375,
+#: block_causal_document 443-445 / 450; one tile a CTA (dense) full 513-523 / 499-509, causal 467 / 465;
+#: D = 96 (split, ping-pong) full 536 / 513, causal 505 / 499, causal_document 417 / 404; D = 128 full
+#: (three consumers, P in shared memory: the extra accumulator spills 336 B) 675-689 / 462, causal 656
+#: / 615, sliding_window_causal 505-509 / 464
+ROWSUM_HEAD_DIMS = (64,)
 #: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
 #: not measured persistent at these dims and stays one tile a CTA)
 PERSIST_BELOW = 0.5
@@ -187,7 +201,7 @@ GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dk
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
-               "split_partial", "mask_head") + GLUON_BWD_KEYS
+               "split_partial", "mask_head", "rowsum_mma") + GLUON_BWD_KEYS
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
@@ -209,7 +223,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial"),
+                              "o_in_p", "snake", "split_partial", "rowsum_mma"),
                    tuned_name="triton-gluon")
 
 
@@ -390,7 +404,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, split_partial=False, mask_head=0,
+                snake=False, poly_exp=0, split_partial=False, mask_head=0, rowsum_mma=False,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -407,7 +421,7 @@ def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
                head_dim_v: Optional[int] = None, split_d: bool = False, consumers: int = 2,
-               p_smem: bool = False, o_own: bool = False) -> int:
+               p_smem: bool = False, o_own: bool = False, rowsum_mma: bool = False) -> int:
     """Shared memory of one forward CTA, an upper bound: Q (a 64-row tile of the padded D_qk per
     consumer warpgroup, ``consumers``,
     reused to stage O), the ring of K (padded D_qk) and V (padded D_v, ``head_dim_v``, default
@@ -421,7 +435,8 @@ def smem_bytes(head_dim: int, block_n: int, num_stages: int, elem: int = 2, *,
     ring = num_stages * block_n * (dqk + dv) * elem
     p = 64 * consumers * block_n * elem if p_smem else 0
     o = 64 * consumers * dv * elem if o_own else 0
-    return q + ring + p + o + 1024
+    ones = block_n * 8 * elem if rowsum_mma else 0  # the row sums' block of ones (ROWSUM_MMA)
+    return q + ring + p + o + ones + 1024
 
 
 def _mask_head_value(value) -> int:
@@ -569,6 +584,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # docstring, session 15: sliding_window_causal +25 % at 128, +30 % at 96, +14 % at 64; the
         # dense masks lose, -4 to -6 %), the work list walked as a boustrophedon (session 17: +1-2 %)
         base.update(persistent=True, o_own=True, snake=True)
+        if head_dim in ROWSUM_HEAD_DIMS:
+            # the row sums by the tensor cores (ROWSUM_HEAD_DIMS: +1 to +8 % on all nine of these masks
+            # at D = 64; the dense ones and D = 96 / 128 lose)
+            base["rowsum_mma"] = True
     # the explicit config, else the autotune cache's entry (``config`` stays the explicit one: the
     # checks below raise for what a user asked for and quietly fix what the cache holds)
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask,
@@ -670,10 +689,11 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # the deepest ring up to the default's that fits beside the Q tiles (and the P tiles)
         cfg["num_stages"] = next((st for st in range(int(cfg["num_stages"]), 0, -1)
                                   if smem_bytes(head_dim, cfg["BLOCK_N"], st, head_dim_v=dv, split_d=cfg["split_d"],
-                                                consumers=consumers, p_smem=p_smem, o_own=o_own) <= SMEM_LIMIT), 1)
+                                                consumers=consumers, p_smem=p_smem, o_own=o_own,
+                                                rowsum_mma=cfg["rowsum_mma"]) <= SMEM_LIMIT), 1)
     stages = int(cfg["num_stages"])
     need = smem_bytes(head_dim, cfg["BLOCK_N"], max(stages, 1), head_dim_v=dv, split_d=cfg["split_d"],
-                      consumers=consumers, p_smem=p_smem, o_own=o_own)
+                      consumers=consumers, p_smem=p_smem, o_own=o_own, rowsum_mma=cfg["rowsum_mma"])
     if stages < 1 or need > SMEM_LIMIT:
         raise ValueError(f"config['num_stages']={cfg['num_stages']} does not fit: the ring needs "
                          f"{need} B of shared memory at D={head_dim_label(head_dim, dv)}, "
@@ -814,7 +834,7 @@ def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict
         PRODUCER_REGS=producer_regs,
         SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
         PERSISTENT=cfg["persistent"], O_IN_P=store_tma and cfg["o_in_p"], SNAKE=cfg["snake"],
-        POLY_EXP=cfg["poly_exp"], MERGE=merge, MASK_HEAD=plan.mask_head,
+        POLY_EXP=cfg["poly_exp"], MERGE=merge, MASK_HEAD=plan.mask_head, ROWSUM_MMA=cfg["rowsum_mma"],
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -114,6 +114,21 @@ its rows may see (``plan.pad_single``; past the keys, zero-filled by the TMA, wh
 Most query tiles of the window and document masks have exactly two partial tiles (a window's or a
 document's two edges): session 19 measured +3 to +9 % there against the best of the other launches.
 
+Row sums on the tensor cores (``ROWSUM_MMA``, config ``rowsum_mma``)
+--------------------------------------------------------------------
+The softmax spends about one issue slot per score on each of the row max (FMNMX), the exponent's
+FFMA, the exponential (MUFU), the row sum (FADD) and half a one on the bf16 pack, and at small head
+dims that issue rate, not the tensor cores, sets the pace. ``ROWSUM_MMA`` drops the FADDs: each
+``P V`` step issues one more async wgmma, ``P`` against a ``[BLOCK_N, 8]`` block of ones written to
+shared memory once per CTA (``ROWSUM_N``, held K-major as ``[8, BLOCK_N]``: an MN-major 16-byte-wide
+B tile read garbage and faulted), into an ``[M_WG, 8]`` accumulator ``acc_l`` that is rescaled by
+``alpha`` with O; the epilogue takes ``l`` from it. The sums are of the bf16 P that ``P V`` uses (the
+FADDs summed the fp32 p). sm_90a: the consumer loop loses 66 FADDs for 8 HGMMAs (D = 96 split: 478
+-> 427 instructions; D = 64 423 -> 368). Measured (session 19): +1 to +8 % on every mask of D = 64's
+persistent launch, the default there; slower at D = 96 (-1 to -4 %) and D = 128 (-6 to -10 %, -31 %
+with three consumers, whose 160 registers spill the accumulator): the narrow GEMM's cost on the
+tensor pipe outweighs the issue slots where the GEMMs are longer.
+
 Split head dims (``SPLIT_D``, config ``split_d``; issue 17)
 -----------------------------------------------------------
 Padding 96 to 128 wastes a quarter of every wgmma. wgmma takes K in steps of 16 and N in
@@ -162,6 +177,8 @@ __all__ = ["gluon_fwd_kernel", "M_WG", "qk_used", "split_pieces", "head_pieces",
 
 #: rows of the query tile one consumer warpgroup owns (the wgmma M of 4 warps)
 M_WG = gl.constexpr(64)
+#: columns of the block of ones the row sums are taken against (``ROWSUM_MMA``): wgmma's narrowest N
+ROWSUM_N = gl.constexpr(8)
 LN2 = gl.constexpr(_core.LN2)
 LOG2E = gl.constexpr(_core.LOG2E)
 
@@ -509,9 +526,10 @@ def _exp2(x, POLY_EXP: gl.constexpr):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, qk_scale, POLY_EXP: gl.constexpr):
+def _softmax(s, m_i, l_i, qk_scale, POLY_EXP: gl.constexpr, ROWSUM_MMA: gl.constexpr):
     """Fold raw scores ``s [M_WG, BLOCK_N]`` (masked entries -inf) into the row max ``m_i`` and
-    row sum ``l_i`` (log2 domain). Returns ``(m_new, l_new, p, alpha)``."""
+    row sum ``l_i`` (log2 domain; with ``ROWSUM_MMA`` the tensor cores sum the rows, ``l_i`` passes
+    through). Returns ``(m_new, l_new, p, alpha)``."""
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [M_WG]
     # why: a row with nothing allowed so far has m_new = -inf, and -inf - -inf is NaN;
     # subtracting 0 instead keeps p = exp2(-inf) = 0 and alpha = 0.
@@ -519,7 +537,10 @@ def _softmax(s, m_i, l_i, qk_scale, POLY_EXP: gl.constexpr):
     # one FFMA + EX2 per score: the scale is folded into the exponent
     p = _exp2(s * qk_scale - gl.expand_dims(m_sub, 1), POLY_EXP)  # [M_WG, BLOCK_N]
     alpha = gl.exp2(m_i - m_sub)  # [M_WG]
-    l_new = l_i * alpha + gl.sum(p, axis=1)
+    l_new = l_i
+    if not ROWSUM_MMA:
+        # one FADD per score (ROWSUM_MMA: none, the P V step's extra GEMM against ones sums P)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
     return m_new, l_new, p, alpha
 
 
@@ -581,12 +602,32 @@ def _p_operand(p, p_buf, dtype: gl.constexpr, p_layout: gl.constexpr, P_SMEM: gl
 
 
 @gluon.jit
-def _wait_pv(acc, DV1: gl.constexpr):
-    """Wait for every ``P V`` GEMM: ``acc`` as a tuple of finished accumulators."""
-    if DV1 > 0:
-        out = warpgroup_mma_wait(0, deps=(acc[0], acc[1]))
+def _rowsum_mma(p_op, ones_smem, acc_l, pl_layout: gl.constexpr, P_SMEM: gl.constexpr):
+    """``L += P 1`` (``ROWSUM_MMA``): the row sums of P as one more async wgmma, ``acc_l [M_WG,
+    ROWSUM_N]`` (every column the row's sum), issued after the ``P V`` ones; P from registers in the
+    A layout of that accumulator (``pl_layout``: the same registers) or from its shared buffer."""
+    if P_SMEM:
+        a = p_op
     else:
-        out = (warpgroup_mma_wait(0, deps=(acc[0],)),)
+        a = gl.convert_layout(p_op, pl_layout)
+    return warpgroup_mma(a, ones_smem.permute((1, 0)), acc_l, is_async=True)
+
+
+@gluon.jit
+def _wait_pv(acc, acc_l, DV1: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+    """Wait for every ``P V`` GEMM (and with ``ROWSUM_MMA`` the row sums'): ``(acc, acc_l)``, ``acc``
+    a tuple of finished accumulators."""
+    if ROWSUM_MMA:
+        if DV1 > 0:
+            a0, a1, lsum = warpgroup_mma_wait(0, deps=(acc[0], acc[1], acc_l))
+            out = ((a0, a1), lsum)
+        else:
+            a0, lsum = warpgroup_mma_wait(0, deps=(acc[0], acc_l))
+            out = ((a0,), lsum)
+    elif DV1 > 0:
+        out = (warpgroup_mma_wait(0, deps=(acc[0], acc[1])), acc_l)
+    else:
+        out = ((warpgroup_mma_wait(0, deps=(acc[0],)),), acc_l)
     return out
 
 
@@ -719,7 +760,7 @@ def _tile_head(bh, num_heads_q, group_size):
 
 
 @gluon.jit
-def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI,
+def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
                   RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh,
                   HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
@@ -727,7 +768,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
                   SNAKE: gl.constexpr, POLY_EXP: gl.constexpr, MERGE: gl.constexpr,
-                  MASK_HEAD: gl.constexpr):
+                  MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
     ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
     ``program_id, program_id + num_programs, ...``).
@@ -756,10 +797,10 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
             if w < num_work:
                 item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
                 g, sk = _consume_tile(WG, item, w % num_bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem,
-                                      o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                                      o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD)
+                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)
                 it += 1
         # the last tile's O store must have read its buffer before the CTA ends
         tma.store_wait(0)
@@ -767,10 +808,10 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
         # one tile a CTA, planned before the partitions split (``gluon_fwd_kernel``)
         start_m, r0, num_full, num_tiles, bh, num_heads_q, group_size = work
         _consume_tile(WG, (start_m, r0, num_full, num_tiles), bh, num_heads_q, 0, 0, 0, q_smem, k_smem, v_smem,
-                      p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                      p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD)
+                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)
         if O_OWN:
             # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
             # epilogue has waited for it already)
@@ -778,21 +819,23 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, bars
 
 
 @gluon.jit
-def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars,
-             offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, MASK: gl.constexpr,
-             s_layout: gl.constexpr, p_layout: gl.constexpr, p1_layout: gl.constexpr, row_o: gl.constexpr,
-             row_o1: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
-             DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr,
-             PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, POLY_EXP: gl.constexpr,
-             HOLD_IV: gl.constexpr):
+def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, ones_smem, p_op, acc, acc_l, m_i, l_i, r, n, e,
+             r0, num_full, bars, offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, MASK: gl.constexpr,
+             s_layout: gl.constexpr, p_layout: gl.constexpr, p1_layout: gl.constexpr, pl_layout: gl.constexpr,
+             row_o: gl.constexpr, row_o1: gl.constexpr, row_l: gl.constexpr, DQK0: gl.constexpr,
+             DQK1: gl.constexpr, QK_USED: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr,
+             NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+             P_SMEM: gl.constexpr, POLY_EXP: gl.constexpr, HOLD_IV: gl.constexpr, ROWSUM_MMA: gl.constexpr):
     """Step ``j >= 1`` of a query tile's key walk (``_consume_tile``): ``S_j = Q K_j^T`` issued, then
     ``P_{j-1} V_{j-1}`` beside it, ``S_j``'s softmax while that runs, O rescaled. ``MASK``: 0 no mask,
     1 the interval mask on partial runs only (a branch: ``HAS_PARTIAL_TILES``), 2 the interval mask
-    always (``MASK_HEAD``'s peeled step 1). Returns ``(acc, m_i, l_i, p_op, r, n, e)``."""
+    always (``MASK_HEAD``'s peeled step 1). With ``ROWSUM_MMA`` the row sums ride with ``P V`` as one
+    more GEMM (``acc_l``). Returns ``(acc, acc_l, m_i, l_i, p_op, r, n, e)``."""
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched = bars
     dtype: gl.constexpr = k_smem[0].dtype
-    # async wgmma groups one P V step issues (one per V piece): the wait for S_j leaves them in flight
-    NUM_PV: gl.constexpr = 2 if DV1 > 0 else 1
+    # async wgmma groups one P V step issues (one per V piece, one for the row sums): the wait for
+    # S_j leaves them in flight
+    NUM_PV: gl.constexpr = (2 if DV1 > 0 else 1) + (1 if ROWSUM_MMA else 0)
     st = (g + j) % NUM_STAGES
     pst = (g + j - 1) % NUM_STAGES
     _sched_wait(sched, WG, sk + j, PINGPONG)
@@ -800,6 +843,8 @@ def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, p_op, acc, m_
     s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
     mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
     acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
+    if ROWSUM_MMA:
+        acc_l = _rowsum_mma(p_op, ones_smem, acc_l, pl_layout, P_SMEM)
     _sched_pass(sched, WG, PINGPONG, CONSUMERS)
     # S_j is done when at most the P V groups are still in flight
     s = warpgroup_mma_wait(NUM_PV, deps=(s,))
@@ -809,25 +854,28 @@ def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, p_op, acc, m_
             s = _mask_tile(s, offs_m, n, LO, HI, Sq, iv, s_layout, BLOCK_N, NUM_IV, HOLD_IV)
     elif MASK == 2:
         s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
-    m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
-    acc = _wait_pv(acc, DV1)
+    m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP, ROWSUM_MMA)
+    acc, acc_l = _wait_pv(acc, acc_l, DV1, ROWSUM_MMA)
     mbarrier.arrive(v_empty.index(pst))
     acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
+    if ROWSUM_MMA:
+        acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, row_l), 1)
     # P_j into P_{j-1}'s place: the wait above has retired the P V that read it
     p_op = _p_operand(p, p_buf, dtype, p_layout, P_SMEM)
     r, n, e = _advance(r, n, e, RUN_START, RUN_END)
-    return acc, m_i, l_i, p_op, r, n, e
+    return acc, acc_l, m_i, l_i, p_op, r, n, e
 
 
 @gluon.jit
 def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem, o_smem,
-                  bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq, stride_ob, stride_os,
+                  ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq, stride_ob, stride_os,
                   stride_oh, HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr,
                   QK_USED: gl.constexpr, DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
-                  POLY_EXP: gl.constexpr, MERGE: gl.constexpr, MASK_HEAD: gl.constexpr):
+                  POLY_EXP: gl.constexpr, MERGE: gl.constexpr, MASK_HEAD: gl.constexpr,
+                  ROWSUM_MMA: gl.constexpr):
     """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
     num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
@@ -849,6 +897,11 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                                                         instr_shape=[16, max(DV1, 8), 16])
     p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout, k_width=2)
     row_o1: gl.constexpr = gl.SliceLayout(1, o1_layout)
+    # the row sums' accumulator (ROWSUM_MMA; unused without)
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ROWSUM_N, 16])
+    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
 
     start_m, r0, num_full, num_tiles = item
     row0 = start_m + WG * M_WG
@@ -858,6 +911,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     acc = (gl.zeros([M_WG, DV0], gl.float32, o_layout),)  # [M_WG, DV0]
     if DV1 > 0:
         acc = (acc[0], gl.zeros([M_WG, DV1], gl.float32, o1_layout))  # and [M_WG, DV1]
+    acc_l = gl.zeros([M_WG, ROWSUM_N], gl.float32, l_layout)  # ROWSUM_MMA's row sums
     s_zero = gl.zeros([M_WG, BLOCK_N], gl.float32, s_layout)
     q = _index(q_smem, WG, DQK1)  # [M_WG, DQK0] (and [M_WG, DQK1])
     p_buf = p_smem.index(WG)  # [M_WG, BLOCK_N] (P_SMEM only)
@@ -889,7 +943,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
             # the rows' intervals whole): masked without a branch, which keeps the loop on the uniform
             # datapath (a branch on S anywhere does not: session 17)
             s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
-        m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP)
+        m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP, ROWSUM_MMA)
         if O_IN_P:
             # the previous tile's O left through this P buffer: its TMA store must have read it
             tma.store_wait(0)
@@ -900,19 +954,20 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
             # ---- step 1, out of the loop: the item's second key tile is masked without a branch too
             # (the plan gives every item that walks any key tile at least two: a fully masked
             # neighbour where it has one)
-            acc, m_i, l_i, p_op, r, n, e = _kv_step(
-                1, g, sk, WG, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars, offs_m,
-                iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 2, s_layout, p_layout, p1_layout, row_o,
-                row_o1, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES, PINGPONG, CONSUMERS, P_SMEM,
-                POLY_EXP, HOLD_IV)
+            acc, acc_l, m_i, l_i, p_op, r, n, e = _kv_step(
+                1, g, sk, WG, q, k_smem, v_smem, p_buf, ones_smem, p_op, acc, acc_l, m_i, l_i, r, n, e, r0,
+                num_full, bars, offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 2, s_layout, p_layout,
+                p1_layout, pl_layout, row_o, row_o1, row_l, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES,
+                PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV, ROWSUM_MMA)
         # ---- steps J0 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
         J0: gl.constexpr = 2 if MASK_HEAD == 2 else 1
         for j in range(J0, num_tiles):
-            acc, m_i, l_i, p_op, r, n, e = _kv_step(
-                j, g, sk, WG, q, k_smem, v_smem, p_buf, p_op, acc, m_i, l_i, r, n, e, r0, num_full, bars, offs_m,
-                iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 1 if HAS_PARTIAL_TILES else 0, s_layout,
-                p_layout, p1_layout, row_o, row_o1, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES,
-                PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV)
+            acc, acc_l, m_i, l_i, p_op, r, n, e = _kv_step(
+                j, g, sk, WG, q, k_smem, v_smem, p_buf, ones_smem, p_op, acc, acc_l, m_i, l_i, r, n, e, r0,
+                num_full, bars, offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
+                1 if HAS_PARTIAL_TILES else 0, s_layout, p_layout, p1_layout, pl_layout, row_o, row_o1, row_l, DQK0,
+                DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES, PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV,
+                ROWSUM_MMA)
 
         if Q_EARLY and PERSISTENT:
             # every S of the tile is done: the producer may load the next tile's Q while this
@@ -923,6 +978,8 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
         _sched_wait(sched, WG, sk + num_tiles, PINGPONG)
         mbarrier.wait(v_ready.index(lst), ((g + num_tiles - 1) // NUM_STAGES) & 1)
         acc = _pv(p_op, _index(v_smem, lst, DV1), acc, DV1, p1_layout, P_SMEM)
+        if ROWSUM_MMA:
+            acc_l = _rowsum_mma(p_op, ones_smem, acc_l, pl_layout, P_SMEM)
         _sched_pass(sched, WG, PINGPONG, CONSUMERS)
         if MERGE:
             # the split launch's second half: these rows' (O, lse) over their full tiles, written by
@@ -930,7 +987,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
             # cost two persistent consumers 56 B of spills: the loop's registers are full)
             o_a, lse_a = _merge_load(Out, Lse, bh, num_heads_q, row0, offs_m, Sq, stride_ob, stride_os, stride_oh,
                                      DV0, HEAD_DIM_V, o_layout)
-        acc = _wait_pv(acc, DV1)
+        acc, acc_l = _wait_pv(acc, acc_l, DV1, ROWSUM_MMA)
         mbarrier.arrive(v_empty.index(lst))
     else:
         if Q_EARLY and PERSISTENT:
@@ -946,6 +1003,9 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     # the tile's batch and head only now, for the stores: computed before the loop they would hold
     # registers through it (three consumers at 160 have none to spare: ptxas, spills in the loop)
     b, h, _ = _tile_head(bh, num_heads_q, 1)
+    if ROWSUM_MMA:
+        # every column of the row-sum accumulator holds the row's sum
+        l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_s)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     out = _scale_rows(acc, 1.0 / l_safe, row_o, row_o1, DV1)  # [M_WG, DV0] (and [M_WG, DV1])
@@ -1087,7 +1147,7 @@ def gluon_fwd_kernel(
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
     PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr, SNAKE: gl.constexpr, POLY_EXP: gl.constexpr,
-    MERGE: gl.constexpr, MASK_HEAD: gl.constexpr,
+    MERGE: gl.constexpr, MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr,
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
@@ -1145,6 +1205,17 @@ def gluon_fwd_kernel(
         o_smem = _piece_buffers(CONSUMERS, M_WG, DV0, DV1, dtype)  # [CONSUMERS, M_WG, DV*]
     else:
         o_smem = q_smem  # stand-in, never read: O is staged in Q's buffers
+    if ROWSUM_MMA:
+        # the row sums on the tensor cores: P [M_WG, BLOCK_N] times a [BLOCK_N, ROWSUM_N] block of
+        # ones, held K-major as [ROWSUM_N, BLOCK_N] (wgmma's own B layout, as K's tiles for Q K^T),
+        # written once (the partitions start after it: the fence orders it for wgmma's reads)
+        ones_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWSUM_N, BLOCK_N], dtype)
+        ones_reg: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        ones_smem = gl.allocate_shared_memory(dtype, [ROWSUM_N, BLOCK_N], ones_shared,
+                                              gl.full([ROWSUM_N, BLOCK_N], 1.0, dtype, ones_reg))
+        fence_async_shared()
+    else:
+        ones_smem = q_smem[0]  # stand-in, never read
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     # Q's buffer per consumer: ready when its TMA bytes land, empty when the consumer is done with it
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
@@ -1165,31 +1236,31 @@ def gluon_fwd_kernel(
     # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
-            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
+            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
                              RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
                              QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD)),
+                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
