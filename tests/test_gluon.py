@@ -193,6 +193,10 @@ def test_mask_head_default(name, want):
     cfg = G.resolve_config(128, torch.bfloat16, mask=mask)
     assert cfg["mask_head"] == want and type(cfg["mask_head"]) is int
     assert G.resolve_config(64, torch.bfloat16, mask=mask)["mask_head"] == 0
+    # D = 96: the same rule on its sparse masks (two consumers, padded tiles); its dense masks run split
+    # tiles, which the merging launch cannot take
+    d96 = G.resolve_config(96, torch.bfloat16, mask=mask)
+    assert d96["mask_head"] == (0 if d96["split_d"] else want), d96
     assert G.resolve_config(128, torch.bfloat16, {"mask_head": False}, mask=mask)["mask_head"] == 0
     assert G.resolve_config(128, torch.bfloat16, {"mask_head": True}, mask=mask)["mask_head"] == 1
     # a config naming the split launch gets it, not mask_head

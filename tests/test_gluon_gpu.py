@@ -341,7 +341,11 @@ def test_mask_head_forward(name, D, config):
 
 #: mask_head=2 is for two consumers (three spill): one tile a CTA and persistent, D = 128 / 64 / 96
 MASK_HEAD2 = [(128, dict(consumers=2)), (128, dict(consumers=2, persistent=True, o_own=True, num_stages=2)),
-              (64, dict(consumers=2, persistent=True, o_own=True)), (96, dict(consumers=2, split_d=False))]
+              (64, dict(consumers=2, persistent=True, o_own=True)), (96, dict(consumers=2, split_d=False)),
+              # D = 64's sparse-mask default (three persistent consumers, rowsum_mma) with two masked steps
+              (64, dict(persistent=True, o_own=True, rowsum_mma=True)),
+              # D = 96's sparse-mask default (two persistent consumers on the padded tile)
+              (96, dict(split_d=False, persistent=True, o_own=True, snake=True))]
 
 
 @needs_sm90

@@ -7,6 +7,8 @@
 #                                             tests, then D = 96, 64, 128 on four masks at 16K, each mask's
 #                                             default / default again / rowsum_mma timed interleaved
 #   bash experiments/gpu/session19.sh rowsum64  D = 64's persistent launch with rowsum_mma: tests, every mask
+#   bash experiments/gpu/session19.sh dims      mask_head 0 / 1 / 2 at D = 64 and 96 (tests of the combination
+#                                             with rowsum_mma, then six masks at 16K interleaved)
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
@@ -44,6 +46,19 @@ case "${1:-}" in
       --interleave --masks all --config-json '[{"rowsum_mma": false}, {"rowsum_mma": true}]' 2>&1 | grep ROW \
       | grep fwd_tflops | python3 -c "import sys, json; [print(r['D'], r['mask'], r['config'], round(r['fwd_tflops'], 1), round(r['err_out'], 5)) for r in (json.loads(l[4:]) for l in sys.stdin)]"
     ;;
+  dims)
+    # mask_head at D = 64 and 96 (the rule sets it at D = 128 only): the combined configs' tests, then
+    # mask_head 0 / 1 / 2 on the masks with partial tiles, interleaved
+    timeout 150 python -m pytest -q -m gpu tests/test_gluon_gpu.py -rA -k "mask_head2 and rowsum_mma" 2>&1 \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/gpu_tests_dims.txt"
+    tail -1 "$OUT/gpu_tests_dims.txt"
+    for d in 64 96; do
+      PYTHONUNBUFFERED=1 python experiments/gpu/gluon_diag.py --out "$OUT/dims$d" --fwd-configs 16384 --head-dims $d \
+        --interleave --masks causal,causal_document,sliding_window_causal,full_document,causal_blockwise,sliding_window \
+        --config-json '[{"mask_head": 0}, {"mask_head": 1}, {"mask_head": 2}]' 2>&1 | grep ROW | grep -E "fwd_tflops|error" \
+        | python3 -c "import sys, json; [print(r['D'], r['mask'], r['config'], round(r.get('fwd_tflops', 0), 1), r.get('error', '')[-160:]) for r in (json.loads(l[4:]) for l in sys.stdin)]"
+    done
+    ;;
   *)
-    sed -n '2,11p' "$0"; exit 2 ;;
+    sed -n '2,13p' "$0"; exit 2 ;;
 esac

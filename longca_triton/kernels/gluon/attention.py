@@ -182,6 +182,14 @@ SPLIT_PARTIAL_SHARE = 0.025
 #: prefix_lm_document 515 / 478 / 529; share_question (112 of 128 query tiles with more than two)
 #: 505 / 451 / 465
 MASK_HEAD_REST_TILES = 0.6
+#: head dims (D_qk == D_v) where ``mask_head``'s default rule applies (``default_mask_head``). D = 96
+#: (session 19, call 11, two persistent consumers on the padded tile, mask_head 0 / 1 / 2):
+#: causal_document 414 / 386 / 428, sliding_window_causal 374 / 324 / 400, full_document 449 / 460 /
+#: 463, causal_blockwise 444 / 476 / 473, sliding_window 420 / 407 / 458 (its dense masks run split
+#: tiles, which the merging launch cannot take). D = 64 is left out: its 192-row tiles (three
+#: consumers) keep more partial tiles for the second launch and lose 2-18 % on the sparse masks
+#: (causal, one tile a CTA, gains 4 % with 1: 467 / 488 / 481; not a rule yet)
+MASK_HEAD_DIMS = (96, 128)
 #: head dims whose persistent forward (the sparser masks) takes its row sums from the tensor cores
 #: (``rowsum_mma``). Session 19, calls 8-9, 16K, GQA 64:8, TFLOP/s default / rowsum_mma, interleaved:
 #: D = 64 persistent (three consumers) full_document 416-421 / 430, causal_document 339-341 / 363,
@@ -654,11 +662,12 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
         visited = bt.num_full + bt.num_partial
         cfg["split_partial"] = bool(bt.num_partial) and bt.num_partial <= SPLIT_PARTIAL_SHARE * visited
-    if ("mask_head" not in named and "split_partial" not in named and head_dim == dv == 128
+    if ("mask_head" not in named and "split_partial" not in named and head_dim == dv
+            and head_dim in MASK_HEAD_DIMS and not split_partial_reason(cfg, head_dim, dv)
             and mask is not None and hasattr(mask, "block_tables")):
-        # each query tile's first partial key tile masked at step 0 without a branch, the others (if
-        # any) in the split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES;
-        # a config that names the split launch gets the split launch)
+        # each query tile's first partial key tiles masked without a branch, the others (if any) in the
+        # split launch's second half: where few query tiles have others (MASK_HEAD_REST_TILES; a config
+        # that names the split launch gets the split launch; D = 96's split tiles cannot merge)
         bt = mask.block_tables(fwd_block_m(cfg), int(cfg["BLOCK_N"]))
         cfg["mask_head"] = default_mask_head(np.diff(np.asarray(bt.q_part_ptr)), int(cfg["consumers"]))
     cfg["mask_head"] = _mask_head_value(cfg["mask_head"])
