@@ -1434,4 +1434,12 @@ def test_autotune_forward_candidates(d, three):
         assert (r["consumers"], r["p_smem"], r["num_stages"]) == (c["consumers"], c["p_smem"], c["num_stages"])
         assert (r["persistent"], r["o_own"]) == (c["persistent"], c["o_own"])
         assert G.smem_bytes(d, c["BLOCK_N"], c["num_stages"], split_d=c["split_d"], consumers=c["consumers"],
-                            p_smem=c["p_smem"], o_own=c["o_own"]) <= G.SMEM_LIMIT
+                            p_smem=c["p_smem"], o_own=c["o_own"], rowsum_mma=c.get("rowsum_mma", False)) <= G.SMEM_LIMIT
+        assert r["mask_head"] == c.get("mask_head", r["mask_head"]) and r["rowsum_mma"] == c.get("rowsum_mma", False)
+    # mask_head 0 / 1 / 2 x rowsum_mma off / on, on the persistent launch with O's own buffers, P in registers
+    knobs = [c for c in cands if "mask_head" in c]
+    if own:
+        assert {(c["mask_head"], c["rowsum_mma"]) for c in knobs} == {(m, r) for m in (0, 1, 2) for r in (False, True)}
+        assert all(c["persistent"] and c["o_own"] and not c["p_smem"] for c in knobs), knobs
+    else:
+        assert not knobs

@@ -178,7 +178,9 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
     ``p_smem``, where the head-dim tile is 128 wide). Each forward candidate runs one tile a CTA
-    and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``)."""
+    and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``);
+    on the persistent launch with O's own buffers also ``mask_head`` 0 / 1 / 2 with ``rowsum_mma`` off
+    and on (the other candidates leave both to their rules)."""
     from ..kernels._runtime import block_head_dim
     from ..kernels.gluon.attention import (
         SMEM_LIMIT,
@@ -199,11 +201,26 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # the launch: one tile a CTA, or persistent with O staged in Q's buffers or in its own (o_own:
         # the default at D = 128 on the sparser masks, session 15)
         launches = [(False, False), (True, False), (True, True)]
-        return [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
-                     consumers=c, p_smem=ps, persistent=pe, o_own=oo)
-                for (c, ps), sd, pp, st, (pe, oo) in itertools.product([(2, False)] + three, splits, [True, False],
-                                                                       [2, 1, 3, 4], launches)
-                if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps, o_own=oo) <= SMEM_LIMIT]
+        shapes = [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
+                       consumers=c, p_smem=ps, persistent=pe, o_own=oo)
+                  for (c, ps), sd, pp, st, (pe, oo) in itertools.product([(2, False)] + three, splits, [True, False],
+                                                                         [2, 1, 3, 4], launches)
+                  if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps, o_own=oo) <= SMEM_LIMIT]
+        # the partial tiles' and the softmax's knobs (session 19), on the persistent launch with O's own
+        # buffers and the deepest ring beside them (the sparser masks' default shape): mask_head 0 / 1 / 2
+        # (the shapes above leave it to its rule) and the row sums by the tensor cores, off and on
+        # (P in registers: three consumers with P in shared memory spill with either, sm_90a)
+        sparse = [c for c in shapes if c["persistent"] and c["o_own"] and not c["split_d"] and not c["pingpong"]
+                  and not c["p_smem"]
+                  and smem_bytes(head_dim, bn, c["num_stages"], consumers=c["consumers"], p_smem=c["p_smem"],
+                                 o_own=True, rowsum_mma=True) <= SMEM_LIMIT]
+        deepest = {}
+        for c in sparse:
+            key = (c["consumers"], c["p_smem"])
+            deepest[key] = max(deepest.get(key, c), c, key=lambda x: x["num_stages"])
+        knobs = [dict(c, mask_head=mh, rowsum_mma=rs)
+                 for c, mh, rs in itertools.product(deepest.values(), [0, 1, 2], [False, True])]
+        return shapes + knobs
     if group == "bwd":
         if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
             return [dict(gluon_bwd=False)]
