@@ -760,8 +760,8 @@ def _tile_head(bh, num_heads_q, group_size):
 
 
 @gluon.jit
-def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                  RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh,
+def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse,
+                  LO, HI, RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh,
                   HEAD_DIM_V: gl.constexpr, DQK0: gl.constexpr, DQK1: gl.constexpr, QK_USED: gl.constexpr,
                   DV0: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
@@ -797,8 +797,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones
             if w < num_work:
                 item = _tile_plan(w, num_bh, ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, CONSUMERS)
                 g, sk = _consume_tile(WG, item, w % num_bh, num_heads_q, g, sk, it, q_smem, k_smem, v_smem, p_smem,
-                                      o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
-                                      stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
+                                      o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale,
+                                      Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
                                       P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)
                 it += 1
@@ -1236,31 +1236,36 @@ def gluon_fwd_kernel(
     # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
-                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
-                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
-                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
-                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
-            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
-                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
-                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
+                             ROWSUM_MMA)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
+                             ROWSUM_MMA)),
+            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
+                             ROWSUM_MMA)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
-                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
-                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START,
-                             RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1,
-                             QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA,
-                             CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)),
+            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
+                             ROWSUM_MMA)),
+            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
+                             ROWSUM_MMA)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
