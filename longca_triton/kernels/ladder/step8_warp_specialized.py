@@ -37,6 +37,12 @@ Measured (H100, causal, S=16K)
 2026-11-23): 1.17-1.19x step 7 (501 in the same run) and 0.96-1.03x cuDNN. The ring carries it
 (1 stage: 492, no better than step 7); ping-pong between the consumers measured -3 % to +1 %,
 so it is off by default. The ladder command itself has not yet run this step.
+
+What came after (the kernel this step calls grew; ``docs/ladder.md`` has each idea): three consumers
+with P through shared memory on dense masks, a persistent launch on the sparser ones, the split launch
+and the branch-free masked head steps (``mask_head``) that keep the mask path out of the key loop.
+Session 19 (experiments/results/h100/session19, the harness, interleaved): causal 706-716 TFLOP/s
+(1.14-1.16x cuDNN, 1.05x Flex's FA4 backend), full 722-723 (1.11-1.12x cuDNN).
 """
 
 from __future__ import annotations
