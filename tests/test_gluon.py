@@ -222,6 +222,33 @@ def test_rowsum_mma_default_and_smem(name):
     assert G.smem_bytes(128, 128, 2, consumers=3, p_smem=True, rowsum_mma=True) == base + 128 * 8 * 2 <= G.SMEM_LIMIT
 
 
+@pytest.mark.parametrize("name,want", [("causal", 2), ("prefix_lm_causal", 2), ("sliding_window_causal", 0),
+                                       ("full", 0), ("causal_document", 0)])
+def test_dq_mask_head_plan(name, want):
+    """``dq_mask_head``: the dQ kernel walks the head plan (its first ``head`` steps masked without a
+    branch) where every query tile has at most two partial 64-key tiles (16K causal: exactly two each),
+    else the merged plan (no second launch for dQ); off by default; the head plan covers every tile once."""
+    mask = lt.make_mask(name, 16384)
+    on = G.resolve_config(128, torch.bfloat16, {"dq_mask_head": True}, mask=mask)
+    assert on["gluon_bwd"] and not G.resolve_config(128, torch.bfloat16, mask=mask)["dq_mask_head"]
+    plan = G.dq_plan(mask, on, "cpu")
+    assert plan.mask_head == want and (plan.has_partial is False if want else True)
+    assert G.dq_plan(mask, dict(on, dq_mask_head=False), "cpu").mask_head == 0
+    _, dq, _ = G.plans_for_gluon(mask, on, G.dense_resolve_config(128, torch.bfloat16, None), "cpu")
+    assert dq is plan
+    if want:
+        whole = G.get_ws_plan(mask, G.BLOCK_M, on["dq_block_n"], "cpu")
+        arrays = [t.numpy() for t in plan.tensors()[3:]]
+        all_arrays = [t.numpy() for t in whole.tensors()[3:]]
+        for m in range(whole.tiles.num_m):
+            h, w = [n for n, _ in walk(*arrays, m)], walk(*all_arrays, m)
+            partial = [n for n, p in w if p]
+            assert h[:len(partial)] == partial  # the partial tiles first (at most two: no second launch)
+            if want == 2 and len(w) == 1:
+                h = h[:1]  # the pad: a neighbour none of the rows may see
+            assert sorted(h) == sorted(n for n, _ in w)
+
+
 def test_default_mask_head_rule_and_bad_values():
     """``default_mask_head`` by hand; ``mask_head`` outside ``MASK_HEAD`` is refused by name."""
     n = 10
@@ -828,6 +855,8 @@ _COMPILE = textwrap.dedent("""
            ("dq-d64", "dq", 64, None, {}), ("dkdv-d64", "dkdv", 64, None, {}),
            ("dkdv-full-only", "dkdv", 128, None, dict(has_partial=False, num_iv=1)),
            ("dkdv-skew", "dkdv", 128, dict(dkdv_skew=True), {}),
+           # dq_mask_head: the first two steps masked without a branch, the loop without the mask path
+           ("dq-d128-head2", "dq", 128, None, dict(has_partial=False, mask_head=2)),
            ("fused-d128", "fused", 128, None, {}), ("fused-d64", "fused", 64, None, {}),
            ("fused-d128-full-only", "fused", 128, None, dict(has_partial=False, num_iv=1))]
     for name, kind, d, cfg, kw in bwd:
@@ -878,7 +907,9 @@ def test_every_variant_compiles_for_sm90a():
         # the defaults (32-row query tiles at D=128, 64 at D=64) fit 240 registers: measured 0 B
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
     bwd = {n: rows.pop(n) for n in [n for n in rows if n.startswith(("dq", "dkdv"))]}
-    assert set(bwd) == {"dq-d128", "dkdv-d128", "dq-d64", "dkdv-d64", "dkdv-full-only", "dkdv-skew"}
+    assert set(bwd) == {"dq-d128", "dkdv-d128", "dq-d64", "dkdv-d64", "dkdv-full-only", "dkdv-skew", "dq-d128-head2"}
+    # the peeled masked step adds its three GEMMs to the kernel, and no spills
+    assert bwd["dq-d128-head2"]["wgmma"] > bwd["dq-d128"]["wgmma"] and bwd["dq-d128-head2"]["spill_stores"] == 0
     for name, r in bwd.items():
         assert r["wgmma"] > 0 and {240, 24} <= set(r["regs"]) and r["shared"] <= G.SMEM_LIMIT, r
         # the default backward configs stay within 240 registers (a few bytes at most: measured

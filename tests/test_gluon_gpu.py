@@ -339,6 +339,18 @@ def test_mask_head_forward(name, D, config):
     _check(mask, 8, 2, D, config=dict(mask_head=True, **config), B=2)
 
 
+def _head_case(name):
+    """The masks of the head-plan tests: random multi-interval (several partial tiles a query tile),
+    documents of 1-60 tokens (one-tile walks), Sk = 100 (one key tile), or a small static mask."""
+    if name == "random":
+        return random_range_mask(1500, 1700, seed=5, n_slices=6)
+    if name == "tiny_documents":
+        return lt.make_mask("causal_document", 1000, doc_lens=[37, 5, 60, 1] * 5 + [381, 104])
+    if name == "one_key_tile":
+        return random_range_mask(700, 100, seed=2, n_slices=3)
+    return small_mask(name, 3001, seed=7)
+
+
 #: mask_head=2 is for two consumers (three spill): one tile a CTA and persistent, D = 128 / 64 / 96
 MASK_HEAD2 = [(128, dict(consumers=2)), (128, dict(consumers=2, persistent=True, o_own=True, num_stages=2)),
               (64, dict(consumers=2, persistent=True, o_own=True)), (96, dict(consumers=2, split_d=False)),
@@ -358,15 +370,18 @@ def test_mask_head2_forward(name, D, config):
     1 peeled out of the loop); a query tile that walks one key tile walks a fully masked neighbour too
     (tiny documents; Sk = 100: one key tile, the pad past the keys, zero-filled by the TMA); the rest
     merged by the second launch (random, share_question: more than two a tile)."""
-    if name == "random":
-        mask = random_range_mask(1500, 1700, seed=5, n_slices=6)
-    elif name == "tiny_documents":
-        mask = lt.make_mask("causal_document", 1000, doc_lens=[37, 5, 60, 1] * 5 + [381, 104])
-    elif name == "one_key_tile":
-        mask = random_range_mask(700, 100, seed=2, n_slices=3)
-    else:
-        mask = small_mask(name, 3001, seed=7)
-    _check(mask, 8, 2, D, config=dict(mask_head=2, **config), B=2)
+    _check(_head_case(name), 8, 2, D, config=dict(mask_head=2, **config), B=2)
+
+
+@needs_sm90
+@pytest.mark.parametrize("design", ["mixed", "split"])
+@pytest.mark.parametrize("name", ["causal", "prefix_lm_causal", "random", "tiny_documents", "one_key_tile"])
+def test_dq_mask_head(name, design):
+    """``dq_mask_head``: the dQ kernel's first (up to two) steps masked without a branch where no query
+    tile has more partial tiles (causal and prefix_lm_causal: two 64-key tiles; Sk = 100: one), the
+    merged plan elsewhere (random masks and tiny documents have more); the same checks as every
+    backward. Written in session 19 without device time left to run it."""
+    _check(_head_case(name), 8, 2, 128, config=dict(dq_mask_head=True, bwd_design=design), B=2)
 
 
 #: rowsum_mma on the defaults' shapes: two consumers, three with P in shared memory, persistent with

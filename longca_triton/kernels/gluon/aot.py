@@ -99,7 +99,7 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
 
 
 def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
-                has_partial: bool = True, dtype: str = "bf16") -> Compiled:
+                has_partial: bool = True, dtype: str = "bf16", mask_head: int = 0) -> Compiled:
     """Compile the backward's ``"dq"``, ``"dkdv"`` or ``"fused"`` kernel for sm_90a
     (``attention.CONFIG_KEYS``; the fused one reads the ``fused_*`` keys)."""
     import torch
@@ -113,7 +113,8 @@ def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_
     common = dict(HEAD_DIM=head_dim, NUM_IV=num_iv, HAS_PARTIAL_TILES=has_partial,
                   CONSUMER_REGS=c["bwd_consumer_regs"], PRODUCER_REGS=producer)
     if kind == "dq":
-        return _compile(gluon_bwd_dq_kernel, dict(common, BLOCK_N=c["dq_block_n"], NUM_STAGES=c["dq_stages"]),
+        return _compile(gluon_bwd_dq_kernel, dict(common, BLOCK_N=c["dq_block_n"], NUM_STAGES=c["dq_stages"],
+                                                  MASK_HEAD=int(mask_head)),
                         dtype, maxnreg)
     if kind == "dkdv":
         return _compile(gluon_bwd_dkdv_kernel, dict(common, BLOCK_MQ=c["dkdv_block_mq"], NUM_STAGES=c["dkdv_stages"],

@@ -76,6 +76,10 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   rows of the dK/dV kernel), ``dq_stages`` / ``dkdv_stages`` (ring depths, >= 2),
   ``dkdv_skew`` (issue a tile's S^T, dP^T before the previous tile's dV, dK GEMMs finish: more
   overlap, more registers), ``bwd_consumer_regs``.
+* ``dq_mask_head``: the dQ kernel's ``mask_head`` (``dq_plan``): where no query tile has more than two
+  partial key tiles, those are its first steps, masked without a branch (the loop compiled without
+  the mask path: sm_90a 256 instructions a step instead of 444). Off by default: written and compiled
+  on the CPU in session 19, not yet run on a GPU (its ``-m gpu`` test is ``test_dq_mask_head``).
 * ``bwd_design``: ``"split"`` (the dQ kernel and the dK/dV kernel above, 7 GEMMs per tile pair,
   no atomics), ``"mixed"`` (the Gluon dQ kernel, then the plain-Triton dK/dV kernel with the dense
   kernel's ``DKDV_*`` / ``dkdv_*`` keys from ``bwd_config``: each pass from the family that runs it
@@ -206,7 +210,7 @@ PERSIST_BELOW = 0.5
 
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
-                  "bwd_design", "fused_block_mq", "fused_stages", "fused_dq")
+                  "bwd_design", "fused_block_mq", "fused_stages", "fused_dq", "dq_mask_head")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
                "split_partial", "mask_head", "rowsum_mma") + GLUON_BWD_KEYS
@@ -231,7 +235,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial", "rowsum_mma"),
+                              "o_in_p", "snake", "split_partial", "rowsum_mma", "dq_mask_head"),
                    tuned_name="triton-gluon")
 
 
@@ -417,7 +421,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="mixed" if head_dim in MIXED_BWD_HEAD_DIMS else "split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
-                fused_dq="atomic")
+                fused_dq="atomic", dq_mask_head=False)
 
 
 def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
@@ -881,7 +885,7 @@ def launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, plan: WsPlan, softmax_sca
         softmax_scale * LOG2E, softmax_scale,
         sq, sk, b * hq, hq, hq // hkv,
         HEAD_DIM=d, BLOCK_N=cfg["dq_block_n"], NUM_IV=plan.tiles.num_iv, NUM_STAGES=cfg["dq_stages"],
-        HAS_PARTIAL_TILES=plan.has_partial, **_bwd_regs(cfg),
+        HAS_PARTIAL_TILES=plan.has_partial, MASK_HEAD=plan.mask_head, **_bwd_regs(cfg),
     )
 
 
@@ -1009,6 +1013,22 @@ def fwd_plan(mask, cfg: dict, device):
     return plan
 
 
+def dq_plan(mask, cfg: dict, device):
+    """The Gluon dQ kernel's plan: the merged runs, or with ``dq_mask_head`` on a mask whose query tiles
+    each have at most two partial key tiles the head plan (``part="head"``, ``head`` = the most any
+    tile has): the dQ kernel then masks its first steps without a branch and compiles its loop without
+    the mask path (sm_90a: 256 instructions a step instead of 444). dQ has no cheap merge for a second
+    launch, so a mask with more partial tiles in some query tile keeps the merged plan."""
+    plan = get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q")
+    if not (cfg["dq_mask_head"] and plan.has_partial):
+        return plan
+    bt = mask.block_tables(BLOCK_M, int(cfg["dq_block_n"]))
+    most = int(np.diff(np.asarray(bt.q_part_ptr)).max())
+    if most > max(HEAD_TILES):
+        return plan
+    return get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q", part="head", head=most)
+
+
 def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
     """The forward's merged-run plan and the backward's two plans (all cached; the fused Gluon
     backward has one, the second is None; the mixed one the Gluon dQ plan and the dense dK/dV
@@ -1017,11 +1037,9 @@ def plans_for_gluon(mask, cfg: dict, bwd_cfg: dict, device):
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "fused":
         return fwd, get_ws_plan(mask, cfg["fused_block_mq"], BLOCK_M, device, "k"), None
     if cfg["gluon_bwd"] and cfg["bwd_design"] == "mixed":
-        return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
-                plans_for(mask, bwd_cfg, device)[1])
+        return fwd, dq_plan(mask, cfg, device), plans_for(mask, bwd_cfg, device)[1]
     if cfg["gluon_bwd"]:
-        return (fwd, get_ws_plan(mask, BLOCK_M, cfg["dq_block_n"], device, "q"),
-                get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k"))
+        return fwd, dq_plan(mask, cfg, device), get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k")
     _, dkdv, dq = plans_for(mask, bwd_cfg, device)
     return fwd, dkdv, dq
 

@@ -28,6 +28,12 @@ and Q_i, dO_i into a ring; the consumer issues ``S^T = K Q_i^T``, ``dP^T = V dO_
 previous tile's ``dV += P^T dO``, ``dK += dS^T Q`` back to back and computes ``P^T, dS^T`` of
 this tile while the last two run.
 
+With ``MASK_HEAD`` (config ``dq_mask_head``, ``attention.dq_plan``) the dQ kernel walks the forward's
+head plan: each query tile's (at most two) partial key tiles first, masked without a branch (step 1
+peeled out of the loop, ``_dq_step``), so the loop is compiled without the mask path (sm_90a: 256
+instructions a step instead of 444, no spills; the forward's datapath story, session 17). Written and
+compiled in session 19, not yet timed or run on a GPU: off by default.
+
 Both use the merged run lists of ``plan.py`` (the dK/dV kernel's wrap to the next query head at
 the end of the list). Rows >= Sq and keys >= Sk are zero-filled by TMA and contribute nothing
 (zero dO rows, zero delta); stores are clipped by the descriptors.
@@ -82,10 +88,44 @@ def _row_stats(Lse, Delta, offs, Sq):
 # ----------------------------------------------------------------------------------------------
 
 @gluon.jit
+def _dq_step(j, q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, dq, ds_op, r, n, e, r0, num_full,
+             offs_m, s_zero, lse2, delta, LO, HI, RUN_START, RUN_END, qk_scale, Sq, MASK: gl.constexpr,
+             s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
+             NUM_STAGES: gl.constexpr):
+    """Step ``j >= 1`` of the dQ kernel's key walk: ``S_j``, ``dP_j`` and the previous tile's ``dQ +=
+    dS_{j-1} K_{j-1}`` issued back to back, ``dS_j`` computed while the last runs. ``MASK``: 0 none, 1
+    the interval mask on partial runs (a branch: ``HAS_PARTIAL_TILES``), 2 always (``MASK_HEAD``'s
+    peeled step 1). Returns ``(dq, ds_op, r, n, e)``."""
+    dtype: gl.constexpr = k_smem.dtype
+    st = j % NUM_STAGES
+    pst = (j - 1) % NUM_STAGES
+    ph = (j // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(st), ph)
+    mbarrier.wait(v_ready.index(st), ph)
+    s = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do, v_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dq = warpgroup_mma(ds_op, k_smem.index(pst), dq, is_async=True)
+    # S_j and dP_j are done when only the dQ GEMM may still be in flight
+    s, dp = warpgroup_mma_wait(1, deps=(s, dp))
+    mbarrier.arrive(v_empty.index(st))
+    if MASK == 1:
+        if r >= r0 + num_full:
+            s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+    elif MASK == 2:
+        s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+    p, ds = _ds(s * qk_scale, dp, lse2, delta)
+    dq = warpgroup_mma_wait(0, deps=(dq,))
+    mbarrier.arrive(k_empty.index(pst))
+    ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+    r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+    return dq, ds_op, r, n, e
+
+
+@gluon.jit
 def _dq_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta,
                  LO, HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
-                 NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr):
+                 NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, MASK_HEAD: gl.constexpr):
     in_bar, k_ready, k_empty, v_ready, v_empty = bars
     start_m, bh, r0, num_full, num_tiles = plan
     dtype: gl.constexpr = q_smem.dtype
@@ -120,29 +160,26 @@ def _dq_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, bars, dq_des
         if HAS_PARTIAL_TILES:
             if r >= r0 + num_full:
                 s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
+        elif MASK_HEAD > 0:
+            # the walk's first key tiles are its only partial ones (``plan.build_ws_plan(part="head")``,
+            # as the forward's ``MASK_HEAD``): masked without a branch, the loop compiled without the
+            # mask path (with it the loop is 444 sm_90a instructions instead of 255)
+            s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
         p, ds = _ds(s * qk_scale, dp, lse2, delta)
         ds_op = gl.convert_layout(ds.to(dtype), op_layout)
         r, n, e = _advance(r, n, e, RUN_START, RUN_END)
-        for j in range(1, num_tiles):
-            st = j % NUM_STAGES
-            pst = (j - 1) % NUM_STAGES
-            ph = (j // NUM_STAGES) & 1
-            mbarrier.wait(k_ready.index(st), ph)
-            mbarrier.wait(v_ready.index(st), ph)
-            s = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(do, v_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dq = warpgroup_mma(ds_op, k_smem.index(pst), dq, is_async=True)
-            # S_j and dP_j are done when only the dQ GEMM may still be in flight
-            s, dp = warpgroup_mma_wait(1, deps=(s, dp))
-            mbarrier.arrive(v_empty.index(st))
-            if HAS_PARTIAL_TILES:
-                if r >= r0 + num_full:
-                    s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
-            p, ds = _ds(s * qk_scale, dp, lse2, delta)
-            dq = warpgroup_mma_wait(0, deps=(dq,))
-            mbarrier.arrive(k_empty.index(pst))
-            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
-            r, n, e = _advance(r, n, e, RUN_START, RUN_END)
+        if MASK_HEAD == 2:
+            # step 1 out of the loop, masked without a branch too (every walk has >= 2 tiles: the plan
+            # pads a one-tile walk with a tile none of its rows may see)
+            dq, ds_op, r, n, e = _dq_step(1, q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, dq, ds_op,
+                                          r, n, e, r0, num_full, offs_m, s_zero, lse2, delta, LO, HI, RUN_START,
+                                          RUN_END, qk_scale, Sq, 2, s_layout, op_layout, BLOCK_N, NUM_IV, NUM_STAGES)
+        J0: gl.constexpr = 2 if MASK_HEAD == 2 else 1
+        for j in range(J0, num_tiles):
+            dq, ds_op, r, n, e = _dq_step(j, q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, dq, ds_op,
+                                          r, n, e, r0, num_full, offs_m, s_zero, lse2, delta, LO, HI, RUN_START,
+                                          RUN_END, qk_scale, Sq, 1 if HAS_PARTIAL_TILES else 0, s_layout,
+                                          op_layout, BLOCK_N, NUM_IV, NUM_STAGES)
         lst = (num_tiles - 1) % NUM_STAGES
         dq = warpgroup_mma(ds_op, k_smem.index(lst), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq,))
@@ -182,7 +219,7 @@ def gluon_bwd_dq_kernel(
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_IV: gl.constexpr,
     NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, MASK_HEAD: gl.constexpr,
 ):
     rank, bh, b, h, h_kv = _program(num_bh, num_heads_q, group_size)
     tile_m = gl.load(ORDER + rank)
@@ -214,10 +251,10 @@ def gluon_bwd_dq_kernel(
     gl.warp_specialize([
         (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta, LO, HI,
                         RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM, BLOCK_N,
-                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
+                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, MASK_HEAD)),
         (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta, LO, HI,
                         RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM, BLOCK_N,
-                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
+                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, MASK_HEAD)),
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars,
                         RUN_START, RUN_END, plan, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
