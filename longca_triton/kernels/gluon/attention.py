@@ -59,7 +59,7 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   mask without a branch (``attention_fwd``: a full tile's rows allow every key, so masking it changes
   nothing), the loop compiled without the mask path; a tile's other partial tiles (none on causal at
   128-row tiles; few on the window and document masks with 2) run in the split launch's second half.
-  2 is meant for two consumers (three spill 776 B at sm_90a); the default at D = 128 follows
+  2 is meant for two consumers (three spill 776 B at sm_90a); the default at D = 96 and 128 follows
   ``default_mask_head``.
 * ``rowsum_mma``: the softmax's row sums by one more async wgmma per ``P V`` step, P against a block
   of ones (N = 8), instead of one FADD per score (``attention_fwd._rowsum_mma``): the default for
@@ -462,11 +462,11 @@ def _mask_head_value(value) -> int:
 
 
 def default_mask_head(partial_per_tile, consumers: int) -> int:
-    """The D = 128 forward's ``mask_head`` on a mask whose query tiles have ``partial_per_tile`` partial
-    key tiles each: 1 where no query tile has more than one (causal: a second masked step costs 1.5 %),
-    else 2 with two consumers (three spill there) and 1 with three, where at most
-    ``MASK_HEAD_REST_TILES`` of the query tiles keep partial tiles beyond those for the split launch's
-    second half; 0 without partial tiles or where more do (share_question)."""
+    """The forward's default ``mask_head`` (D = 96 and 128: ``MASK_HEAD_DIMS``) on a mask whose query
+    tiles have ``partial_per_tile`` partial key tiles each: 1 where no query tile has more than one
+    (causal: a second masked step costs 1.5 %), else 2 with two consumers (three spill there) and 1
+    with three, where at most ``MASK_HEAD_REST_TILES`` of the query tiles keep partial tiles beyond
+    those for the split launch's second half; 0 without partial tiles or where more do."""
     per_tile = np.asarray(partial_per_tile)
     if not per_tile.any():
         return 0
