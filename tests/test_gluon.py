@@ -529,7 +529,8 @@ def test_gluon_bwd_keys_from_the_autotune_cache_ask_for_the_gluon_backward(monke
     mask = lt.make_mask("causal", 64)
     for entry, want, design in ((dict(dq_stages=2, dkdv_block_mq=64), True, "split"),
                                 (dict(gluon_bwd=False, dq_stages=2), False, None),
-                                (dict(num_stages=2), True, "mixed"), (dict(bwd_design="mixed", dq_stages=2), True, "mixed")):
+                                (dict(num_stages=2), True, "mixed"),
+                                (dict(bwd_design="mixed", dq_stages=2), True, "mixed")):
         monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None, e=entry: dict(e))
         cfg = G.resolve_config(128, torch.bfloat16, None, q=q, k=q, mask=mask)
         assert cfg["gluon_bwd"] is want and (design is None or cfg["bwd_design"] == design)

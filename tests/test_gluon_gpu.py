@@ -91,8 +91,8 @@ RANDOM = [(1000, 1000, 0), (777, 2049, 1), (2048, 300, 2), (129, 4000, 3)]
 
 #: the backward designs: the defaults (at D = 128 the mixed one, MIXED_BWD_HEAD_DIMS: the Gluon dQ kernel
 #: and the plain-Triton dK/dV kernel; at D = 64 the plain-Triton one, PLAIN_BWD_HEAD_DIMS), the mixed one
-#: at D = 64 too, the plain-Triton backward under the Gluon forward, the Gluon split one and the fused one with each dQ path (each named key asks for the
-#: Gluon backward): every numerics case runs with each
+#: at D = 64 too, the plain-Triton backward under the Gluon forward, the Gluon split one and the fused one
+#: with each dQ path (each named key asks for the Gluon backward): every numerics case runs with each
 DESIGNS = {"default": {}, "mixed": dict(bwd_design="mixed"), "plain": dict(gluon_bwd=False),
            "split": dict(bwd_design="split"), "fused": dict(bwd_design="fused"),
            "fused-writer": dict(bwd_design="fused", fused_dq="writer"),

@@ -144,9 +144,7 @@ INTERLEAVED = ("triton", "gluon-dq+triton-dkdv", "triton-dkdv, then gluon-dq", "
 def _interleaved(emit, p, passes, pre, out, lse, dq, dk, dv, ref, mname):
     """``--interleave``: the whole backwards of ``INTERLEAVED`` and SDPA-cuDNN's (full and causal
     only) timed with their repetitions interleaved (``time_interleaved``), each pair checked first."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    from longca_triton.adapters import get_backend
     from longca_triton.bench.timing import time_interleaved
 
     fns = {}
@@ -155,16 +153,11 @@ def _interleaved(emit, p, passes, pre, out, lse, dq, dk, dv, ref, mname):
         if _checked(emit, whole, ref, pair, out, lse, (dq, dk, dv)):
             fns[pair] = whole
     if mname in ("full", "causal"):
-        q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (p.q, p.k, p.v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            try:
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=mname == "causal", enable_gqa=True)
-            except RuntimeError:
-                # a cuDNN without GQA: K, V expanded to the query heads (the harness does the same)
-                k, v = (t.detach().repeat_interleave(p.hq // p.hkv, 1).requires_grad_() for t in (k, v))
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=mname == "causal")
-        dout = p.dout.transpose(1, 2)
-        fns["sdpa-cudnn"] = lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+        # the harness's own sdpa-cudnn backend (is_causal / no mask for these two; GQA native or repeated
+        # as it probes), its backward timed through autograd
+        q, k, v = (t.detach().requires_grad_() for t in (p.q, p.k, p.v))
+        o = get_backend("sdpa-cudnn").attention(q, k, v, p.mask, softmax_scale=p.scale)
+        fns["sdpa-cudnn"] = lambda: torch.autograd.grad(o, (q, k, v), p.dout, retain_graph=True)
     stats = time_interleaved(list(fns.values()), rep=40, max_ms=4000)
     ms = {name: st["median_ms"] for name, st in zip(fns, stats)}
     for name, t in ms.items():

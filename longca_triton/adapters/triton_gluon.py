@@ -26,11 +26,13 @@ class TritonGluon(TritonBackend):
     name = "triton-gluon"
     description = ("longca-triton's Gluon kernels, sm_90 only: FA3-design forward (warp-specialized TMA "
                    "producer, two consumer warpgroups over async wgmma, three where the head-dim tiles are 64 "
-                   "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5; on the sparser "
-                   "masks at D = 128 a persistent launch, one CTA per SM walking the query tiles); backward: at D = 128 the Gluon dQ kernel "
-                   "then our plain-Triton dK/dV kernel (bwd_design='mixed'), elsewhere our plain-Triton backward (each "
-                   "measured fastest there); bwd_design='split' asks for warp-specialized Gluon dQ + dK/dV kernels, "
-                   "'fused' for one kernel with dQ by atomics)")
+                   "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5; on the "
+                   "sparser masks a persistent launch, one CTA per SM walking the query tiles; partial key tiles "
+                   "masked in each walk's first steps without a branch, the rest in a merging second launch; at "
+                   "D = 64 on the sparser masks the row sums by a wgmma); backward: at D = 128 the Gluon dQ kernel "
+                   "then our plain-Triton dK/dV kernel (bwd_design='mixed'), elsewhere our plain-Triton backward "
+                   "(each measured fastest there); bwd_design='split' asks for warp-specialized Gluon dQ + dK/dV "
+                   "kernels, 'fused' for one kernel with dQ by atomics)")
 
     def available(self):
         try:

@@ -173,9 +173,9 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     pieces (``split_d``) against the padded tile. Backward: the dQ kernel's key tile and ring, the
     dK/dV kernel's query tile (32 and 64 at every dim: 64 won by 15-17 % at D = 128 on the masks
     without partial tiles, gluon/run3), ring and skew; the Gluon dQ kernel with the plain-Triton
-    dK/dV kernel (``bwd_design="mixed"``, the D = 128 default: session 18); and the plain-Triton backward under the Gluon
-    forward (``gluon_bwd=False``: ahead on share_question in the same run; at head dims without a
-    Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
+    dK/dV kernel (``bwd_design="mixed"``, the D = 128 default: session 18); and the plain-Triton
+    backward under the Gluon forward (``gluon_bwd=False``: ahead on share_question in the same run;
+    at head dims without a Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
     spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
     ``p_smem``, where the head-dim tile is 128 wide). Each forward candidate runs one tile a CTA
     and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``);
@@ -210,14 +210,13 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # buffers and the deepest ring beside them (the sparser masks' default shape): mask_head 0 / 1 / 2
         # (the shapes above leave it to its rule) and the row sums by the tensor cores, off and on
         # (P in registers: three consumers with P in shared memory spill with either, sm_90a)
-        sparse = [c for c in shapes if c["persistent"] and c["o_own"] and not c["split_d"] and not c["pingpong"]
-                  and not c["p_smem"]
-                  and smem_bytes(head_dim, bn, c["num_stages"], consumers=c["consumers"], p_smem=c["p_smem"],
-                                 o_own=True, rowsum_mma=True) <= SMEM_LIMIT]
-        deepest = {}
-        for c in sparse:
-            key = (c["consumers"], c["p_smem"])
-            deepest[key] = max(deepest.get(key, c), c, key=lambda x: x["num_stages"])
+        deepest = {}  # per consumer count
+        for c in shapes:
+            if (c["persistent"] and c["o_own"] and not (c["split_d"] or c["pingpong"] or c["p_smem"])
+                    and smem_bytes(head_dim, bn, c["num_stages"], consumers=c["consumers"], o_own=True,
+                                   rowsum_mma=True) <= SMEM_LIMIT
+                    and c["num_stages"] > deepest.get(c["consumers"], {}).get("num_stages", 0)):
+                deepest[c["consumers"]] = c
         knobs = [dict(c, mask_head=mh, rowsum_mma=rs)
                  for c, mh, rs in itertools.product(deepest.values(), [0, 1, 2], [False, True])]
         return shapes + knobs

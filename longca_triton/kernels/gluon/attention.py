@@ -84,9 +84,9 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   no atomics), ``"mixed"`` (the Gluon dQ kernel, then the plain-Triton dK/dV kernel with the dense
   kernel's ``DKDV_*`` / ``dkdv_*`` keys from ``bwd_config``: each pass from the family that runs it
   faster; the default at D = 128, ``MIXED_BWD_HEAD_DIMS``; a config naming a key of the Gluon dK/dV
-  kernel but no design gets ``"split"``) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one key-major kernel, 5 GEMMs per
-  pair, dQ added into fp32 by atomics, then cast; not deterministic). ``"split"`` stays the
-  default until a GPU measures the fused one faster. ``fused_block_mq`` (query-tile rows, 32 or
+  kernel but no design gets ``"split"``) or ``"fused"`` (``attention_bwd_fused.py``: FA3's one
+  key-major kernel, 5 GEMMs per pair, dQ added into fp32 by atomics, then cast; not deterministic;
+  measured slower than ``"split"``, the default nowhere). ``fused_block_mq`` (query-tile rows, 32 or
   64) and ``fused_stages`` (Q/dO ring depth, >= 2) are the fused kernel's, and ``fused_dq`` its dQ
   path: ``"atomic"`` (default: the consumer warpgroups add their dQ^T partial by fp32 atomics
   from registers), ``"writer"`` (they stage it in shared memory and a 2-warp writer partition
@@ -129,8 +129,9 @@ from .plan import HEAD_TILES, WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
-    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "MIXED_BWD_HEAD_DIMS", "PLAIN_BWD_HEAD_DIMS", "bwd_reason",
-    "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason", "split_partial_reason", "fwd_plan",
+    "smem_bytes", "fwd_block_m", "CONSUMERS", "CONFIG_KEYS", "BWD_HEAD_DIMS", "MIXED_BWD_HEAD_DIMS",
+    "PLAIN_BWD_HEAD_DIMS", "bwd_reason", "BLOCK_M", "SMEM_LIMIT", "split_d_reason", "o_in_p_reason",
+    "split_partial_reason", "fwd_plan", "dq_plan", "default_mask_head",
 ]
 
 #: query-tile rows per CTA of the backward kernels, and of the forward with its default two consumer
@@ -420,8 +421,9 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
-                bwd_design="mixed" if head_dim in MIXED_BWD_HEAD_DIMS else "split", fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3,
-                fused_dq="atomic", dq_mask_head=False)
+                bwd_design="mixed" if head_dim in MIXED_BWD_HEAD_DIMS else "split",
+                fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3, fused_dq="atomic",
+                dq_mask_head=False)
 
 
 def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
@@ -997,9 +999,9 @@ GluonAttentionFunction = attention_function(
 
 def fwd_plan(mask, cfg: dict, device):
     """The forward's plan: one :class:`WsPlan`, or on a mask that has partial tiles with
-    ``mask_head`` the pair ``(each tile's first partial tile in front of its full tiles, the other
-    partial tiles)`` (the second left out where there are none), else with ``split_partial`` the pair
-    ``(full tiles only, partial tiles only)`` (``gluon_fwd``)."""
+    ``mask_head`` the pair ``(each tile's first mask_head partial tiles in front of its full tiles, the
+    other partial tiles)`` (the second left out where there are none), else with ``split_partial`` the
+    pair ``(full tiles only, partial tiles only)`` (``gluon_fwd``)."""
     plan = get_ws_plan(mask, fwd_block_m(cfg), cfg["BLOCK_N"], device)
     if not plan.has_partial:
         return plan
@@ -1053,11 +1055,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     Gluon dQ kernel and the plain-Triton dK/dV kernel) or the plain-Triton one.
 
     ``config`` sets the launch (``CONFIG_KEYS``), ``bwd_config`` the plain-Triton backward's (the
-    dense kernel's keys, with ``gluon_bwd=False``; with ``bwd_design="mixed"`` its dK/dV keys). ``deterministic=True``: bitwise-identical
-    gradients run to run (no atomics in either backward). Returns ``out`` or ``(out, lse)`` like
-    ``dense_attention``. The fused Gluon backward (``bwd_design="fused"``) adds dQ by fp32 atomics:
-    with ``deterministic=True`` an explicit config asking for it is refused, one from the autotune
-    cache falls back to ``"split"``.
+    dense kernel's keys, with ``gluon_bwd=False``; with ``bwd_design="mixed"`` its dK/dV keys).
+    ``deterministic=True``: bitwise-identical gradients run to run (no atomics in either backward).
+    Returns ``out`` or ``(out, lse)`` like ``dense_attention``. The fused Gluon backward
+    (``bwd_design="fused"``) adds dQ by fp32 atomics: with ``deterministic=True`` an explicit config
+    asking for it is refused, one from the autotune cache falls back to ``"split"``.
     """
     check_inputs(q, k, v, mask)
     d, dv = q.shape[-1], v.shape[-1]
