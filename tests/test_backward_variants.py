@@ -607,6 +607,9 @@ def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
     if want[3]:
         assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_num_stages"]) == (64, 128, 3)
         assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (128, 128, 3, 64)
+    # session 20: dQ beside dK/dV on a second stream, a KV head's dK/dV tiles in its own pattern's order
+    # (uniform blocks >= 128 at D <= 128, measured there)
+    assert cfg["bwd_streams"] is cfg["dkdv_pattern_order"] is bool(want[3])
     # the forward reads its list in chunks at 128 x 128 and 64 x 64 (block 64, variable blocks), three stages
     fwd_chunked = (block, head_dim) != (128, 256) and block >= 64
     assert (cfg["list_chunk"], cfg["num_stages"]) == ((64, 3) if fwd_chunked else (0, 2))
@@ -626,6 +629,7 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 0
     assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (128, 64, 3, 64)
     assert cfg["dq_tail_rows"] == 64 and not cfg["dq_pack_list"]
+    assert cfg["bwd_streams"] and not cfg["dkdv_pattern_order"]  # session 20: streams +2.4 %, the order +0.0 %
     # D > 128 keeps the 64 x 64 backward
     big = BS.default_config(mask, 256)
     assert (big["DQ_BLOCK_M"], big["dq_tail_rows"], big["dkdv_sweep"]) == (64, 0, 0)
@@ -756,3 +760,185 @@ def test_block_sparse_configs_without_a_list_key_read_entry_by_entry(monkeypatch
     q = torch.zeros(1, 128, 2, 32)
     cfg = resolve_config(mask, 32, q=q, k=q)
     assert (cfg["dq_list_chunk"], cfg["dkdv_list_chunk"]) == (16, 0)
+
+
+# ------------------------------------------------------------------ bwd_streams: dQ beside dK/dV
+def _fake_side_stream(events: list):
+    """A stand-in for ``_runtime.side_stream`` recording whether it was switched on and which launches
+    ran inside its ``beside()`` block (``events``: ``("on", bool)``, then ``(kernel, beside)``)."""
+    import contextlib
+
+    state = {"beside": False}
+
+    @contextlib.contextmanager
+    def side_stream(device, enabled):
+        events.append(("on", bool(enabled)))
+
+        @contextlib.contextmanager
+        def beside():
+            state["beside"] = True
+            try:
+                yield
+            finally:
+                state["beside"] = False
+
+        yield beside
+
+    class Record:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: events.append((self.name, state["beside"]))
+
+    return side_stream, Record
+
+
+_STREAM_KERNELS = {
+    "dense": ("longca_triton.kernels.dense", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"),
+    "flashmask": ("longca_triton.kernels.flashmask", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"),
+    "block-sparse": ("longca_triton.kernels.block_sparse", "block_sparse_bwd_dkdv_kernel",
+                     "block_sparse_bwd_dq_kernel"),
+}
+
+
+def _stream_backward(kernel, cfg_extra):
+    """Run ``kernel``'s backward launcher on small CPU tensors with ``cfg_extra`` over its defaults."""
+    import importlib
+
+    mod = importlib.import_module(_STREAM_KERNELS[kernel][0])
+    q, k, v, out, do = (torch.randn(1, 96, h, 32) for h in (4, 2, 2, 4, 4))
+    lse = torch.zeros(1, 4, 96)
+    if kernel == "dense":
+        mask = small_mask("causal", 96)
+        cfg = resolve_config(32, torch.float32, cfg_extra)
+        plans = mod.plans_for(mask, cfg, "cpu")
+        mod.dense_bwd(do, q, k, v, out, lse, plans[1], plans[2], 32 ** -0.5, cfg)
+    elif kernel == "flashmask":
+        from longca_triton.kernels.flashmask_plan import flashmask_plan
+
+        mask = small_mask("causal", 96)
+        cfg = mod.resolve_config(32, torch.float32, cfg_extra)
+        plan = flashmask_plan(mask, 96, "cpu")
+        mod.flashmask_bwd(do, q, k, v, out, lse, plan, 32 ** -0.5, cfg)
+    else:
+        # variable blocks with tail row tiles in both passes: four launches, two per chain
+        mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
+        cfg = mod.resolve_config(mask, 32, {"dq_tail_rows": 16, "dkdv_tail_rows": 16, **cfg_extra})
+        mod.block_sparse_bwd(do, q, k, v, out, lse, mask, mod.tables_for(mask, cfg, "cpu"), 32 ** -0.5, cfg)
+
+
+@pytest.mark.parametrize("kernel", list(_STREAM_KERNELS))
+@pytest.mark.parametrize("on", [False, True], ids=["one-stream", "bwd_streams"])
+def test_bwd_streams_puts_the_dq_launches_beside_dkdv(kernel, on, monkeypatch):
+    """``bwd_streams`` switches the side stream on; every dQ launch (and a dQ tail launch) goes inside
+    ``beside()``, every dK/dV launch outside it and before the dQ ones."""
+    import importlib
+
+    name, dkdv, dq = _STREAM_KERNELS[kernel]
+    mod = importlib.import_module(name)
+    events: list = []
+    fake, Record = _fake_side_stream(events)
+    monkeypatch.setattr(mod, "side_stream", fake)
+    monkeypatch.setattr(mod, dkdv, Record("dkdv"))
+    monkeypatch.setattr(mod, dq, Record("dq"))
+    _stream_backward(kernel, {"bwd_streams": on} if on else {})
+    assert events[0] == ("on", on)
+    launches = events[1:]
+    want = 2 if kernel == "block-sparse" else 1  # main tiles + tail tiles per pass there
+    assert launches == [("dkdv", False)] * want + [("dq", True)] * want
+
+
+def test_bwd_streams_defaults_off_and_is_a_bool():
+    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels import flashmask as FM
+
+    mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=1, seed=1)
+    cfgs = [resolve_config(32, torch.float32), FM.resolve_config(32, torch.float32), BS.resolve_config(mask, 32)]
+    assert [c["bwd_streams"] for c in cfgs] == [False] * 3
+    assert resolve_config(32, torch.float32, {"bwd_streams": 1})["bwd_streams"] is True
+
+
+def test_side_stream_off_cuda_keeps_launches_in_order():
+    """Off CUDA (the interpreter) the side stream is a no-op context, whatever the switch says."""
+    from longca_triton.kernels._runtime import side_stream
+
+    order = []
+    with side_stream(torch.device("cpu"), True) as beside:
+        order.append("dkdv")
+        with beside():
+            order.append("dq")
+    assert order == ["dkdv", "dq"]
+
+
+@pytest.mark.parametrize("kernel", ["dense", "varblock"])
+def test_bwd_streams_gradients_match_the_reference(kernel):
+    """The whole backward with ``bwd_streams`` on (in order on the CPU) against float64."""
+    if kernel == "dense":
+        compare(small_mask("causal_document", 150, seed=4), 4, 2, 32, torch.float32, {"bwd_streams": True})
+        return
+    mask = make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.4, patterns=2, seed=2)
+    cfg = {"bwd_streams": True, "dq_tail_rows": 16, "dkdv_tail_rows": 16}
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         150, 150, 1, 4, 2, 32, torch.float32)
+
+
+def test_bwd_configs_ab_script_smoke(tmp_path):
+    """experiments/gpu/bwd_configs_ab.py --smoke: dense and block-sparse backward with ``bwd_streams`` off
+    and on give equal bits, every variant is timed in every round, and the table is written."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    gpu_dir = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
+    sys.path.insert(0, str(gpu_dir))
+    try:
+        spec = importlib.util.spec_from_file_location("bwd_configs_ab", gpu_dir / "bwd_configs_ab.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        rows = mod.main(["--smoke", "--require-equal", "--check", "--out", str(tmp_path), "--dense-masks", "causal_document",
+                         "--sparse", "uniform128:96:0.5,varblock256:96:0.5"])
+    finally:
+        sys.path.remove(str(gpu_dir))
+    assert [r["problem"] for r in rows] == ["dense causal_document 96", "uniform128 96 d=0.5",
+                                            "varblock256 96 d=0.5"]
+    lines = [json.loads(x) for x in (tmp_path / "bwd_configs_ab.jsonl").read_text().splitlines()]
+    checks = [r for r in lines if r["kind"] == "check"]
+    assert len(checks) == 3 + 6 and all(r.get("bitwise_equal", True) and r.get("finite", True) for r in checks), checks
+    assert all(r["ok"] for r in checks if "ok" in r) and sum("ok" in r for r in checks) == 6  # 3 problems x 2 configs
+    times = [(r["problem"], r["variant"], r["round"]) for r in lines if r["kind"] == "time"]
+    assert len(times) == len(set(times)) == 3 * 2 * 2  # problems x variants x rounds
+    md = (tmp_path / "bwd_configs_ab.md").read_text()
+    assert "| uniform128 96 d=0.5 |" in md and "bwd_streams / one-stream" in md
+
+
+# ------------------------------------------------------------------ dK/dV programs in their own pattern's order
+@pytest.mark.parametrize("kind,patterns,outer", [("block_sparse", 2, True), ("block_sparse", 1, False),
+                                                 ("varblock_sparse", 2, True), ("block_sparse", 4, True)],
+                         ids=["uniform-per-kv-head", "uniform-one-pattern-kv-fastest", "varblock-tails",
+                              "per-q-head-not-applied"])
+def test_dkdv_pattern_order_gradients(kind, patterns, outer):
+    """``dkdv_pattern_order``: each KV head's key tiles in its own pattern's order (the programs' work and
+    sums are unchanged, so the gradients too) against float64; with tail row tiles too."""
+    extra = {"min_block": 20, "block": 48} if kind == "varblock_sparse" else {"block": 32}
+    mask = make_mask(kind, 150, density=0.5, patterns=patterns, seed=3, **extra)
+    cfg = {"dkdv_pattern_order": True, "dkdv_head_outer": outer}
+    if kind == "varblock_sparse":
+        cfg.update(dkdv_tail_rows=16, dq_tail_rows=16)
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         150, 150, 1, 4, 2, 32, torch.float32)
+
+
+@pytest.mark.parametrize("patterns,want", [(2, True), (1, True), (4, False)], ids=["per-kv-head", "one", "per-q-head"])
+def test_dkdv_pattern_order_reaches_the_kernel_only_where_the_group_shares_a_pattern(patterns, want, monkeypatch):
+    import longca_triton.kernels.block_sparse as BS
+
+    launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
+    mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=patterns, seed=1)
+    q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
+    for value in (False, True):
+        cfg = BS.resolve_config(mask, 32, {"dkdv_pattern_order": value})
+        BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), mask, BS.tables_for(mask, cfg, "cpu"),
+                            32 ** -0.5, cfg)
+    assert [kw["PATTERN_ORDER"] for kw in launches if "PATTERN_ORDER" in kw] == [False, want]

@@ -227,10 +227,13 @@ def test_rowsum_mma_default_and_smem(name):
 def test_dq_mask_head_plan(name, want):
     """``dq_mask_head``: the dQ kernel walks the head plan (its first ``head`` steps masked without a
     branch) where every query tile has at most two partial 64-key tiles (16K causal: exactly two each),
-    else the merged plan (no second launch for dQ); off by default; the head plan covers every tile once."""
+    else the merged plan (no second launch for dQ); on by default at D = 128 only; the head plan covers every
+    tile once."""
     mask = lt.make_mask(name, 16384)
     on = G.resolve_config(128, torch.bfloat16, {"dq_mask_head": True}, mask=mask)
-    assert on["gluon_bwd"] and not G.resolve_config(128, torch.bfloat16, mask=mask)["dq_mask_head"]
+    assert on["gluon_bwd"] and G.resolve_config(128, torch.bfloat16, mask=mask)["dq_mask_head"]  # D = 128's default
+    assert not G.resolve_config(64, torch.bfloat16, mask=mask)["dq_mask_head"]
+    assert not G.resolve_config(128, torch.bfloat16, mask=mask, head_dim_v=64)["dq_mask_head"]
     plan = G.dq_plan(mask, on, "cpu")
     assert plan.mask_head == want and (plan.has_partial is False if want else True)
     assert G.dq_plan(mask, dict(on, dq_mask_head=False), "cpu").mask_head == 0
@@ -1475,3 +1478,48 @@ def test_autotune_forward_candidates(d, three):
         assert all(c["persistent"] and c["o_own"] and not c["p_smem"] for c in knobs), knobs
     else:
         assert not knobs
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_mixed_backward_bwd_streams_order(streams, monkeypatch):
+    """``bwd_streams`` (mixed design): the plain-Triton dK/dV launch first and the Gluon dQ launch inside
+    the side stream's block; off: dQ then dK/dV on one stream, no side stream asked for."""
+    import contextlib
+
+    from longca_triton.kernels.gluon.plan import get_ws_plan
+
+    events, state = [], {"beside": False}
+
+    @contextlib.contextmanager
+    def fake_side_stream(device, enabled):
+        events.append(("side_stream", bool(enabled)))
+
+        @contextlib.contextmanager
+        def beside():
+            state["beside"] = True
+            yield
+            state["beside"] = False
+
+        yield beside
+
+    monkeypatch.setattr(G, "side_stream", fake_side_stream)
+    monkeypatch.setattr(G, "launch_gluon_bwd_dq", lambda *a, **k: events.append(("dq", state["beside"])))
+    monkeypatch.setattr(G, "launch_bwd_dkdv", lambda *a, **k: events.append(("dkdv", state["beside"])))
+    monkeypatch.setattr(G, "launch_bwd_preprocess", lambda out, dout, dlse=None: torch.zeros(
+        out.shape[0], out.shape[2], out.shape[1]))
+    mask = random_range_mask(200, 200, seed=2)
+    q = torch.randn(1, 200, 4, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 200, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    cfg = G.resolve_config(128, torch.bfloat16, dict(bwd_design="mixed", bwd_streams=streams))
+    assert cfg["bwd_streams"] is streams
+    assert G.resolve_config(128, torch.bfloat16)["bwd_streams"]  # the default with the mixed design (D = 128)
+    assert not G.resolve_config(64, torch.bfloat16)["bwd_streams"]
+    from longca_triton.kernels import dense as D
+
+    bcfg = D.resolve_config(128, torch.bfloat16)
+    _, kplan, _ = D.plans_for(mask, bcfg, "cpu")
+    dq_plan = get_ws_plan(mask, G.BLOCK_M, cfg["dq_block_n"], "cpu", "q")
+    G.gluon_bwd(torch.randn_like(q), q, k, v, torch.randn_like(q), torch.zeros(1, 4, 200), dq_plan, kplan, 0.125,
+                cfg, bwd_cfg=bcfg)
+    want = [("side_stream", True), ("dkdv", False), ("dq", True)] if streams else [("dq", False), ("dkdv", False)]
+    assert events == want

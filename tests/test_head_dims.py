@@ -297,7 +297,8 @@ def test_hopper_configs_by_head_dim():
     measured_128 = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
                         DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
                         DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-                        one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False)
+                        one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
+                        bwd_streams=False)
     assert dense.HOPPER_CONFIGS[128] == measured_128
     for d in (80, 96, 128):
         assert dense.HOPPER_CONFIGS[dense._table_key(config_head_dim(d, d))] == measured_128
@@ -324,7 +325,8 @@ def test_full_masks_take_their_own_dkdv_tile():
     assert overlay == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2)
     for d in (96, 128):
         key = dense._table_key(d)
-        assert dense.hopper_config(d, full) == {**dense.HOPPER_CONFIGS[key], **overlay}
+        # (full masks are even too: HOPPER_EVEN_MASK's bwd_streams)
+        assert dense.hopper_config(d, full) == {**dense.HOPPER_CONFIGS[key], **overlay, **dense.HOPPER_EVEN_MASK[key]}
         assert dense.hopper_config(d, causal) == dense.hopper_config(d) == dense.HOPPER_CONFIGS[key]
     for d in (64, 256):
         assert dense.hopper_config(d, full) == dense.HOPPER_CONFIGS[dense._table_key(d)]
@@ -377,7 +379,8 @@ def test_uneven_key_work_counts_each_key_tiles_area(sq, sk, seed):
 def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
     """``HOPPER_UNEVEN_MASK``: at D = 128 a GQA call on a mask of unequal dK/dV programs gets the
     descending row-major sweep on the 64x64 tile; MHA, even masks, full masks and other head dims
-    do not; a config naming another dK/dV tile without ``dkdv_sweep`` goes head-major."""
+    do not; a config naming another dK/dV tile without ``dkdv_sweep`` goes head-major. Even masks (and
+    full ones) take ``HOPPER_EVEN_MASK`` (``bwd_streams``) at D = 128."""
     from longca_triton.kernels import dense
     from longca_triton.masks import make_mask
 
@@ -388,9 +391,14 @@ def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
     assert dense.hopper_config(96, causal, group=2)["dkdv_sweep"] == 2
     assert dense.hopper_config(128, causal, group=1) == table  # MHA: head-major
     assert dense.hopper_config(128, causal) == table  # no group given: MHA
-    assert dense.hopper_config(128, window, group=8) == table
-    assert dense.hopper_config(128, full, group=8) == {**table, **dense.HOPPER_FULL_MASK[128]}
+    even = dense.HOPPER_EVEN_MASK[128]  # bwd_streams: even masks (full too), any group
+    assert dense.hopper_config(128, window, group=8) == {**table, **even}
+    assert dense.hopper_config(128, window, group=1) == {**table, **even}
+    assert dense.hopper_config(128, full, group=8) == {**table, **dense.HOPPER_FULL_MASK[128], **even}
+    assert not dense.hopper_config(128, causal, group=8)["bwd_streams"]
+    assert not dense.hopper_config(128, None)["bwd_streams"]  # no mask (FlashMask columns): one stream
     assert dense.hopper_config(64, causal, group=8) == dense.HOPPER_CONFIGS[64]
+    assert not dense.hopper_config(64, window, group=8)["bwd_streams"]  # measured at D = 128 only
 
     def resolve(config, hq=8, hkv=1):
         q, k = torch.empty(1, 1024, hq, 128), torch.empty(1, 1024, hkv, 128)

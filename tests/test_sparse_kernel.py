@@ -290,7 +290,8 @@ def test_tail_row_tiles_split_the_rows(rows, tail):
                 assert r1 == b[blk + 1] and (b[blk + 1] - b[blk]) % rows == r1 - r0
             cover[r0:r1] += 1
     assert (cover == 1).all()
-    assert sorted(small.order.tolist()) == list(range(small.num_tiles))
+    T = small.num_tiles
+    assert all(sorted(small.order[i * T:(i + 1) * T].tolist()) == list(range(T)) for i in range(1 + small.num_patterns))
     with pytest.raises(ValueError, match="tail_rows"):
         build_side_tables(b, b, mask.block_map, rows, 32, "cpu", part="tail", tail_rows=rows)
     with pytest.raises(ValueError, match="dq_tail_rows"):
@@ -325,7 +326,15 @@ def test_tables_cover_exactly_the_kept_area(major):
     assert torch.equal(got, dense)
     # unpacked: every entry one contiguous piece of one run
     assert all(t.columns(e) == list(range(int(t.col_start[e]), int(t.col_end[e]))) for e in range(t.num_entries))
-    assert sorted(t.order.tolist()) == list(range(t.num_tiles))
+    # the order over all patterns, then each pattern's own (heaviest first by that pattern's work alone)
+    T, P = t.num_tiles, t.num_patterns
+    assert t.order.numel() == (1 + P) * T
+    orders = t.order.view(1 + P, T)
+    assert all(sorted(o.tolist()) == list(range(T)) for o in orders)
+    work = torch.stack([(t.ptr[1:] - t.ptr[:-1]).view(P, -1)[p][t.row_block.long()] * (t.row_end - t.row_start)
+                        for p in range(P)])  # [P, T]
+    for w, o in zip((work.sum(0), *work), orders):
+        assert (w[o.long()].diff() <= 0).all()
     assert get_side_tables(mask, major, 32, 16, "cpu") is t  # cached
 
 

@@ -81,6 +81,11 @@ its K / V tiles. The lists are now read in register chunks (``dq_list_chunk`` / 
 2-5 % faster: 32K density 0.3 per KV head 69.8 ms (Flex 66.3), one pattern 64.7 (66.6), 0.5 113.9
 (111.9), 64K 0.5 485.6 (469.4). The forward reads its list the same way with a third stage:
 10-13 % faster at block 128 (32K / 0.3: 20.6 ms, Flex 26.3), 8 % at block 64, 4 % on variable blocks.
+Session 20 (``experiments/results/h100/session20/``): the dQ launches on a second stream beside dK/dV's
+(``bwd_streams``, +0.2-2.4 %) and a KV head's dK/dV programs in its own pattern's order
+(``dkdv_pattern_order``, +0.2-4 %: the per-KV-head case's dK/dV pass had been 8 % slower than one
+pattern's); through the harness the backward is then 1.06-1.11x Flex's in all eight block-128 cases
+(32K / 64K, densities 0.3 / 0.5, a pattern per KV head or one for all).
 
 K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
 ``Sk``); Q / dO tiles (possibly stacked from several heads, possibly short) through pointer
@@ -119,6 +124,7 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
+from ._runtime import side_stream
 from .block_sparse_bwd import (
     block_sparse_bwd_dkdv_kernel,
     block_sparse_bwd_dq_kernel,
@@ -161,13 +167,16 @@ LN2 = 0.6931471805599453
 #: blocks laid end to end, cut into full tiles: ``block_sparse_tables``) where the column blocks allow it
 #: (at least a tile long) and it changes anything (variable blocks). The forward and dQ passes then
 #: gather K/V rows by pointer loads instead of TMA boxes; dK/dV reads q / dO by pointers either way.
+#: ``bwd_streams``: the dQ pass's launches on a second CUDA stream beside dK/dV's (``dense.py``'s key).
+#: ``dkdv_pattern_order``: a KV head's dK/dV programs heaviest first by its own pattern's lists rather than
+#: by the work summed over all patterns (``block_sparse_bwd._dkdv_program``; where a group shares a pattern).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
-    "tail_rows", "dq_tail_rows", "dkdv_tail_rows",
+    "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order",
 )
 
 #: each pass's packing key
@@ -201,8 +210,8 @@ def default_config(mask, head_dim: int) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
-    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "pack_list": False, "dq_pack_list": True,
-            "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
+    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "pack_list": False,
+            "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim))}
 
 
@@ -233,10 +242,17 @@ def _tile_config(mask, head_dim: int) -> dict:
         # 128 x 128 dQ step, gain nothing (the prefetch stays one step). The forward likewise, with a
         # third 128-key stage (229.5 KiB of shared memory: it fits): 32K density 0.3 23.70 -> 20.58 ms,
         # 64K density 0.5 152.2 -> 136.4 (Flex 26.3 / 168.3); at two stages chunks alone lose (24.4).
+        # bwd_streams: the dQ launch on a second stream beside dK/dV's fills the SMs of the dK/dV
+        # kernel's last wave (2048 programs in ~15.5 waves at 32K). H100, a pattern per KV head,
+        # interleaved with one stream (experiments/results/h100/session20/): 32K density 0.3 374.1 ->
+        # 379.6 TFLOP/s, 0.5 376.9 -> 380.4, 64K 0.5 370.1 -> 370.8. dkdv_pattern_order: a KV head's key
+        # tiles heaviest first by its own pattern (the summed order leaves each head's tiles in a
+        # random order of their own work): 32K 0.3 389.9 -> 390.6, 0.5 391.4 -> 396.6, 64K 0.3 379.4
+        # -> 394.5, 0.5 383.3 -> 393.9 (every round at 64K; same call)
         return dict(BLOCK_M=128, BLOCK_N=128, HEADS=1, num_warps=8, num_stages=3, warp_specialize=False,
                     list_chunk=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=3,
                     DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=3,
-                    dkdv_list_chunk=64, dq_list_chunk=64)
+                    dkdv_list_chunk=64, dq_list_chunk=64, bwd_streams=True, dkdv_pattern_order=True)
     # 64-row blocks (or smaller) and variable blocks: 64 x 64 tiles, one head per tile. (Stacking
     # two heads of a GQA group into 128-row tiles measured slower on H100: fwd 411 vs 423, bwd 212
     # vs 314 TFLOP/s at block 64, S=64K, 32:4; kept as the HEADS option.)
@@ -261,15 +277,18 @@ def _tile_config(mask, head_dim: int) -> dict:
         # register chunks (38.0 -> 34.6 ms). Whole backward 97.1 -> 90.4 ms (call 6), then with a packed
         # entry's count from the loop index dK/dV 57.1 ms, backward 91.2 ms against uniform block 128's 67.9
         # (call 8; calls differ by a few %); through the harness 0.72-0.74x uniform at 32K / 64K (call 11).
+        # and bwd_streams (the dQ chain, main and tail tiles, beside dK/dV's): 269.8 -> 276.4 TFLOP/s at 32K /
+        # 0.3 (session20)
         cfg.update(dkdv_sweep=2, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
-                   dq_tail_rows=64, dq_pack_list=False)
+                   dq_tail_rows=64, dq_pack_list=False, bwd_streams=True)
     return cfg
 
 
 _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
-                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", *PACK_KEYS.values()),
+                   bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
+                              "dkdv_pattern_order", *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -430,6 +449,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # a row-major dK/dV sweep walks one key list for every head of the group: only where they share it
     sweep = cfg.get("dkdv_sweep", 0) if hpp % group == 0 else 0
     head_outer = bool(cfg["dkdv_head_outer"])  # an int where the config came through the op's list
+    # a KV head's key tiles in its own pattern's order: only where the whole group walks one pattern
+    pattern_order = bool(cfg.get("dkdv_pattern_order", False)) and hpp % group == 0
 
     def launch_dkdv(tk: SideTables, heads: int, warps: int):
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
@@ -440,7 +461,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=tk.tile_rows, HEADS=heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
+            PACKED=tk.packed, PATTERN_ORDER=pattern_order, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
         )
 
     def launch_dq(tq: SideTables, heads: int, warps: int):
@@ -475,15 +496,23 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
-    if "dkdv" in passes and not one_launch:
-        launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"])
-    if "dq" in passes and not one_launch:
-        launch_dq(tq, dq_heads, cfg["dq_num_warps"])
-    # the tail tiles (one launch or not): their own row size, one head a tile, 4 warps (TAIL_KEYS)
+    # each pass's launches in order (main tiles, then its tail tiles: their own row size, one head a
+    # tile, 4 warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's
+    chains = {"dkdv": [], "dq": []}
+    if not one_launch:
+        chains["dkdv"].append(lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]))
+        chains["dq"].append(lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"]))
     for name, launch in (("dkdv", launch_dkdv), ("dq", launch_dq)):
         tail = tables.get(name + "_tail")
-        if name in passes and tail is not None and tail.num_tiles:
-            launch(tail, 1, 4)
+        if tail is not None and tail.num_tiles:
+            chains[name].append(lambda launch=launch, tail=tail: launch(tail, 1, 4))
+    both = "dkdv" in passes and "dq" in passes
+    with side_stream(q.device, cfg["bwd_streams"] and both) as beside:
+        for launch in chains["dkdv"] if "dkdv" in passes else ():
+            launch()
+        with beside():
+            for launch in chains["dq"] if "dq" in passes else ():
+                launch()
     return dq, dk, dv
 
 

@@ -110,10 +110,14 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
+
+    ``PATTERN_ORDER`` (config ``dkdv_pattern_order``; the launcher passes it only where the GQA group
+    shares one pattern): a KV head's key tiles run heaviest first by its own pattern's lists
+    (``order[T * (1 + p):]``, ``block_sparse_tables``) instead of by the work summed over all patterns.
 
     ``HEAD_OUTER`` (config ``dkdv_head_outer``): the (batch, KV head) is the slowest program index
     instead of the fastest, so the programs running together are key tiles of one KV head, which
@@ -125,7 +129,10 @@ def _dkdv_program(
         rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
     else:
         rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
-    tile = tl.load(ORDER + rank)
+    if PATTERN_ORDER:
+        tile = tl.load(ORDER + num_key_tiles * (1 + (h_kv * group_size) // heads_per_pattern) + rank)
+    else:
+        tile = tl.load(ORDER + rank)
     n_start = tl.load(ROW_START + tile)
     n_end = tl.load(ROW_END + tile)
     blk = tl.load(ROW_BLOCK + tile)
@@ -327,7 +334,7 @@ def block_sparse_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
@@ -339,7 +346,7 @@ def block_sparse_bwd_dkdv_kernel(
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
-        LIST_CHUNK, PACKED)
+        LIST_CHUNK, PACKED, PATTERN_ORDER)
 
 
 @triton.jit

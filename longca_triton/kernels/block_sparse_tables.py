@@ -13,7 +13,9 @@ Query-major (forward and dQ), for a tile size ``(tile_rows, tile_cols)``:
   consecutive kept blocks (a run is one contiguous key range), each run cut into sub-tiles of
   ``tile_cols`` keys: ``col_start[e], col_end[e]`` for ``e`` in ``ptr[p*Nq + i] : ptr[p*Nq + i + 1]``.
   Merging runs first means a ragged tail costs once per run, not once per block.
-* ``order``: row tiles sorted by their total work over patterns, heaviest first.
+* ``order``: row tiles sorted by their total work over patterns, heaviest first (``order[:T]``), then
+  for each pattern ``p`` the row tiles sorted by that pattern's work alone (``order[T * (1 + p):][:T]``:
+  the dK/dV kernel's ``PATTERN_ORDER``, where a KV head's programs walk one pattern's lists).
 
 Packed column lists (``pack_cols``, variable blocks): cutting each run into tiles leaves a ragged
 tail per run, a whole tile's work for a fraction of its keys (mean-256 blocks at 32K, density 0.3:
@@ -74,7 +76,7 @@ class SideTables:
     row_start: torch.Tensor  # [T]  first row of each row tile
     row_end: torch.Tensor  # [T]  one past its last row (inside its block)
     row_block: torch.Tensor  # [T]  its block index
-    order: torch.Tensor  # [T]  row tiles, heaviest first
+    order: torch.Tensor  # [(1 + P) * T]  row tiles, heaviest first: over all patterns, then per pattern
     ptr: torch.Tensor  # [P * num_row_blocks + 1]  CSR offsets into col_start / col_end
     col_start: torch.Tensor  # [E]  first column of the tile
     col_end: torch.Tensor  # [E]  one past the last column of its first run piece
@@ -203,8 +205,9 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         counts.index_add_(0, run_row, pieces)
     ptr = torch.zeros(P * R + 1, dtype=torch.int64, device=dev)
     ptr[1:] = torch.cumsum(counts, 0)
-    work = counts.view(P, R).sum(0)[row_blocks] * (row_end - row_start)  # per row tile
-    order = torch.argsort(work, descending=True, stable=True)
+    work = counts.view(P, R)[:, row_blocks] * (row_end - row_start)  # [P, T]: per pattern and row tile
+    order = torch.cat([torch.argsort(work.sum(0), descending=True, stable=True),
+                       torch.argsort(work, dim=1, descending=True, stable=True).reshape(-1)])
 
     i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
     out = SideTables(

@@ -84,10 +84,11 @@ def resolve(spec: ConfigSpec, defaults: dict, config: Optional[dict] = None, *, 
 
 
 def with_one_launch_defaults(cfg: dict) -> dict:
-    """``cfg`` plus the one-launch keys, off: ``bwd_num_warps`` the larger of the two kernels' warps
+    """``cfg`` plus the one-launch keys, off (and ``bwd_streams``, off unless ``cfg`` sets it):
+    ``bwd_num_warps`` the larger of the two kernels' warps
     (the one that fits the bigger tile), ``bwd_num_stages`` the smaller of their stages (the shared
     memory of both bodies must fit one budget)."""
-    return {**cfg, "one_launch": False, "bwd_order": 0,
+    return {"bwd_streams": False, **cfg, "one_launch": False, "bwd_order": 0,
             "bwd_num_warps": max(cfg["dkdv_num_warps"], cfg["dq_num_warps"]),
             "bwd_num_stages": min(cfg["dkdv_num_stages"], cfg["dq_num_stages"])}
 

@@ -101,6 +101,7 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
+from ._runtime import side_stream
 from .config import BWD_ORDERS, ConfigSpec
 from .config import check_bwd_layout as _check_bwd_layout
 from .config import check_dkdv_sweep
@@ -140,11 +141,14 @@ LOG2E = 1.4426950408889634
 #: off until a GPU measures it faster (``experiments/gpu/bwd_variants.py``). ``dkdv_sweep`` orders
 #: the dK/dV program's (query head, query tile) steps: 0 head-major (default), 1 row-major, 2
 #: row-major descending (``config.DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
+#: ``bwd_streams``: the dQ kernel on a second CUDA stream beside the dK/dV kernel (``_runtime.side_stream``),
+#: so dQ's programs fill the SMs of dK/dV's last wave; same kernels, same bits (two-kernel layout only).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
+    "bwd_streams",
 )
 
 
@@ -153,7 +157,8 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, war
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
                           one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0,
-                          dkdv_head_outer=False)
+                          dkdv_head_outer=False,
+             bwd_streams=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -166,14 +171,16 @@ HOPPER_CONFIGS = {
     64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, warp_specialize=False,
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
+             one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
+             bwd_streams=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
     128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
+             bwd_streams=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -185,7 +192,8 @@ HOPPER_CONFIGS = {
     256: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, warp_specialize=False,
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
-              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False),
+              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False,
+             bwd_streams=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -247,6 +255,18 @@ HOPPER_UNEVEN_MASK = {
 }
 #: ``tuned.uneven_key_work`` at or above which a range mask takes ``HOPPER_UNEVEN_MASK``
 UNEVEN_SHARE = 0.25
+
+#: Overlays for range masks whose dK/dV programs have (nearly) equal work (``tuned.uneven_key_work`` below
+#: ``UNEVEN_SHARE``, full masks included), by the same key: ``bwd_streams``, the dQ kernel on a second
+#: stream beside dK/dV (``_runtime.side_stream``), whose programs then fill the SMs the dK/dV kernel's
+#: last wave leaves idle. H100, 16K, GQA 64:8, D = 128, bf16, backward interleaved with the one-stream
+#: default (``experiments/results/h100/session20/``, ``experiments/gpu/bwd_configs_ab.py``), TFLOP/s:
+#: sliding_window 354.8 -> 361.2 (+1.8 %), sliding_window_causal 283.6 -> 293.2 (+3.4 %), full 435.7 ->
+#: 435.6; on the uneven masks (64x64 tile, sweep 2) it loses: causal 423.0 -> 417.6, causal_document
+#: 356.6 -> 354.9, so they keep one stream.
+HOPPER_EVEN_MASK = {
+    128: dict(bwd_streams=True),
+}
 _DKDV_TILE_KEYS = ("DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages")
 
 
@@ -271,16 +291,21 @@ def hopper_config(head_dim: int, mask=None, group: int = 1) -> dict:
     """The ``HOPPER_CONFIGS`` entry for padded head dim ``head_dim`` (a fresh dict), interpreter or
     not (the FlashMask kernel reads its tiles from here, without a mask), with an overlay when
     ``mask`` is given: ``HOPPER_FULL_MASK`` when it allows every pair, ``HOPPER_UNEVEN_MASK`` when
-    ``group`` >= 2 and its dK/dV programs have unequal work (``tuned.uneven_key_work``)."""
+    ``group`` >= 2 and its dK/dV programs have unequal work (``tuned.uneven_key_work``),
+    ``HOPPER_EVEN_MASK`` when they have equal work (full masks too)."""
     key = _table_key(head_dim)
     cfg = dict(HOPPER_CONFIGS[key])
-    if mask is not None and (key in HOPPER_FULL_MASK or key in HOPPER_UNEVEN_MASK):
+    if mask is not None and any(key in t for t in (HOPPER_FULL_MASK, HOPPER_UNEVEN_MASK, HOPPER_EVEN_MASK)):
         from .tuned import mask_class, uneven_key_work
 
-        if mask_class(mask) == "full":
+        full = mask_class(mask) == "full"
+        even = full or uneven_key_work(mask) < UNEVEN_SHARE
+        if full:
             cfg.update(HOPPER_FULL_MASK.get(key, {}))
-        elif group >= 2 and key in HOPPER_UNEVEN_MASK and uneven_key_work(mask) >= UNEVEN_SHARE:
-            cfg.update(HOPPER_UNEVEN_MASK[key])
+        elif group >= 2 and not even:
+            cfg.update(HOPPER_UNEVEN_MASK.get(key, {}))
+        if even:
+            cfg.update(HOPPER_EVEN_MASK.get(key, {}))
     return cfg
 
 
@@ -294,7 +319,8 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer"), tuned_name="triton")
+                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "bwd_streams"),
+                   tuned_name="triton")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
@@ -419,9 +445,11 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         launch_bwd_one(q, k, v, dout, lse, delta, dq, dk, dv, dkdv_plan, dq_plan, softmax_scale, cfg)
         hook(dk, dv)
         return dq, dk, dv
-    launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
-    hook(dk, dv)
-    launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
+    with side_stream(q.device, cfg.get("bwd_streams", False)) as beside:
+        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
+        hook(dk, dv)
+        with beside():
+            launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
     return dq, dk, dv
 
 

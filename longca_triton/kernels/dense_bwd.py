@@ -47,6 +47,11 @@ above did not survive Nsight Compute: the sweep *lowers* the kernel's L2 hit rat
 the same tile) and wins on issue rate (6.0 vs 7.6 cycles per issued instruction); what else it
 changes is one pipelined loop of ``group_size`` x more steps per run instead of one per head.
 
+Tried and not kept (H100, 16K, ``experiments/results/h100/session20/``): each tile's runs (partial, full,
+partial on the windows) walked as one loop with the partial tiles masked behind a uniform branch: dK/dV
+2-6 % slower on the windows, dQ -5 to +1 %; 4- and 5-stage rings and other tiles on the windows: within
+the spread. What the dense backward took from that session is ``bwd_streams`` (``dense.HOPPER_EVEN_MASK``).
+
 The kernel bodies are ``_dkdv_program`` / ``_dq_program`` of a program index; the two kernels
 call them with ``tl.program_id(0)``, which Triton inlines into the code they compiled to before.
 

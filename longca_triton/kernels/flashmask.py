@@ -109,6 +109,7 @@ from ._runtime import descriptor_ready as _descriptor_ready
 from ._runtime import ensure_allocator as _ensure_allocator
 from ._runtime import interpreting as _interpreting
 from ._runtime import resolve_scale as _resolve_scale
+from ._runtime import side_stream
 from . import config as _config_mod  # (looked up through the module: tests patch tuned_config)
 from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
 from .config import resolve as _resolve
@@ -141,12 +142,13 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 #: ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile), warps and pipeline stages;
 #: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
 #: ``bwd_num_stages``: as in ``dense.py``), off until measured; ``dkdv_sweep``: the order of a GQA
-#: group's (query head, query tile) dK/dV steps, 0 head-major, 1 row-major (``flashmask_bwd._dkdv_program``).
+#: group's (query head, query tile) dK/dV steps, 0 head-major, 1 row-major (``flashmask_bwd._dkdv_program``);
+#: ``bwd_streams``: dQ on a second CUDA stream beside dK/dV (``dense.py``'s key, its default from there).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep",
+    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "bwd_streams",
 )
 #: the dK/dV orders this kernel has (the dense kernel's descending sweep 2 is not ported)
 FLASHMASK_SWEEPS = (0, 1)
@@ -180,10 +182,12 @@ def _tile_config(head_dim: int, mask=None, group: int = 1) -> dict:
         # the interpreter cannot autotune, and small tiles keep it quick
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
                     DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
-                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, dkdv_sweep=0)
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, dkdv_sweep=0,
+                    bwd_streams=False)
     table = dense_hopper_config(head_dim, mask if isinstance(mask, RangeMask) else None, group)
     # the dense kernel's sweeps (1 ascending, 2 descending) are both this kernel's row-major 1
-    return {**{k: table[k] for k in _TILE_KEYS}, "dkdv_sweep": min(int(table.get("dkdv_sweep", 0)), 1)}
+    return {**{k: table[k] for k in _TILE_KEYS}, "dkdv_sweep": min(int(table.get("dkdv_sweep", 0)), 1),
+            "bwd_streams": bool(table["bwd_streams"])}
 
 
 #: the keys this kernel shares with the dense table (its own one-launch keys come from
@@ -195,7 +199,7 @@ _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
 
 _SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("one_launch",), tuned_name="triton-flashmask")
+                   bool_keys=("one_launch", "bwd_streams"), tuned_name="triton-flashmask")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
@@ -289,24 +293,26 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
             num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
         return dq, dk, dv
-    flashmask_bwd_dkdv_kernel[(triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv,)](
-        q, k, v, dout, lse, delta, dk, dv, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
-        *_bsh_strides(q, k, v, dout, dk, dv),
-        softmax_scale, softmax_scale * LOG2E,
-        sq, sk, b * hkv, hq, hkv, hq // hkv,
-        **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
-        HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, SWEEP=cfg["dkdv_sweep"],
-        num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
-    )
-    flashmask_bwd_dq_kernel[(triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq,)](
-        q, k, v, dout, lse, delta, dq, plan.cols, plan.bounds_for(cfg["DQ_BLOCK_N"]),
-        *_bsh_strides(q, k, v, dout, dq),
-        softmax_scale, softmax_scale * LOG2E,
-        sq, sk, b * hq, hq, hq // hkv,
-        **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
-        HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
-        num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
-    )
+    with side_stream(q.device, cfg.get("bwd_streams", False)) as beside:
+        flashmask_bwd_dkdv_kernel[(triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv,)](
+            q, k, v, dout, lse, delta, dk, dv, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
+            *_bsh_strides(q, k, v, dout, dk, dv),
+            softmax_scale, softmax_scale * LOG2E,
+            sq, sk, b * hkv, hq, hkv, hq // hkv,
+            **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
+            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, SWEEP=cfg["dkdv_sweep"],
+            num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+        )
+        with beside():
+            flashmask_bwd_dq_kernel[(triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq,)](
+                q, k, v, dout, lse, delta, dq, plan.cols, plan.bounds_for(cfg["DQ_BLOCK_N"]),
+                *_bsh_strides(q, k, v, dout, dq),
+                softmax_scale, softmax_scale * LOG2E,
+                sq, sk, b * hq, hq, hq // hkv,
+                **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
+                HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
+                num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
+            )
     return dq, dk, dv
 
 

@@ -78,8 +78,15 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   overlap, more registers), ``bwd_consumer_regs``.
 * ``dq_mask_head``: the dQ kernel's ``mask_head`` (``dq_plan``): where no query tile has more than two
   partial key tiles, those are its first steps, masked without a branch (the loop compiled without
-  the mask path: sm_90a 256 instructions a step instead of 444). Off by default: written and compiled
-  on the CPU in session 19, not yet run on a GPU (its ``-m gpu`` test is ``test_dq_mask_head``).
+  the mask path: sm_90a 256 instructions a step instead of 444). The default at D = 128
+  (``DQ_MASK_HEAD_DIMS``: +1.6 % on causal and prefix_lm_causal's backward; ``-m gpu`` test
+  ``test_dq_mask_head``).
+* ``bwd_streams`` (``bwd_design="mixed"``): the plain-Triton dK/dV kernel first and the Gluon dQ kernel on a
+  second CUDA stream beside it (``_runtime.side_stream``; the plain-Triton backward's key of the same name),
+  instead of dQ then dK/dV on one stream. Same kernels, same bits. The default wherever ``"mixed"`` is
+  (D = 128): H100, 16K, interleaved (``experiments/results/h100/session20/``), backward TFLOP/s
+  sliding_window_causal 315.9 -> 325.5, sliding_window 355.1 -> 364.2, full 458.7 -> 470.1, causal 439.4
+  -> 445.7, causal_document 368.4 -> 370.4, prefix_lm_causal 444.7 -> 450.2 (every round).
 * ``bwd_design``: ``"split"`` (the dQ kernel and the dK/dV kernel above, 7 GEMMs per tile pair,
   no atomics), ``"mixed"`` (the Gluon dQ kernel, then the plain-Triton dK/dV kernel with the dense
   kernel's ``DKDV_*`` / ``dkdv_*`` keys from ``bwd_config``: each pass from the family that runs it
@@ -115,6 +122,7 @@ from .._runtime import (
     head_dim_label,
     head_dim_meta,
     resolve_scale,
+    side_stream,
 )
 from .. import config as _config_mod
 from ..config import ConfigSpec
@@ -205,13 +213,18 @@ MASK_HEAD_DIMS = (96, 128)
 #: (three consumers, P in shared memory: the extra accumulator spills 336 B) 675-689 / 462, causal 656
 #: / 615, sliding_window_causal 505-509 / 464
 ROWSUM_HEAD_DIMS = (64,)
+#: head dims where the Gluon dQ kernel takes ``dq_mask_head`` by default (``dq_plan`` still keeps the
+#: merged plan where some query tile has more than two partial key tiles): H100, 16K, GQA 64:8, bf16,
+#: backward interleaved with it off (``experiments/results/h100/session20/``, ``bwd_configs_ab.py``),
+#: TFLOP/s: causal 428.2 -> 435.2, prefix_lm_causal 427.2 -> 434.3 (+1.6 % each); its GPU test covers D = 128
+DQ_MASK_HEAD_DIMS = (128,)
 #: mask density below which the D = 64 and 96 forwards run persistent (session 15; causal, 0.5, was
 #: not measured persistent at these dims and stays one tile a CTA)
 PERSIST_BELOW = 0.5
 
 #: the Gluon backward's own keys: a config naming one (and not ``gluon_bwd``) asks for that backward
 GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dkdv_skew", "bwd_consumer_regs",
-                  "bwd_design", "fused_block_mq", "fused_stages", "fused_dq", "dq_mask_head")
+                  "bwd_design", "fused_block_mq", "fused_stages", "fused_dq", "dq_mask_head", "bwd_streams")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
                "split_partial", "mask_head", "rowsum_mma") + GLUON_BWD_KEYS
@@ -236,7 +249,7 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial", "rowsum_mma", "dq_mask_head"),
+                              "o_in_p", "snake", "split_partial", "rowsum_mma", "dq_mask_head", "bwd_streams"),
                    tuned_name="triton-gluon")
 
 
@@ -423,7 +436,8 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
                 bwd_design="mixed" if head_dim in MIXED_BWD_HEAD_DIMS else "split",
                 fused_block_mq=32 if d128 else 64, fused_stages=2 if d128 else 3, fused_dq="atomic",
-                dq_mask_head=False)
+                dq_mask_head=head_dim in DQ_MASK_HEAD_DIMS and dv in DQ_MASK_HEAD_DIMS,
+                bwd_streams=head_dim in MIXED_BWD_HEAD_DIMS)
 
 
 def fused_split_d(head_dim: int, fused_dq: str = "atomic") -> bool:
@@ -925,6 +939,13 @@ def gluon_bwd(dout, q, k, v, out, lse, dq_plan: WsPlan, dkdv_plan, softmax_scale
         check_plan(dkdv_plan.tiles, cfg["dkdv_block_mq"], BLOCK_M, "dK/dV")
     q, k, v, dout, lse, delta, (dq, dk, dv) = _bwd_inputs(dout, q, k, v, out, lse, dlse)
     if delta is None:
+        return dq, dk, dv
+    if mixed and cfg["bwd_streams"]:
+        # the dK/dV programs (the longer ones) first; dQ's fill the SMs beside them and after
+        with side_stream(q.device, True) as beside:
+            launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, bwd_cfg)
+            with beside():
+                launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, dq_plan, softmax_scale, cfg)
         return dq, dk, dv
     launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, dq_plan, softmax_scale, cfg)
     if mixed:
