@@ -9,6 +9,7 @@ from utils import (
     DEVICE,
     ODD_CONFIG,
     compare_to_reference,
+    fake_side_stream,
     needs_triton,
     random_range_mask,
     small_mask,
@@ -763,35 +764,14 @@ def test_block_sparse_configs_without_a_list_key_read_entry_by_entry(monkeypatch
 
 
 # ------------------------------------------------------------------ bwd_streams: dQ beside dK/dV
-def _fake_side_stream(events: list):
-    """A stand-in for ``_runtime.side_stream`` recording whether it was switched on and which launches
-    ran inside its ``beside()`` block (``events``: ``("on", bool)``, then ``(kernel, beside)``)."""
-    import contextlib
+class _RecordBeside:
+    """A kernel stand-in appending ``(name, launched beside)`` to ``events`` (``utils.fake_side_stream``)."""
 
-    state = {"beside": False}
+    def __init__(self, name, events, state):
+        self.name, self.events, self.state = name, events, state
 
-    @contextlib.contextmanager
-    def side_stream(device, enabled):
-        events.append(("on", bool(enabled)))
-
-        @contextlib.contextmanager
-        def beside():
-            state["beside"] = True
-            try:
-                yield
-            finally:
-                state["beside"] = False
-
-        yield beside
-
-    class Record:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: events.append((self.name, state["beside"]))
-
-    return side_stream, Record
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.events.append((self.name, self.state["beside"]))
 
 
 _STREAM_KERNELS = {
@@ -838,12 +818,12 @@ def test_bwd_streams_puts_the_dq_launches_beside_dkdv(kernel, on, monkeypatch):
     name, dkdv, dq = _STREAM_KERNELS[kernel]
     mod = importlib.import_module(name)
     events: list = []
-    fake, Record = _fake_side_stream(events)
+    fake, state = fake_side_stream(events)
     monkeypatch.setattr(mod, "side_stream", fake)
-    monkeypatch.setattr(mod, dkdv, Record("dkdv"))
-    monkeypatch.setattr(mod, dq, Record("dq"))
+    monkeypatch.setattr(mod, dkdv, _RecordBeside("dkdv", events, state))
+    monkeypatch.setattr(mod, dq, _RecordBeside("dq", events, state))
     _stream_backward(kernel, {"bwd_streams": on} if on else {})
-    assert events[0] == ("on", on)
+    assert events[0] == ("side_stream", on)
     launches = events[1:]
     want = 2 if kernel == "block-sparse" else 1  # main tiles + tail tiles per pass there
     assert launches == [("dkdv", False)] * want + [("dq", True)] * want

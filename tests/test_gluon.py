@@ -1484,25 +1484,13 @@ def test_autotune_forward_candidates(d, three):
 def test_mixed_backward_bwd_streams_order(streams, monkeypatch):
     """``bwd_streams`` (mixed design): the plain-Triton dK/dV launch first and the Gluon dQ launch inside
     the side stream's block; off: dQ then dK/dV on one stream, no side stream asked for."""
-    import contextlib
+    from utils import fake_side_stream
 
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
-    events, state = [], {"beside": False}
-
-    @contextlib.contextmanager
-    def fake_side_stream(device, enabled):
-        events.append(("side_stream", bool(enabled)))
-
-        @contextlib.contextmanager
-        def beside():
-            state["beside"] = True
-            yield
-            state["beside"] = False
-
-        yield beside
-
-    monkeypatch.setattr(G, "side_stream", fake_side_stream)
+    events: list = []
+    fake, state = fake_side_stream(events)
+    monkeypatch.setattr(G, "side_stream", fake)
     monkeypatch.setattr(G, "launch_gluon_bwd_dq", lambda *a, **k: events.append(("dq", state["beside"])))
     monkeypatch.setattr(G, "launch_bwd_dkdv", lambda *a, **k: events.append(("dkdv", state["beside"])))
     monkeypatch.setattr(G, "launch_bwd_preprocess", lambda out, dout, dlse=None: torch.zeros(

@@ -109,3 +109,28 @@ def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0
 # tiles that are neither square nor equal across the passes
 ODD_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64,
                   DQ_BLOCK_N=16)
+
+
+def fake_side_stream(events: list):
+    """A stand-in for ``kernels._runtime.side_stream`` (monkeypatched into a launcher's module): it
+    appends ``("side_stream", on)`` to ``events`` when entered; ``state["beside"]`` (the second value
+    returned) is True inside its ``beside()`` block, so a recorded launch can say where it ran."""
+    import contextlib
+
+    state = {"beside": False}
+
+    @contextlib.contextmanager
+    def side_stream(device, enabled):
+        events.append(("side_stream", bool(enabled)))
+
+        @contextlib.contextmanager
+        def beside():
+            state["beside"] = True
+            try:
+                yield
+            finally:
+                state["beside"] = False
+
+        yield beside
+
+    return side_stream, state
