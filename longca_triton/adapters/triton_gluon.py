@@ -2,8 +2,9 @@
 
 Forward and backward are Gluon (FlashAttention-3's design on sm_90: TMA producer warp,
 consumer warpgroups with async wgmma; the backward as separate dQ and dK/dV kernels). By default the
-backward is the Gluon dQ kernel with our plain-Triton dK/dV kernel at D = 128 (``bwd_design="mixed"``)
-and our plain-Triton backward elsewhere, each measured fastest there. It runs on
+backward is the Gluon dQ kernel with our plain-Triton dK/dV kernel at D = 128 (``bwd_design="mixed"``,
+the two on two CUDA streams: ``bwd_streams``) and our plain-Triton backward elsewhere, each measured
+fastest there. It runs on
 sm_90 only: elsewhere (other GPUs, the CPU interpreter) every case is ``unsupported`` with the
 reason, never a crash. A config with ``gluon_bwd=False`` runs our plain-Triton backward instead.
 Head dims: the kernels take every one our plain-Triton kernels take (multiples of 8 up to 256, D_v
@@ -29,8 +30,9 @@ class TritonGluon(TritonBackend):
                    "wide and, with P V read from shared memory, at D = 128 on masks of density >= 0.5; on the "
                    "sparser masks a persistent launch, one CTA per SM walking the query tiles; partial key tiles "
                    "masked in each walk's first steps without a branch, the rest in a merging second launch; at "
-                   "D = 64 on the sparser masks the row sums by a wgmma); backward: at D = 128 the Gluon dQ kernel "
-                   "then our plain-Triton dK/dV kernel (bwd_design='mixed'), elsewhere our plain-Triton backward "
+                   "D = 64 on the sparser masks the row sums by a wgmma); backward: at D = 128 our plain-Triton dK/dV "
+                   "kernel with the Gluon dQ kernel beside it on a second stream (bwd_design='mixed'; dQ's first "
+                   "partial key tiles masked without a branch), elsewhere our plain-Triton backward "
                    "(each measured fastest there); bwd_design='split' asks for warp-specialized Gluon dQ + dK/dV "
                    "kernels, 'fused' for one kernel with dQ by atomics)")
 
