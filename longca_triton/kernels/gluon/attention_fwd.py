@@ -516,7 +516,10 @@ def _exp2(x, POLY_EXP: gl.constexpr):
     FMAs). Measured on an H100 (experiments/results/h100/session17, call 2): every split loses at
     D = 64, 96, 128 (2-25 %, more the more move): the softmax is bound by instruction issue, and a
     polynomial exponential costs ~10 issue slots against the MUFU's one. Kept as a config for GPUs
-    and head dims where the MUFU does bind (FA4's Blackwell case)."""
+    and head dims where the MUFU does bind (FA4's Blackwell case). Nor do packed 16-bit exponentials
+    help on sm_90 (session 20, compiled on a CPU): ptxas lowers ``ex2.approx.ftz.bf16x2`` to two
+    ``MUFU.EX2`` with unpacking around them (the loop 463 -> 557 instructions at D = 96) and
+    ``ex2.approx.f16x2`` to two ``MUFU.EX2.F16``: one MUFU instruction per score either way."""
     if POLY_EXP == 0:
         y = gl.exp2(x)
     else:
