@@ -15,6 +15,7 @@
 #   bash experiments/gpu/session20.sh gluon    GPU tests (pattern order), then triton-gluon's mixed backward with
 #                                              bwd_streams against its default
 #   bash experiments/gpu/session20.sh gluon_bwd  triton-gluon's backward through the harness, cuDNN beside
+#   bash experiments/gpu/session20.sh fulldq   smaller dQ CTAs on full / causal (to share an SM with dK/dV)
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -123,7 +124,17 @@ case "${1:-}" in
     python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --backends triton-gluon,sdpa-cudnn --mode bwd --out "$OUT/gbwd16" 2>&1 | tail -16
     ;;
+  fulldq)
+    # full's backward with bwd_streams: smaller dQ CTAs that fit beside a 64x64 dK/dV CTA (99 KB) on one SM
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/fulldq" --check --budget 300 --rounds 3 \
+      --dense-masks full,causal --configs '{"default": {},
+        "dq_s2": {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "dq_num_warps": 8, "dq_num_stages": 2},
+        "dq64": {"DQ_BLOCK_M": 64, "DQ_BLOCK_N": 64, "dq_num_warps": 4, "dq_num_stages": 2},
+        "dq_s2_streams": {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "dq_num_warps": 8, "dq_num_stages": 2,
+                          "bwd_streams": true}}' > "$OUT/fulldq.log" 2>&1
+    cat "$OUT/fulldq/bwd_configs_ab.md"
+    ;;
   *)
-    echo "usage: $0 streams|sparse|merge|wintiles|stages|accept_dense|accept_sparse|split|porder|gluon|gluon_bwd" >&2
+    echo "usage: $0 streams|sparse|merge|wintiles|stages|accept_dense|accept_sparse|split|porder|gluon|gluon_bwd|fulldq" >&2
     exit 2 ;;
 esac
