@@ -16,6 +16,7 @@
 #                                              bwd_streams against its default
 #   bash experiments/gpu/session20.sh gluon_bwd  triton-gluon's backward through the harness, cuDNN beside
 #   bash experiments/gpu/session20.sh fulldq   smaller dQ CTAs on full / causal (to share an SM with dK/dV)
+#   bash experiments/gpu/session20.sh block64  bwd_streams / dkdv_pattern_order at block 64
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -134,7 +135,15 @@ case "${1:-}" in
                           "bwd_streams": true}}' > "$OUT/fulldq.log" 2>&1
     cat "$OUT/fulldq/bwd_configs_ab.md"
     ;;
+  block64)
+    # block 64 (64x64 tiles, not chunked): bwd_streams and dkdv_pattern_order, alone and together
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/block64" --require-equal --budget 520 --dense-masks '' \
+      --sparse uniform64:32768:0.3,uniform64:65536:0.5 --configs '{"default": {}, "streams": {"bwd_streams": true},
+        "pattern_order": {"dkdv_pattern_order": true}, "both": {"bwd_streams": true, "dkdv_pattern_order": true}}' \
+      > "$OUT/block64.log" 2>&1
+    cat "$OUT/block64/bwd_configs_ab.md"
+    ;;
   *)
-    echo "usage: $0 streams|sparse|merge|wintiles|stages|accept_dense|accept_sparse|split|porder|gluon|gluon_bwd|fulldq" >&2
+    echo "usage: $0 streams|sparse|merge|wintiles|stages|accept_dense|accept_sparse|split|porder|gluon|gluon_bwd|fulldq|block64" >&2
     exit 2 ;;
 esac

@@ -83,8 +83,8 @@ its K / V tiles. The lists are now read in register chunks (``dq_list_chunk`` / 
 10-13 % faster at block 128 (32K / 0.3: 20.6 ms, Flex 26.3), 8 % at block 64, 4 % on variable blocks.
 Session 20 (``experiments/results/h100/session20/``): the dQ launches on a second stream beside dK/dV's
 (``bwd_streams``, +0.2-2.4 %) and a KV head's dK/dV programs in its own pattern's order
-(``dkdv_pattern_order``, +0.2-4 %: the per-KV-head case's dK/dV pass had been 8 % slower than one
-pattern's); through the harness the backward is then 1.06-1.11x Flex's in all eight block-128 cases
+(``dkdv_pattern_order``, +0.2-4 %, at block 64 +4.6-7.2 %: the per-KV-head case's dK/dV pass had been
+8 % slower than one pattern's); through the harness the backward is then 1.06-1.11x Flex's in all eight block-128 cases
 (32K / 64K, densities 0.3 / 0.5, a pattern per KV head or one for all).
 
 K/V tiles are read through tensor descriptors (TMA on Hopper; arbitrary start rows, zero fill past
@@ -268,6 +268,12 @@ def _tile_config(mask, head_dim: int) -> dict:
                DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=2,
                DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=2,
                list_chunk=64 if chunked else 0, dkdv_list_chunk=0, dq_list_chunk=0)
+    if blk == 64 and not big:
+        # a KV head's dK/dV programs in its own pattern's longest-first order (dkdv_pattern_order); H100, a
+        # pattern per KV head, interleaved, equal bits (experiments/results/h100/session20/, call 15): 32K
+        # density 0.3 341.1 -> 365.6 TFLOP/s, 64K 0.5 332.5 -> 347.7 (both rounds). bwd_streams does not pay
+        # here (341.1 -> 341.3, 332.5 -> 326.6) and stays off
+        cfg.update(dkdv_pattern_order=True)
     if blk is None and not big:
         # variable blocks (H100, mean 256 / min 128, 32K density 0.3, a pattern per KV head, bf16, D = 128:
         # experiments/results/h100/session16/): the dK/dV pass walks packed query lists (71.5 -> 64.9 ms,
