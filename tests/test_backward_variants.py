@@ -895,16 +895,17 @@ def test_bwd_configs_ab_script_smoke(tmp_path):
 
 
 # ------------------------------------------------------------------ dK/dV programs in their own pattern's order
-@pytest.mark.parametrize("kind,patterns,outer", [("block_sparse", 2, True), ("block_sparse", 1, False),
-                                                 ("varblock_sparse", 2, True), ("block_sparse", 4, True)],
+@pytest.mark.parametrize("kind,patterns,outer,one", [
+    ("block_sparse", 2, True, False), ("block_sparse", 1, False, False), ("varblock_sparse", 2, True, False),
+    ("block_sparse", 4, True, False), ("block_sparse", 2, True, True)],
                          ids=["uniform-per-kv-head", "uniform-one-pattern-kv-fastest", "varblock-tails",
-                              "per-q-head-not-applied"])
-def test_dkdv_pattern_order_gradients(kind, patterns, outer):
+                              "per-q-head-not-applied", "one-launch"])
+def test_dkdv_pattern_order_gradients(kind, patterns, outer, one):
     """``dkdv_pattern_order``: each KV head's key tiles in its own pattern's order (the programs' work and
-    sums are unchanged, so the gradients too) against float64; with tail row tiles too."""
+    sums are unchanged, so the gradients too) against float64; with tail row tiles, and in one launch."""
     extra = {"min_block": 20, "block": 48} if kind == "varblock_sparse" else {"block": 32}
     mask = make_mask(kind, 150, density=0.5, patterns=patterns, seed=3, **extra)
-    cfg = {"dkdv_pattern_order": True, "dkdv_head_outer": outer}
+    cfg = {"dkdv_pattern_order": True, "dkdv_head_outer": outer, **(one_launch(2) if one else {})}
     if kind == "varblock_sparse":
         cfg.update(dkdv_tail_rows=16, dq_tail_rows=16)
     compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
@@ -923,3 +924,9 @@ def test_dkdv_pattern_order_reaches_the_kernel_only_where_the_group_shares_a_pat
         BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), mask, BS.tables_for(mask, cfg, "cpu"),
                             32 ** -0.5, cfg)
     assert [kw["PATTERN_ORDER"] for kw in launches if "PATTERN_ORDER" in kw] == [False, want]
+    # the one-launch kernel takes it too
+    one = _record_launches(monkeypatch, BS, ("block_sparse_bwd_one_launch_kernel",))
+    cfg = BS.resolve_config(mask, 32, {"dkdv_pattern_order": True, **one_launch(0)})
+    BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), mask, BS.tables_for(mask, cfg, "cpu"), 32 ** -0.5,
+                        cfg)
+    assert [kw["DKDV_PATTERN_ORDER"] for kw in one] == [want]

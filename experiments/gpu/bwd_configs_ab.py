@@ -65,16 +65,6 @@ def _grads(p, attn):
     return torch.autograd.grad(out, leaves, p.dout)
 
 
-def _bwd_ms(p, attn, budget_ms: float) -> float:
-    """Median ms of the backward alone (``torch.autograd.grad`` on a kept graph)."""
-    from longca_triton.bench.timing import time_fn
-
-    leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
-    out = attn(*leaves)
-    fn = lambda: torch.autograd.grad(out, leaves, p.dout, retain_graph=True)  # noqa: E731
-    return time_fn(fn, warmup_ms=25, rep=10**6, max_ms=budget_ms, min_rep=3)["median_ms"]
-
-
 #: the default A/B: the plain-Triton backward with ``bwd_streams`` off and on
 STREAMS = {"one-stream": {"bwd_streams": False}, "bwd_streams": {"bwd_streams": True}}
 
@@ -89,7 +79,8 @@ def _ours(kernel: str, p, configs: dict, lse: bool = False):
         from longca_triton.kernels.gluon.attention import gluon_attention as fn
     else:
         fn = {"dense": dense_attention, "sparse": block_sparse_attention, "flashmask": flashmask_attention}[kernel]
-    return {name: (lambda q, k, v, c=cfg: fn(q, k, v, p.mask, config=c, return_lse=lse)) for name, cfg in configs.items()}
+    return {name: (lambda q, k, v, c=cfg: fn(q, k, v, p.mask, config=c, return_lse=lse))
+            for name, cfg in configs.items()}
 
 
 def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: bool) -> dict:

@@ -500,7 +500,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             EVEN_M=tk.even_cols, DQ_BLOCK_M=tq.tile_rows, DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
             EVEN_N=tq.even_cols, DKDV_LIST_CHUNK=cfg["dkdv_list_chunk"], DQ_LIST_CHUNK=cfg["dq_list_chunk"],
             ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
-            num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
+            DKDV_PATTERN_ORDER=pattern_order, num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
     # each pass's launches in order (main tiles, then its tail tiles: their own row size, one head a
     # tile, 4 warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's

@@ -395,6 +395,7 @@ def block_sparse_bwd_one_launch_kernel(
     DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
     DKDV_LIST_CHUNK: tl.constexpr, DQ_LIST_CHUNK: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
     HEAD_OUTER: tl.constexpr, DKDV_PACKED: tl.constexpr, DQ_PACKED: tl.constexpr,
+    DKDV_PATTERN_ORDER: tl.constexpr = False,
 ):
     """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
     above, unchanged, so no atomics and the same bits."""
@@ -409,7 +410,7 @@ def block_sparse_bwd_one_launch_kernel(
             Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
             n_dkdv // num_bkv,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M, SWEEP,
-            HEAD_OUTER, DKDV_LIST_CHUNK, DKDV_PACKED)
+            HEAD_OUTER, DKDV_LIST_CHUNK, DKDV_PACKED, DKDV_PATTERN_ORDER)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,

@@ -143,7 +143,8 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 #: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
 #: ``bwd_num_stages``: as in ``dense.py``), off until measured; ``dkdv_sweep``: the order of a GQA
 #: group's (query head, query tile) dK/dV steps, 0 head-major, 1 row-major (``flashmask_bwd._dkdv_program``);
-#: ``bwd_streams``: dQ on a second CUDA stream beside dK/dV (``dense.py``'s key, its default from there).
+#: ``bwd_streams``: dQ on a second CUDA stream beside dK/dV (``dense.py``'s key, its default from there: measured
+#: on the dense kernel, whose tiles these kernels share; not timed on this one).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
