@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 21's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session21.sh vbdq   variable blocks' dQ pass: two query heads stacked in 128-row tiles of 64
+#                                            rows each (no tail launch) against the default (128-row tiles of one head
+#                                            plus a tail launch of 64-row / 4-warp tiles), checked, interleaved
+set -u
+export PYTHONPATH=.:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+git log --oneline -1 2>/dev/null
+tests() {  # $1: file, $2: -k expression, $3: log name, $4: seconds
+  timeout "$4" python -m pytest -q -m gpu "$1" -rA -k "$2" 2>&1 \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/$3"
+  tail -3 "$OUT/$3"
+}
+case "${1:-}" in
+  vbdq)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbdq" --check --budget 540 --rounds 3 --dense-masks '' \
+      --sparse varblock256:32768:0.3,varblock256:65536:0.5 --configs '{"default": {},
+        "stackdq": {"DQ_BLOCK_M": 64, "DQ_HEADS": 2, "dq_tail_rows": 0},
+        "stackdq_pack": {"DQ_BLOCK_M": 64, "DQ_HEADS": 2, "dq_tail_rows": 0, "dq_pack_list": true},
+        "stackdq_n128": {"DQ_BLOCK_M": 64, "DQ_HEADS": 2, "DQ_BLOCK_N": 128, "dq_num_stages": 2, "dq_tail_rows": 0}}' \
+      > "$OUT/vbdq.log" 2>&1
+    cat "$OUT/vbdq/bwd_configs_ab.md"
+    ;;
+  *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
+esac
