@@ -24,5 +24,15 @@ case "${1:-}" in
       > "$OUT/vbdq.log" 2>&1
     cat "$OUT/vbdq/bwd_configs_ab.md"
     ;;
+  vbstack)
+    # finer query tiles, more heads a tile (128 rows each): the row remainders of a block shrink with the tile
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbstack" --check --budget 540 --rounds 3 --dense-masks '' \
+      --sparse varblock256:32768:0.3,varblock256:65536:0.5 --configs '{"default": {},
+        "stack64x2": {"DQ_BLOCK_M": 64, "DQ_HEADS": 2, "dq_tail_rows": 0},
+        "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0},
+        "stack16x8": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8, "dq_tail_rows": 0}}' \
+      > "$OUT/vbstack.log" 2>&1
+    cat "$OUT/vbstack/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
