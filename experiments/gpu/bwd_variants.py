@@ -126,7 +126,9 @@ _TILE_PART = re.compile(r"^s?(dkdv|dq|fwd)(\d+)x(\d+)w(\d+)s(\d+)$")
 _TILE_OF = {"dkdv": dkdv_tile, "dq": dq_tile,
             "fwd": lambda m, n, w, s: dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)}
 _ONE_LAUNCH_PART = re.compile(r"^one(\d)w(\d+)s(\d+)$")
-_CHUNK_PART = re.compile(r"^chunk(\d+)$")
+_CHUNK_PART = re.compile(r"^(fwd|dq|dkdv)?chunk(\d+)$")
+_CHUNK_KEY = {"fwd": ("list_chunk",), "dq": ("dq_list_chunk",), "dkdv": ("dkdv_list_chunk",),
+              None: ("list_chunk", "dkdv_list_chunk", "dq_list_chunk")}
 _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer": False}, "hm": {"dkdv_sweep": 0},
                  "sweep1": {"dkdv_sweep": 1}, "sweep2": {"dkdv_sweep": 2}, "expand": {"_expand": True},
                  "pack": {"pack_list": True, "dq_pack_list": True, "dkdv_pack_list": True},
@@ -148,7 +150,7 @@ def compose(name: str) -> dict | None:
     ``dqpack`` / ``dqnopack``, ``dkdvpack`` / ``dkdvnopack``), ``dqheads2`` (``DQ_HEADS``; ``fwdheads2``,
     ``dkdvheads2``: heads stacked in a tile), ``dkdvtail64`` (``dkdv_tail_rows``; ``fwdtail64``,
     ``dqtail64``: block remainders in tail tiles of their own), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
-    ``dq_list_chunk``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
+    ``dq_list_chunk``; one pass's: ``fwdchunk64``, ``dqchunk64``, ``dkdvchunk64``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without
     ``chunkN`` reads that pass's list entry by entry, ``block_sparse.resolve_config``). None
     when a part is none of these."""
     cfg = {}
@@ -168,7 +170,7 @@ def compose(name: str) -> dict | None:
             order, warps, stages = (int(x) for x in one.groups())
             cfg.update(one_launch=True, bwd_order=order, bwd_num_warps=warps, bwd_num_stages=stages)
         elif chunk:
-            cfg.update({key: int(chunk.group(1)) for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk")})
+            cfg.update({key: int(chunk.group(2)) for key in _CHUNK_KEY[chunk.group(1)]})
         elif part in _SWITCH_PARTS:
             cfg.update(_SWITCH_PARTS[part])
         else:
@@ -319,6 +321,8 @@ SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters or a functi
     "uniform128": ("block_sparse", 128, {}),
     "uniform64": ("block_sparse", 64, {}),
     "varblock256": ("varblock_sparse", 256, {"min_block": 128}),
+    "varblock128": ("varblock_sparse", 128, {"min_block": 64}),
+    "varblock512": ("varblock_sparse", 512, {"min_block": 256}),
     "varblock256x128": ("varblock_sparse", 256, aligned_bounds),
 }
 

@@ -34,5 +34,19 @@ case "${1:-}" in
       > "$OUT/vbstack.log" 2>&1
     cat "$OUT/vbstack/bwd_configs_ab.md"
     ;;
+  vbsplit)
+    # where the time goes: dK/dV and dQ alone, variable blocks (default, stacked dQ) against uniform block 128;
+    # then the stacked dQ at mean blocks 128 and 512
+    python experiments/gpu/bwd_variants.py --out "$OUT/split" --budget 200 --masks '' --no-vendors \
+      --sparse-masks uniform128,varblock256 --sparse-variants two-kernels,dq32x64w8s3+dqheads4+dqtail0+dqchunk64 \
+      > "$OUT/split.log" 2>&1
+    python3 -c "import json, sys; [print(r['mask'], r['variant'], r.get('dkdv_ms'), r.get('dq_ms'), r.get('ms'))
+      for r in map(json.loads, open(sys.argv[1])) if r['kind'] in ('split', 'sparse_bwd', 'bwd')]" "$OUT/split/bwd_variants.jsonl"
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbmeans" --check --budget 330 --rounds 2 --dense-masks '' \
+      --sparse varblock128:32768:0.3,varblock512:32768:0.3,varblock256:32768:0.5 --configs '{"default": {},
+        "stack64x2": {"DQ_BLOCK_M": 64, "DQ_HEADS": 2, "dq_tail_rows": 0},
+        "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0}}' > "$OUT/vbmeans.log" 2>&1
+    cat "$OUT/vbmeans/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
