@@ -48,5 +48,20 @@ case "${1:-}" in
         "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0}}' > "$OUT/vbmeans.log" 2>&1
     cat "$OUT/vbmeans/bwd_configs_ab.md"
     ;;
+  vbstreams)
+    # call 3's two tools disagree (bwd_variants: stacked = default; bwd_configs_ab: stacked +5-10 %): the same A/B
+    # without Flex, with and without bwd_streams (the default's dQ chain is two launches on the side stream)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbstreams" --no-flex --budget 300 --rounds 3 --dense-masks '' \
+      --sparse varblock256:32768:0.3 --configs '{"default": {},
+        "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0},
+        "default_1s": {"bwd_streams": false},
+        "stack32x4_1s": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0, "bwd_streams": false}}' > "$OUT/vbstreams.log" 2>&1
+    cat "$OUT/vbstreams/bwd_configs_ab.md"
+    python experiments/gpu/bwd_variants.py --out "$OUT/split" --budget 200 --masks '' --no-vendors \
+      --sparse-masks varblock256 --sparse-variants dq32x64w8s3+dqheads4+dqtail0+dqchunk64,two-kernels \
+      > "$OUT/split.log" 2>&1
+    python3 -c "import json, sys; [print(r['mask'], r['variant'], r.get('dkdv_ms'), r.get('dq_ms'), r.get('ms'))
+      for r in map(json.loads, open(sys.argv[1])) if r['kind'] in ('split', 'sparse_bwd', 'bwd')]" "$OUT/split/bwd_variants.jsonl"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
