@@ -63,5 +63,18 @@ case "${1:-}" in
     python3 -c "import json, sys; [print(r['mask'], r['variant'], r.get('dkdv_ms'), r.get('dq_ms'), r.get('ms'))
       for r in map(json.loads, open(sys.argv[1])) if r['kind'] in ('split', 'sparse_bwd', 'bwd')]" "$OUT/split/bwd_variants.jsonl"
     ;;
+  vbtwins)
+    # is bwd_configs_ab biased? each config twice under two names (equal configs must time equal), then the
+    # harness's own timer on each alone (time_fn, one config after the other, both orders)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbtwins" --no-flex --budget 300 --rounds 3 --dense-masks '' \
+      --sparse varblock256:32768:0.3 --configs '{"default": {}, "default_b": {"bwd_streams": true},
+        "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0},
+        "stack32x4_b": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0, "bwd_streams": true}}' > "$OUT/vbtwins.log" 2>&1
+    cat "$OUT/vbtwins/bwd_configs_ab.md"
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbpair" --no-flex --budget 200 --rounds 3 --dense-masks '' \
+      --sparse varblock256:32768:0.3 --configs '{"default": {},
+        "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0}}' > "$OUT/vbpair.log" 2>&1
+    cat "$OUT/vbpair/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
