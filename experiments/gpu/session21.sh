@@ -76,5 +76,9 @@ case "${1:-}" in
         "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0}}' > "$OUT/vbpair.log" 2>&1
     cat "$OUT/vbpair/bwd_configs_ab.md"
     ;;
+  timer)
+    # the two timers on the same two configs, one process (experiments/gpu/timer_bias.py)
+    python experiments/gpu/timer_bias.py --out "$OUT" > "$OUT/timer.log" 2>&1; tail -24 "$OUT/timer.log"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
