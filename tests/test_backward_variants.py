@@ -626,11 +626,14 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (64, 64, 3, 64)
     assert not cfg["pack_list"] and cfg["tail_rows"] == 0  # the forward: plain lists, one launch
     # the backward (session 16): dK/dV over packed query lists with the row-major sweep, entry by entry;
-    # dQ in 128 x 64 tiles with 64-row tails over plain key lists read in chunks
+    # dQ over plain key lists read in chunks, 64 keys a step; session 21: 128-row tiles of four stacked query
+    # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails)
     assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 64, 2, 0)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 0
-    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (128, 64, 3, 64)
-    assert cfg["dq_tail_rows"] == 64 and not cfg["dq_pack_list"]
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (32, 64, 3, 64)
+    assert cfg["DQ_HEADS"] == 4 and cfg["dq_num_warps"] == 8
+    assert cfg["dq_tail_rows"] == 0 and not cfg["dq_pack_list"]
+    assert BS.default_config(mask, 128, dq_stack=1)["dq_tail_rows"] == 64
     assert cfg["bwd_streams"] and not cfg["dkdv_pattern_order"]  # session 20: streams +2.4 %, the order +0.0 %
     # D > 128 keeps the 64 x 64 backward
     big = BS.default_config(mask, 256)

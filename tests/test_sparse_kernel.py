@@ -123,6 +123,45 @@ def test_varblock_random_bounds(density):
     check(mask, hq=4, hkv=2, cfg=tiles(32, 32, heads=2))
 
 
+@pytest.mark.parametrize("rows,heads", [(16, 4), (32, 4), (16, 2)], ids=lambda x: str(x))
+def test_varblock_dq_stacked_heads(rows, heads):
+    """The dQ pass of variable blocks with ``heads`` query heads stacked in a tile of ``rows`` positions
+    each, no tail tiles (the Hopper default's shape, ``VARBLOCK_DQ``: 32 x 4 there): blocks of 20..70
+    rows leave remainders in most tiles, a GQA group of 4 shares each KV head's pattern, and some rows
+    keep no block."""
+    rng = np.random.default_rng(rows * heads)
+    b = random_bounds(233, rng, 20, 70)
+    n = len(b) - 1
+    bm = torch.from_numpy(rng.random((2, n, n)) < 0.4)
+    bm[:, 1, :] = False  # a query block attending nothing: lse -inf, zero dq
+    mask = BlockSparseMask(b, b, bm, name="varblock_sparse")
+    cfg = dict(tiles(32, 32), DQ_BLOCK_M=rows, DQ_HEADS=heads, dq_tail_rows=0)
+    check(mask, hq=8, hkv=2, cfg=cfg)
+
+
+def test_varblock_dq_stack_follows_the_gqa_group(monkeypatch):
+    """Variable blocks' Hopper default stacks as many query heads in a 128-row dQ tile as the call's GQA
+    group and heads per pattern allow (``VARBLOCK_DQ``); a config that sets the dQ row tile alone gets
+    one head (as configs written before the stack meant)."""
+    monkeypatch.setattr(BS, "_interpreting", lambda: False)
+    for (hq, hkv, P), want in {(64, 8, 8): (32, 4, 0), (16, 8, 8): (64, 2, 0), (8, 8, 8): (128, 1, 64),
+                               (64, 8, 1): (32, 4, 0), (12, 4, 4): (128, 1, 64)}.items():
+        mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=P, seed=1)
+        q, k = torch.empty(1, 1024, hq, 128), torch.empty(1, 1024, hkv, 128)
+        cfg = BS.resolve_config(mask, 128, q=q, k=k)
+        assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_tail_rows"]) == want, (hq, hkv, P)
+        assert cfg["DQ_BLOCK_M"] * BS._stack(cfg["DQ_HEADS"], hq // hkv, hq // P) == 128
+    mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=8, seed=1)
+    assert (BS.default_config(mask, 128)["DQ_BLOCK_M"], BS.default_config(mask, 128)["DQ_HEADS"]) == (32, 4)
+    one = BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 128})
+    assert (one["DQ_HEADS"], one["dq_tail_rows"]) == (1, 64)
+    assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64})["dq_tail_rows"] == 0
+    assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64, "DQ_HEADS": 2})["DQ_HEADS"] == 2
+    # uniform blocks keep one head a dQ tile
+    uni = make_mask("block_sparse", 1024, block=128, density=0.5, patterns=8, seed=1)
+    assert BS.resolve_config(uni, 128, q=torch.empty(1, 1024, 64, 128), k=torch.empty(1, 1024, 8, 128))["DQ_HEADS"] == 1
+
+
 def test_varblock_generator():
     mask = make_mask("varblock_sparse", 300, block=48, min_block=20, density=0.4, patterns=4, seed=2)
     assert mask.uniform_block is None

@@ -80,5 +80,14 @@ case "${1:-}" in
     # the two timers on the same two configs, one process (experiments/gpu/timer_bias.py)
     python experiments/gpu/timer_bias.py --out "$OUT" > "$OUT/timer.log" 2>&1; tail -24 "$OUT/timer.log"
     ;;
+  accept)
+    # issue 13's variable-block target through the harness with the stacked dQ default: variable blocks (mean
+    # 256) against uniform block 128, densities 0.3 / 0.5, 32K / 64K, a pattern per KV head
+    bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+    bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -8
+    bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
+      --param patterns=Hkv --backends triton-sparse --out "$OUT/sparse" 2>&1 | tail -8
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

@@ -206,16 +206,36 @@ def _mask_block(mask) -> Optional[int]:
     return ub if ub is not None and ub >= 16 and ub & (ub - 1) == 0 else None
 
 
-def default_config(mask, head_dim: int) -> dict:
+#: Variable blocks' dQ tile at D <= 128 by the query heads it can stack (a power of two dividing the GQA
+#: group and the heads of a pattern: ``_stack``): always 128 rows, ``DQ_HEADS`` heads x ``DQ_BLOCK_M``
+#: positions. A block of L rows wastes its last tile's ``-L mod DQ_BLOCK_M`` rows, so finer positions
+#: waste less at the same 128-row wgmma tile (one head: 128-row tiles and the remainders of <= 64 rows in
+#: a launch of 64-row, 4-warp tiles, session 16). H100, mean 256 / min 128, GQA 64:8, a pattern per KV
+#: head, D = 128, bf16, backward TFLOP/s interleaved (``experiments/results/h100/session21/``): 32K density
+#: 0.3 default 273.8 / 64 x 2 heads 297.5 / 32 x 4 301.6 / 16 x 8 296.7; 64K 0.5 277.7 / 287.7 / 292.3 /
+#: 287.6; 32K 0.5 280.4 / 294.9 / 299.4; mean 128 228.9 / 246.0 / 252.5; mean 512 312.2 / 328.3 / 325.0.
+#: One config after the other (the harness's ``time_fn``, both orders, call 6): 32 x 4 +3 to +4 %.
+VARBLOCK_DQ = {
+    4: dict(DQ_BLOCK_M=32, DQ_HEADS=4, dq_tail_rows=0),
+    2: dict(DQ_BLOCK_M=64, DQ_HEADS=2, dq_tail_rows=0),
+    1: dict(DQ_BLOCK_M=128, DQ_HEADS=1, dq_tail_rows=64),
+}
+#: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 4)
+VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
+
+
+def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
     ``head_dim``: the padded tile configs are chosen by (``_runtime.config_head_dim``). The backward
-    runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``)."""
+    runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``). ``dq_stack``: the
+    query heads a dQ tile of variable blocks can stack (``_stack`` of the call's GQA group and heads per
+    pattern; ``resolve_config`` passes it where it has q and k), which picks ``VARBLOCK_DQ``'s entry."""
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            **with_one_launch_defaults(_tile_config(mask, head_dim))}
+            **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
-def _tile_config(mask, head_dim: int) -> dict:
+def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
     if _interpreting():
         return dict(BLOCK_M=32, BLOCK_N=32, HEADS=2, num_warps=4, num_stages=1, warp_specialize=False,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, DQ_HEADS=2, dq_num_warps=4, dq_num_stages=1,
@@ -284,9 +304,9 @@ def _tile_config(mask, head_dim: int) -> dict:
         # entry's count from the loop index dK/dV 57.1 ms, backward 91.2 ms against uniform block 128's 67.9
         # (call 8; calls differ by a few %); through the harness 0.72-0.74x uniform at 32K / 64K (call 11).
         # and bwd_streams (the dQ chain, main and tail tiles, beside dK/dV's): 269.8 -> 276.4 TFLOP/s at 32K /
-        # 0.3 (session20)
-        cfg.update(dkdv_sweep=2, DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
-                   dq_tail_rows=64, dq_pack_list=False, bwd_streams=True)
+        # 0.3 (session20). Session 21: the 128-row dQ tile stacks query heads (VARBLOCK_DQ), +5-10 %.
+        cfg.update(dkdv_sweep=2, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
+                   dq_pack_list=False, bwd_streams=True, **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
     return cfg
 
 
@@ -313,12 +333,22 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
     (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``. A pass whose tile,
     warps or stages the config sets, without its list key, reads its list entry by entry
-    (``_CHUNK_PASSES``)."""
+    (``_CHUNK_PASSES``); one that sets the dQ row tile without ``DQ_HEADS`` gets one head a tile
+    (``VARBLOCK_DQ[1]``'s tails). Variable blocks' dQ stack follows q / k's GQA group (``VARBLOCK_DQ``)."""
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask, v)
-    base = default_config(mask, head_dim)
+    stack = VARBLOCK_DQ_STACK
+    if q is not None and k is not None:
+        _, _, group, hpp = _heads(q, k, mask)
+        stack = _stack(VARBLOCK_DQ_STACK, group, hpp)
+    base = default_config(mask, head_dim, stack)
     for chunk_key, launch_keys in _CHUNK_PASSES.items():
         if overlay and chunk_key not in overlay and any(key in overlay for key in launch_keys):
             base[chunk_key] = 0
+    if overlay and "DQ_BLOCK_M" in overlay and "DQ_HEADS" not in overlay and base["DQ_HEADS"] > 1:
+        # a dQ row tile chosen without a stack (configs written before VARBLOCK_DQ) is one head's, with
+        # the one-head tail tiles where they fit below it
+        base["DQ_HEADS"] = 1
+        base["dq_tail_rows"] = VARBLOCK_DQ[1]["dq_tail_rows"] if overlay["DQ_BLOCK_M"] > VARBLOCK_DQ[1]["dq_tail_rows"] else 0
     cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
