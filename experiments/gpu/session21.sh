@@ -89,5 +89,10 @@ case "${1:-}" in
     bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
       --param patterns=Hkv --backends triton-sparse --out "$OUT/sparse" 2>&1 | tail -8
     ;;
+  dense)
+    # issue 13's dense cuDNN targets once more (full sat at 0.791 / 0.797 in session 20): full and causal at 16K
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
+      --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
