@@ -94,5 +94,14 @@ case "${1:-}" in
     python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
       --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
     ;;
+  fullring)
+    # full / causal's dQ with a deeper ring or wider key steps (not measured on these masks before), checked
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/fullring" --check --budget 400 --rounds 3 \
+      --dense-masks full,causal --configs '{"default": {},
+        "dq_s4": {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "dq_num_warps": 8, "dq_num_stages": 4},
+        "dq_n128_s2": {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 128, "dq_num_warps": 8, "dq_num_stages": 2}}' \
+      > "$OUT/fullring.log" 2>&1
+    cat "$OUT/fullring/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
