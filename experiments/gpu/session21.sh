@@ -103,5 +103,15 @@ case "${1:-}" in
       > "$OUT/fullring.log" 2>&1
     cat "$OUT/fullring/bwd_configs_ab.md"
     ;;
+  split)
+    # dkdv_split_last (a packed dK/dV list's last entry masked in a loop of its own, the rest unmasked: sm_90a
+    # 649 instructions a step against 773), equal bits required, interleaved; then both timers on the pair
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/split" --check --require-equal --no-flex --budget 300 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
+      --configs '{"default": {}, "split_last": {"dkdv_split_last": true}}' > "$OUT/split.log" 2>&1
+    cat "$OUT/split/bwd_configs_ab.md"
+    python experiments/gpu/timer_bias.py --out "$OUT" --configs '{"default": {}, "split_last": {"dkdv_split_last": true}}' \
+      > "$OUT/timer.log" 2>&1; grep -v "^{\"timer\": \"time_interleaved\[one" "$OUT/timer.log" | tail -12
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
