@@ -272,23 +272,6 @@ def test_packed_lists_match_reference(case):
         check(mask, hq=hq, hkv=hkv, cfg=cfg, op=True)
 
 
-@pytest.mark.parametrize("sweep", [0, 1, 2], ids=lambda s: f"sweep{s}")
-def test_packed_dkdv_split_last(sweep):
-    """``dkdv_split_last``: a packed dK/dV list walked as two loops (its last, short entry with the row
-    mask, the others without): right against float64 and bit for bit the one-loop walk, head-major and
-    both row-major sweeps, a query block keeping nothing."""
-    mask = packed_mask(S=333, seed=12, patterns=2, density=0.5)
-    bm = mask.block_map.clone()
-    bm[:, 2] = False
-    mask = BlockSparseMask(mask.q_block_bounds, mask.k_block_bounds, bm, name="varblock_sparse")
-    cfg = {**tiles(32, 32), **PACK_ALL, "dkdv_sweep": sweep}
-    assert packed_flags(mask, cfg)["dkdv"]
-    split = check(mask, hq=4, hkv=2, cfg={**cfg, "dkdv_split_last": True})
-    plain = check(mask, hq=4, hkv=2, cfg=cfg)
-    for a, b in zip(split[3:], plain[3:]):  # dk, dv
-        assert torch.equal(a, b)
-
-
 def test_packed_lists_fp16_batch_empty_rows_and_columns():
     """fp16, two batch entries, D = 64, a query block keeping nothing and a key block kept by nobody."""
     mask = packed_mask(S=300, seed=5, patterns=2, density=0.5)

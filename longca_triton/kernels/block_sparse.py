@@ -170,15 +170,13 @@ LN2 = 0.6931471805599453
 #: ``bwd_streams``: the dQ pass's launches on a second CUDA stream beside dK/dV's (``dense.py``'s key).
 #: ``dkdv_pattern_order``: a KV head's dK/dV programs heaviest first by its own pattern's lists rather than
 #: by the work summed over all patterns (``block_sparse_bwd._dkdv_program``; where a group shares a pattern).
-#: ``dkdv_split_last``: a packed dK/dV list walked as two loops, its last entry's steps with the row mask and
-#: the others without (``block_sparse_bwd._dkdv_program``'s ``SPLIT_LAST``; packed lists read entry by entry).
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
-    "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_split_last",
+    "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order",
 )
 
 #: each pass's packing key
@@ -232,8 +230,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``). ``dq_stack``: the
     query heads a dQ tile of variable blocks can stack (``_stack`` of the call's GQA group and heads per
     pattern; ``resolve_config`` passes it where it has q and k), which picks ``VARBLOCK_DQ``'s entry."""
-    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_split_last": False,
-            "pack_list": False,
+    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
@@ -317,7 +314,7 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_pattern_order", "dkdv_split_last", *PACK_KEYS.values()),
+                              "dkdv_pattern_order", *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -500,8 +497,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=tk.tile_rows, HEADS=heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, PATTERN_ORDER=pattern_order, SPLIT_LAST=bool(cfg["dkdv_split_last"]), num_warps=warps,
-            num_stages=cfg["dkdv_num_stages"],
+            PACKED=tk.packed, PATTERN_ORDER=pattern_order, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
         )
 
     def launch_dq(tq: SideTables, heads: int, warps: int):
@@ -534,8 +530,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             EVEN_M=tk.even_cols, DQ_BLOCK_M=tq.tile_rows, DQ_BLOCK_N=cfg["DQ_BLOCK_N"], DQ_HEADS=dq_heads,
             EVEN_N=tq.even_cols, DKDV_LIST_CHUNK=cfg["dkdv_list_chunk"], DQ_LIST_CHUNK=cfg["dq_list_chunk"],
             ORDER=cfg["bwd_order"], SWEEP=sweep, HEAD_OUTER=head_outer, DKDV_PACKED=tk.packed, DQ_PACKED=tq.packed,
-            DKDV_PATTERN_ORDER=pattern_order, DKDV_SPLIT_LAST=bool(cfg["dkdv_split_last"]),
-            num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
+            DKDV_PATTERN_ORDER=pattern_order, num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
     # each pass's launches in order (main tiles, then its tail tiles: their own row size, one head a
     # tile, 4 warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's

@@ -51,12 +51,10 @@ def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride
 @triton.jit
 def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
-               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr,
-               FULL: tl.constexpr = False):
+               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr):
     """One dK/dV step: the rows of a query-list entry (``core.entry_at``: its first row ``start``;
     ``r_pos``: each tile row's position in it) of the heads whose rows ``_head_rows`` gave, against
-    the program's keys. ``FULL``: the caller knows every row of the entry is valid (a packed list's
-    entries but its last), so the loads carry no row mask even where ``EVEN_M`` does not hold."""
+    the program's keys."""
     if PACKED:
         # the entry may continue in the next run of kept query blocks (block_sparse_tables)
         pos, ok = packed_positions(r_pos, start, end, nxt, count)  # [HM] each
@@ -64,7 +62,7 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
         pos = start + r_pos  # [HM]
     q_ptrs = q_rows[:, None] + pos[:, None] * stride_qs + offs_dqk[None, :]  # [HM, BLOCK_DQK]
     do_ptrs = do_rows[:, None] + pos[:, None] * stride_ds + offs_dv[None, :]  # [HM, BLOCK_DV]
-    if EVEN_M or FULL:
+    if EVEN_M:
         if EVEN_QK:
             q = tl.load(q_ptrs)  # [HM, BLOCK_DQK]
         else:
@@ -97,44 +95,6 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
 
 
 @triton.jit
-def _dkdv_sweep(dk, dv, k, v, i_lo, i_hi, chunks, e_lo, e_hi, last, Q, DOut, Lse, Delta, b64, h_kv, group_size, r_head,
-                r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
-                stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, BLOCK_M: tl.constexpr,
-                HEADS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr,
-                SWEEP: tl.constexpr, PACKED: tl.constexpr, FULL: tl.constexpr):
-    """Steps ``[i_lo, i_hi)`` of the row-major sweep: step ``i`` is entry ``e_lo + i // chunks`` (``SWEEP``
-    2: counted from ``e_hi - 1`` down) of head chunk ``i % chunks`` of the group."""
-    for i in tl.range(i_lo, i_hi):
-        if SWEEP == 2:
-            e = e_hi - 1 - i // chunks
-        else:
-            e = e_lo + i // chunks
-        q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
-                                                stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
-        start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
-        count = packed_count(e, e_hi, last, BLOCK_M)
-        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
-                            offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
-                            EVEN_V, PACKED, FULL)
-    return dk, dv
-
-
-@triton.jit
-def _dkdv_entries(dk, dv, k, v, e_a, e_b, e_hi, last, q_rows, do_rows, stat_rows, Lse, Delta, r_pos, COL_START,
-                  COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
-                  BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr,
-                  PACKED: tl.constexpr, FULL: tl.constexpr):
-    """Entries ``[e_a, e_b)`` of one head chunk's list (ending at ``e_hi``), head-major, entry by entry."""
-    for e in tl.range(e_a, e_b):
-        start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
-        count = packed_count(e, e_hi, last, BLOCK_M)
-        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
-                            offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
-                            EVEN_V, PACKED, FULL)
-    return dk, dv
-
-
-@triton.jit
 def _dkdv_program(
     pid,
     Q, K, V, DOut, Lse, Delta, DK, DV,
@@ -150,15 +110,10 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, SPLIT_LAST: tl.constexpr = False,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
-
-    ``SPLIT_LAST`` (config ``dkdv_split_last``; packed lists, read entry by entry): every entry of a packed
-    list but its last is full (``block_sparse_tables``), so the walk runs as two loops, the last entry's
-    steps with the row mask and the others without (``_dkdv_step``'s ``FULL``): sm_90a, variable blocks'
-    default tile, the loop without the mask ... instructions against 773. Same rows, same order, same bits.
 
     ``PATTERN_ORDER`` (config ``dkdv_pattern_order``; the launcher passes it only where the GQA group
     shares one pattern): a KV head's key tiles run heaviest first by its own pattern's lists
@@ -209,34 +164,18 @@ def _dkdv_program(
         e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
         last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
         chunks = group_size // HEADS
-        steps = (e_hi - e_lo) * chunks
-        if SPLIT_LAST and PACKED:
-            # the last entry's steps with the row mask, in the sweep's own order (bit-equal to one loop):
-            # descending, they come first; ascending, last
-            m_lo = 0 if SWEEP == 2 else tl.maximum(steps - chunks, 0)
-            m_hi = tl.minimum(m_lo + chunks, steps)
+        for i in tl.range(0, (e_hi - e_lo) * chunks):
             if SWEEP == 2:
-                dk, dv = _dkdv_sweep(dk, dv, k, v, m_lo, m_hi, chunks, e_lo, e_hi, last, Q, DOut, Lse, Delta, b64,
-                                     h_kv, group_size, r_head, r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok,
-                                     offs_dv, dv_ok, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh,
-                                     num_heads_q, Sq, qk_scale, BLOCK_M, HEADS, EVEN_M, EVEN_QK, EVEN_V, SWEEP, PACKED,
-                                     False)
-            dk, dv = _dkdv_sweep(dk, dv, k, v, m_hi if SWEEP == 2 else 0, steps if SWEEP == 2 else m_lo, chunks,
-                                 e_lo, e_hi, last, Q, DOut, Lse, Delta, b64, h_kv, group_size, r_head, r_pos, COL_START,
-                                 COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qb, stride_qs, stride_qh,
-                                 stride_db, stride_ds, stride_dh, num_heads_q, Sq, qk_scale, BLOCK_M, HEADS, EVEN_M,
-                                 EVEN_QK, EVEN_V, SWEEP, PACKED, True)
-            if SWEEP != 2:
-                dk, dv = _dkdv_sweep(dk, dv, k, v, m_lo, m_hi, chunks, e_lo, e_hi, last, Q, DOut, Lse, Delta, b64,
-                                     h_kv, group_size, r_head, r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok,
-                                     offs_dv, dv_ok, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh,
-                                     num_heads_q, Sq, qk_scale, BLOCK_M, HEADS, EVEN_M, EVEN_QK, EVEN_V, SWEEP, PACKED,
-                                     False)
-        else:
-            dk, dv = _dkdv_sweep(dk, dv, k, v, 0, steps, chunks, e_lo, e_hi, last, Q, DOut, Lse, Delta, b64, h_kv,
-                                 group_size, r_head, r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv,
-                                 dv_ok, stride_qb, stride_qs, stride_qh, stride_db, stride_ds, stride_dh, num_heads_q,
-                                 Sq, qk_scale, BLOCK_M, HEADS, EVEN_M, EVEN_QK, EVEN_V, SWEEP, PACKED, False)
+                e = e_hi - 1 - i // chunks
+            else:
+                e = e_lo + i // chunks
+            q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
+                                                    stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
+            start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
+            count = packed_count(e, e_hi, last, BLOCK_M)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
+                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
+                                EVEN_V, PACKED)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
@@ -248,14 +187,12 @@ def _dkdv_program(
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
             last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
             if LIST_CHUNK == 0:
-                # with SPLIT_LAST (packed lists): the entries but the last without the row mask, then the last
-                e_mid = tl.maximum(e_hi - 1, e_lo) if SPLIT_LAST and PACKED else e_lo
-                dk, dv = _dkdv_entries(dk, dv, k, v, e_lo, e_mid, e_hi, last, q_rows, do_rows, stat_rows, Lse, Delta,
-                                       r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs,
-                                       stride_ds, qk_scale, BLOCK_M, EVEN_M, EVEN_QK, EVEN_V, PACKED, True)
-                dk, dv = _dkdv_entries(dk, dv, k, v, e_mid, e_hi, e_hi, last, q_rows, do_rows, stat_rows, Lse, Delta,
-                                       r_pos, COL_START, COL_END, COL_NEXT, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs,
-                                       stride_ds, qk_scale, BLOCK_M, EVEN_M, EVEN_QK, EVEN_V, PACKED, False)
+                for e in tl.range(e_lo, e_hi):
+                    start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
+                    count = packed_count(e, e_hi, last, BLOCK_M)
+                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count,
+                                        r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
+                                        EVEN_QK, EVEN_V, PACKED)
             else:
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
@@ -397,7 +334,7 @@ def block_sparse_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, SPLIT_LAST: tl.constexpr = False,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
@@ -409,7 +346,7 @@ def block_sparse_bwd_dkdv_kernel(
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
-        LIST_CHUNK, PACKED, PATTERN_ORDER, SPLIT_LAST)
+        LIST_CHUNK, PACKED, PATTERN_ORDER)
 
 
 @triton.jit
@@ -458,7 +395,7 @@ def block_sparse_bwd_one_launch_kernel(
     DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, DQ_HEADS: tl.constexpr, EVEN_N: tl.constexpr,
     DKDV_LIST_CHUNK: tl.constexpr, DQ_LIST_CHUNK: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
     HEAD_OUTER: tl.constexpr, DKDV_PACKED: tl.constexpr, DQ_PACKED: tl.constexpr,
-    DKDV_PATTERN_ORDER: tl.constexpr = False, DKDV_SPLIT_LAST: tl.constexpr = False,
+    DKDV_PATTERN_ORDER: tl.constexpr = False,
 ):
     """dK/dV (``n_dkdv`` programs) and dQ (``n_dq``) in one launch; the bodies of the two kernels
     above, unchanged, so no atomics and the same bits."""
@@ -473,7 +410,7 @@ def block_sparse_bwd_one_launch_kernel(
             Sq, Sk, k_num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
             n_dkdv // num_bkv,
             HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, DKDV_HEADS, EVEN_M, SWEEP,
-            HEAD_OUTER, DKDV_LIST_CHUNK, DKDV_PACKED, DKDV_PATTERN_ORDER, DKDV_SPLIT_LAST)
+            HEAD_OUTER, DKDV_LIST_CHUNK, DKDV_PACKED, DKDV_PATTERN_ORDER)
     else:
         _dq_program(
             idx, Q, K, V, DOut, Lse, Delta, DQ,
