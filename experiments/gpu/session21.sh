@@ -113,5 +113,14 @@ case "${1:-}" in
     python experiments/gpu/timer_bias.py --out "$OUT" --configs '{"default": {}, "split_last": {"dkdv_split_last": true}}' \
       > "$OUT/timer.log" 2>&1; grep -v "^{\"timer\": \"time_interleaved\[one" "$OUT/timer.log" | tail -12
     ;;
+  vbdkdv)
+    # variable blocks' dK/dV tile once more with the stacked dQ (session 16 call 3 read 128-key tiles equal)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbdkdv" --check --no-flex --budget 400 --rounds 3 \
+      --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5 --configs '{"default": {},
+        "k128t64s2": {"DKDV_BLOCK_N": 128, "dkdv_num_warps": 8, "dkdv_num_stages": 2, "dkdv_tail_rows": 64},
+        "k128t64s3": {"DKDV_BLOCK_N": 128, "dkdv_num_warps": 8, "dkdv_num_stages": 3, "dkdv_tail_rows": 64},
+        "k64s3": {"DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_num_stages": 3}}' > "$OUT/vbdkdv.log" 2>&1
+    cat "$OUT/vbdkdv/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
