@@ -55,7 +55,12 @@ sweep, the dQ pass in uniform block 128's 128 x 64 tiles with 64-row tails over 
 boxes: 289 vs 331 TFLOP/s). Backward 0.72-0.74x uniform block 128's at 32K / 64K, densities 0.3 /
 0.5 (session 12: 0.67-0.72x). Variable blocks whose sizes are multiples of 128 run at 0.95-0.97x uniform:
 what is left is the ragged tiles (their area 1.13x, and a gathered, masked step costing more than
-a boxed one), not the variable structure.
+a boxed one), not the variable structure. Session 21 (``experiments/results/h100/session21/``): the dQ
+pass's 128-row tile holds four query heads of a GQA group x 32 positions where the group allows
+(``VARBLOCK_DQ``: a block's remainder then wastes < 32 rows and needs no tail launch): +3-4 % back to
+back, +5-10 % interleaved; through the harness 0.69-0.73x uniform (its sequential timer, within the spread
+of session 20's). The dK/dV pass (1.4-1.6x uniform's time for 1.13x its area) is not issue-bound: 16 %
+fewer instructions a step (its full entries unmasked) changed nothing.
 
 Kernels
 -------
