@@ -933,3 +933,28 @@ def test_dkdv_pattern_order_reaches_the_kernel_only_where_the_group_shares_a_pat
     BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), mask, BS.tables_for(mask, cfg, "cpu"), 32 ** -0.5,
                         cfg)
     assert [kw["DKDV_PATTERN_ORDER"] for kw in one] == [want]
+
+
+def test_timer_bias_script_smoke(tmp_path):
+    """experiments/gpu/timer_bias.py --smoke: both configs timed by every timer in both rounds, rows written."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    gpu_dir = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
+    sys.path.insert(0, str(gpu_dir))
+    try:
+        spec = importlib.util.spec_from_file_location("timer_bias", gpu_dir / "timer_bias.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        rows = mod.main(["--smoke", "--out", str(tmp_path), "--sparse", "varblock256:64:0.5", "--configs",
+                         '{"a": {}, "b": {"DQ_BLOCK_M": 16, "DQ_HEADS": 2, "dq_tail_rows": 0}}'])
+    finally:
+        sys.path.remove(str(gpu_dir))
+    timers = {"time_fn", "time_interleaved[one]", "time_interleaved[all]", "time_interleaved[all,no flush]"}
+    assert {(r["timer"], r["round"], r["variant"]) for r in rows} == {
+        (t, rnd, v) for t in timers for rnd in (0, 1) for v in ("a", "b")}
+    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in rows)
+    lines = [json.loads(x) for x in (tmp_path / "timer_bias.jsonl").read_text().splitlines()]
+    assert len(lines) == len(rows) == 16

@@ -4,6 +4,9 @@ alternating), in both orders, in one process (session 21: ``bwd_configs_ab.py`` 
 stacked dQ tiles 8 % faster than the default, ``bwd_variants.py`` equal).
 
     PYTHONPATH=. python experiments/gpu/timer_bias.py --out $OUT [--configs JSON] [--sparse varblock256:32768:0.3]
+
+Rows (``timer``, ``round``, ``variant``, ``ms``, ``tflops``) go to ``<out>/timer_bias.jsonl`` as measured.
+``--smoke`` runs it on the CPU interpreter at a toy size (host clock, float32), for the tests.
 """
 
 from __future__ import annotations
@@ -32,31 +35,38 @@ def main(argv=None):
     ap.add_argument("--configs", default='{"default": {}, "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, '
                                           '"dq_tail_rows": 0}}')
     ap.add_argument("--rep", type=int, default=30)
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy size (S from --sparse), float32")
     args = ap.parse_args(argv)
     from bwd_variants import SPARSE_MASKS
 
     name, S, dens = args.sparse.split(":")
     kind, block, extra = SPARSE_MASKS[name]
-    mask = make_mask(kind, int(S), block=block, density=float(dens), patterns=8, seed=0, **extra)
+    extra = extra(int(S)) if callable(extra) else extra
+    hq, hkv, d, dev, dtype = (64, 8, 128, "cuda", torch.bfloat16) if not args.smoke else (4, 2, 32, "cpu", torch.float32)
+    if args.smoke:  # toy blocks for the interpreter
+        block, extra, args.rep = 32, {"min_block": 16} if "min_block" in extra else {}, 2
+    mask = make_mask(kind, int(S), block=block, density=float(dens), patterns=hkv, seed=0, **extra)
     torch.manual_seed(0)
-    q, k, v, dout = (torch.randn(1, int(S), h, 128, device="cuda", dtype=torch.bfloat16) for h in (64, 8, 8, 64))
+    q, k, v, dout = (torch.randn(1, int(S), h, d, device=dev, dtype=dtype) for h in (hq, hkv, hkv, hq))
     configs = json.loads(args.configs)
     fns = {}
     for n, cfg in configs.items():
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = block_sparse_attention(*leaves, mask, config=cfg)
         fns[n] = lambda out=out, leaves=leaves: torch.autograd.grad(out, leaves, dout, retain_graph=True)
-    flops = mask.flops(64, 128, "bwd")
+    flops = mask.flops(hq, d, "bwd")
     path = Path(args.out) / "timer_bias.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(**row):
-        row.update({k: v for k, v in (("tflops", flops / row["ms"] * 1e-9),)} if "ms" in row else {})
+        row["tflops"] = flops / row["ms"] * 1e-9
+        rows.append(row)
         print(json.dumps(row), flush=True)
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     names = list(fns)
+    rows = []
     for rnd in range(2):
         for n in (names if rnd == 0 else names[::-1]):
             emit(timer="time_fn", round=rnd, variant=n, ms=time_fn(fns[n], rep=args.rep)["median_ms"])
@@ -71,6 +81,7 @@ def main(argv=None):
         res = time_interleaved([fns[n] for n in order], rep=args.rep, flush_l2=False)
         for n, r in zip(order, res):
             emit(timer="time_interleaved[all,no flush]", round=rnd, variant=n, ms=r["median_ms"])
+    return rows
 
 
 if __name__ == "__main__":

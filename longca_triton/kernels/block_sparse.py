@@ -349,11 +349,12 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     for chunk_key, launch_keys in _CHUNK_PASSES.items():
         if overlay and chunk_key not in overlay and any(key in overlay for key in launch_keys):
             base[chunk_key] = 0
-    if overlay and "DQ_BLOCK_M" in overlay and "DQ_HEADS" not in overlay and base["DQ_HEADS"] > 1:
+    if overlay and "DQ_BLOCK_M" in overlay and "DQ_HEADS" not in overlay and base["DQ_HEADS"] > 1 \
+            and not _interpreting():
         # a dQ row tile chosen without a stack (configs written before VARBLOCK_DQ) is one head's, with
         # the one-head tail tiles where they fit below it
-        base["DQ_HEADS"] = 1
-        base["dq_tail_rows"] = VARBLOCK_DQ[1]["dq_tail_rows"] if overlay["DQ_BLOCK_M"] > VARBLOCK_DQ[1]["dq_tail_rows"] else 0
+        tail = VARBLOCK_DQ[1]["dq_tail_rows"]
+        base.update(DQ_HEADS=1, dq_tail_rows=tail if overlay["DQ_BLOCK_M"] > tail else 0)
     cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
