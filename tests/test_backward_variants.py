@@ -867,24 +867,32 @@ def test_bwd_streams_gradients_match_the_reference(kernel):
                          150, 150, 1, 4, 2, 32, torch.float32)
 
 
-def test_bwd_configs_ab_script_smoke(tmp_path):
-    """experiments/gpu/bwd_configs_ab.py --smoke: dense and block-sparse backward with ``bwd_streams`` off
-    and on give equal bits, every variant is timed in every round, and the table is written."""
+def _run_gpu_script(name: str, argv: list):
+    """``experiments/gpu/<name>.py``'s ``main(argv)``, loaded with its folder on ``sys.path`` (its siblings'
+    imports), which is removed again afterwards."""
     import importlib.util
-    import json
     import sys
     from pathlib import Path
 
     gpu_dir = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
     sys.path.insert(0, str(gpu_dir))
     try:
-        spec = importlib.util.spec_from_file_location("bwd_configs_ab", gpu_dir / "bwd_configs_ab.py")
+        spec = importlib.util.spec_from_file_location(name, gpu_dir / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        rows = mod.main(["--smoke", "--require-equal", "--check", "--out", str(tmp_path), "--dense-masks", "causal_document",
-                         "--sparse", "uniform128:96:0.5,varblock256:96:0.5"])
+        return mod.main(argv)
     finally:
         sys.path.remove(str(gpu_dir))
+
+
+def test_bwd_configs_ab_script_smoke(tmp_path):
+    """experiments/gpu/bwd_configs_ab.py --smoke: dense and block-sparse backward with ``bwd_streams`` off
+    and on give equal bits, every variant is timed in every round, and the table is written."""
+    import json
+
+    rows = _run_gpu_script("bwd_configs_ab", ["--smoke", "--require-equal", "--check", "--out", str(tmp_path),
+                                              "--dense-masks", "causal_document",
+                                              "--sparse", "uniform128:96:0.5,varblock256:96:0.5"])
     assert [r["problem"] for r in rows] == ["dense causal_document 96", "uniform128 96 d=0.5",
                                             "varblock256 96 d=0.5"]
     lines = [json.loads(x) for x in (tmp_path / "bwd_configs_ab.jsonl").read_text().splitlines()]
@@ -937,21 +945,11 @@ def test_dkdv_pattern_order_reaches_the_kernel_only_where_the_group_shares_a_pat
 
 def test_timer_bias_script_smoke(tmp_path):
     """experiments/gpu/timer_bias.py --smoke: both configs timed by every timer in both rounds, rows written."""
-    import importlib.util
     import json
-    import sys
-    from pathlib import Path
 
-    gpu_dir = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
-    sys.path.insert(0, str(gpu_dir))
-    try:
-        spec = importlib.util.spec_from_file_location("timer_bias", gpu_dir / "timer_bias.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        rows = mod.main(["--smoke", "--out", str(tmp_path), "--sparse", "varblock256:64:0.5", "--configs",
-                         '{"a": {}, "b": {"DQ_BLOCK_M": 16, "DQ_HEADS": 2, "dq_tail_rows": 0}}'])
-    finally:
-        sys.path.remove(str(gpu_dir))
+    rows = _run_gpu_script("timer_bias", ["--smoke", "--out", str(tmp_path), "--sparse", "varblock256:64:0.5",
+                                          "--configs", '{"a": {}, "b": {"DQ_BLOCK_M": 16, "DQ_HEADS": 2, '
+                                          '"dq_tail_rows": 0}}'])
     timers = {"time_fn", "time_interleaved[one]", "time_interleaved[all]", "time_interleaved[all,no flush]"}
     assert {(r["timer"], r["round"], r["variant"]) for r in rows} == {
         (t, rnd, v) for t in timers for rnd in (0, 1) for v in ("a", "b")}
