@@ -151,6 +151,7 @@ def test_varblock_dq_stack_follows_the_gqa_group(monkeypatch):
         cfg = BS.resolve_config(mask, 128, q=q, k=k)
         assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_tail_rows"]) == want, (hq, hkv, P)
         assert cfg["DQ_BLOCK_M"] * BS._stack(cfg["DQ_HEADS"], hq // hkv, hq // P) == 128
+        assert BS.resolve_config(mask, 128, heads=(hq, hkv)) == cfg  # the harness's planning, without tensors
     mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=8, seed=1)
     assert (BS.default_config(mask, 128)["DQ_BLOCK_M"], BS.default_config(mask, 128)["DQ_HEADS"]) == (32, 4)
     one = BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 128})

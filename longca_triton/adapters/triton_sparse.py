@@ -62,7 +62,8 @@ class _TritonBlockSparse(TritonBackend):
         from longca_triton.kernels import block_sparse as BS
         from longca_triton.kernels._runtime import config_head_dim
 
-        cfg = BS.resolve_config(problem.mask, config_head_dim(problem.head_dim, problem.d_v), config)
+        cfg = BS.resolve_config(problem.mask, config_head_dim(problem.head_dim, problem.d_v), config,
+                                heads=(problem.heads_q, problem.heads_kv))
         BS.tables_for(problem.mask, cfg, q.device)
 
     def table_build_ms(self, problem: Problem, device="cuda") -> dict:
@@ -71,7 +72,7 @@ class _TritonBlockSparse(TritonBackend):
         from longca_triton.kernels.block_sparse import table_build_time
 
         return table_build_time(problem.mask, config_head_dim(problem.head_dim, problem.d_v), device,
-                                problem.extra.get("config"))
+                                problem.extra.get("config"), heads=(problem.heads_q, problem.heads_kv))
 
 
 class TritonSparse(_TritonBlockSparse):

@@ -333,18 +333,22 @@ _CHUNK_PASSES = {
 }
 
 
-def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None, v=None) -> dict:
+def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None, k=None, v=None,
+                   heads: Optional[tuple] = None) -> dict:
     """``config``, else (given ``q, k``; ``v`` when its head dim differs) the autotune cache's entry,
     overlaid on ``default_config``; unknown keys and bad tile sizes raise ValueError
     (``config.resolve``), as does a ``bwd_order`` outside ``config.BWD_ORDERS``. A pass whose tile,
     warps or stages the config sets, without its list key, reads its list entry by entry
     (``_CHUNK_PASSES``); one that sets the dQ row tile without ``DQ_HEADS`` gets one head a tile
-    (``VARBLOCK_DQ[1]``'s tails). Variable blocks' dQ stack follows q / k's GQA group (``VARBLOCK_DQ``)."""
+    (``VARBLOCK_DQ[1]``'s tails). Variable blocks' dQ stack follows the GQA group of q / k, or of ``heads``
+    = ``(query heads, KV heads)`` where the tensors are not at hand (``VARBLOCK_DQ``)."""
     overlay = config if config is not None else _config_mod.tuned_config(_SPEC, q, k, mask, v)
     stack = VARBLOCK_DQ_STACK
     if q is not None and k is not None:
-        _, _, group, hpp = _heads(q, k, mask)
-        stack = _stack(VARBLOCK_DQ_STACK, group, hpp)
+        heads = (q.shape[2], k.shape[2])
+    if heads is not None:
+        hq, hkv = heads
+        stack = _stack(VARBLOCK_DQ_STACK, hq // hkv, hq // mask.num_patterns)
     base = default_config(mask, head_dim, stack)
     for chunk_key, launch_keys in _CHUNK_PASSES.items():
         if overlay and chunk_key not in overlay and any(key in overlay for key in launch_keys):
@@ -423,9 +427,11 @@ def pack_flags(cfg: dict) -> dict:
     return {name: bool(cfg[key]) for name, key in PACK_KEYS.items()}
 
 
-def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None, repeats: int = 5) -> dict:
-    """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed."""
-    cfg = resolve_config(mask, head_dim, config)
+def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None, repeats: int = 5,
+                     heads: Optional[tuple] = None) -> dict:
+    """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed; ``heads``
+    (query heads, KV heads) as ``resolve_config`` takes it."""
+    cfg = resolve_config(mask, head_dim, config, heads=heads)
     return table_build_ms(mask, tile_sizes(cfg), device, repeats, pack_flags(cfg))
 
 
