@@ -219,7 +219,8 @@ def _mask_block(mask) -> Optional[int]:
 #: head, D = 128, bf16, backward TFLOP/s interleaved (``experiments/results/h100/session21/``): 32K density
 #: 0.3 default 273.8 / 64 x 2 heads 297.5 / 32 x 4 301.6 / 16 x 8 296.7; 64K 0.5 277.7 / 287.7 / 292.3 /
 #: 287.6; 32K 0.5 280.4 / 294.9 / 299.4; mean 128 228.9 / 246.0 / 252.5; mean 512 312.2 / 328.3 / 325.0.
-#: One config after the other (the harness's ``time_fn``, both orders, call 6): 32 x 4 +3 to +4 %.
+#: One config after the other (the harness's ``time_fn``, both orders, call 6): 32 x 4 +3 to +4 %. Measured
+#: at D = 128 only; the padded head dims that take D = 128's tiles (80, 96) run the same tile shapes.
 VARBLOCK_DQ = {
     4: dict(DQ_BLOCK_M=32, DQ_HEADS=4, dq_tail_rows=0),
     2: dict(DQ_BLOCK_M=64, DQ_HEADS=2, dq_tail_rows=0),
