@@ -23,9 +23,12 @@ CASES = {
     "flashmask-causal-S=4096-GQA16:2": (flashmask_attention, lambda S: make_mask("causal", S), 4096, 16, 2),
     "block_sparse-128-S=8192-GQA16:2": (block_sparse_attention, lambda S: make_mask(
         "block_sparse", S, block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
-    # the variable blocks' defaults launch dQ tail tiles: two launches on the side stream
+    # variable blocks: the dQ tile stacks four heads of the group (one launch on the side stream); at MHA
+    # one head's tiles and the tail tiles (two launches on the side stream)
     "varblock_sparse-256-S=8192-GQA16:2": (block_sparse_attention, lambda S: make_mask(
         "varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
+    "varblock_sparse-256-S=8192-MHA8:8": (block_sparse_attention, lambda S: make_mask(
+        "varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=8, seed=0), 8192, 8, 8),
 }
 
 
@@ -76,3 +79,23 @@ def test_dkdv_pattern_order_equal_bits(patterns):
         grads.append([t.grad for t in leaves])
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
         assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs with dkdv_pattern_order"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("stack", [4, 2], ids=["4x32", "2x64"])
+def test_varblock_stacked_dq_equal_bits(stack):
+    """Variable blocks' stacked dQ tile (``block_sparse.VARBLOCK_DQ``: ``stack`` query heads x 128 / stack
+    positions in 128 rows, no tail launch) only regroups rows: each row walks the same key tiles in the same
+    order, so the gradients are one head's 128-row tiles with 64-row tails bit for bit."""
+    mask = make_mask("varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 8192, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for h in (16, 2, 2, 16))
+    grads = []
+    for cfg in ({"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64},
+                {"DQ_BLOCK_M": 128 // stack, "DQ_HEADS": stack, "dq_tail_rows": 0}):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        block_sparse_attention(*leaves, mask, config=cfg).backward(dout)
+        grads.append([t.grad for t in leaves])
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs with the stacked dQ tile"

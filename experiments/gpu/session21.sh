@@ -122,5 +122,14 @@ case "${1:-}" in
         "k64s3": {"DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_num_stages": 3}}' > "$OUT/vbdkdv.log" 2>&1
     cat "$OUT/vbdkdv/bwd_configs_ab.md"
     ;;
+  gputests)
+    # the GPU tests after the stacked dQ default (tests/test_streams_gpu.py: equal bits with streams, MHA's
+    # fallback to one head's tiles and tails, the stacked tile against one head's), then D = 96 / MHA checked
+    tests tests/test_streams_gpu.py "" gpu_tests_streams.txt 300
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/d96" --check --no-flex --budget 150 --rounds 1 --rep 3 \
+      --dense-masks '' --head-dim 96 --sparse varblock256:16384:0.3 --configs '{"default": {},
+        "one_head": {"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64}}' > "$OUT/d96.log" 2>&1
+    cat "$OUT/d96/bwd_configs_ab.md"
+    ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
