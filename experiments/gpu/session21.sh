@@ -3,6 +3,9 @@
 #   bash experiments/gpu/session21.sh vbdq   variable blocks' dQ pass: two query heads stacked in 128-row tiles of 64
 #                                            rows each (no tail launch) against the default (128-row tiles of one head
 #                                            plus a tail launch of 64-row / 4-warp tiles), checked, interleaved
+# Calls 1-6 ran before the stacked dQ became the default: their "default" is one head's tiles with tails (rerun
+# them today with '{"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64}' in its place). `split` (call 10) needs
+# experiments/results/h100/session21/call10_split/dkdv_split_last.patch applied (reverted after the call).
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1

@@ -32,8 +32,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sparse", default="varblock256:32768:0.3")
-    ap.add_argument("--configs", default='{"default": {}, "stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, '
-                                          '"dq_tail_rows": 0}}')
+    # one head's 128-row dQ tiles with 64-row tails (the default before session 21) against four stacked heads
+    ap.add_argument("--configs", default='{"one_head": {"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64}, '
+                                          '"stack32x4": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dq_tail_rows": 0}}')
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy size (S from --sparse), float32")
     args = ap.parse_args(argv)
