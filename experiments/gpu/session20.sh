@@ -17,16 +17,7 @@
 #   bash experiments/gpu/session20.sh gluon_bwd  triton-gluon's backward through the harness, cuDNN beside
 #   bash experiments/gpu/session20.sh fulldq   smaller dQ CTAs on full / causal (to share an SM with dK/dV)
 #   bash experiments/gpu/session20.sh block64  bwd_streams / dkdv_pattern_order at block 64
-set -u
-export PYTHONPATH=.:${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-tests() {  # $1: file, $2: -k expression, $3: log name, $4: seconds
-  timeout "$4" python -m pytest -q -m gpu "$1" -rA -k "$2" 2>&1 \
-    | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/$3"
-  tail -3 "$OUT/$3"
-}
+source experiments/gpu/session_env.sh
 case "${1:-}" in
   streams)
     tests tests/test_streams_gpu.py "streams" gpu_tests_streams.txt 200

@@ -6,17 +6,8 @@
 # Calls 1-6 ran before the stacked dQ became the default: their "default" is one head's tiles with tails (rerun
 # them today with '{"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64}' in its place). `split` (call 10) needs
 # experiments/results/h100/session21/call10_split/dkdv_split_last.patch applied (reverted after the call).
-set -u
-export PYTHONPATH=.:${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+source experiments/gpu/session_env.sh
 git log --oneline -1 2>/dev/null
-tests() {  # $1: file, $2: -k expression, $3: log name, $4: seconds
-  timeout "$4" python -m pytest -q -m gpu "$1" -rA -k "$2" 2>&1 \
-    | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/$3"
-  tail -3 "$OUT/$3"
-}
 case "${1:-}" in
   vbdq)
     python experiments/gpu/bwd_configs_ab.py --out "$OUT/vbdq" --check --budget 540 --rounds 3 --dense-masks '' \
