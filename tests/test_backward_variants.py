@@ -605,6 +605,8 @@ def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
     cfg = BS.default_config(mask, head_dim)
     assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == want
     assert cfg["dkdv_list_chunk"] == want[3]
+    # session 22: the dK/dV steps' stats by TMA boxes where the lists are chunked (uniform blocks >= 128, D <= 128)
+    assert cfg["dkdv_stats_tma"] is bool(want[3])
     if want[3]:
         assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_num_stages"]) == (64, 128, 3)
         assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (128, 128, 3, 64)
@@ -625,19 +627,25 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     cfg = BS.default_config(mask, 128)
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["list_chunk"]) == (64, 64, 3, 64)
     assert not cfg["pack_list"] and cfg["tail_rows"] == 0  # the forward: plain lists, one launch
-    # the backward (session 16): dK/dV over packed query lists with the row-major sweep, entry by entry;
+    # the backward: dK/dV over packed query lists entry by entry (session 16), since session 22 in uniform
+    # block 128's 128-key tile on 8 warps, head-major, its remainders in 64-key tail tiles (VARBLOCK_DKDV);
     # dQ over plain key lists read in chunks, 64 keys a step; session 21: 128-row tiles of four stacked query
     # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails)
-    assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 64, 2, 0)
-    assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 0
+    assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 128, 0, 0)
+    assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
+    assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (32, 64, 3, 64)
     assert cfg["DQ_HEADS"] == 4 and cfg["dq_num_warps"] == 8
     assert cfg["dq_tail_rows"] == 0 and not cfg["dq_pack_list"]
     assert BS.default_config(mask, 128, dq_stack=1)["dq_tail_rows"] == 64
-    assert cfg["bwd_streams"] and not cfg["dkdv_pattern_order"]  # session 20: streams +2.4 %, the order +0.0 %
+    assert cfg["bwd_streams"]  # session 20: streams +2.4 %
     # D > 128 keeps the 64 x 64 backward
     big = BS.default_config(mask, 256)
-    assert (big["DQ_BLOCK_M"], big["dq_tail_rows"], big["dkdv_sweep"]) == (64, 0, 0)
+    assert (big["DQ_BLOCK_M"], big["dq_tail_rows"], big["dkdv_sweep"], big["DKDV_BLOCK_N"]) == (64, 0, 0, 64)
+    assert big["dkdv_tail_rows"] == 0 and not big["dkdv_stats_tma"]
+    # a config written before with a 64-key dK/dV tile and no tail size keeps its remainders in its own tiles
+    old = BS.resolve_config(mask, 128, {"DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_num_stages": 2})
+    assert (old["DKDV_BLOCK_N"], old["dkdv_tail_rows"]) == (64, 0)
 
 
 _CHUNK_CASES = {
@@ -956,3 +964,55 @@ def test_timer_bias_script_smoke(tmp_path):
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in rows)
     lines = [json.loads(x) for x in (tmp_path / "timer_bias.jsonl").read_text().splitlines()]
     assert len(lines) == len(rows) == 16
+
+
+# ------------------------------------------------------------------ dK/dV stats by TMA boxes (dkdv_stats_tma)
+@pytest.mark.parametrize("kind,S,extra,cfgx", [
+    ("block_sparse", 150, {"block": 32}, {}),
+    ("block_sparse", 160, {"block": 32}, {"dkdv_sweep": 2}),
+    ("block_sparse", 150, {"block": 48}, {}),
+    ("varblock_sparse", 150, {"block": 48, "min_block": 20}, {"dkdv_tail_rows": 16})],
+    ids=["uniform32-S=150-ragged-Sq", "uniform32-sweep2", "uniform48-partial-entries-pointer-path",
+         "varblock-packed-pointer-path"])
+def test_block_sparse_stats_tma_gradients(kind, S, extra, cfgx):
+    """``dkdv_stats_tma``: the dK/dV steps read (lse, delta) from the preprocess's 16-byte rows by TMA boxes
+    (full, unpacked entries; the others keep the pointer loads), against float64 with an lse gradient."""
+    mask = make_mask(kind, S, density=0.5, patterns=2, seed=3, **extra)
+    cfg = {"dkdv_stats_tma": True, "DKDV_HEADS": 1, **cfgx}
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, 4, 2, 32, torch.float32, dlse=True)
+
+
+@pytest.mark.parametrize("kind,block,heads,want", [
+    ("block_sparse", 32, 1, True), ("block_sparse", 48, 1, False), ("varblock_sparse", 48, 1, False),
+    ("block_sparse", 32, 2, False)], ids=["full-entries", "partial-entries", "packed", "stacked-heads"])
+def test_block_sparse_stats_tma_reaches_the_kernel_only_on_full_unpacked_entries(kind, block, heads, want,
+                                                                                  monkeypatch):
+    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.dense as D
+
+    launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
+    pre = _record_launches(monkeypatch, D, ("dense_bwd_preprocess_kernel",))
+    extra = {"min_block": 20} if kind == "varblock_sparse" else {}
+    mask = make_mask(kind, 192, block=block, density=0.5, patterns=2, seed=1, **extra)
+    q, k, v, out, do = (torch.randn(1, 192, h, 32) for h in (4, 2, 2, 4, 4))
+    cfg = BS.resolve_config(mask, 32, {"dkdv_stats_tma": True, "DKDV_HEADS": heads})
+    BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 192), mask, BS.tables_for(mask, cfg, "cpu"),
+                        32 ** -0.5, cfg)
+    assert [kw["STATS_TMA"] for kw in launches if "STATS_TMA" in kw] == [want]
+    assert [kw["STATS"] for kw in pre] == [want]  # the 16-byte stats rows are written only when read
+
+
+@pytest.mark.parametrize("name,S,cfgx", [("causal_document", 150, {}), ("sliding_window", 137, {"dkdv_sweep": 2}),
+                                         ("full", 96, {"fused_dq": True})], ids=["causal_document-S=150",
+                                                                                 "sliding_window-sweep2-S=137",
+                                                                                 "full-fused_dq-S=96"])
+def test_dense_stats_tma_gradients(name, S, cfgx):
+    """The dense dK/dV kernel with ``dkdv_stats_tma`` (3-d boxes: rows past a head's Sq read 0, as by pointers)
+    against float64, head-major, row-major and with dQ fused."""
+    from longca_triton.kernels.dense import dense_attention
+
+    mask = make_mask(name, S, seed=1)
+    cfg = {"dkdv_stats_tma": True, **cfgx}
+    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, 4, 2, 32, torch.float32, dlse=True)

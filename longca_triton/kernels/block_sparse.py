@@ -60,7 +60,11 @@ pass's 128-row tile holds four query heads of a GQA group x 32 positions where t
 (``VARBLOCK_DQ``: a block's remainder then wastes < 32 rows and needs no tail launch): +3-4 % back to
 back, +5-10 % interleaved; through the harness 0.69-0.73x uniform (its sequential timer, within the spread
 of session 20's). The dK/dV pass (1.4-1.6x uniform's time for 1.13x its area) is not issue-bound: 16 %
-fewer instructions a step (its full entries unmasked) changed nothing.
+fewer instructions a step (its full entries unmasked) changed nothing. Session 22 (``experiments/results/h100/
+session22/``): the dK/dV pass in uniform block 128's 128-key tile, head-major, with 64-key tails
+(``VARBLOCK_DKDV``: +1 to +6 %), and uniform blocks' dK/dV steps read their stats by TMA boxes
+(``dkdv_stats_tma``: +3 to +8 %); through the harness 0.70-0.73x uniform (both sides gained), block 128 1.11-1.15x
+Flex in all eight cases.
 
 Kernels
 -------
@@ -181,7 +185,7 @@ CONFIG_KEYS = (
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DKDV_HEADS", "dkdv_num_warps", "dkdv_num_stages",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
-    "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order",
+    "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
 )
 
 #: each pass's packing key
@@ -229,6 +233,20 @@ VARBLOCK_DQ = {
 #: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 4)
 VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 
+#: Variable blocks' dK/dV pass at D <= 128: uniform block 128's tile (128 keys a program on 8 warps, 64 query rows
+#: a step, 3 stages), a key block's remainder of <= 64 keys in a launch of 64-key tail tiles, head-major, each KV
+#: head's programs in its own pattern's order, its packed query list read entry by entry (in register chunks the
+#: three picks a step cost more than the prefetch gains: 0.95 / 1.00x). H100, mean 256 / min 128, GQA 64:8, a
+#: pattern per KV head, D = 128, bf16, backward TFLOP/s interleaved with the session-16 default (64 x 64 / 4 warps /
+#: 2 stages, row-major sweep 2), experiments/results/h100/session22/: 32K density 0.3 283.4 -> 298.3 and 285.9 ->
+#: 289.5 (two calls), 64K 0.5 277.0 -> 294.1 and 277.3 -> 294.1; 4 stages 293.0 / 292.2, 2 stages 276.0 / 277.4,
+#: plain lists 284.0 / 284.4, without the pattern order 284.7 / 284.8. The pass alone (32K / 0.3): 56.4 -> 52.3 ms,
+#: its main tiles 44.5 and its tails 9.3 (the tails' 13 % of the area at 1.6x the main tiles' time per area:
+#: 64-key tiles read each q / dO row for half the keys). The stats by TMA boxes (``dkdv_stats_tma``) apply to full,
+#: unpacked entries only: on these packed lists a second box and two selects a value lost (0.88x / 0.97x).
+VARBLOCK_DKDV = dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_tail_rows=64,
+                     dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True)
+
 
 def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
     """Launch parameters for Hopper by block structure (and a small pinned one for the interpreter).
@@ -236,7 +254,8 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     runs as two kernels (``one_launch`` off, ``config.with_one_launch_defaults``). ``dq_stack``: the
     query heads a dQ tile of variable blocks can stack (``_stack`` of the call's GQA group and heads per
     pattern; ``resolve_config`` passes it where it has q and k), which picks ``VARBLOCK_DQ``'s entry."""
-    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "pack_list": False,
+    return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
+            "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
@@ -274,11 +293,15 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # 379.6 TFLOP/s, 0.5 376.9 -> 380.4, 64K 0.5 370.1 -> 370.8. dkdv_pattern_order: a KV head's key
         # tiles heaviest first by its own pattern (the summed order leaves each head's tiles in a
         # random order of their own work): 32K 0.3 389.9 -> 390.6, 0.5 391.4 -> 396.6, 64K 0.3 379.4
-        # -> 394.5, 0.5 383.3 -> 393.9 (every round at 64K; same call)
+        # -> 394.5, 0.5 383.3 -> 393.9 (every round at 64K; same call). dkdv_stats_tma: a step's lse / delta by one
+        # TMA box (core.stats_desc) instead of 35 four-byte cp.async a thread; H100, a pattern per KV head,
+        # interleaved, equal bits (experiments/results/h100/session22/): 32K density 0.3 378.9 -> 391.6 and
+        # 386.1 -> 416.2 TFLOP/s (two calls), 64K 0.5 391.7 -> 406.1
         return dict(BLOCK_M=128, BLOCK_N=128, HEADS=1, num_warps=8, num_stages=3, warp_specialize=False,
                     list_chunk=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=3,
                     DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=3,
-                    dkdv_list_chunk=64, dq_list_chunk=64, bwd_streams=True, dkdv_pattern_order=True)
+                    dkdv_list_chunk=64, dq_list_chunk=64, bwd_streams=True, dkdv_pattern_order=True,
+                    dkdv_stats_tma=True)
     # 64-row blocks (or smaller) and variable blocks: 64 x 64 tiles, one head per tile. (Stacking
     # two heads of a GQA group into 128-row tiles measured slower on H100: fwd 411 vs 423, bwd 212
     # vs 314 TFLOP/s at block 64, S=64K, 32:4; kept as the HEADS option.)
@@ -310,9 +333,10 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # entry's count from the loop index dK/dV 57.1 ms, backward 91.2 ms against uniform block 128's 67.9
         # (call 8; calls differ by a few %); through the harness 0.72-0.74x uniform at 32K / 64K (call 11).
         # and bwd_streams (the dQ chain, main and tail tiles, beside dK/dV's): 269.8 -> 276.4 TFLOP/s at 32K /
-        # 0.3 (session20). Session 21: the 128-row dQ tile stacks query heads (VARBLOCK_DQ), +5-10 %.
-        cfg.update(dkdv_sweep=2, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64,
-                   dq_pack_list=False, bwd_streams=True, **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
+        # 0.3 (session20). Session 21: the 128-row dQ tile stacks query heads (VARBLOCK_DQ), +5-10 %. Session 22
+        # (VARBLOCK_DKDV): the dK/dV pass in uniform block 128's tile, 64-key tails, head-major.
+        cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=64, dq_pack_list=False,
+                   bwd_streams=True, **VARBLOCK_DKDV, **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
     return cfg
 
 
@@ -320,7 +344,7 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_pattern_order", *PACK_KEYS.values()),
+                              "dkdv_pattern_order", "dkdv_stats_tma", *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -360,6 +384,11 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         # the one-head tail tiles where they fit below it
         tail = VARBLOCK_DQ[1]["dq_tail_rows"]
         base.update(DQ_HEADS=1, dq_tail_rows=tail if overlay["DQ_BLOCK_M"] > tail else 0)
+    if overlay and "DKDV_BLOCK_N" in overlay and "dkdv_tail_rows" not in overlay \
+            and base["dkdv_tail_rows"] >= overlay["DKDV_BLOCK_N"]:
+        # a dK/dV key tile chosen without a tail size (configs written before VARBLOCK_DKDV's 64-key tails) at or
+        # below the default tail keeps its remainders in its own tiles, as it was measured
+        base["dkdv_tail_rows"] = 0
     cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
@@ -492,8 +521,19 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _ensure_allocator(q.device)
     lse = lse.contiguous()
-    # delta = rowsum(dO * O) - dlse: the dense kernels' preprocess (same layout, same math)
-    delta = launch_bwd_preprocess(out, dout, dlse)
+    # the dK/dV steps' stats by TMA boxes (core.stats_desc): with one head a tile, on a table of full, unpacked
+    # entries (uniform blocks; on variable blocks' packed lists the per-row selects cost more than the boxes save:
+    # H100, session 22), not in the one-launch kernel (its dQ programs read lse itself)
+    tk_main = tables["dkdv"]
+    stats_tma = (bool(cfg.get("dkdv_stats_tma", False)) and "dkdv" in passes and tk_main.even_cols
+                 and not tk_main.packed and _stack(cfg["DKDV_HEADS"], group, hpp) == 1
+                 and not (cfg["one_launch"] and set(passes) == {"dkdv", "dq"}))
+    # delta = rowsum(dO * O) - dlse: the dense kernels' preprocess (same layout, same math); with stats_tma also
+    # the [B, Hq, Sq, 4] rows (lse, delta, 0, 0) the dK/dV steps read by TMA boxes
+    if stats_tma:
+        delta, stats = launch_bwd_preprocess(out, dout, dlse, lse=lse)
+    else:
+        delta = launch_bwd_preprocess(out, dout, dlse)
     qk_scale = softmax_scale * LOG2E
     # a row-major dK/dV sweep walks one key list for every head of the group: only where they share it
     sweep = cfg.get("dkdv_sweep", 0) if hpp % group == 0 else 0
@@ -502,15 +542,17 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     pattern_order = bool(cfg.get("dkdv_pattern_order", False)) and hpp % group == 0
 
     def launch_dkdv(tk: SideTables, heads: int, warps: int):
+        tma = stats_tma and heads == 1 and tk.even_cols and not tk.packed  # (not the tail tiles' launch)
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
-            q, k, v, dout, lse, delta, dk, dv,
+            q, k, v, dout, stats if tma else lse, delta, dk, dv,
             *_bsh_strides(q, k, v, dout, dk, dv),
             *tk.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=tk.tile_rows, HEADS=heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, PATTERN_ORDER=pattern_order, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
+            PACKED=tk.packed, PATTERN_ORDER=pattern_order, STATS_TMA=tma, num_warps=warps,
+            num_stages=cfg["dkdv_num_stages"],
         )
 
     def launch_dq(tq: SideTables, heads: int, warps: int):

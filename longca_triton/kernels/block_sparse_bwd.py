@@ -10,7 +10,10 @@ dim is padded.
 
 ``PACKED`` (packed lists, ``block_sparse_tables``): an entry's rows (dK/dV: query rows; dQ: keys)
 may be two pieces of two runs; the dK/dV pass reads q / dO by pointers anyway and only computes
-the rows differently, the dQ pass gathers K/V rows (``core.gather_rows``) instead of reading boxes."""
+the rows differently, the dQ pass gathers K/V rows (``core.gather_rows``) instead of reading boxes.
+
+``STATS_TMA`` (config ``dkdv_stats_tma``, full unpacked entries): a dK/dV step reads its rows' lse and delta
+from the preprocess's 16-byte rows by one TMA box (``core.stats_desc``) instead of by pointers."""
 
 import triton
 import triton.language as tl
@@ -34,6 +37,8 @@ from .core import (
     packed_count,
     packed_positions,
     recompute_p,
+    stats_box,
+    stats_desc,
 )
 
 __all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel", "block_sparse_bwd_one_launch_kernel"]
@@ -51,10 +56,12 @@ def _head_rows(Q, DOut, b64, h0, r_head, stride_qb, stride_qh, stride_db, stride
 @triton.jit
 def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
-               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr):
+               EVEN_M: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, PACKED: tl.constexpr,
+               STATS_TMA: tl.constexpr = False, stat_bh=0):
     """One dK/dV step: the rows of a query-list entry (``core.entry_at``: its first row ``start``;
     ``r_pos``: each tile row's position in it) of the heads whose rows ``_head_rows`` gave, against
-    the program's keys."""
+    the program's keys. ``STATS_TMA`` (one head a tile): ``Lse`` is the stats' ``core.stats_desc`` and
+    ``stat_bh`` the head's index ``b * Hq + h`` in it; ``Delta`` is then not read."""
     if PACKED:
         # the entry may continue in the next run of kept query blocks (block_sparse_tables)
         pos, ok = packed_positions(r_pos, start, end, nxt, count)  # [HM] each
@@ -71,8 +78,9 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
             do = tl.load(do_ptrs)  # [HM, BLOCK_DV]
         else:
             do = tl.load(do_ptrs, mask=dv_ok[None, :], other=0.0)
-        lse = tl.load(Lse + stat_rows + pos)
-        delta = tl.load(Delta + stat_rows + pos)
+        if not STATS_TMA:
+            lse = tl.load(Lse + stat_rows + pos)
+            delta = tl.load(Delta + stat_rows + pos)
     else:
         # rows past the sub-tile's end belong to another block: their q / dO / delta load as zeros,
         # so every product they enter is exactly zero (lse loads as 0 too, as in the dense kernels'
@@ -87,8 +95,14 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
             do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
         q = tl.load(q_ptrs, mask=q_ok, other=0.0)
         do = tl.load(do_ptrs, mask=do_ok, other=0.0)
-        lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
-        delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
+        if not STATS_TMA:
+            lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
+            delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
+    if STATS_TMA:
+        # full, unpacked entries only (the launcher's rule: on variable blocks' packed lists a second box and
+        # two selects a value cost more than the boxes save, H100 session 22), so the rows are start + j
+        tl.static_assert(EVEN_M and not PACKED)
+        lse, delta = stats_box(Lse, stat_bh, start, r_pos.shape[0])
     p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
     dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
     return dk, dv
@@ -110,7 +124,7 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, STATS_TMA: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
@@ -124,7 +138,10 @@ def _dkdv_program(
     read the same q / dO rows (the group's query heads, one shared pattern or eight of one group)
     while they walk their ascending key lists; with the KV head fastest, ~16 key tiles of each of
     eight KV heads run together and share little (``experiments/results/h100/bwd_sweep/``: L2 hit
-    rate 10 % in this kernel, 73 % in Flex's backward, whose grid has the head slowest)."""
+    rate 10 % in this kernel, 73 % in Flex's backward, whose grid has the head slowest).
+
+    ``STATS_TMA`` (config ``dkdv_stats_tma``; the launcher passes it only with one head a tile and full,
+    unpacked entries): each step's lse / delta by one TMA box (``core.stats_desc``)."""
     if HEAD_OUTER:
         rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
     else:
@@ -147,6 +164,9 @@ def _dkdv_program(
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                               stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
+    if STATS_TMA:
+        # Lse is then the [B * Hq, Sq, 4] stats (lse, delta, 0, 0)
+        Lse = stats_desc(Lse, (num_bkv // num_heads_kv) * num_heads_q, Sq, BLOCK_M)
     k = k_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DQK]
     v = v_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DV]
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
@@ -169,13 +189,14 @@ def _dkdv_program(
                 e = e_hi - 1 - i // chunks
             else:
                 e = e_lo + i // chunks
-            q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h_kv * group_size + (i % chunks) * HEADS, r_head,
+            h0 = h_kv * group_size + (i % chunks) * HEADS
+            q_rows, do_rows, stat_rows = _head_rows(Q, DOut, b64, h0, r_head,
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
             start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
             count = packed_count(e, e_hi, last, BLOCK_M)
             dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
                                 offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
-                                EVEN_V, PACKED)
+                                EVEN_V, PACKED, STATS_TMA, b * num_heads_q + h0)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size, HEADS):
@@ -192,7 +213,7 @@ def _dkdv_program(
                     count = packed_count(e, e_hi, last, BLOCK_M)
                     dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count,
                                         r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
-                                        EVEN_QK, EVEN_V, PACKED)
+                                        EVEN_QK, EVEN_V, PACKED, STATS_TMA, b * num_heads_q + h0)
             else:
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
@@ -204,7 +225,8 @@ def _dkdv_program(
                         count = packed_count(c0 + j, e_hi, last, BLOCK_M)
                         dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt,
                                             count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
-                                            qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED)
+                                            qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED, STATS_TMA,
+                                            b * num_heads_q + h0)
 
     offs_n = n_start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_end
@@ -334,7 +356,7 @@ def block_sparse_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
-    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
+    PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, STATS_TMA: tl.constexpr = False,
 ):
     """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
     _dkdv_program(
@@ -346,7 +368,7 @@ def block_sparse_bwd_dkdv_kernel(
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
-        LIST_CHUNK, PACKED, PATTERN_ORDER)
+        LIST_CHUNK, PACKED, PATTERN_ORDER, STATS_TMA)
 
 
 @triton.jit

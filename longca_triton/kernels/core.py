@@ -366,14 +366,17 @@ def softmax_finish(acc, m_i, l_i):
 
 @triton.jit
 def bwd_preprocess_kernel(
-    Out, DOut, DLse, Delta,
+    Out, DOut, DLse, Delta, Lse, Stats,
     stride_ob, stride_os, stride_oh,
     stride_db, stride_ds, stride_dh,
     Sq, num_heads_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr,
+    STATS: tl.constexpr = False,
 ):
     """``delta_i = rowsum(dO_i * O_i) - dlse_i`` (float32 ``[B, Hq, Sq]``), for all three kernels.
-    ``HEAD_DIM`` is the value head dim (O and dO are ``[B, Sq, Hq, D_v]``), ``BLOCK_D`` its padded tile."""
+    ``HEAD_DIM`` is the value head dim (O and dO are ``[B, Sq, Hq, D_v]``), ``BLOCK_D`` its padded tile.
+    ``STATS``: also ``Stats [B, Hq, Sq, 4] = (lse, delta, 0, 0)`` from ``Lse [B, Hq, Sq]``, rows of 16 bytes
+    that a dK/dV step reads by one TMA box from any row (``block_sparse_bwd._stats_by_tma``)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // num_heads_q).to(tl.int64)
@@ -394,6 +397,34 @@ def bwd_preprocess_kernel(
         # d lse_i / d s_ij = p_ij, so a gradient on lse enters exactly like -delta
         delta -= tl.load(DLse + row, mask=row_ok, other=0.0)
     tl.store(Delta + row, delta, mask=row_ok)
+    if STATS:
+        lse = tl.load(Lse + row, mask=row_ok, other=0.0)  # [BLOCK]
+        col = tl.arange(0, 4)
+        # [BLOCK, 4]: lse, delta, 0, 0
+        vals = tl.where(col[None, :] == 0, lse[:, None], tl.where(col[None, :] == 1, delta[:, None], 0.0))
+        tl.store(Stats + row[:, None] * 4 + col[None, :], vals, mask=row_ok[:, None])
+
+
+@triton.jit
+def stats_desc(Stats, num_bh, Sq, BLOCK_M: tl.constexpr):
+    """``Stats [B * Hq, Sq, 4]`` (``bwd_preprocess_kernel``'s ``STATS``: lse, delta, 0, 0 a row) as a
+    descriptor of ``[1, BLOCK_M, 4]`` boxes; a box's rows past its head's ``Sq`` read 0, as ``load_row_stats``'s.
+
+    why: loaded by pointers in a dK/dV step, the ``[BLOCK_M]`` stats take the layout of the ``P^T``
+    accumulator's columns, in which every thread copies its own share (16 of 64 values each) into shared
+    memory (sm_90a: ~35 four-byte cp.async a step with their addresses and predicates); one TMA box copies
+    them once. Rows of 16 bytes, because a box may start at any row but a 1-D box only 16-byte aligned."""
+    return tl.make_tensor_descriptor(Stats, shape=[num_bh, Sq, 4], strides=[Sq * 4, 4, 1],
+                                     block_shape=[1, BLOCK_M, 4])
+
+
+@triton.jit
+def stats_box(desc, bh, row, BLOCK_M: tl.constexpr):
+    """lse (natural log) and delta of rows ``row .. row + BLOCK_M`` of head ``bh`` from a ``stats_desc``."""
+    box = desc.load([bh, row, 0]).reshape(BLOCK_M, 2, 2)  # [BLOCK_M, 2, 2]: (lse, delta), (0, 0)
+    lse_delta, _ = tl.split(box.permute(0, 2, 1))  # [BLOCK_M, 2]: lse, delta
+    lse, delta = tl.split(lse_delta)
+    return lse, delta
 
 
 @triton.jit

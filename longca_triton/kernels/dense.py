@@ -143,12 +143,14 @@ LOG2E = 1.4426950408889634
 #: row-major descending (``config.DKDV_SWEEPS``; ``dense_bwd._dkdv_program`` says why; not with ``fused_dq``).
 #: ``bwd_streams``: the dQ kernel on a second CUDA stream beside the dK/dV kernel (``_runtime.side_stream``),
 #: so dQ's programs fill the SMs of dK/dV's last wave; same kernels, same bits (two-kernel layout only).
+#: ``dkdv_stats_tma``: the dK/dV steps read lse / delta from the preprocess's ``[B, Hq, Sq, 4]`` rows by one TMA
+#: box a step (``core.stats_desc``) instead of by pointers (two-kernel and fused-dQ layouts); same bits.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
-    "bwd_streams",
+    "bwd_streams", "dkdv_stats_tma",
 )
 
 
@@ -157,7 +159,7 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, war
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
                           one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0,
-                          dkdv_head_outer=False, bwd_streams=False)
+                          dkdv_head_outer=False, bwd_streams=False, dkdv_stats_tma=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -171,7 +173,7 @@ HOPPER_CONFIGS = {
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-             bwd_streams=False),
+             bwd_streams=False, dkdv_stats_tma=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
@@ -179,7 +181,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False),
+              bwd_streams=False, dkdv_stats_tma=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -192,7 +194,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False),
+              bwd_streams=False, dkdv_stats_tma=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -318,7 +320,8 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "bwd_streams"),
+                   bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "bwd_streams",
+                              "dkdv_stats_tma"),
                    tuned_name="triton")
 
 
@@ -432,11 +435,17 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         return q.new_zeros((b, sq, hq, d), dtype=dq_dtype), dk, dv
     _ensure_allocator(q.device)
     lse = lse.contiguous()
-    delta = launch_bwd_preprocess(out, dout, dlse)
+    # dkdv_stats_tma: the dK/dV steps read (lse, delta) rows of the preprocess's stats by TMA boxes (not in the
+    # one-launch kernel, whose dQ programs read lse itself)
+    stats = None
+    if cfg.get("dkdv_stats_tma", False) and not cfg["one_launch"]:
+        delta, stats = launch_bwd_preprocess(out, dout, dlse, lse=lse)
+    else:
+        delta = launch_bwd_preprocess(out, dout, dlse)
     if cfg["fused_dq"]:
         dq_acc = torch.zeros((b, sq, hq, d), device=q.device, dtype=torch.float32)
         launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg,
-                        dq_acc=dq_acc)
+                        dq_acc=dq_acc, stats=stats)
         hook(dk, dv)
         return dq_acc.to(dq_dtype), dk, dv
     dq = torch.empty((b, sq, hq, d), device=q.device, dtype=dq_dtype)
@@ -445,32 +454,38 @@ def dense_bwd(dout, q, k, v, out, lse, dkdv_plan: TilePlan, dq_plan: TilePlan,
         hook(dk, dv)
         return dq, dk, dv
     with side_stream(q.device, cfg.get("bwd_streams", False)) as beside:
-        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg)
+        launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, dkdv_plan, softmax_scale, cfg, stats=stats)
         hook(dk, dv)
         with beside():
             launch_bwd_dq(q, k, v, dout, lse, delta, dq, dq_plan, softmax_scale, cfg)
     return dq, dk, dv
 
 
-def launch_bwd_preprocess(out, dout, dlse=None, block: int = 64):
-    """``delta [B, Hq, Sq] = rowsum(dO * O) - dlse`` (float32); ``out, dout [B, Sq, Hq, D_v]``."""
+def launch_bwd_preprocess(out, dout, dlse=None, block: int = 64, lse=None):
+    """``delta [B, Hq, Sq] = rowsum(dO * O) - dlse`` (float32); ``out, dout [B, Sq, Hq, D_v]``. Given the
+    forward's ``lse [B, Hq, Sq]``, returns ``(delta, stats)`` with ``stats [B, Hq, Sq, 4] = (lse, delta, 0,
+    0)`` (float32; the dK/dV kernels' ``STATS_TMA``)."""
     b, sq, hq, d = out.shape
     delta = torch.empty((b, hq, sq), device=out.device, dtype=torch.float32)
+    stats = torch.empty((b, hq, sq, 4), device=out.device, dtype=torch.float32) if lse is not None else None
     has_dlse = dlse is not None
     dense_bwd_preprocess_kernel[(triton.cdiv(sq, block), b * hq)](
         out, dout, dlse.contiguous() if has_dlse else delta, delta,
+        lse.contiguous() if lse is not None else delta, stats if stats is not None else delta,
         *_bsh_strides(out, dout),
-        sq, hq, HEAD_DIM=d, BLOCK_D=block_head_dim(d), BLOCK=block, HAS_DLSE=has_dlse,
+        sq, hq, HEAD_DIM=d, BLOCK_D=block_head_dim(d), BLOCK=block, HAS_DLSE=has_dlse, STATS=stats is not None,
     )
-    return delta
+    return delta if stats is None else (delta, stats)
 
 
 def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_scale, cfg,
-                    dq_acc=None):
+                    dq_acc=None, stats=None):
     """Key-major dK/dV into ``dk [B, Sk, Hkv, D_qk]``, ``dv [B, Sk, Hkv, D_v]``; inputs already
     descriptor-ready.
 
-    With ``dq_acc`` (fp32 ``[B, Sq, Hq, D_qk]``, zeroed) dQ is accumulated there too (fused).
+    With ``dq_acc`` (fp32 ``[B, Sq, Hq, D_qk]``, zeroed) dQ is accumulated there too (fused). With
+    ``stats`` (``launch_bwd_preprocess(..., lse=)``'s ``[B, Hq, Sq, 4]``) the steps read lse and delta from
+    it by TMA boxes (``STATS_TMA``) instead of ``lse`` / ``delta`` by pointers.
     """
     b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -478,7 +493,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
     dqa = dq_acc if fused else delta  # placeholder pointer when not fused (never read)
     dqa_strides = dq_acc.stride()[:3] if fused else (0, 0, 0)
     dense_bwd_dkdv_kernel[(plan.num_n * b * hkv,)](
-        q, k, v, dout, lse, delta, dk, dv, dqa,
+        q, k, v, dout, stats if stats is not None else lse, delta, dk, dv, dqa,
         *_bsh_strides(q, k, v, dout, dk, dv),
         *dqa_strides,
         plan.lo, plan.hi, plan.k_order, *plan.k_full, *plan.k_part,
@@ -488,7 +503,7 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
         FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
         SWEEP=cfg.get("dkdv_sweep", 0), HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
-        num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+        STATS_TMA=stats is not None, num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
     )
 
 

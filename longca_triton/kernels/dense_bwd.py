@@ -78,7 +78,10 @@ from .core import (
     load_row_stats,
     one_launch_split,
     query_program_at,
+    lse_log2,
     recompute_p,
+    stats_box,
+    stats_desc,
     tile_desc,
 )
 
@@ -91,18 +94,24 @@ _load_row_stats = load_row_stats  # old name, kept importable
 def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, offs_n, qk_scale,
               LO, HI, Sq, dq_target, stride_dqa_s, softmax_scale,
               BLOCK_M: tl.constexpr, HEAD_DIM_QK: tl.constexpr, BLOCK_DQK: tl.constexpr,
-              MASKED: tl.constexpr, NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+              MASKED: tl.constexpr, NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+              STATS_TMA: tl.constexpr = False, stat_bh=0):
     """Query tiles ``[m_lo, m_hi)`` against the program's key tile, in transposed form.
 
     With ``FUSED_DQ``, ``dq_target`` is the fp32 dQ accumulator of this head: a tensor
-    descriptor (``DQ_TMA``) or a base pointer.
+    descriptor (``DQ_TMA``) or a base pointer. ``STATS_TMA``: ``Lse`` is the stats' ``core.stats_desc``
+    and ``stat_bh`` the head's index ``b * Hq + h`` in it (``Delta`` is not read).
     """
     for mt in tl.range(m_lo, m_hi):
         start_m = mt * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
         do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-        lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)
+        if STATS_TMA:
+            lse, delta = stats_box(Lse, stat_bh, start_m, BLOCK_M)  # rows past Sq read 0, as below
+            lse2 = lse_log2(lse)
+        else:
+            lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)
         p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
             allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
@@ -126,7 +135,8 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
 def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo, m_hi, offs_n, qk_scale,
                    LO, HI, Sq, group_size,
                    BLOCK_M: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   MASKED: tl.constexpr, NUM_IV: tl.constexpr, DESCENDING: tl.constexpr):
+                   MASKED: tl.constexpr, NUM_IV: tl.constexpr, DESCENDING: tl.constexpr,
+                   STATS_TMA: tl.constexpr = False, stat_bh0=0):
     """Query tiles ``[m_lo, m_hi)`` of *every* query head of the GQA group against the program's key
     tile, the heads innermost (``SWEEP`` 1 ascending, 2 descending; ``_dkdv_program``).
 
@@ -144,7 +154,11 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = q3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DQK)  # [BLOCK_M, BLOCK_DQK]
         do = do3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DV)  # [BLOCK_M, BLOCK_DV]
-        lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, offs_m, Sq)
+        if STATS_TMA:
+            lse, delta = stats_box(Lse, stat_bh0 + g, start_m, BLOCK_M)
+            lse2 = lse_log2(lse)
+        else:
+            lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, offs_m, Sq)
         p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
             allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
@@ -171,7 +185,7 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``).
 
@@ -185,6 +199,9 @@ def _dkdv_program(
 
     ``HEAD_OUTER`` (config ``dkdv_head_outer``): the (batch, KV head) slowest in ``pid``
     (``core.key_program_outer``), as in the block-sparse kernel where it won 4-13 %; here within +-3 %.
+
+    ``STATS_TMA`` (config ``dkdv_stats_tma``): ``Lse`` is the ``[B, Hq, Sq, 4]`` stats of the preprocess
+    (lse, delta, 0, 0 a row), read a step at a time by one TMA box (``core.stats_desc``).
     """
     if HEAD_OUTER:
         rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
@@ -201,6 +218,9 @@ def _dkdv_program(
     v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    if STATS_TMA:
+        Lse = stats_desc(Lse, (num_bkv // num_heads_kv) * num_heads_q, Sq, BLOCK_M)
+    bh0 = b * num_heads_q + h_kv * group_size  # the group's first head among the stats' B * Hq
 
     f_lo = tl.load(FULL_PTR + tile_n)
     f_hi = tl.load(FULL_PTR + tile_n + 1)
@@ -219,13 +239,13 @@ def _dkdv_program(
             dk, dv = _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0,
                                     tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                     LO, HI, Sq, group_size, BLOCK_M, BLOCK_DQK, BLOCK_DV, False, NUM_IV,
-                                    SWEEP == 2)
+                                    SWEEP == 2, STATS_TMA, bh0)
         if HAS_PARTIAL_TILES:
             for r in range(p_lo, p_hi):
                 dk, dv = _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0,
                                         tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
                                         LO, HI, Sq, group_size, BLOCK_M, BLOCK_DQK, BLOCK_DV, True, NUM_IV,
-                                        SWEEP == 2)
+                                        SWEEP == 2, STATS_TMA, bh0)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
         for g in range(0, group_size):
@@ -241,13 +261,15 @@ def _dkdv_program(
                 dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                    tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                    LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                                   BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA)
+                                   BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA, STATS_TMA,
+                                   bh0 + g)
             if HAS_PARTIAL_TILES:
                 for r in range(p_lo, p_hi):
                     dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                        tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
                                        LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
-                                       BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA)
+                                       BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA,
+                                       STATS_TMA, bh0 + g)
 
     dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
     dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
@@ -338,10 +360,11 @@ def dense_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False,
 ):
     """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``);
-    ``SWEEP``: the order of the GQA group's (head, query tile) steps (``_dkdv_program``)."""
+    ``SWEEP``: the order of the GQA group's (head, query tile) steps; ``STATS_TMA``: ``Lse`` is the
+    preprocess's stats, read by TMA boxes (``_dkdv_program``)."""
     _dkdv_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV, DQAcc,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -351,7 +374,7 @@ def dense_bwd_dkdv_kernel(
         softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N,
-        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP, HEAD_OUTER)
+        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP, HEAD_OUTER, STATS_TMA)
 
 
 @triton.jit

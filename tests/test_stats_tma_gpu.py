@@ -1,0 +1,89 @@
+"""``dkdv_stats_tma`` and variable blocks' 128-key dK/dV tile on a GPU (``-m gpu``; session 22).
+
+The dK/dV steps' lse / delta read from the preprocess's 16-byte rows by TMA boxes must give the pointer
+path's gradients bit for bit (the same values enter the same arithmetic): block-sparse uniform blocks (the
+default there), 128-aligned variable blocks (full entries: the boxes apply), ragged variable blocks (packed
+entries: the launcher keeps the pointer loads) and the dense kernel, whose 3-d boxes read 0 past a head's
+``Sq`` (S = 3001: the last tile is short and ``Sq * 16`` bytes is the only stride). Variable blocks' new
+dK/dV default (``block_sparse.VARBLOCK_DKDV``) against a float64 reference in bf16. The log of a run is
+committed under experiments/results/h100/session22/."""
+
+import numpy as np
+import pytest
+import torch
+
+from longca_triton.kernels.block_sparse import block_sparse_attention
+from longca_triton.kernels.dense import dense_attention
+from longca_triton.masks import make_mask
+from longca_triton.reference import naive_attention
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _aligned_varblock(S: int):
+    rng = np.random.default_rng(0)
+    sizes = []
+    while sum(sizes) < S:
+        sizes.append(128 * int(rng.integers(1, 4)))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    bounds[-1] = S
+    return make_mask("varblock_sparse", S, block_bounds=bounds.tolist(), density=0.3, patterns=2, seed=0)
+
+
+CASES = {
+    "block_sparse-128-S=8192-GQA16:2": (block_sparse_attention, lambda: make_mask(
+        "block_sparse", 8192, block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
+    "varblock-aligned128-S=8192-GQA16:2": (block_sparse_attention, lambda: _aligned_varblock(8192), 8192, 16, 2),
+    "varblock-ragged-S=8192-GQA16:2": (block_sparse_attention, lambda: make_mask(
+        "varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
+    "dense-causal_document-S=3001-GQA8:2": (dense_attention, lambda: make_mask("causal_document", 3001, seed=1),
+                                            3001, 8, 2),
+    "dense-full-S=4096-GQA16:2": (dense_attention, lambda: make_mask("full", 4096), 4096, 16, 2),
+}
+
+
+def _inputs(S, hq, hkv, d=128):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (hq, hkv, hkv, hq)]
+
+
+def _grads(fn, mask, q, k, v, dout, config):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, mask, config=config)
+    out.backward(dout)
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stats_tma_equal_bits(case):
+    fn, mk, S, hq, hkv = CASES[case]
+    mask = mk()
+    q, k, v, dout = _inputs(S, hq, hkv)
+    ptr = _grads(fn, mask, q, k, v, dout, {"dkdv_stats_tma": False})
+    tma = _grads(fn, mask, q, k, v, dout, {"dkdv_stats_tma": True})
+    for name, a, b in zip(("dq", "dk", "dv"), ptr, tma):
+        assert torch.isfinite(a).all(), f"{name} not finite"
+        assert torch.equal(a, b), f"{name} differs with dkdv_stats_tma"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_varblock_dkdv_default_against_float64(seed):
+    """Variable blocks (mean 256 / min 128, ragged) with the default dK/dV (128-key tiles, 64-key tails)
+    against float64 on one KV group; its error within 2x the same computation's in bf16 by PyTorch."""
+    S, hq, hkv = 4096, 8, 2
+    mask = make_mask("varblock_sparse", S, block=256, min_block=128, density=0.4, patterns=2, seed=seed)
+    q, k, v, dout = _inputs(S, hq, hkv)
+    grads = _grads(block_sparse_attention, mask, q, k, v, dout, None)
+
+    def ref(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = naive_attention(*leaves, mask)
+        out.backward(dout.to(dtype))
+        return [t.grad for t in leaves]
+
+    exact, low = ref(torch.float64), ref(torch.bfloat16)
+    for name, g, e, lo in zip(("dq", "dk", "dv"), grads, exact, low):
+        assert torch.isfinite(g).all(), f"{name} not finite"
+        err = ((g.double() - e).norm() / e.norm()).item()
+        base = ((lo.double() - e).norm() / e.norm()).item()
+        assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} against bf16 PyTorch's {base:.2e}"
