@@ -134,7 +134,8 @@ _SWITCH_PARTS = {"outer": {"dkdv_head_outer": True}, "inner": {"dkdv_head_outer"
                  "pack": {"pack_list": True, "dq_pack_list": True, "dkdv_pack_list": True},
                  "nopack": {"pack_list": False, "dq_pack_list": False, "dkdv_pack_list": False},
                  "fwdpack": {"pack_list": True}, "dqpack": {"dq_pack_list": True}, "dqnopack": {"dq_pack_list": False},
-                 "dkdvpack": {"dkdv_pack_list": True}, "dkdvnopack": {"dkdv_pack_list": False}}
+                 "dkdvpack": {"dkdv_pack_list": True}, "dkdvnopack": {"dkdv_pack_list": False},
+                 "porder": {"dkdv_pattern_order": True}, "noporder": {"dkdv_pattern_order": False}}
 _HEADS_PART = re.compile(r"^(fwd|dq|dkdv)heads(\d)$")
 _TAIL_PART = re.compile(r"^(fwd|dq|dkdv)tail(\d+)$")
 _TAIL_KEY = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
@@ -147,7 +148,8 @@ def compose(name: str) -> dict | None:
     launch (``one2w8s2``: program order 2, 8 warps, 2 stages) or a switch (``outer``, ``inner``, ``hm``,
     ``sweep1``, ``sweep2``; block-sparse only: ``expand``, the KV heads repeated per query head,
     ``pack`` / ``nopack`` (every pass's packed lists for variable blocks; one pass: ``fwdpack``,
-    ``dqpack`` / ``dqnopack``, ``dkdvpack`` / ``dkdvnopack``), ``dqheads2`` (``DQ_HEADS``; ``fwdheads2``,
+    ``dqpack`` / ``dqnopack``, ``dkdvpack`` / ``dkdvnopack``), ``porder`` / ``noporder``
+    (``dkdv_pattern_order``), ``dqheads2`` (``DQ_HEADS``; ``fwdheads2``,
     ``dkdvheads2``: heads stacked in a tile), ``dkdvtail64`` (``dkdv_tail_rows``; ``fwdtail64``,
     ``dqtail64``: block remainders in tail tiles of their own), and ``chunk64``, every pass's list read in register chunks of 64: ``list_chunk``, ``dkdv_list_chunk``,
     ``dq_list_chunk``; one pass's: ``fwdchunk64``, ``dqchunk64``, ``dkdvchunk64``); ``fwd128x64w8s3`` is a forward tile (block-sparse: a tile part without

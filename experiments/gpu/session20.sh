@@ -79,11 +79,7 @@ case "${1:-}" in
   accept_sparse)
     # issue 13's block-sparse targets (block 128, densities 0.3 / 0.5, 32K / 64K, a pattern per KV head and one
     # for all heads, against Flex), then variable blocks (mean 256) against uniform block 128, a pattern per KV head
-    bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-    bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
-      --param patterns=Hkv,1 --backends triton-sparse,flex --out "$OUT/sparse" 2>&1 | tail -12
-    bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -8
+    accept_block_sparse
     ;;
   split)
     # where a pattern per KV head loses to one pattern for all heads (block 128, 32K, density 0.3): the dK/dV

@@ -1,6 +1,6 @@
 # The preamble of the session scripts (`source experiments/gpu/session_env.sh` from the repository root on the
-# device): environment, what the machine is, and `tests FILE KEXPR LOG SECONDS`, a `-m gpu` pytest run whose
-# PASSED / FAILED lines go to $OUT/LOG.
+# device): environment, what the machine is, `tests FILE KEXPR LOG SECONDS`, a `-m gpu` pytest run whose
+# PASSED / FAILED lines go to $OUT/LOG, and `accept_block_sparse` (issue 13's block-sparse runs through the harness).
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -10,4 +10,13 @@ tests() {  # $1: file, $2: -k expression, $3: log name, $4: seconds
   timeout "$4" python -m pytest -q -m gpu "$1" -rA -k "$2" 2>&1 \
     | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/$3"
   tail -3 "$OUT/$3"
+}
+accept_block_sparse() {  # issue 13's block-sparse targets through the harness into $OUT/sparse and $OUT/var: block
+  # 128 (densities 0.3 / 0.5, 32K / 64K, a pattern per KV head and one for all) against Flex, then variable blocks
+  # (mean 256) to compare with uniform block 128's rows
+  bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+  bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
+    --param patterns=Hkv,1 --backends triton-sparse,flex --out "$OUT/sparse" 2>&1 | tail -12
+  bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+    --backends triton-varblock --out "$OUT/var" 2>&1 | tail -8
 }
