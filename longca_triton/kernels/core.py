@@ -376,7 +376,8 @@ def bwd_preprocess_kernel(
     """``delta_i = rowsum(dO_i * O_i) - dlse_i`` (float32 ``[B, Hq, Sq]``), for all three kernels.
     ``HEAD_DIM`` is the value head dim (O and dO are ``[B, Sq, Hq, D_v]``), ``BLOCK_D`` its padded tile.
     ``STATS``: also ``Stats [B, Hq, Sq, 4] = (lse, delta, 0, 0)`` from ``Lse [B, Hq, Sq]``, rows of 16 bytes
-    that a dK/dV step reads by one TMA box from any row (``block_sparse_bwd._stats_by_tma``)."""
+    that a dK/dV step reads by one TMA box from any row (``stats_desc``; 16 bytes a query row and head more
+    memory, written only where a launch reads them)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // num_heads_q).to(tl.int64)

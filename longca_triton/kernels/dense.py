@@ -144,7 +144,10 @@ LOG2E = 1.4426950408889634
 #: ``bwd_streams``: the dQ kernel on a second CUDA stream beside the dK/dV kernel (``_runtime.side_stream``),
 #: so dQ's programs fill the SMs of dK/dV's last wave; same kernels, same bits (two-kernel layout only).
 #: ``dkdv_stats_tma``: the dK/dV steps read lse / delta from the preprocess's ``[B, Hq, Sq, 4]`` rows by one TMA
-#: box a step (``core.stats_desc``) instead of by pointers (two-kernel and fused-dQ layouts); same bits.
+#: box a step (``core.stats_desc``) instead of by pointers (two-kernel and fused-dQ layouts); same bits. Off by
+#: default: on this kernel's 64 x 64 / 4-warp dK/dV tile (q / dO already by TMA) it lost on an H100 (16K, GQA 64:8,
+#: D = 128, interleaved, experiments/results/h100/session22/ call 7: full 0.989x, causal 0.976x, causal_document
+#: 0.979x, prefix_lm_causal 0.985x, sliding_window 1.021x), where the block-sparse kernel's 128-key tile gains 3-8 %.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
