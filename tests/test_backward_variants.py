@@ -1016,3 +1016,18 @@ def test_dense_stats_tma_gradients(name, S, cfgx):
     cfg = {"dkdv_stats_tma": True, **cfgx}
     compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
                          S, S, 1, 4, 2, 32, torch.float32, dlse=True)
+
+
+def test_dkdv_parts_script_smoke(tmp_path):
+    """experiments/gpu/dkdv_parts.py --smoke: the dK/dV pass, its main launch and (with tails) its tail launch
+    timed apart, with the tiles' area against the kept area, one row per (problem, config), as measured."""
+    import json
+
+    _run_gpu_script("dkdv_parts", ["--smoke", "--out", str(tmp_path), "--heads", "4:2", "--rep", "1",
+                                   "--configs", '{"t16": {"DKDV_BLOCK_N": 32, "dkdv_tail_rows": 16}}'])
+    rows = [json.loads(x) for x in (tmp_path / "dkdv_parts.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["config"] == "t16"
+    r = rows[0]
+    assert r["tail_tiles"] > 0 and all(r[k] > 0 for k in ("pass_ms", "main_ms", "tail_ms"))
+    # the tiles cover every kept pair at least once (main tiles and tails together)
+    assert r["area_main"] + r["area_tail"] >= r["kept"] > 0
