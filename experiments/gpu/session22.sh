@@ -11,6 +11,7 @@
 #   bash experiments/gpu/session22.sh densek128 the dense dK/dV on 128-key / 8-warp tiles, with the stats by TMA
 #   bash experiments/gpu/session22.sh accept   issue 13's block-sparse and variable-block targets through the harness
 #   bash experiments/gpu/session22.sh gputests `pytest -m gpu` on the stats by TMA boxes and the streams
+#   bash experiments/gpu/session22.sh dims     the stats boxes at D = 64 and 96 (block 128)
 source experiments/gpu/session_env.sh
 git log --oneline -1 2>/dev/null
 case "${1:-}" in
@@ -103,6 +104,15 @@ case "${1:-}" in
     # tests once more (variable blocks' dK/dV chain now has a tail launch of its own)
     tests tests/test_stats_tma_gpu.py "" gpu_tests_stats_tma.txt 300
     tests tests/test_streams_gpu.py "" gpu_tests_streams.txt 200
+    ;;
+  dims)
+    # the stats boxes (uniform blocks' new default at D <= 128) at D = 64 and 96, against the pointer loads
+    for d in 64 96; do
+      python experiments/gpu/bwd_configs_ab.py --out "$OUT/dims$d" --check --require-equal --no-flex --budget 250 \
+        --rounds 3 --head-dim $d --dense-masks '' --sparse uniform128:32768:0.3 \
+        --configs '{"pointers": {"dkdv_stats_tma": false}, "default": {}}' > "$OUT/dims$d.log" 2>&1
+      cat "$OUT/dims$d/bwd_configs_ab.md"
+    done
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

@@ -296,7 +296,8 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # -> 394.5, 0.5 383.3 -> 393.9 (every round at 64K; same call). dkdv_stats_tma: a step's lse / delta by one
         # TMA box (core.stats_desc) instead of 35 four-byte cp.async a thread; H100, a pattern per KV head,
         # interleaved, equal bits (experiments/results/h100/session22/): 32K density 0.3 378.9 -> 391.6 and
-        # 386.1 -> 416.2 TFLOP/s (two calls), 64K 0.5 391.7 -> 406.1
+        # 386.1 -> 416.2 TFLOP/s (two calls), 64K 0.5 391.7 -> 406.1; 32K 0.3 at D = 64 286.1 -> 308.8, at D = 96
+        # 294.1 -> 307.8
         return dict(BLOCK_M=128, BLOCK_N=128, HEADS=1, num_warps=8, num_stages=3, warp_specialize=False,
                     list_chunk=64, DQ_BLOCK_M=128, DQ_BLOCK_N=64, DQ_HEADS=1, dq_num_warps=8, dq_num_stages=3,
                     DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, DKDV_HEADS=1, dkdv_num_warps=8, dkdv_num_stages=3,
