@@ -12,6 +12,7 @@
 #   bash experiments/gpu/session22.sh accept   issue 13's block-sparse and variable-block targets through the harness
 #   bash experiments/gpu/session22.sh gputests `pytest -m gpu` on the stats by TMA boxes and the streams
 #   bash experiments/gpu/session22.sh dims     the stats boxes at D = 64 and 96 (block 128)
+#   bash experiments/gpu/session22.sh block64  the stats boxes at block 64
 source experiments/gpu/session_env.sh
 git log --oneline -1 2>/dev/null
 case "${1:-}" in
@@ -113,6 +114,13 @@ case "${1:-}" in
         --configs '{"pointers": {"dkdv_stats_tma": false}, "default": {}}' > "$OUT/dims$d.log" 2>&1
       cat "$OUT/dims$d/bwd_configs_ab.md"
     done
+    ;;
+  block64)
+    # the stats boxes at block 64 (64 x 64 dK/dV tiles on 4 warps, q / dO by pointers; not its default yet)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/block64" --check --require-equal --no-flex --budget 250 \
+      --rounds 3 --dense-masks '' --sparse uniform64:32768:0.3,uniform64:32768:0.5 \
+      --configs '{"default": {}, "stats_tma": {"dkdv_stats_tma": true}}' > "$OUT/block64.log" 2>&1
+    cat "$OUT/block64/bwd_configs_ab.md"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

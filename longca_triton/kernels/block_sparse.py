@@ -323,7 +323,9 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # pattern per KV head, interleaved, equal bits (experiments/results/h100/session20/, call 15): 32K
         # density 0.3 341.1 -> 365.6 TFLOP/s, 64K 0.5 332.5 -> 347.7 (both rounds). bwd_streams does not pay
         # here (341.1 -> 341.3, 332.5 -> 326.6) and stays off
-        cfg.update(dkdv_pattern_order=True)
+        # dkdv_stats_tma (its lse / delta by one TMA box a step, core.stats_desc): 32K density 0.3 378.5 -> 392.7,
+        # 0.5 382.9 -> 395.8 (interleaved, equal bits; session22 call 12)
+        cfg.update(dkdv_pattern_order=True, dkdv_stats_tma=True)
     if blk is None and not big:
         # variable blocks (H100, mean 256 / min 128, 32K density 0.3, a pattern per KV head, bf16, D = 128:
         # experiments/results/h100/session16/): the dK/dV pass walks packed query lists (71.5 -> 64.9 ms,
