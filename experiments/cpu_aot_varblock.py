@@ -5,7 +5,9 @@ The launches are the real ones (``block_sparse.block_sparse_bwd`` on CPU tensors
 kernels swapped for recorders: ``kernels.aot``), so every constexpr is what a GPU run would pass.
 
     PYTHONPATH=. python experiments/cpu_aot_varblock.py --mask varblock256 --S 32768 \\
-        --configs '{"default": {}, "k128": {"DKDV_BLOCK_N": 128, "dkdv_num_warps": 8}}'
+        --configs '{"default": {}, "k128": {"DKDV_BLOCK_N": 128, "dkdv_num_warps": 8}}' [--dump DIR]
+
+``--dump DIR`` keeps each compiled launch's SASS, PTX and TTGIR (``<config>-<n>.sass`` ...) for reading.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from cpu_aot_fused_bwd import _parse, _tool, sass_loops  # noqa: E402
 
 
 def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dkdv", "dq")):
+    """The backward's dK/dV and dQ launches for ``mask`` under config ``cfg_over``, recorded (never run)."""
     from longca_triton.kernels import aot
     from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels import dense
 
+    # the Hopper configs, not the interpreter's (this process compiles; it never interprets)
     BS._interpreting = lambda: False
-    import longca_triton.kernels.block_sparse as mod
-
-    S = mask.seqlen if hasattr(mask, "seqlen") else int(mask.q_block_bounds[-1])
+    S = int(mask.q_block_bounds[-1])
     q = torch.empty(1, S, hq, d, dtype=torch.bfloat16)
     k = torch.empty(1, S, hkv, d, dtype=torch.bfloat16)
     v = torch.empty(1, S, hkv, d, dtype=torch.bfloat16)
@@ -43,14 +46,12 @@ def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dkdv", "dq"
     out, dout = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(1, hq, S, dtype=torch.float32)
     names = ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")
-    import longca_triton.kernels.dense as dense
-
-    with aot.recorded_launches(mod, names) as rec, aot.recorded_launches(dense, ("dense_bwd_preprocess_kernel",)) as _:
+    with aot.recorded_launches(BS, names) as rec, aot.recorded_launches(dense, ("dense_bwd_preprocess_kernel",)):
         BS.block_sparse_bwd(dout, q, k, v, out, lse, mask, tables, d ** -0.5, cfg, passes=passes)
     return cfg, list(rec)
 
 
-def compile_sass(launch):
+def compile_sass(launch, dump: str | None = None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -67,11 +68,10 @@ def compile_sass(launch):
                              text=True, check=True)
         sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
                               check=True).stdout
-    if os.environ.get("AOT_DUMP"):
-        Path(os.environ["AOT_DUMP"]).write_text(sass)
-        Path(os.environ["AOT_DUMP"] + ".ptx").write_text(k.asm["ptx"])
-        Path(os.environ["AOT_DUMP"] + ".ttgir").write_text(k.asm["ttgir"])
-    info = aot.ptxas_info(k.asm["ptx"])
+    if dump:
+        for ext, text in (("sass", sass), ("ptx", k.asm["ptx"]), ("ttgir", k.asm["ttgir"])):
+            Path(f"{dump}.{ext}").write_text(text)
+    info = aot.ptxas_log_info(log.stderr + log.stdout)
     loops = sass_loops(sass)
     hist = {}
     for lp in loops[:1]:
@@ -95,6 +95,7 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--configs", default='{"default": {}}')
     ap.add_argument("--passes", default="dkdv")
+    ap.add_argument("--dump", default=None, metavar="DIR", help="keep each launch's SASS / PTX / TTGIR there")
     args = ap.parse_args(argv)
     from bwd_variants import SPARSE_MASKS
 
@@ -106,8 +107,12 @@ def main(argv=None):
     mask = make_mask(kind, args.S, block=block, density=args.density, patterns=hkv, seed=0, **extra)
     for name, over in json.loads(args.configs).items():
         cfg, launches = record(mask, over, hq, hkv, args.head_dim, tuple(args.passes.split(",")))
-        for ln in launches:
-            r = compile_sass(ln)
+        for n, ln in enumerate(launches):
+            dump = None
+            if args.dump:
+                Path(args.dump).mkdir(parents=True, exist_ok=True)
+                dump = str(Path(args.dump) / f"{name}-{n}")
+            r = compile_sass(ln, dump)
             keys = {k: ln.args[k] for k in ("BLOCK_M", "BLOCK_N", "HEADS", "LIST_CHUNK", "PACKED", "SWEEP")
                     if k in ln.args}
             print(json.dumps(dict(config=name, kernel=ln.name, grid=ln.grid, warps=ln.num_warps,

@@ -8,7 +8,6 @@ entries: the launcher keeps the pointer loads) and the dense kernel, whose 3-d b
 dK/dV default (``block_sparse.VARBLOCK_DKDV``) against a float64 reference in bf16. The log of a run is
 committed under experiments/results/h100/session22/."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,13 +20,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _aligned_varblock(S: int):
-    rng = np.random.default_rng(0)
-    sizes = []
-    while sum(sizes) < S:
-        sizes.append(128 * int(rng.integers(1, 4)))
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    bounds[-1] = S
-    return make_mask("varblock_sparse", S, block_bounds=bounds.tolist(), density=0.3, patterns=2, seed=0)
+    """Variable blocks whose sizes are multiples of 128 (``bwd_variants.aligned_bounds``, the experiments'
+    ``varblock256x128``): full entries at the 128-key tile, so the stats boxes apply."""
+    import sys
+    from pathlib import Path
+
+    gpu_dir = str(Path(__file__).resolve().parents[1] / "experiments" / "gpu")
+    sys.path.insert(0, gpu_dir)
+    try:
+        from bwd_variants import aligned_bounds
+    finally:
+        sys.path.remove(gpu_dir)
+    return make_mask("varblock_sparse", S, block=256, density=0.3, patterns=2, seed=0, **aligned_bounds(S))
 
 
 CASES = {

@@ -30,10 +30,9 @@ from longca_triton.masks import make_mask  # noqa: E402
 
 def tile_area(t) -> int:
     """Keys x query rows the dK/dV programs of table ``t`` cover, summed over patterns (one head each)."""
-    rows = (t.row_end - t.row_start).new_full(t.row_start.shape, t.tile_rows).long()
     ptr = t.ptr.long()
     per_block = (ptr[1:] - ptr[:-1]).view(t.num_patterns, t.num_row_blocks)  # entries per (pattern, block)
-    return int((per_block[:, t.row_block.long()] * rows * t.tile_cols).sum())
+    return int(per_block[:, t.row_block.long()].sum()) * t.tile_rows * t.tile_cols
 
 
 def main(argv=None):

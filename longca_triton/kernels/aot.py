@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 
 __all__ = ["Launch", "AotResult", "recorded_launches", "specialize", "compile_launch", "ptxas_info", "occupancy",
-           "H100_SMEM_PER_SM", "H100_SMEM_PER_BLOCK"]
+           "H100_SMEM_PER_SM", "H100_SMEM_PER_BLOCK", "ptxas_log_info"]
 
 #: Hopper per-SM limits (CUDA occupancy calculator, cc 9.0)
 H100_REGS_PER_SM = 65536
@@ -151,7 +151,11 @@ def ptxas_info(ptx: str, arch: int = 90) -> dict:
             f.write(ptx)
         res = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True, check=True)
-    log = res.stderr + res.stdout
+    return ptxas_log_info(res.stderr + res.stdout)
+
+
+def ptxas_log_info(log: str) -> dict:
+    """``ptxas -v`` output read: ``{"registers", "spill_stores", "spill_loads"}`` (-1 where absent)."""
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     return {"registers": int(regs.group(1)) if regs else -1,

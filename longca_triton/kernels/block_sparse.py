@@ -527,9 +527,11 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # the dK/dV steps' stats by TMA boxes (core.stats_desc): with one head a tile, on a table of full, unpacked
     # entries (uniform blocks; on variable blocks' packed lists the per-row selects cost more than the boxes save:
     # H100, session 22), not in the one-launch kernel (its dQ programs read lse itself)
-    tk_main = tables["dkdv"]
-    stats_tma = (bool(cfg.get("dkdv_stats_tma", False)) and "dkdv" in passes and tk_main.even_cols
-                 and not tk_main.packed and _stack(cfg["DKDV_HEADS"], group, hpp) == 1
+    def full_entries(t: SideTables) -> bool:
+        return t.even_cols and not t.packed
+
+    stats_tma = (bool(cfg.get("dkdv_stats_tma", False)) and "dkdv" in passes and full_entries(tables["dkdv"])
+                 and _stack(cfg["DKDV_HEADS"], group, hpp) == 1
                  and not (cfg["one_launch"] and set(passes) == {"dkdv", "dq"}))
     # delta = rowsum(dO * O) - dlse: the dense kernels' preprocess (same layout, same math); with stats_tma also
     # the [B, Hq, Sq, 4] rows (lse, delta, 0, 0) the dK/dV steps read by TMA boxes
@@ -545,7 +547,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     pattern_order = bool(cfg.get("dkdv_pattern_order", False)) and hpp % group == 0
 
     def launch_dkdv(tk: SideTables, heads: int, warps: int):
-        tma = stats_tma and heads == 1 and tk.even_cols and not tk.packed  # (not the tail tiles' launch)
+        tma = stats_tma and heads == 1 and full_entries(tk)  # per table: a tail table of its own may not be
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
             q, k, v, dout, stats if tma else lse, delta, dk, dv,
             *_bsh_strides(q, k, v, dout, dk, dv),

@@ -78,10 +78,16 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
             do = tl.load(do_ptrs)  # [HM, BLOCK_DV]
         else:
             do = tl.load(do_ptrs, mask=dv_ok[None, :], other=0.0)
-        if not STATS_TMA:
+        if STATS_TMA:
+            # full, unpacked entries (the launcher's rule): the rows are start + j, one box
+            lse, delta = stats_box(Lse, stat_bh, start, r_pos.shape[0])
+        else:
             lse = tl.load(Lse + stat_rows + pos)
             delta = tl.load(Delta + stat_rows + pos)
     else:
+        # (no stats boxes here: on variable blocks' packed lists a second box and two selects a value cost
+        # more than the boxes save, H100 session 22)
+        tl.static_assert(not STATS_TMA)
         # rows past the sub-tile's end belong to another block: their q / dO / delta load as zeros,
         # so every product they enter is exactly zero (lse loads as 0 too, as in the dense kernels'
         # ``load_row_stats``: p = 1 there, times zeros)
@@ -95,14 +101,8 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
             do_ok = do_ok & dv_ok[None, :]  # [HM, BLOCK_DV]
         q = tl.load(q_ptrs, mask=q_ok, other=0.0)
         do = tl.load(do_ptrs, mask=do_ok, other=0.0)
-        if not STATS_TMA:
-            lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
-            delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
-    if STATS_TMA:
-        # full, unpacked entries only (the launcher's rule: on variable blocks' packed lists a second box and
-        # two selects a value cost more than the boxes save, H100 session 22), so the rows are start + j
-        tl.static_assert(EVEN_M and not PACKED)
-        lse, delta = stats_box(Lse, stat_bh, start, r_pos.shape[0])
+        lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
+        delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
     p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
     dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
     return dk, dv

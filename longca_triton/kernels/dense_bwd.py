@@ -76,9 +76,9 @@ from .core import (
     key_program_outer,
     kv_descs,
     load_row_stats,
+    lse_log2,
     one_launch_split,
     query_program_at,
-    lse_log2,
     recompute_p,
     stats_box,
     stats_desc,
@@ -88,6 +88,18 @@ from .core import (
 #: the one delta preprocess (``core.bwd_preprocess_kernel``), under its old name
 dense_bwd_preprocess_kernel = bwd_preprocess_kernel
 _load_row_stats = load_row_stats  # old name, kept importable
+
+
+@triton.jit
+def _row_stats(Lse, Delta, row_base, stat_bh, start_m, Sq, BLOCK_M: tl.constexpr, STATS_TMA: tl.constexpr):
+    """``load_row_stats`` of rows ``start_m .. start_m + BLOCK_M`` (log2-domain lse, delta); with ``STATS_TMA``
+    by one box of head ``stat_bh`` of the stats' ``core.stats_desc`` (rows past ``Sq`` read 0 either way)."""
+    if STATS_TMA:
+        lse, delta = stats_box(Lse, stat_bh, start_m, BLOCK_M)
+        lse2 = lse_log2(lse)
+    else:
+        lse2, delta = load_row_stats(Lse, Delta, row_base, start_m + tl.arange(0, BLOCK_M), Sq)
+    return lse2, delta
 
 
 @triton.jit
@@ -107,11 +119,7 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
         do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-        if STATS_TMA:
-            lse, delta = stats_box(Lse, stat_bh, start_m, BLOCK_M)  # rows past Sq read 0, as below
-            lse2 = lse_log2(lse)
-        else:
-            lse2, delta = load_row_stats(Lse, Delta, row_base, offs_m, Sq)
+        lse2, delta = _row_stats(Lse, Delta, row_base, stat_bh, start_m, Sq, BLOCK_M, STATS_TMA)
         p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
             allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
@@ -154,11 +162,7 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = q3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DQK)  # [BLOCK_M, BLOCK_DQK]
         do = do3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DV)  # [BLOCK_M, BLOCK_DV]
-        if STATS_TMA:
-            lse, delta = stats_box(Lse, stat_bh0 + g, start_m, BLOCK_M)
-            lse2 = lse_log2(lse)
-        else:
-            lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, offs_m, Sq)
+        lse2, delta = _row_stats(Lse, Delta, row_base0 + g * Sq, stat_bh0 + g, start_m, Sq, BLOCK_M, STATS_TMA)
         p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
         if MASKED:
             allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
