@@ -73,29 +73,59 @@ def compile_sass(launch, dump: str | None = None):
             Path(f"{dump}.{ext}").write_text(text)
     info = aot.ptxas_log_info(log.stderr + log.stdout)
     loops = sass_loops(sass)
+    ops = _parse(sass)
     hist = {}
     for lp in loops[:1]:
         lo, hi = (int(x, 16) for x in lp["pc"].split("-"))
-        for pc, op, _ in _parse(sass):
+        for pc, op, _ in ops:
             if lo <= pc <= hi:
                 key = op.split(".")[0]
                 hist[key] = hist.get(key, 0) + 1
+    # per loop: float arithmetic issued after its last HGMMA (work that overlaps the step's last, asynchronous
+    # GEMM; dq_skew exists to put dS there)
+    after = []
+    for lp in loops:
+        lo, hi = (int(x, 16) for x in lp["pc"].split("-"))
+        body = [op.split(".")[0] for pc, op, _ in ops if lo <= pc <= hi]
+        last = max((i for i, op in enumerate(body) if op == "HGMMA"), default=len(body))
+        after.append(sum(op in ("FMUL", "FADD", "FFMA", "F2FP") for op in body[last + 1:]))
     return dict(opcodes=dict(sorted(hist.items(), key=lambda kv: -kv[1])), timeline=[lp.get("timeline") for lp in loops],
+                float_ops_after_last_hgmma=after,
                 registers=info["registers"], spills=info["spill_stores"] + info["spill_loads"],
                 shared=int(k.metadata.shared), loop_instr=[lp.get("instructions") for lp in loops],
                 wgmma=k.asm["ptx"].count("wgmma.mma_async"))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mask", default="varblock256")
+def common_args(ap: argparse.ArgumentParser, passes: str) -> None:
+    """The options this script shares with ``cpu_aot_dense_bwd.py``."""
     ap.add_argument("--S", type=int, default=32768)
-    ap.add_argument("--density", type=float, default=0.3)
     ap.add_argument("--heads", default="64:8")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--configs", default='{"default": {}}')
-    ap.add_argument("--passes", default="dkdv")
+    ap.add_argument("--passes", default=passes)
     ap.add_argument("--dump", default=None, metavar="DIR", help="keep each launch's SASS / PTX / TTGIR there")
+
+
+def report(launches, label: str, dump: str | None, **extra) -> None:
+    """Compile each recorded launch (``compile_sass``) and print one JSON line: ``extra``, the config ``label``,
+    the kernel, its launch keys and what it compiled to; ``dump``: a folder for ``<label>-<n>.sass`` etc."""
+    for n, ln in enumerate(launches):
+        path = None
+        if dump:
+            Path(dump).mkdir(parents=True, exist_ok=True)
+            path = str(Path(dump) / f"{label}-{n}")
+        r = compile_sass(ln, path)
+        keys = {k: ln.args[k] for k in ("BLOCK_M", "BLOCK_N", "HEADS", "LIST_CHUNK", "PACKED", "SWEEP", "SKEW")
+                if k in ln.args}
+        print(json.dumps(dict(**extra, config=label, kernel=ln.name, grid=ln.grid, warps=ln.num_warps,
+                              stages=ln.num_stages, **keys, **r)), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mask", default="varblock256")
+    ap.add_argument("--density", type=float, default=0.3)
+    common_args(ap, "dkdv")
     args = ap.parse_args(argv)
     from bwd_variants import SPARSE_MASKS
 
@@ -106,17 +136,8 @@ def main(argv=None):
     extra = extra(args.S) if callable(extra) else extra
     mask = make_mask(kind, args.S, block=block, density=args.density, patterns=hkv, seed=0, **extra)
     for name, over in json.loads(args.configs).items():
-        cfg, launches = record(mask, over, hq, hkv, args.head_dim, tuple(args.passes.split(",")))
-        for n, ln in enumerate(launches):
-            dump = None
-            if args.dump:
-                Path(args.dump).mkdir(parents=True, exist_ok=True)
-                dump = str(Path(args.dump) / f"{name}-{n}")
-            r = compile_sass(ln, dump)
-            keys = {k: ln.args[k] for k in ("BLOCK_M", "BLOCK_N", "HEADS", "LIST_CHUNK", "PACKED", "SWEEP")
-                    if k in ln.args}
-            print(json.dumps(dict(config=name, kernel=ln.name, grid=ln.grid, warps=ln.num_warps,
-                                  stages=ln.num_stages, **keys, **r)), flush=True)
+        _, launches = record(mask, over, hq, hkv, args.head_dim, tuple(args.passes.split(",")))
+        report(launches, name, args.dump)
 
 
 if __name__ == "__main__":

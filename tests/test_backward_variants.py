@@ -1018,6 +1018,109 @@ def test_dense_stats_tma_gradients(name, S, cfgx):
                          S, S, 1, 4, 2, 32, torch.float32, dlse=True)
 
 
+# ------------------------------------------------------------------ dQ GEMM one step late (dq_skew)
+@pytest.mark.parametrize("name,S,Hq,Hkv,dtype", [
+    ("causal_document", 150, 4, 2, torch.float32), ("sliding_window", 137, 4, 1, torch.float16),
+    ("full", 70, 2, 2, torch.float32), ("prefix_lm_causal", 96, 4, 2, torch.float16)],
+    ids=["causal_document-S=150-fp32", "sliding_window-S=137-fp16-Hkv=1", "full-S=70-fp32",
+         "prefix_lm_causal-S=96-fp16"])
+def test_dense_dq_skew_gradients(name, S, Hq, Hkv, dtype):
+    """``dq_skew``: every dQ step adds the previous step's ``dS K`` (its runs chained: full runs, then
+    partial runs), the last one after the runs; against float64, with an lse gradient."""
+    from longca_triton.kernels.dense import dense_attention
+
+    mask = make_mask(name, S, seed=1)
+    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config={"dq_skew": True}),
+                         mask, S, S, 1, Hq, Hkv, 32, dtype, dlse=True)
+
+
+def test_dense_dq_skew_same_bits_and_rows_that_see_nothing(monkeypatch):
+    """The skewed dQ adds the same products in the same order (plus one ``0 * K``): the plain loop's bits;
+    query rows that see no key get dQ = 0, not a carried step's ``dS K``; the flag reaches the kernel."""
+    import longca_triton.kernels.dense as D
+    from longca_triton.kernels.dense import dense_attention
+
+    real, seen = D.dense_bwd_dq_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["SKEW"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(D, "dense_bwd_dq_kernel", Spy())
+
+    S = 100
+    # rows [0, 60) see keys [0, 40) (one partial 32-key tile: the partial run follows a full one), rows
+    # [60, 100) see nothing
+    mask = RangeMask(S, S, [(0, 60, 0, 40, "full")], name="first_rows_only")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, S, h, 32, generator=g) for h in (4, 2, 2, 4))
+    grads = []
+    for skew in (False, True):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        dense_attention(qq, kk, vv, mask, config={"dq_skew": skew}).backward(do)
+        grads.append([t.grad for t in (qq, kk, vv)])
+    assert seen == [False, True]
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    assert torch.count_nonzero(grads[1][0][:, 60:]) == 0 and torch.count_nonzero(grads[1][0][:, :60]) > 0
+
+
+@pytest.mark.slow
+def test_dense_dq_skew_compiles_for_sm90a_with_work_after_the_dq_gemm():
+    """``experiments/cpu_aot_dense_bwd.py`` (the launcher's real dQ launch, compiled for sm_90a on the CPU, S = 2K,
+    GQA 4:1, D = 128, full): with ``dq_skew`` the loop issues float work (the step's dS) after its last HGMMA (the
+    previous step's dS K), in one CTA's shared memory without spills; the plain loop issues none there."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "experiments/cpu_aot_dense_bwd.py", "--masks", "full", "--S", "2048",
+                          "--heads", "4:1", "--configs", '{"plain": {"dq_skew": false}, "skew": {"dq_skew": true}}'],
+                         capture_output=True, text=True, timeout=900, cwd=root, env={**env, "PYTHONPATH": str(root)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["config"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
+    plain, skew = rows["full-plain"], rows["full-skew"]
+    assert (plain["SKEW"], skew["SKEW"]) == (False, True)
+    assert skew["spills"] == 0 and skew["shared"] <= 227 * 1024
+    assert plain["float_ops_after_last_hgmma"] == [0]
+    assert skew["float_ops_after_last_hgmma"][0] >= 16
+
+
+@pytest.mark.parametrize("kind,S,extra,cfgx", [
+    ("block_sparse", 150, {"block": 32}, {}),
+    ("block_sparse", 150, {"block": 48}, {"dq_list_chunk": 0}),
+    ("varblock_sparse", 150, {"block": 48, "min_block": 20}, {"DQ_HEADS": 2, "dq_pack_list": False}),
+    ("varblock_sparse", 150, {"block": 48, "min_block": 20}, {"dq_pack_list": True})],
+    ids=["uniform32-S=150-chunked", "uniform48-partial-entries", "varblock-2-heads-stacked", "varblock-packed-plain-step"])
+def test_block_sparse_dq_skew_gradients(kind, S, extra, cfgx):
+    """``dq_skew`` in the block-sparse dQ program (entries read in register chunks or one by one, partial key
+    tiles, stacked heads; packed lists keep the plain step), against float64 with an lse gradient."""
+    mask = make_mask(kind, S, density=0.5, patterns=2, seed=3, **extra)
+    cfg = {"dq_skew": True, **cfgx}
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, 4, 2, 32, torch.float32, dlse=True)
+
+
+@pytest.mark.parametrize("pack,want", [(False, True), (True, False)], ids=["plain-lists", "packed-lists"])
+def test_block_sparse_dq_skew_reaches_the_kernel_only_on_unpacked_lists(pack, want, monkeypatch):
+    import longca_triton.kernels.block_sparse as BS
+
+    launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
+    mask = make_mask("varblock_sparse", 192, block=48, min_block=40, density=0.5, patterns=2, seed=1)
+    q, k, v, out, do = (torch.randn(1, 192, h, 32) for h in (4, 2, 2, 4, 4))
+    cfg = BS.resolve_config(mask, 32, {"dq_skew": True, "dq_pack_list": pack})
+    tables = BS.tables_for(mask, cfg, "cpu")
+    assert tables["dq"].packed is pack
+    BS.block_sparse_bwd(do, q, k, v, out, torch.zeros(1, 4, 192), mask, tables, 32 ** -0.5, cfg)
+    assert [kw["SKEW"] for kw in launches if "SKEW" in kw] == [want]
+
+
 def test_dkdv_parts_script_smoke(tmp_path):
     """experiments/gpu/dkdv_parts.py --smoke: the dK/dV pass, its main launch and (with tails) its tail launch
     timed apart, with the tiles' area against the kept area, one row per (problem, config), as measured."""

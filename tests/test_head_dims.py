@@ -298,7 +298,7 @@ def test_hopper_configs_by_head_dim():
                         DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
                         DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
                         one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-                        bwd_streams=False, dkdv_stats_tma=False)
+                        bwd_streams=False, dkdv_stats_tma=False, dq_skew=False)
     assert dense.HOPPER_CONFIGS[128] == measured_128
     for d in (80, 96, 128):
         assert dense.HOPPER_CONFIGS[dense._table_key(config_head_dim(d, d))] == measured_128
@@ -315,14 +315,14 @@ def test_hopper_configs_by_head_dim():
 
 def test_full_masks_take_their_own_dkdv_tile():
     """``HOPPER_FULL_MASK``: at D = 128 (and 80 / 96, padded to it) a mask allowing every pair gets
-    the 64x64 dK/dV tile, any other mask (even one allowing all but one pair) the table's; other
-    head dims are unchanged; an explicit config still wins over both."""
+    the 64x64 dK/dV tile and the skewed dQ loop (``dq_skew``), any other mask (even one allowing all but one
+    pair) the table's; other head dims are unchanged; an explicit config still wins over both."""
     from longca_triton.kernels import dense
     from longca_triton.masks import make_mask
 
     full, causal = make_mask("full", 300), make_mask("causal", 300)
     overlay = dense.HOPPER_FULL_MASK[128]
-    assert overlay == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2)
+    assert overlay == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dq_skew=True)
     for d in (96, 128):
         key = dense._table_key(d)
         # (full masks are even too: HOPPER_EVEN_MASK's bwd_streams)

@@ -179,6 +179,8 @@ LN2 = 0.6931471805599453
 #: ``bwd_streams``: the dQ pass's launches on a second CUDA stream beside dK/dV's (``dense.py``'s key).
 #: ``dkdv_pattern_order``: a KV head's dK/dV programs heaviest first by its own pattern's lists rather than
 #: by the work summed over all patterns (``block_sparse_bwd._dkdv_program``; where a group shares a pattern).
+#: ``dq_skew``: the dQ steps issue the previous step's ``dS K`` GEMM after their own ``S`` and ``dP`` (``core.
+#: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step); the same bits.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
@@ -186,6 +188,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
+    "dq_skew",
 )
 
 #: each pass's packing key
@@ -255,7 +258,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     query heads a dQ tile of variable blocks can stack (``_stack`` of the call's GQA group and heads per
     pattern; ``resolve_config`` passes it where it has q and k), which picks ``VARBLOCK_DQ``'s entry."""
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
-            "pack_list": False,
+            "dq_skew": False, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
@@ -347,7 +350,7 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_pattern_order", "dkdv_stats_tma", *PACK_KEYS.values()),
+                              "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -570,7 +573,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
             **dims, BLOCK_M=tq.tile_rows, BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=heads,
             EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
-            num_warps=warps, num_stages=cfg["dq_num_stages"],
+            SKEW=bool(cfg["dq_skew"]) and not tq.packed, num_warps=warps, num_stages=cfg["dq_num_stages"],
         )
 
     tk, tq = tables["dkdv"], tables["dq"]

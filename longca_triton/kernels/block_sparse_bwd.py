@@ -21,6 +21,7 @@ import triton.language as tl
 from .block_sparse_fwd import _pack_program_at
 from .core import (
     dkdv_update,
+    dq_skewed_scores,
     dq_update,
     entry_at,
     entry_chunk,
@@ -244,24 +245,38 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count, offs_dqk,
-             dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, PACKED: tl.constexpr,
-             EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr):
+def _dq_step(dq, ds, prev, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count,
+             offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+             PACKED: tl.constexpr, EVEN_QK: tl.constexpr, EVEN_V: tl.constexpr, SKEW: tl.constexpr):
     """One dQ step: the keys of a list entry (``core.entry_at``) against the program's rows; ``k_src`` /
-    ``v_src`` as in ``block_sparse_fwd._fwd_step`` (with ``PACKED``, rows gathered)."""
-    if PACKED:
-        cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, end_n, next_n, count)  # [BLOCK_N] each
-        k = gather_rows(k_src, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
-        v = gather_rows(v_src, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
-        # the missing keys of a list's last tile: their zero rows would still give p = exp2(-lse)
-        p = tl.where(ok[None, :], recompute_p(q, k, lse2, qk_scale, False), 0.0)  # [HM, BLOCK_N]
-    else:
+    ``v_src`` as in ``block_sparse_fwd._fwd_step`` (with ``PACKED``, rows gathered). ``SKEW`` (unpacked
+    lists only; ``core.dq_skewed_scores``): the step adds the previous step's ``dS K`` (``ds`` float32,
+    its keys at row ``prev``) and leaves its own in ``ds``; returns ``(dq, ds, prev)``."""
+    if SKEW:
+        tl.static_assert(not PACKED, "dq_skew reloads the previous step's key tile by TMA: unpacked lists only")
         k = k_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         v = v_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-        p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
+        k_prev = k_src.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
+        dq, p, dp = dq_skewed_scores(dq, ds, k_prev, q, do, k, v, lse2, qk_scale)  # p, dp [HM, BLOCK_N]
         if not EVEN_N:
             p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
-    return dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
+        ds = p * (dp - delta[:, None])  # [HM, BLOCK_N]
+        prev = start_n
+    else:
+        if PACKED:
+            cols, ok = packed_positions(tl.arange(0, BLOCK_N), start_n, end_n, next_n, count)  # [BLOCK_N] each
+            k = gather_rows(k_src, cols, ok, stride_ks, offs_dqk, dqk_ok, EVEN_QK)  # [BLOCK_N, BLOCK_DQK]
+            v = gather_rows(v_src, cols, ok, stride_vs, offs_dv, dv_ok, EVEN_V)  # [BLOCK_N, BLOCK_DV]
+            # the missing keys of a list's last tile: their zero rows would still give p = exp2(-lse)
+            p = tl.where(ok[None, :], recompute_p(q, k, lse2, qk_scale, False), 0.0)
+        else:
+            k = k_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+            v = v_src.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+            p = recompute_p(q, k, lse2, qk_scale, False)  # [HM, BLOCK_N]
+            if not EVEN_N:
+                p = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] < end_n, p, 0.0)
+        dq = dq_update(dq, p, do, v, k, delta)  # [HM, BLOCK_DQK]
+    return dq, ds, prev
 
 
 @triton.jit
@@ -278,7 +293,7 @@ def _dq_program(
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
 ):
     """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads)."""
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
@@ -309,6 +324,9 @@ def _dq_program(
     k_src, v_src = kv_sources(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Sk,
                               BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, PACKED)
     dq = tl.zeros([HEADS * BLOCK_M, BLOCK_DQK], tl.float32)
+    # SKEW: the step before the first adds dS = 0 (with key tile 0), the last step's dS K follows the loop
+    ds = tl.zeros([HEADS * BLOCK_M, BLOCK_N], tl.float32)
+    prev = 0
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
     last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
@@ -316,8 +334,9 @@ def _dq_program(
         for e in tl.range(e_lo, e_hi):
             start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_N, PACKED)
             count = packed_count(e, e_hi, last, BLOCK_N)
-            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n, count,
-                          offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK, EVEN_V)
+            dq, ds, prev = _dq_step(dq, ds, prev, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n,
+                                    end_n, next_n, count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N,
+                                    PACKED, EVEN_QK, EVEN_V, SKEW)
     else:
         # the key list in chunks held in registers: the loop's K/V loads then depend on no load of
         # the same loop, so the pipeliner prefetches them num_stages - 1 steps ahead (a table load
@@ -328,9 +347,12 @@ def _dq_program(
             for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
                 start_n, end_n, next_n = entry_pick(starts, ends, nexts, j, LIST_CHUNK, EVEN_N, PACKED)
                 count = packed_count(c0 + j, e_hi, last, BLOCK_N)
-                dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n, end_n, next_n,
-                              count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N, EVEN_N, PACKED, EVEN_QK,
-                              EVEN_V)
+                dq, ds, prev = _dq_step(dq, ds, prev, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs,
+                                        start_n, end_n, next_n, count, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale,
+                                        BLOCK_N, EVEN_N, PACKED, EVEN_QK, EVEN_V, SKEW)
+    if SKEW:
+        k_prev = k_src.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
+        dq = tl.dot(ds.to(k_prev.dtype), k_prev, dq)  # [HM, BLOCK_DQK]
 
     dq_ptrs = DQ + b64 * stride_dqb + head * stride_dqh + pos64 * stride_dqs
     tl.store(dq_ptrs[:, None] + offs_dqk[None, :], (dq * softmax_scale).to(DQ.dtype.element_ty), mask=q_ok)
@@ -384,9 +406,10 @@ def block_sparse_bwd_dq_kernel(
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
-    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr,
+    EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
 ):
-    """Query-major dQ (grid: row tiles x head packs)."""
+    """Query-major dQ (grid: row tiles x head packs); ``SKEW``: each step's ``dS K`` issued in the next step
+    (``core.dq_skewed_scores``)."""
     _dq_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -394,7 +417,7 @@ def block_sparse_bwd_dq_kernel(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED, SKEW)
 
 
 @triton.jit

@@ -502,3 +502,25 @@ def dq_update(dq, p, do, v, k, delta):
     ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
     dq = tl.dot(ds.to(k.dtype), k, dq)  # [BLOCK_M, BLOCK_DQK]
     return dq
+
+
+@triton.jit
+def dq_skewed_scores(dq, ds_prev, k_prev, q, do, k, v, lse2, qk_scale):
+    """One step of the skewed dQ loop (config ``dq_skew``): ``S`` and ``dP`` of this key tile, then
+    the *previous* step's ``dq += dS_prev K_prev``; returns ``(dq, p, dp)``, ``p`` unmasked.
+
+    why: Triton 3.6 waits for every wgmma whose result the step itself reads (``S``, ``dP``) right
+    after issuing it; only the loop-carried ``dq`` GEMM stays in flight into the next step. In the
+    plain order (``dq_update``) that GEMM is the step's last operation, so the next step's ``S``
+    waits for it at once and the exponentials and ``dS`` of every step run with the tensor cores
+    idle. Issued one step late, after this step's ``S`` and ``dP``, it runs while this step's
+    exponentials and ``dS`` are computed (sm_90a PTX: the loop's ``ex2`` sit after its last
+    ``wgmma`` and before the next wait). ``ds_prev`` is carried in float32 (the accumulator
+    layout) and rounded here: carried already rounded, the compiler staged it in shared memory,
+    which makes the GEMM wait at once (``dotCanBeProperlyAsync``: a shared operand must be
+    multi-buffered). ``k_prev`` is reloaded by the caller (one more TMA tile a step, from L2)."""
+    qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
+    dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
+    dq = tl.dot(ds_prev.to(k_prev.dtype), k_prev, dq)  # [BLOCK_M, BLOCK_DQK]
+    p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+    return dq, p, dp

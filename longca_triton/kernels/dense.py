@@ -148,12 +148,15 @@ LOG2E = 1.4426950408889634
 #: default: on this kernel's 64 x 64 / 4-warp dK/dV tile (q / dO already by TMA) it lost on an H100 (16K, GQA 64:8,
 #: D = 128, interleaved, experiments/results/h100/session22/ call 7: full 0.989x, causal 0.976x, causal_document
 #: 0.979x, prefix_lm_causal 0.985x, sliding_window 1.021x), where the block-sparse kernel's 128-key tile gains 3-8 %.
+#: ``dq_skew``: the dQ kernel issues each step's ``dS K`` GEMM in the next step, after that step's ``S`` and ``dP``,
+#: so it runs while the exponentials and ``dS`` are computed (``core.dq_skewed_scores``; one more K tile a step by
+#: TMA, a third ring of it in shared memory); the same sums in the same order, so the same bits. Two-kernel layout.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "warp_specialize",
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
-    "bwd_streams", "dkdv_stats_tma",
+    "bwd_streams", "dkdv_stats_tma", "dq_skew",
 )
 
 
@@ -162,7 +165,7 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, war
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
                           one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0,
-                          dkdv_head_outer=False, bwd_streams=False, dkdv_stats_tma=False)
+                          dkdv_head_outer=False, bwd_streams=False, dkdv_stats_tma=False, dq_skew=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -176,7 +179,7 @@ HOPPER_CONFIGS = {
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-             bwd_streams=False, dkdv_stats_tma=False),
+             bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
@@ -184,7 +187,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False, dkdv_stats_tma=False),
+              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -197,7 +200,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False, dkdv_stats_tma=False),
+              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -234,9 +237,13 @@ HEADDIM_CANDIDATES = {
 #: 32x64 default on full at 16K (H100, three samples, ``experiments/results/h100/bwd_order/``), but
 #: 383-392 vs 388-402 on causal and below it on the document masks, so only full masks take it (the
 #: autotune cache's ``full`` class found the same tile). 80 and 96 share the entry (the same padded
-#: tiles; not measured there).
+#: tiles; not measured there). ``dq_skew`` (the dQ GEMM one step late, ``core.dq_skewed_scores``): H100, 16K,
+#: GQA 64:8, D = 128, bf16, interleaved, equal bits (experiments/results/h100/session23/, call 1): full 432.8 ->
+#: 442.6, 429.6 -> 435.8, 424.5 -> 429.8 TFLOP/s (three rounds); causal 0.997x, causal_document 0.989x,
+#: sliding_window 0.988x, block-sparse 0.97-0.99x (and block 64 0.74x: 131 KB of shared memory, one CTA an SM),
+#: so full masks only.
 HOPPER_FULL_MASK = {
-    128: dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2),
+    128: dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dq_skew=True),
 }
 
 
@@ -324,7 +331,7 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
                    bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_stats_tma"),
+                              "dkdv_stats_tma", "dq_skew"),
                    tuned_name="triton")
 
 
@@ -521,7 +528,7 @@ def launch_bwd_dq(q, k, v, dout, lse, delta, dq, plan: TilePlan, softmax_scale, 
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hq, hq, hq // hkv,
         **head_dim_meta(q.shape[3], v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], NUM_IV=plan.num_iv,
-        HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0,
+        HAS_PARTIAL_TILES=plan.q_part[1].numel() > 0, SKEW=bool(cfg.get("dq_skew", False)),
         num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
     )
 

@@ -67,6 +67,7 @@ import triton.language as tl
 from .core import (
     bwd_preprocess_kernel,
     dkdv_update,
+    dq_skewed_scores,
     dq_update,
     group_sweep_inputs,
     head_inputs,
@@ -283,18 +284,30 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m, LO, HI, Sq,
-            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NUM_IV: tl.constexpr):
+def _dq_run(dq, ds, prev, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m, LO, HI, Sq,
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NUM_IV: tl.constexpr, SKEW: tl.constexpr):
+    """Key tiles ``[n_lo, n_hi)`` of one run into ``dq``. ``SKEW`` (``core.dq_skewed_scores``): each step
+    adds the previous step's ``dS K`` (``ds`` float32 ``[BLOCK_M, BLOCK_N]``, its key tile at row ``prev``),
+    carried from run to run; returns ``(dq, ds, prev)`` (the last two unchanged without it)."""
     for n in tl.range(n_lo, n_hi):
         start_n = n * BLOCK_N
         k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-        p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
-        if MASKED:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-        dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
-    return dq
+        if SKEW:
+            k_prev = k_desc.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
+            dq, p, dp = dq_skewed_scores(dq, ds, k_prev, q, do, k, v, lse2, qk_scale)
+            if MASKED:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+            ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+            prev = start_n
+        else:
+            p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
+            if MASKED:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
+    return dq, ds, prev
 
 
 @triton.jit
@@ -312,7 +325,7 @@ def _dq_program(
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SKEW: tl.constexpr = False,
 ):
     """dQ program ``pid`` of the query-major set (``pid`` in ``[0, num_query_tiles * B * Hq)``)."""
     rank, bh, b, h, h_kv = query_program_at(pid, num_bh, num_heads_q, group_size)
@@ -329,14 +342,21 @@ def _dq_program(
     do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
     lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
+    # SKEW: the step before the first adds dS = 0 (with key tile 0, any tile would do), the last
+    # step's dS K is added after the runs
+    ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    prev = 0
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
-        dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(FULL_START + r),
-                     tl.load(FULL_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, False, NUM_IV)
+        dq, ds, prev = _dq_run(dq, ds, prev, q, do, lse2, delta, k_desc, v_desc, tl.load(FULL_START + r),
+                               tl.load(FULL_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, False, NUM_IV, SKEW)
     if HAS_PARTIAL_TILES:
         for r in range(tl.load(PART_PTR + tile_m), tl.load(PART_PTR + tile_m + 1)):
-            dq = _dq_run(dq, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
-                         tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV)
+            dq, ds, prev = _dq_run(dq, ds, prev, q, do, lse2, delta, k_desc, v_desc, tl.load(PART_START + r),
+                                   tl.load(PART_END + r), qk_scale, offs_m, LO, HI, Sq, BLOCK_N, True, NUM_IV, SKEW)
+    if SKEW:
+        k_prev = k_desc.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
+        dq = tl.dot(ds.to(k_prev.dtype), k_prev, dq)  # [BLOCK_M, BLOCK_DQK]
 
     dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
@@ -395,16 +415,17 @@ def dense_bwd_dq_kernel(
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SKEW: tl.constexpr = False,
 ):
-    """Query-major dQ (grid: query tiles x B x Hq)."""
+    """Query-major dQ (grid: query tiles x B x Hq); ``SKEW``: each step's ``dS K`` issued in the next step
+    (``core.dq_skewed_scores``)."""
     _dq_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
         LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
         softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES, SKEW)
 
 
 @triton.jit

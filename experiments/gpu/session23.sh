@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 23's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session23.sh skew     dq_skew (each dQ step's dS K GEMM issued one step late, after the next
+#                                              step's S and dP): dense and block-sparse, checked, bit-compared, timed
+#   bash experiments/gpu/session23.sh full     dq_skew the default on full masks: full / causal against cuDNN and Flex
+#                                              through the harness, then dq_skew at D = 64 / 96 / 128 on full (A/B)
+source experiments/gpu/session_env.sh
+git log --oneline -1 2>/dev/null
+case "${1:-}" in
+  skew)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/skew" --check --require-equal --no-flex --budget 540 \
+      --rounds 3 --dense-masks full,causal,causal_document,sliding_window \
+      --sparse uniform128:32768:0.3,varblock256:32768:0.3,uniform64:32768:0.3 \
+      --configs '{"default": {}, "skew": {"dq_skew": true}}' > "$OUT/skew.log" 2>&1
+    tail -5 "$OUT/skew.log"
+    cat "$OUT/skew/bwd_configs_ab.md"
+    ;;
+  full)
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
+      --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
+    for d in 128 96 64; do
+      python experiments/gpu/bwd_configs_ab.py --out "$OUT/skew_d$d" --check --require-equal --no-flex --budget 150 \
+        --rounds 3 --head-dim $d --dense-masks full --configs '{"noskew": {"dq_skew": false}, "skew": {"dq_skew": true}}' \
+        > "$OUT/skew_d$d.log" 2>&1
+      tail -3 "$OUT/skew_d$d/bwd_configs_ab.md"
+    done
+    ;;
+  *) echo "unknown subcommand ${1:-}"; exit 2 ;;
+esac
