@@ -313,6 +313,24 @@ def test_hopper_configs_by_head_dim():
     assert list(dense.headdim_candidates(96)) == ["default"]
 
 
+def test_dq_skew_only_where_the_head_dim_fills_the_tile(monkeypatch):
+    """Full masks take ``dq_skew`` at D = 128 (measured a gain) but not at 80 / 96 on the same padded tile
+    (D = 96 measured a loss); an explicit config still sets it."""
+    from longca_triton.kernels import dense
+    from longca_triton.masks import make_mask
+
+    monkeypatch.setattr(dense, "_interpreting", lambda: False)
+    full = make_mask("full", 256)
+    k = torch.empty(1, 256, 2, 128)
+    for d, want in ((128, True), (96, False), (80, False)):
+        q = torch.empty(1, 256, 8, d)
+        kk, v = k[..., :d], k[..., :d]
+        assert dense.resolve_config(128, torch.bfloat16, None, q=q, k=kk, v=v, mask=full)["dq_skew"] is want
+    q = torch.empty(1, 256, 8, 96)
+    cfg = dense.resolve_config(128, torch.bfloat16, {"dq_skew": True}, q=q, k=k[..., :96], v=k[..., :96], mask=full)
+    assert cfg["dq_skew"] is True
+
+
 def test_full_masks_take_their_own_dkdv_tile():
     """``HOPPER_FULL_MASK``: at D = 128 (and 80 / 96, padded to it) a mask allowing every pair gets
     the 64x64 dK/dV tile and the skewed dQ loop (``dq_skew``), any other mask (even one allowing all but one

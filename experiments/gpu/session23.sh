@@ -4,6 +4,8 @@
 #                                              step's S and dP): dense and block-sparse, checked, bit-compared, timed
 #   bash experiments/gpu/session23.sh full     dq_skew the default on full masks: full / causal against cuDNN and Flex
 #                                              through the harness, then dq_skew at D = 64 / 96 / 128 on full (A/B)
+#   bash experiments/gpu/session23.sh accept   (carry .whl/vsa/1) issue 13's dense cuDNN targets once more and block 64
+#                                              against VSA's Triton kernel (64K, density 0.5, a pattern per KV head)
 source experiments/gpu/session_env.sh
 git log --oneline -1 2>/dev/null
 case "${1:-}" in
@@ -24,6 +26,14 @@ case "${1:-}" in
         > "$OUT/skew_d$d.log" 2>&1
       tail -3 "$OUT/skew_d$d/bwd_configs_ab.md"
     done
+    ;;
+  accept)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
+      --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -5
+    python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
+      --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;
 esac

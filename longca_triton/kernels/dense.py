@@ -241,7 +241,7 @@ HEADDIM_CANDIDATES = {
 #: GQA 64:8, D = 128, bf16, interleaved, equal bits (experiments/results/h100/session23/, call 1): full 432.8 ->
 #: 442.6, 429.6 -> 435.8, 424.5 -> 429.8 TFLOP/s (three rounds); causal 0.997x, causal_document 0.989x,
 #: sliding_window 0.988x, block-sparse 0.97-0.99x (and block 64 0.74x: 131 KB of shared memory, one CTA an SM),
-#: so full masks only.
+#: so full masks only, and only where the head dim fills the tile (``resolve_config``: D = 96 0.993x, call 2).
 HOPPER_FULL_MASK = {
     128: dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dq_skew=True),
 }
@@ -349,6 +349,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     if config is None:
         config = _config_mod.tuned_config(_SPEC, q, k, mask, v)  # (looked up through the module: tests patch it)
     base = default_config(head_dim, dtype, mask, group)
+    if q is not None and q.shape[-1] != head_dim:
+        # dq_skew was measured a gain on exact 128-wide tiles only; D = 96 on the padded tile lost 0.7 % in each of
+        # three rounds (experiments/results/h100/session23/, call 2)
+        base["dq_skew"] = False
     if config and "dkdv_sweep" not in config and (any(key in config for key in _DKDV_TILE_KEYS)
                                                   or config.get("fused_dq")):
         # the sweep was measured with its own tile only: another dK/dV tile goes head-major, and
