@@ -4,6 +4,10 @@
 #                                              step's S and dP): dense and block-sparse, checked, bit-compared, timed
 #   bash experiments/gpu/session23.sh full     dq_skew the default on full masks: full / causal against cuDNN and Flex
 #                                              through the harness, then dq_skew at D = 64 / 96 / 128 on full (A/B)
+#   bash experiments/gpu/session23.sh tails    variable blocks' dK/dV tail tiles over plain query lists (TMA boxes, no
+#                                              gathers; patches/dkdv_tail_plain.patch) against packed: the pass in parts
+#   bash experiments/gpu/session23.sh beside   variable blocks: the dK/dV tail launch at the head of the dQ chain (side
+#                                              stream) against after the main dK/dV launch, checked, bit-compared, timed
 #   bash experiments/gpu/session23.sh accept   (carry .whl/vsa/1) issue 13's dense cuDNN targets once more and block 64
 #                                              against VSA's Triton kernel (64K, density 0.5, a pattern per KV head)
 source experiments/gpu/session_env.sh
@@ -26,6 +30,28 @@ case "${1:-}" in
         > "$OUT/skew_d$d.log" 2>&1
       tail -3 "$OUT/skew_d$d/bwd_configs_ab.md"
     done
+    ;;
+  tails)
+    P=experiments/results/h100/session23/patches/dkdv_tail_plain.patch
+    python experiments/gpu/dkdv_parts.py --out "$OUT/parts_packed" --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
+      > "$OUT/parts_packed.log" 2>&1
+    patch -p1 < "$P" > /dev/null
+    python experiments/gpu/dkdv_parts.py --out "$OUT/parts_plain" --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
+      > "$OUT/parts_plain.log" 2>&1
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/plain_check" --check --no-flex --budget 120 --rounds 1 \
+      --dense-masks '' --sparse varblock256:32768:0.3 > "$OUT/plain_check.log" 2>&1
+    patch -R -p1 < "$P" > /dev/null
+    cat "$OUT"/parts_*/dkdv_parts.jsonl
+    grep '"kind": "check"' "$OUT/plain_check/bwd_configs_ab.jsonl"
+    ;;
+  beside)
+    P=experiments/results/h100/session23/patches/dkdv_tail_beside.patch  # the option as measured (not kept)
+    patch -p1 < "$P" > /dev/null
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/beside" --check --require-equal --no-flex --budget 500 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5,varblock256:32768:0.5 \
+      --configs '{"default": {}, "beside": {"dkdv_tail_beside": true}}' > "$OUT/beside.log" 2>&1
+    patch -R -p1 < "$P" > /dev/null
+    cat "$OUT/beside/bwd_configs_ab.md"
     ;;
   accept)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
