@@ -634,7 +634,11 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 128, 0, 0)
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
-    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (32, 64, 3, 64)
+    # session 23: a fourth dQ stage (+3.5 to +5.7 %); a config that picks its own dQ tile keeps three
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (32, 64, 4, 64)
+    assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64, "DQ_HEADS": 2})["dq_num_stages"] == 3
+    assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64, "dq_num_stages": 2})["dq_num_stages"] == 2
+    assert BS.resolve_config(mask, 128, {"dkdv_num_stages": 2})["dq_num_stages"] == 4
     assert cfg["DQ_HEADS"] == 4 and cfg["dq_num_warps"] == 8
     assert cfg["dq_tail_rows"] == 0 and not cfg["dq_pack_list"]
     assert BS.default_config(mask, 128, dq_stack=1)["dq_tail_rows"] == 64

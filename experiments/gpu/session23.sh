@@ -8,6 +8,13 @@
 #                                              gathers; patches/dkdv_tail_plain.patch) against packed: the pass in parts
 #   bash experiments/gpu/session23.sh beside   variable blocks: the dK/dV tail launch at the head of the dQ chain (side
 #                                              stream) against after the main dK/dV launch, checked, bit-compared, timed
+#   bash experiments/gpu/session23.sh issue13  (carry .whl/vsa/1) issue 13's targets in one call with this session's code:
+#                                              dense (12 masks against Flex, full / causal against cuDNN), block 128
+#                                              against Flex, variable blocks against uniform, block 64 against VSA;
+#                                              then a fourth dQ stage on variable / uniform blocks (A/B)
+#   bash experiments/gpu/session23.sh sparse   (carry .whl/vsa/1) the block-sparse targets through the harness again with
+#                                              variable blocks' fourth dQ stage (the default now), block 64 against VSA;
+#                                              everything tarred into $OUT/sparse_all.tgz (more than 8 files)
 #   bash experiments/gpu/session23.sh accept   (carry .whl/vsa/1) issue 13's dense cuDNN targets once more and block 64
 #                                              against VSA's Triton kernel (64K, density 0.5, a pattern per KV head)
 source experiments/gpu/session_env.sh
@@ -52,6 +59,27 @@ case "${1:-}" in
       --configs '{"default": {}, "beside": {"dkdv_tail_beside": true}}' > "$OUT/beside.log" 2>&1
     patch -R -p1 < "$P" > /dev/null
     cat "$OUT/beside/bwd_configs_ab.md"
+    ;;
+  issue13)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -16
+    accept_block_sparse
+    python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
+      --backends triton-sparse,vsa-triton --mode bwd --out "$OUT/vsa64" 2>&1 | tail -4
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/dqs4" --no-flex --budget 90 --rounds 2 --dense-masks '' \
+      --sparse varblock256:32768:0.3,uniform128:32768:0.3 --configs '{"default": {}, "dqs4": {"dq_num_stages": 4}}' \
+      > "$OUT/dqs4.log" 2>&1
+    cat "$OUT/dqs4/bwd_configs_ab.md"
+    ;;
+  sparse)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    accept_block_sparse
+    python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
+      --backends triton-sparse,vsa-triton --mode bwd --out "$OUT/vsa64" 2>&1 | tail -4
+    tar czf "$OUT/sparse_all.tgz" -C "$OUT" sparse var vsa64 && rm -rf "$OUT/sparse" "$OUT/var" "$OUT/vsa64"
     ;;
   accept)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
