@@ -15,6 +15,10 @@
 #   bash experiments/gpu/session23.sh sparse   (carry .whl/vsa/1) the block-sparse targets through the harness again with
 #                                              variable blocks' fourth dQ stage (the default now), block 64 against VSA;
 #                                              everything tarred into $OUT/sparse_all.tgz (more than 8 files)
+#   bash experiments/gpu/session23.sh dqs4     (call 8) a fourth dQ stage on variable blocks, four cases, A/B (it also
+#                                              reads lists entry by entry: bwd_configs_ab's overlay sets a dQ launch key)
+#   bash experiments/gpu/session23.sh timerbias (calls 10-11) the same pairs under every timer (timer_bias.py)
+#   bash experiments/gpu/session23.sh varaccept (call 12) the block-sparse targets through the harness, tarred
 #   bash experiments/gpu/session23.sh accept   (carry .whl/vsa/1) issue 13's dense cuDNN targets once more and block 64
 #                                              against VSA's Triton kernel (64K, density 0.5, a pattern per KV head)
 source experiments/gpu/session_env.sh
@@ -80,6 +84,22 @@ case "${1:-}" in
     python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
       --backends triton-sparse,vsa-triton --mode bwd --out "$OUT/vsa64" 2>&1 | tail -4
     tar czf "$OUT/sparse_all.tgz" -C "$OUT" sparse var vsa64 && rm -rf "$OUT/sparse" "$OUT/var" "$OUT/vsa64"
+    ;;
+  dqs4)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/dqs4b" --check --require-equal --no-flex --budget 400 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5,varblock256:32768:0.5,varblock256:65536:0.3 \
+      --configs '{"default": {}, "dqs4": {"dq_num_stages": 4}}' > "$OUT/dqs4b.log" 2>&1
+    cat "$OUT/dqs4b/bwd_configs_ab.md"
+    ;;
+  timerbias)
+    python experiments/gpu/timer_bias.py --out "$OUT/tb" --sparse varblock256:32768:0.3 \
+      --configs '{"s3": {"dq_num_stages": 3}, "s4": {"dq_num_stages": 4}}' > "$OUT/tb.log" 2>&1
+    python experiments/gpu/timer_bias.py --out "$OUT/tb2" --sparse varblock256:32768:0.3 \
+      --configs '{"default": {}, "c0s3": {"dq_list_chunk": 0, "dq_num_stages": 3}}' > "$OUT/tb2.log" 2>&1
+    ;;
+  varaccept)
+    accept_block_sparse
+    tar czf "$OUT/sparse_all.tgz" -C "$OUT" sparse var && rm -rf "$OUT/sparse" "$OUT/var"
     ;;
   accept)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1

@@ -235,8 +235,6 @@ VARBLOCK_DQ = {
 }
 #: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 4)
 VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
-#: variable blocks' dQ ring depth at D <= 128 (``_tile_config`` says what it measured)
-VARBLOCK_DQ_STAGES = 4
 
 #: Variable blocks' dK/dV pass at D <= 128: uniform block 128's tile (128 keys a program on 8 warps, 64 query rows
 #: a step, 3 stages), a key block's remainder of <= 64 keys in a launch of 64-key tail tiles, head-major, each KV
@@ -343,11 +341,12 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # and bwd_streams (the dQ chain, main and tail tiles, beside dK/dV's): 269.8 -> 276.4 TFLOP/s at 32K /
         # 0.3 (session20). Session 21: the 128-row dQ tile stacks query heads (VARBLOCK_DQ), +5-10 %. Session 22
         # (VARBLOCK_DKDV): the dK/dV pass in uniform block 128's tile, 64-key tails, head-major. Session 23: the dQ
-        # pass with a fourth stage (196 KB of shared memory; H100, interleaved, equal bits, 4 x 32 stacked rows,
-        # experiments/results/h100/session23/ calls 6 and 8): 32K density 0.3 288.7 -> 305.3 and 288.7 -> 305.2
-        # TFLOP/s, 0.5 293.9 -> 308.3, 64K 0.3 285.6 -> 299.4, 0.5 292.5 -> 302.8 (+3.5 to +5.7 %); uniform block
-        # 128's dQ (the same 128 x 64 tile over unit-stride runs) lost 10 % with it (403.6 -> 361.9).
-        cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=VARBLOCK_DQ_STAGES, dq_list_chunk=64, dq_pack_list=False,
+        # pass reads its key list entry by entry again (chunks were chosen in session 16 for one head's 128-row
+        # tile and not re-measured on the stacked tile): H100, 32K density 0.3, in one process under every timer
+        # (experiments/results/h100/session23/ call 11, timer_bias.py): back to back 291.1 / 285.4 -> 296.8 / 297.4
+        # TFLOP/s, interleaved 282.5-285.5 -> 295.2-300.7; bwd_configs_ab (calls 6 / 8, with a fourth stage, which
+        # alone changes nothing: call 10) +3.5 to +5.7 % at 32K / 64K, densities 0.3 / 0.5.
+        cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=0, dq_pack_list=False,
                    bwd_streams=True, **VARBLOCK_DKDV, **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
     return cfg
 
@@ -396,11 +395,6 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         # the one-head tail tiles where they fit below it
         tail = VARBLOCK_DQ[1]["dq_tail_rows"]
         base.update(DQ_HEADS=1, dq_tail_rows=tail if overlay["DQ_BLOCK_M"] > tail else 0)
-    if overlay and "dq_num_stages" not in overlay and base["dq_num_stages"] == VARBLOCK_DQ_STAGES \
-            and any(key in overlay for key in ("DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps")):
-        # a dQ tile chosen without its stages (configs written before the fourth stage) keeps the three it was
-        # measured with (and fits shared memory with)
-        base["dq_num_stages"] = 3
     if overlay and "DKDV_BLOCK_N" in overlay and "dkdv_tail_rows" not in overlay \
             and base["dkdv_tail_rows"] >= overlay["DKDV_BLOCK_N"]:
         # a dK/dV key tile chosen without a tail size (configs written before VARBLOCK_DKDV's 64-key tails) at or
