@@ -19,6 +19,8 @@
 #                                              reads lists entry by entry: bwd_configs_ab's overlay sets a dQ launch key)
 #   bash experiments/gpu/session23.sh timerbias (calls 10-11) the same pairs under every timer (timer_bias.py)
 #   bash experiments/gpu/session23.sh varaccept (call 12) the block-sparse targets through the harness, tarred
+#   bash experiments/gpu/session23.sh recheck  choices older than the stacked dQ tile, re-measured: bwd_streams off, 32-key
+#                                              dQ steps; uniform block 128's dQ entry by entry (chunk key named in each)
 #   bash experiments/gpu/session23.sh accept   (carry .whl/vsa/1) issue 13's dense cuDNN targets once more and block 64
 #                                              against VSA's Triton kernel (64K, density 0.5, a pattern per KV head)
 source experiments/gpu/session_env.sh
@@ -100,6 +102,13 @@ case "${1:-}" in
   varaccept)
     accept_block_sparse
     tar czf "$OUT/sparse_all.tgz" -C "$OUT" sparse var && rm -rf "$OUT/sparse" "$OUT/var"
+    ;;
+  recheck)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/recheck" --check --no-flex --budget 420 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,uniform128:32768:0.3 --configs '{"default": {},
+        "nostreams": {"bwd_streams": false}, "dq_entries": {"dq_list_chunk": 0},
+        "dqn32": {"DQ_BLOCK_N": 32, "dq_num_stages": 4, "dq_list_chunk": 0}}' > "$OUT/recheck.log" 2>&1
+    cat "$OUT/recheck/bwd_configs_ab.md"
     ;;
   accept)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
