@@ -326,6 +326,8 @@ def test_dq_skew_only_where_the_head_dim_fills_the_tile(monkeypatch):
         q = torch.empty(1, 256, 8, d)
         kk, v = k[..., :d], k[..., :d]
         assert dense.resolve_config(128, torch.bfloat16, None, q=q, k=kk, v=v, mask=full)["dq_skew"] is want
+    q = torch.empty(1, 256, 8, 128)  # D_v = 64 under a 128-wide q / k tile: not measured, off
+    assert dense.resolve_config(128, torch.bfloat16, None, q=q, k=k, v=k[..., :64], mask=full)["dq_skew"] is False
     q = torch.empty(1, 256, 8, 96)
     cfg = dense.resolve_config(128, torch.bfloat16, {"dq_skew": True}, q=q, k=k[..., :96], v=k[..., :96], mask=full)
     assert cfg["dq_skew"] is True

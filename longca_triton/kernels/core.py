@@ -511,13 +511,14 @@ def dq_skewed_scores(dq, ds_prev, k_prev, q, do, k, v, lse2, qk_scale):
 
     why: Triton 3.6 waits for every wgmma whose result the step itself reads (``S``, ``dP``) right
     after issuing it; only the loop-carried ``dq`` GEMM stays in flight into the next step. In the
-    plain order (``dq_update``) that GEMM is the step's last operation, so the next step's ``S``
-    waits for it at once and the exponentials and ``dS`` of every step run with the tensor cores
-    idle. Issued one step late, after this step's ``S`` and ``dP``, it runs while this step's
-    exponentials and ``dS`` are computed (sm_90a PTX: the loop's ``ex2`` sit after its last
-    ``wgmma`` and before the next wait). ``ds_prev`` is carried in float32 (the accumulator
-    layout) and rounded here: carried already rounded, the compiler staged it in shared memory,
-    which makes the GEMM wait at once (``dotCanBeProperlyAsync``: a shared operand must be
+    plain order (``dq_update``) that GEMM needs this step's ``dS``, so the ``dS`` arithmetic runs
+    between ``dP``'s wait and the GEMM's issue with the tensor cores idle (the exponentials already
+    overlap ``dP``'s HGMMAs). Issued one step late, after this step's ``S`` and ``dP``, the GEMM runs
+    while this step's ``dS`` is formed (sm_90a SASS of the full-mask kernel: the ``dS`` FADD / FMUL
+    interleave with its HGMMAs; in the causal kernel ptxas schedules them ahead of the HGMMAs and
+    the gain is gone: ``experiments/cpu_aot_dense_bwd.py``). ``ds_prev`` is carried in float32 (the
+    accumulator layout) and rounded here: carried already rounded, the compiler staged it in shared
+    memory, which makes the GEMM wait at once (``dotCanBeProperlyAsync``: a shared operand must be
     multi-buffered). ``k_prev`` is reloaded by the caller (one more TMA tile a step, from L2)."""
     qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
     dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]

@@ -349,7 +349,7 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     if config is None:
         config = _config_mod.tuned_config(_SPEC, q, k, mask, v)  # (looked up through the module: tests patch it)
     base = default_config(head_dim, dtype, mask, group)
-    if q is not None and q.shape[-1] != head_dim:
+    if (q is not None and q.shape[-1] != head_dim) or (v is not None and v.shape[-1] != head_dim):
         # dq_skew was measured a gain on exact 128-wide tiles only; D = 96 on the padded tile lost 0.7 % in each of
         # three rounds (experiments/results/h100/session23/, call 2)
         base["dq_skew"] = False
