@@ -13,6 +13,7 @@ from utils import (
     needs_triton,
     random_range_mask,
     small_mask,
+    spy_launches,
 )
 
 import longca_triton as lt
@@ -1041,17 +1042,7 @@ def test_dense_dq_skew_same_bits_and_rows_that_see_nothing(monkeypatch):
     import longca_triton.kernels.dense as D
     from longca_triton.kernels.dense import dense_attention
 
-    real, seen = D.dense_bwd_dq_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["SKEW"])
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(D, "dense_bwd_dq_kernel", Spy())
-
+    seen = spy_launches(monkeypatch, D, "dense_bwd_dq_kernel", "SKEW")
     S = 100
     # rows [0, 60) see keys [0, 40) (one partial 32-key tile: the partial run follows a full one), rows
     # [60, 100) see nothing

@@ -12,7 +12,7 @@ from ``tests/utils.py``.
 import numpy as np
 import pytest
 import torch
-from utils import DEVICE, compare_to_reference, needs_triton, random_range_mask, small_mask
+from utils import DEVICE, compare_to_reference, needs_triton, random_range_mask, small_mask, spy_launches
 
 import longca_triton as lt
 from longca_triton.adapters import Problem, get_backend
@@ -375,17 +375,7 @@ def test_dkdv_sweep(S, Hq, Hkv, name, tiles):
 def test_dkdv_sweep_reaches_the_kernel_and_bad_values_are_refused(monkeypatch):
     import longca_triton.kernels.flashmask as FM
 
-    launched = []
-    real = FM.flashmask_bwd_dkdv_kernel
-
-    class _Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launched.append(kw["SWEEP"])
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(FM, "flashmask_bwd_dkdv_kernel", _Spy())
+    launched = spy_launches(monkeypatch, FM, "flashmask_bwd_dkdv_kernel", "SWEEP")
     mask = make_mask("causal", 40)
     q = torch.randn(1, 40, 4, 32, requires_grad=True)
     k = torch.randn(1, 40, 2, 32, requires_grad=True)

@@ -111,6 +111,22 @@ ODD_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_B
                   DQ_BLOCK_N=16)
 
 
+def spy_launches(monkeypatch, module, kernel: str, key: str) -> list:
+    """Wrap ``module.<kernel>`` (monkeypatched) so every launch still runs and appends its keyword argument
+    ``key`` to the returned list: a test can then say which value reached the kernel."""
+    real, seen = getattr(module, kernel), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs[key])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(module, kernel, Spy())
+    return seen
+
+
 def fake_side_stream(events: list):
     """A stand-in for ``kernels._runtime.side_stream`` (monkeypatched into a launcher's module): it
     appends ``("side_stream", on)`` to ``events`` when entered; ``state["beside"]`` (the second value

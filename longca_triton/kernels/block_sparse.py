@@ -180,7 +180,8 @@ LN2 = 0.6931471805599453
 #: ``dkdv_pattern_order``: a KV head's dK/dV programs heaviest first by its own pattern's lists rather than
 #: by the work summed over all patterns (``block_sparse_bwd._dkdv_program``; where a group shares a pattern).
 #: ``dq_skew``: the dQ steps issue the previous step's ``dS K`` GEMM after their own ``S`` and ``dP`` (``core.
-#: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step); the same bits.
+#: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step; the two-kernel layout, not
+#: the one-launch kernel); the same bits.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
