@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 24's GPU calls (one subcommand per call; rows go straight into $OUT).
+#   bash experiments/gpu/session24.sh pin   the Gluon forward with its P V wait pinned after the softmax (LCT_HACK=12,
+#                                           a throwaway switch: separate processes, separate Triton caches) against the
+#                                           default, D = 96 / 128, full / causal, 16K, alternating rounds, checked
+source experiments/gpu/session_env.sh
+summary() {  # $1: folder of <variant>-r<round>-d<D>/fwd_configs.jsonl
+  python3 - "$1" <<'PY'
+import glob, json, sys
+t = {}
+for f in sorted(glob.glob(sys.argv[1] + "/*/fwd_configs.jsonl")):
+    run = f.split("/")[-2]
+    var, rnd, d = run.split("-")
+    for line in open(f):
+        r = json.loads(line)
+        key = (r["mask"], r["D"], json.dumps(r["config"]))
+        t.setdefault(key, []).append((var, rnd, "ERR " + r["error"][:80] if "error" in r else
+                                      (round(r["fwd_tflops"], 1), round(r["err_out"], 6))))
+for key, v in sorted(t.items()):
+    print(key, v)
+PY
+}
+case "${1:-}" in
+  pin)
+    mkdir -p "$OUT/pin"
+    for r in 1 2; do for v in 0 12; do for d in ${DIMS:-96 128}; do
+      LCT_HACK=$v TRITON_CACHE_DIR=/tmp/tc$v python experiments/gpu/gluon_diag.py --out "$OUT/pin/h$v-r$r-d$d" \
+        --fwd-configs 16384 --head-dims $d --masks ${MASKS:-full,causal} ${CONFIGS:+--config-json "$CONFIGS"} \
+        > "$OUT/pin/log-h$v-r$r-d$d.txt" 2>&1 || tail -5 "$OUT/pin/log-h$v-r$r-d$d.txt"
+    done; done; done
+    summary "$OUT/pin"
+    tar czf "$OUT/pin.tgz" -C "$OUT" pin && rm -rf "$OUT/pin"
+    ;;
+  *) echo "usage: $0 pin" >&2; exit 2 ;;
+esac
