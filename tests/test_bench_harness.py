@@ -352,26 +352,61 @@ def test_interleaved_rows_and_fallback(tmp_path, fakes):
 
 
 def test_clock_sampler_reads_nvidia_smi(tmp_path, monkeypatch):
-    """The nvidia-smi fallback parses its CSV lines (a stand-in script on PATH); a CPU device
-    samples nothing."""
+    """The nvidia-smi fallback parses its CSV lines (a stand-in script on PATH), with the board's power
+    limit where a third column gives it; a CPU device samples nothing."""
     from longca_triton.bench.timing import ClockSampler
 
     with ClockSampler("cpu") as c:
         pass
     assert c.summary() == {}
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nprintf '1980, 650.5\\n1470, 700.0\\n[N/A], 1\\n1755, 640.0\\n'\nsleep 5\n")
-    smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    c = ClockSampler("cpu")
-    c._smi("GPU-test")
-    deadline = time.time() + 10
-    while len(c.clock) < 3 and time.time() < deadline:
-        time.sleep(0.02)
-    c.__exit__(None, None, None)
-    s = c.summary()
+
+    def sample(lines: list[str]) -> dict:
+        """The summary of a sampler reading ``lines`` from a stand-in nvidia-smi."""
+        smi.write_text("#!/bin/sh\nprintf '" + "\\n".join(lines) + "\\n'\nsleep 5\n")
+        smi.chmod(0o755)
+        c = ClockSampler("cpu")
+        c._smi("GPU-test")
+        deadline = time.time() + 10
+        while len(c.clock) < sum("N/A" not in x for x in lines) and time.time() < deadline:
+            time.sleep(0.02)
+        c.__exit__(None, None, None)
+        return c.summary()
+
+    s = sample(["1980, 650.5", "1470, 700.0", "[N/A], 1", "1755, 640.0"])
     assert s["sm_clock_mhz"] == 1755.0 and s["sm_clock_min_mhz"] == 1470.0 and s["sm_clock_max_mhz"] == 1980.0
     assert s["power_w"] == 650.5 and s["clock_samples"] == 3 and s["clock_source"] == "nvidia-smi"
+    assert "power_limit_w" not in s  # no limit column
+    s = sample(["1515, 695.2, 700.00", "1590, 690.0, 700.00"])
+    assert s["power_limit_w"] == 700.0 and s["clock_samples"] == 2
+
+
+def _timed_row(backend: str, mask: str, tflops: float, **clock) -> dict:
+    return dict(kind="dense", experiment="e", mask=mask, mask_params={}, seqlen=16384, batch=1, heads_q=64,
+                heads_kv=8, head_dim=96, d_qk=96, d_v=96, dtype="bfloat16", density=1.0, device="cuda",
+                backend=backend, mode="fwd", status="ok", time_ms=1.0, tflops=tflops, p20_ms=1.0, p80_ms=1.0,
+                time="2026-11-28T00:17:59+00:00", **clock)
+
+
+def test_report_shows_clock_and_power_limit():
+    """The report's tables carry each problem's sampled SM clock and board power, mark the problems timed at
+    the power limit, and say how many were; rows without a clock sample (a CPU, older files) keep the old
+    tables."""
+    from longca_triton.bench.report import at_power_limit
+
+    capped = dict(sm_clock_mhz=1590.0, sm_clock_max_mhz=1980.0, power_w=695.3, power_limit_w=700.0)
+    below = dict(sm_clock_mhz=1650.0, sm_clock_max_mhz=1980.0, power_w=597.6, power_limit_w=700.0)
+    rows = [_timed_row("a", "full", 525.8, **capped), _timed_row("b", "full", 485.8, **capped),
+            _timed_row("a", "causal", 501.0, **below), _timed_row("b", "causal", 459.1, **below)]
+    assert at_power_limit(rows[0]) and not at_power_limit(rows[2])
+    assert not at_power_limit(dict(power_w=695.0))  # no limit recorded: never "at the limit"
+    md = markdown_report(rows)
+    assert "| full | 16384 | 1.000 | **525.8** | 485.8 | 1590 MHz, 695 W, at limit |" in md
+    assert "| causal | 16384 | 1.000 | **501.0** | 459.1 | 1650 MHz, 598 W |" in md
+    assert "median SM clock 1590–1650 MHz" in md and "2 of 4 at the board's power limit (700 W" in md
+    plain = markdown_report([{k: v for k, v in r.items() if k not in capped} for r in rows])
+    assert "clock" not in plain.split("## fwd")[1].split("\n")[2] and "Clock and power" not in plain
 
 
 def test_interleave_setting(tmp_path):

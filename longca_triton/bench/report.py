@@ -15,7 +15,7 @@ from .store import (
     status_kind,
 )
 
-__all__ = ["latest_rows", "row_time", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
+__all__ = ["at_power_limit", "latest_rows", "row_time", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -138,6 +138,47 @@ def _env_section(rows: list[dict]) -> str:
     return text
 
 
+#: median board power at or above this share of the enforced limit reads as "at the power limit"
+AT_LIMIT = 0.97
+
+
+def at_power_limit(r: dict) -> bool:
+    """Whether row ``r`` was timed with the board at its power limit (median sampled power >= ``AT_LIMIT`` of the
+    enforced limit; False where either was not recorded)."""
+    p, lim = r.get("power_w"), r.get("power_limit_w")
+    return isinstance(p, (int, float)) and isinstance(lim, (int, float)) and lim > 0 and p >= AT_LIMIT * lim
+
+
+def _clock_cell(rs: list[dict]) -> str:
+    """``"1515 MHz, 695 W"`` (``", at limit"`` appended there) for one problem's rows: the first row that carries a
+    clock sample (the backends of an interleaved problem share one)."""
+    r = next((r for r in rs if isinstance(r.get("sm_clock_mhz"), (int, float))), None)
+    if r is None:
+        return ""
+    text = f"{r['sm_clock_mhz']:.0f} MHz"
+    if isinstance(r.get("power_w"), (int, float)):
+        text += f", {r['power_w']:.0f} W"
+    return text + (", at limit" if at_power_limit(r) else "")
+
+
+def _clock_note(rows: list[dict]) -> str:
+    """One paragraph on the clocks and power the timed rows saw ('' where none was sampled)."""
+    timed = [r for r in rows if isinstance(r.get("sm_clock_mhz"), (int, float))]
+    if not timed:
+        return ""
+    clocks = [r["sm_clock_mhz"] for r in timed]
+    top = max(r.get("sm_clock_max_mhz") or r["sm_clock_mhz"] for r in timed)
+    text = (f"Clock and power, sampled while timing: median SM clock {min(clocks):.0f}–{max(clocks):.0f} MHz over "
+            f"the timed points (highest sample {top:.0f} MHz)")
+    limits = {r["power_limit_w"] for r in timed if isinstance(r.get("power_limit_w"), (int, float))}
+    if limits:
+        n = sum(at_power_limit(r) for r in timed)
+        text += (f"; {n} of {len(timed)} at the board's power limit ({', '.join(f'{x:.0f}' for x in sorted(limits))} W: "
+                 f"median power >= {AT_LIMIT:.0%} of it). There the GPU lowers its clock to hold the power, so a "
+                 "kernel's TFLOP/s follow its energy per FLOP as well as its cycles")
+    return text + ". Backends timed interleaved on one problem share its clock (the tables' `clock` column)."
+
+
 def markdown_report(rows: list[dict], title: str | None = None, source: str | None = None) -> str:
     rows = latest_rows(rows)
     exp = next((r.get("experiment") for r in rows if r.get("experiment")), "results")
@@ -152,11 +193,15 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
     parts += ["TFLOP/s count only the allowed (mask) area (MASKS.md §5); `bwd` is the backward pass alone "
               "(2.5× the forward count), `fwd_bwd` both (3.5×). Cells: TFLOP/s, or `unsup` (unsupported), "
               "`OOM`, `ERR` (error), `WRONG` (failed the correctness check, not timed), blank (not run).", ""]
+    note = _clock_note([r for r in rows if status_kind(r) == "ok"])
+    if note:
+        parts += [note, ""]
     for (mode, hq, hkv, D, dt, B), srows in slices(rows).items():
         backends = _order(r["backend"] for r in srows)
         masks = _order(mask_label(r) for r in srows)
         seqlens = sorted({r["seqlen"] for r in srows})
         cell = {(mask_label(r), r["seqlen"], r["backend"]): r for r in srows}
+        clocked = any(isinstance(r.get("sm_clock_mhz"), (int, float)) for r in srows)
         table = []
         for m in masks:
             for S in seqlens:
@@ -172,9 +217,14 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
                     if r and status_kind(r) == "ok" and best and r.get("tflops") == best and len(backends) > 1:
                         s = f"**{s}**"
                     line.append(s)
+                if clocked:
+                    line.append(_clock_cell([cell[(m, S, b)] for b in backends if (m, S, b) in cell
+                                             and status_kind(cell[(m, S, b)]) == "ok"]))
                 table.append(line)
         parts += [f"## {mode}: heads {hq}:{hkv}, head dim {D}, {dt}, batch {B}", ""]
-        parts += [markdown_table(["mask", "S", "density"] + backends, table, ["---", "---:", "---:"] + ["---:"] * len(backends)), ""]
+        header = ["mask", "S", "density"] + backends + (["clock"] if clocked else [])
+        parts += [markdown_table(header, table, ["---", "---:", "---:"] + ["---:"] * len(backends)
+                                 + (["---"] if clocked else [])), ""]
     bad = [r for r in rows if status_kind(r) != "ok"]
     if bad:
         parts += ["## Not measured, and why", ""]
@@ -189,10 +239,11 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
         table = [[r["backend"], mask_label(r), r["seqlen"], f"{r['heads_q']}:{r['heads_kv']}", row_head_dim(r), r["dtype"], r["mode"],
                   _fmt(r.get("time_ms"), ".3f"), f"{_fmt(r.get('p20_ms'), '.3f')}–{_fmt(r.get('p80_ms'), '.3f')}",
                   _fmt(r.get("tflops"), ".1f"), _fmt_bytes(r.get("peak_mem_bytes")), _fmt_bytes(r.get("peak_mem_above_bytes")),
-                  _check_text(r)] for r in ok]
+                  _fmt(r.get("sm_clock_mhz"), ".0f"), _fmt(r.get("power_w"), ".0f"), _check_text(r)] for r in ok]
         parts += [markdown_table(
-            ["backend", "mask", "S", "heads", "D", "dtype", "mode", "median ms", "p20–p80 ms", "TFLOP/s", "peak GiB", "above inputs GiB", "check"],
-            table, ["---"] * 7 + ["---:"] * 5 + ["---"]), ""]
+            ["backend", "mask", "S", "heads", "D", "dtype", "mode", "median ms", "p20–p80 ms", "TFLOP/s", "peak GiB", "above inputs GiB",
+             "SM MHz", "W", "check"],
+            table, ["---"] * 7 + ["---:"] * 7 + ["---"]), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -17,7 +17,8 @@ each backend and mode:
    graphs not fitting together), each is timed on its own. ``interleave = false``: one point after
    the other (``timing.time_fn``). Rows say which (``timing``), and carry the SM clock and power
    sampled while they were timed (``sm_clock_mhz``, ``sm_clock_min_mhz``, ``sm_clock_max_mhz``,
-   ``power_w``; ``timing.ClockSampler``), so a reader can tell a slow kernel from a slow clock.
+   ``power_w``, ``power_limit_w``; ``timing.ClockSampler``), so a reader can tell a slow kernel from a slow clock
+   (the report marks points timed at the board's power limit: ``report.at_power_limit``).
 
 Failures never stop the sweep: ``unsupported: <reason> | oom | error: <message>``. Rows are
 appended atomically as they finish (interleaved: a problem's backends of one mode when their

@@ -206,14 +206,18 @@ class ClockSampler:
     """SM clock (MHz) and power (W) of a CUDA device, sampled in a background thread (module doc).
 
     ``with ClockSampler(dev) as c: ...; c.summary()`` -> ``{"sm_clock_mhz", "sm_clock_min_mhz",
-    "sm_clock_max_mhz", "power_w", "clock_samples", "clock_source"}``, or ``{}`` when nothing could
-    be sampled (a CPU, no NVML and no nvidia-smi, or the run was too short for one sample)."""
+    "sm_clock_max_mhz", "power_w", "power_limit_w", "clock_samples", "clock_source"}``, or ``{}`` when
+    nothing could be sampled (a CPU, no NVML and no nvidia-smi, or the run was too short for one
+    sample). ``power_limit_w`` is the board's enforced power limit (absent where it cannot be read):
+    a long attention kernel on an H100 draws up to it, and the GPU then lowers its clock
+    (experiments/results/h100/session24: 695 of 700 W at 1515-1590 MHz against a 1980 MHz maximum)."""
 
     def __init__(self, device=None, period_s: float = 0.02):
         self.device = torch.device(device) if device is not None else None
         self.period_s = period_s
         self.clock: list[float] = []
         self.power: list[float] = []
+        self.power_limit: float | None = None
         self.source: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -241,6 +245,10 @@ class ClockSampler:
                 return (float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
                         pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
             read()
+            try:
+                self.power_limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+            except Exception:  # noqa: BLE001 - no limit reported: summary() leaves it out
+                self.power_limit = None
             return read
         except Exception:  # noqa: BLE001 - NVML present but unusable here
             return None
@@ -261,7 +269,8 @@ class ClockSampler:
             return
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", uuid, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                [exe, "-i", uuid, "--query-gpu=clocks.sm,power.draw,enforced.power.limit",
+                 "--format=csv,noheader,nounits",
                  "-lms", str(max(10, int(self.period_s * 1000)))],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
@@ -277,6 +286,10 @@ class ClockSampler:
                     continue
                 self.clock.append(c)
                 self.power.append(p)
+                try:
+                    self.power_limit = float(parts[2])
+                except (ValueError, IndexError):
+                    pass
 
         self._thread = threading.Thread(target=pump, daemon=True)
         self._thread.start()
@@ -321,9 +334,12 @@ class ClockSampler:
         if not self.clock:
             return {}
         c = np.asarray(self.clock)
-        return {"sm_clock_mhz": float(np.median(c)), "sm_clock_min_mhz": float(c.min()),
-                "sm_clock_max_mhz": float(c.max()), "power_w": float(np.median(np.asarray(self.power))),
-                "clock_samples": int(c.size), "clock_source": self.source}
+        out = {"sm_clock_mhz": float(np.median(c)), "sm_clock_min_mhz": float(c.min()),
+               "sm_clock_max_mhz": float(c.max()), "power_w": float(np.median(np.asarray(self.power))),
+               "clock_samples": int(c.size), "clock_source": self.source}
+        if self.power_limit is not None:
+            out["power_limit_w"] = float(self.power_limit)
+        return out
 
 
 def barrier(device: torch.device, group=None) -> None:
