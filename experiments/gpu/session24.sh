@@ -3,6 +3,7 @@
 #   bash experiments/gpu/session24.sh pin   the Gluon forward with its P V wait pinned after the softmax (LCT_HACK=12,
 #                                           a throwaway switch: separate processes, separate Triton caches) against the
 #                                           default, D = 96 / 128, full / causal, 16K, alternating rounds, checked
+#   bash experiments/gpu/session24.sh tree  the forward's softmax row max / row sum as trees (LCT_TREE, LCT_TREE_SUM)
 source experiments/gpu/session_env.sh
 summary() {  # $1: folder of <variant>-r<round>-d<D>/fwd_configs.jsonl
   python3 - "$1" <<'PY'
@@ -31,5 +32,17 @@ case "${1:-}" in
     summary "$OUT/pin"
     tar czf "$OUT/pin.tgz" -C "$OUT" pin && rm -rf "$OUT/pin"
     ;;
-  *) echo "usage: $0 pin" >&2; exit 2 ;;
+  tree)
+    # the softmax's row max (and row sum) as trees of halvings instead of one dependent chain a row
+    # (LCT_TREE / LCT_TREE_SUM: throwaway switches, patches/row_tree.patch); variants base, max, max+sum
+    mkdir -p "$OUT/tree"
+    for r in 1 2; do for v in 00 10 11; do for d in ${DIMS:-96 128}; do
+      LCT_TREE=${v:0:1} LCT_TREE_SUM=${v:1:1} TRITON_CACHE_DIR=/tmp/tt$v python experiments/gpu/gluon_diag.py \
+        --out "$OUT/tree/t$v-r$r-d$d" --fwd-configs 16384 --head-dims $d --masks ${MASKS:-full,causal} \
+        > "$OUT/tree/log-t$v-r$r-d$d.txt" 2>&1 || tail -5 "$OUT/tree/log-t$v-r$r-d$d.txt"
+    done; done; done
+    summary "$OUT/tree"
+    tar czf "$OUT/tree.tgz" -C "$OUT" tree && rm -rf "$OUT/tree"
+    ;;
+  *) echo "usage: $0 pin|tree" >&2; exit 2 ;;
 esac
