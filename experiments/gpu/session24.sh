@@ -4,6 +4,7 @@
 #                                           a throwaway switch: separate processes, separate Triton caches) against the
 #                                           default, D = 96 / 128, full / causal, 16K, alternating rounds, checked
 #   bash experiments/gpu/session24.sh tree  the forward's softmax row max / row sum as trees (LCT_TREE, LCT_TREE_SUM)
+#   bash experiments/gpu/session24.sh pvlate  P V issued after S_j's wait, interleaved with the softmax (LCT_PVLATE)
 source experiments/gpu/session_env.sh
 summary() {  # $1: folder of <variant>-r<round>-d<D>/fwd_configs.jsonl
   python3 - "$1" <<'PY'
@@ -44,5 +45,18 @@ case "${1:-}" in
     summary "$OUT/tree"
     tar czf "$OUT/tree.tgz" -C "$OUT" tree && rm -rf "$OUT/tree"
     ;;
-  *) echo "usage: $0 pin|tree" >&2; exit 2 ;;
+  pvlate)
+    # the P V GEMM issued after S_j's wait (ptxas then interleaves its HGMMAs with the softmax) instead of
+    # beside Q K^T before it (LCT_PVLATE: 0 as before; 2: the token passed after Q K^T; 3: and K's slot freed at
+    # S_j's wait; patches/pv_late.patch)
+    mkdir -p "$OUT/pvlate"
+    for r in 1 2; do for v in ${VARIANTS:-0 2 3}; do for d in ${DIMS:-96 128}; do
+      LCT_PVLATE=$v TRITON_CACHE_DIR=/tmp/tp$v python experiments/gpu/gluon_diag.py \
+        --out "$OUT/pvlate/v$v-r$r-d$d" --fwd-configs 16384 --head-dims $d --masks ${MASKS:-full,causal} \
+        > "$OUT/pvlate/log-v$v-r$r-d$d.txt" 2>&1 || tail -5 "$OUT/pvlate/log-v$v-r$r-d$d.txt"
+    done; done; done
+    summary "$OUT/pvlate"
+    tar czf "$OUT/pvlate.tgz" -C "$OUT" pvlate && rm -rf "$OUT/pvlate"
+    ;;
+  *) echo "usage: $0 pin|tree|pvlate" >&2; exit 2 ;;
 esac
