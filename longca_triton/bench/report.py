@@ -174,8 +174,8 @@ def _clock_note(rows: list[dict]) -> str:
     if limits:
         n = sum(at_power_limit(r) for r in timed)
         text += (f"; {n} of {len(timed)} at the board's power limit ({', '.join(f'{x:.0f}' for x in sorted(limits))} W: "
-                 f"median power >= {AT_LIMIT:.0%} of it). There the GPU lowers its clock to hold the power, so a "
-                 "kernel's TFLOP/s follow its energy per FLOP as well as its cycles")
+                 f"median power >= {AT_LIMIT:.0%} of it). There the GPU holds its power by its clock, so a kernel's "
+                 "TFLOP/s follow its energy per FLOP as well as its cycles")
     return text + ". Backends timed interleaved on one problem share its clock (the tables' `clock` column)."
 
 

@@ -208,9 +208,10 @@ class ClockSampler:
     ``with ClockSampler(dev) as c: ...; c.summary()`` -> ``{"sm_clock_mhz", "sm_clock_min_mhz",
     "sm_clock_max_mhz", "power_w", "power_limit_w", "clock_samples", "clock_source"}``, or ``{}`` when
     nothing could be sampled (a CPU, no NVML and no nvidia-smi, or the run was too short for one
-    sample). ``power_limit_w`` is the board's enforced power limit (absent where it cannot be read):
-    a long attention kernel on an H100 draws up to it, and the GPU then lowers its clock
-    (experiments/results/h100/session24: 695 of 700 W at 1515-1590 MHz against a 1980 MHz maximum)."""
+    sample). ``power_limit_w`` is the board's power limit (absent where it cannot be read): a long
+    attention kernel on an H100 can draw up to it and run well below the maximum clock
+    (experiments/results/h100/session24: 695 of 700 W at 1515-1590 MHz, max 1980; also 1500-1605 MHz
+    at 506-538 W, so the limit is not the only thing that sets the clock)."""
 
     def __init__(self, device=None, period_s: float = 0.02):
         self.device = torch.device(device) if device is not None else None
@@ -269,7 +270,7 @@ class ClockSampler:
             return
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", uuid, "--query-gpu=clocks.sm,power.draw,enforced.power.limit",
+                [exe, "-i", uuid, "--query-gpu=clocks.sm,power.draw,power.limit",
                  "--format=csv,noheader,nounits",
                  "-lms", str(max(10, int(self.period_s * 1000)))],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
