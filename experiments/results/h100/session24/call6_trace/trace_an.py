@@ -11,7 +11,7 @@ def u(x):  # int32 clock deltas, wrap-safe
     return x & 0xffffffff
 for f in sys.argv[1:]:
     t = json.load(open(f))
-    ncons = {"d96": 2, "d128_2c": 2, "d128": 3, "d64": 3}[t["name"]]
+    ncons = {"d96": 2, "d128_2c": 2, "d128": 3, "d64": 3}.get(t["name"]) or t["cfg"].get("consumers", 2)
     flat = [x for a in t["trace"] for b in a for c in b for x in c]
     tr = [[[flat[((cta * ncons + w) * 32 + j) * 8:((cta * ncons + w) * 32 + j) * 8 + 8] for j in range(32)]
            for w in range(ncons)] for cta in range(16)]
