@@ -26,6 +26,20 @@ def mufu_kernel(X, ITERS: tl.constexpr, ILP: tl.constexpr, WARPS: tl.constexpr):
     tl.store(X + offs, x)
 
 
+def _sm_clock_mhz():
+    """The SM clock NVML reads now (None without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     iters = 4096
@@ -41,12 +55,7 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             ms = start.elapsed_time(end) / 5
-            try:
-                import pynvml
-                pynvml.nvmlInit()
-                clk = pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
-            except Exception:  # noqa: BLE001
-                clk = None
+            clk = _sm_clock_mhz()
             per_sm_ns = 32 * warps * ilp * iters / (ms * 1e6)
             print(f"ILP {ilp:2d} warps {warps:2d} (a scheduler {warps // 4}): {ms:.3f} ms, "
                   f"{per_sm_ns:.2f} exp a ns an SM" + (f", {per_sm_ns / clk * 1e3:.2f} a clock at {clk} MHz" if clk else ""),

@@ -1,7 +1,8 @@
 """Issue 17: what each GEMM shape costs the Gluon forward. Times the forward (full mask, GQA 64:8, bf16) at head-dim
 pairs whose ``Q K^T`` or ``P V`` GEMM differs in one dimension only, e.g. D_qk = 96 with D_v = 64 / 96 / 128: the
 time differences between them price the ``P V`` GEMM's N = 64 / 64 + 32 / 128 wgmma shapes (and D_qk at fixed D_v
-the ``Q K^T`` K dimension), per key tile. Each point is checked against the float32 chunked reference first.
+the ``Q K^T`` K dimension), per key tile. Each (pair, config) is checked against the float32 chunked reference in
+the first round (relative error of ``out`` < 0.02) before it is timed; later rounds time the same kernels again.
 Calls ``gluon_attention`` directly: head-dim pairs the backend's registry gates (not yet GPU-tested there) run.
 
     python experiments/gpu/shape_cost.py --out $OUT [--S 16384] [--pairs 96/64,96/96,...] [--configs JSON]
