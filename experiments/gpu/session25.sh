@@ -13,6 +13,9 @@
 #   bash experiments/gpu/session25.sh dims     issue 17's forward on this GPU: ours (triton-gluon) and cuDNN at D = 64, 96,
 #                                              128, 192/128, 256, full and causal, 16K (the harness, which checks first)
 #   bash experiments/gpu/session25.sh pack     experiments/gpu/pack_rate.py: do bf16 packs (F2FP) share the XU with exp2?
+#   bash experiments/gpu/session25.sh maskp    variable blocks' dQ steps masked only on short entries (config
+#                                              dq_mask_partial, in patches/dq_mask_partial.patch: applied here,
+#                                              reverted after) against the default, checked, bits compared, 3 rounds
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   base13)
@@ -56,6 +59,15 @@ for l in sys.stdin:
     ;;
   pack)
     (cd experiments/gpu && python pack_rate.py) 2>&1 | tee "$OUT/pack_rate.txt"
+    ;;
+  maskp)
+    git apply experiments/results/h200/session25/patches/dq_mask_partial.patch || exit 1
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/maskp" --check --require-equal --no-flex --budget 480 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
+      --configs '{"default": {}, "maskp": {"dq_mask_partial": true}}' > "$OUT/maskp.log" 2>&1
+    git apply -R experiments/results/h200/session25/patches/dq_mask_partial.patch
+    tail -3 "$OUT/maskp.log"
+    cat "$OUT/maskp/bwd_configs_ab.md"
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;
 esac
