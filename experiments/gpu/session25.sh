@@ -16,6 +16,8 @@
 #   bash experiments/gpu/session25.sh maskp    variable blocks' dQ steps masked only on short entries (config
 #                                              dq_mask_partial, in patches/dq_mask_partial.patch: applied here,
 #                                              reverted after) against the default, checked, bits compared, 3 rounds
+#   bash experiments/gpu/session25.sh dense2   the dense backward against cuDNN and Flex twice more (full, causal, 16K):
+#                                              the run-to-run spread of the 0.8 target on this GPU
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   base13)
@@ -68,6 +70,13 @@ for l in sys.stdin:
     git apply -R experiments/results/h200/session25/patches/dq_mask_partial.patch
     tail -3 "$OUT/maskp.log"
     cat "$OUT/maskp/bwd_configs_ab.md"
+    ;;
+  dense2)
+    for r in 1 2; do
+      python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
+        --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16_r$r" 2>&1 | tail -4
+    done
+    tar czf "$OUT/dense2.tgz" -C "$OUT" bwd16_r1 bwd16_r2 && rm -rf "$OUT/bwd16_r1" "$OUT/bwd16_r2"
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;
 esac
