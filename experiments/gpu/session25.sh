@@ -18,6 +18,8 @@
 #                                              reverted after) against the default, checked, bits compared, 3 rounds
 #   bash experiments/gpu/session25.sh dense2   the dense backward against cuDNN and Flex twice more (full, causal, 16K):
 #                                              the run-to-run spread of the 0.8 target on this GPU
+#   bash experiments/gpu/session25.sh ncu      Nsight Compute on the D = 96 forward (full, 16K): the default, ping-pong off,
+#                                              and s_ahead 1 without ping-pong (the patch applied, reverted after)
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   base13)
@@ -77,6 +79,35 @@ for l in sys.stdin:
         --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16_r$r" 2>&1 | tail -4
     done
     tar czf "$OUT/dense2.tgz" -C "$OUT" bwd16_r1 bwd16_r2 && rm -rf "$OUT/bwd16_r1" "$OUT/bwd16_r2"
+    ;;
+  ncu)
+    git apply experiments/results/h200/session25/patches/s_ahead.patch || exit 1
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    mkdir -p "$OUT/ncu"
+    for tag in default nopp ahead; do
+      case $tag in default) cfg='None' ;; nopp) cfg='{"pingpong": False}' ;; ahead) cfg='{"s_ahead": 1, "pingpong": False}' ;; esac
+      "$NCU" --clock-control none -k regex:gluon_fwd_kernel -s 2 -c 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        -f -o "$OUT/ncu/$tag" python -c "
+import sys, torch
+sys.path.insert(0, '.')
+from longca_triton.kernels.gluon.attention import gluon_attention
+from longca_triton.masks import make_mask
+S, d = 16384, 96
+g = torch.Generator(device='cuda').manual_seed(0)
+q = torch.randn(1, S, 64, d, device='cuda', dtype=torch.bfloat16, generator=g)
+k, v = (torch.randn(1, S, 8, d, device='cuda', dtype=torch.bfloat16, generator=g) for _ in range(2))
+with torch.no_grad():
+    for _ in range(3):
+        gluon_attention(q, k, v, make_mask('full', S), config=$cfg)
+torch.cuda.synchronize()
+" > "$OUT/ncu/$tag.log" 2>&1
+      echo "$tag rc=$?"
+      "$NCU" --import "$OUT/ncu/$tag.ncu-rep" --csv --page raw > "$OUT/ncu/$tag.csv" 2>> "$OUT/ncu/$tag.log"
+      rm -f "$OUT/ncu/$tag.ncu-rep"
+    done
+    git apply -R experiments/results/h200/session25/patches/s_ahead.patch
+    tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;
 esac
