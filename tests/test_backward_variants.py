@@ -1113,6 +1113,90 @@ def test_block_sparse_dq_skew_reaches_the_kernel_only_on_unpacked_lists(pack, wa
     assert [kw["SKEW"] for kw in launches if "SKEW" in kw] == [want]
 
 
+# ------------------------------------------------------------------ dQ short entries last (dq_short_keys)
+def _short_mask(S=211, seed=3):
+    """Variable blocks whose key runs end in remainders of at most 16 keys (the interpreter's dQ tile is 32)."""
+    return make_mask("varblock_sparse", S, block=44, min_block=18, density=0.5, patterns=2, seed=seed)
+
+
+def test_dq_short_tables_move_short_entries_last():
+    """``short_cols``: every list keeps its entries, the long ones first (in order), then those of at most
+    ``short_cols`` columns; ``col_split`` points at the first short one; a packed table ignores it."""
+    from longca_triton.kernels.block_sparse_tables import build_side_tables
+
+    m = _short_mask()
+    plain = build_side_tables(m.q_block_bounds, m.k_block_bounds, m.block_map, 32, 32, "cpu")
+    split = build_side_tables(m.q_block_bounds, m.k_block_bounds, m.block_map, 32, 32, "cpu", short_cols=16)
+    assert plain.col_split is None and split.short_cols == 16 and torch.equal(plain.ptr, split.ptr)
+    n_short = 0
+    for lst in range(plain.ptr.numel() - 1):
+        lo, hi, mid = int(plain.ptr[lst]), int(plain.ptr[lst + 1]), int(split.col_split[lst])
+        before = list(zip(plain.col_start[lo:hi].tolist(), plain.col_end[lo:hi].tolist()))
+        after = list(zip(split.col_start[lo:hi].tolist(), split.col_end[lo:hi].tolist()))
+        assert after == [e for e in before if e[1] - e[0] > 16] + [e for e in before if e[1] - e[0] <= 16]
+        assert lo <= mid <= hi and all(e - s0 <= 16 for s0, e in after[mid - lo:])
+        n_short += hi - mid
+    assert n_short > 0  # the mask has short remainders: the split is exercised
+    packed = build_side_tables(m.q_block_bounds, m.k_block_bounds, m.block_map, 32, 16, "cpu", pack_cols=True,
+                               short_cols=8)
+    assert packed.packed and packed.col_split is None and packed.short_cols == 0
+    with pytest.raises(ValueError, match="short_cols"):
+        build_side_tables(m.q_block_bounds, m.k_block_bounds, m.block_map, 32, 32, "cpu", short_cols=32)
+
+
+@pytest.mark.parametrize("S,cfgx,dtype", [
+    (211, {}, torch.float32),
+    (211, {"DQ_HEADS": 1}, torch.float16),
+    (150, {"dq_tail_rows": 16}, torch.float32)],
+    ids=["S=211-2-heads-stacked-fp32", "S=211-1-head-fp16", "S=150-tail-rows-fp32"])
+def test_dq_short_keys_gradients(S, cfgx, dtype):
+    """``dq_short_keys``: each dQ list's short entries walked last in 16-key tiles, against float64 with an lse
+    gradient (GQA 4:2, two patterns, stacked or single heads, tail row tiles)."""
+    mask = _short_mask(S)
+    cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0, **cfgx}
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, 4, 2, 32, dtype, dlse=True)
+
+
+def test_dq_short_keys_op_path_and_kernel_switch(monkeypatch):
+    """Through the torch.library ops the split table travels with the others (the same gradients as the
+    autograd path, bit for bit), and the launcher hands the dQ kernel ``SHORT_N`` only with it."""
+    import longca_triton.kernels.block_sparse as BS
+
+    mask = _short_mask()
+    cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0}
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 211, h, 32) for h in (4, 2, 2, 4))
+    grads = []
+    for fn in (BS.block_sparse_attention, BS.block_sparse_attention_op):
+        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+        fn(qq, kk, vv, mask, config=cfg).backward(do)
+        grads.append([x.grad for x in (qq, kk, vv)])
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    for short, want in ((16, 16), (0, 0)):
+        launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
+        c = BS.resolve_config(mask, 32, {**cfg, "dq_short_keys": short})
+        tables = BS.tables_for(mask, c, "cpu")
+        BS.block_sparse_bwd(do, q, k, v, torch.zeros_like(q), torch.zeros(1, 4, 211), mask, tables, 32 ** -0.5, c)
+        assert [kw["SHORT_N"] for kw in launches if "SHORT_N" in kw] == [want]
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"dq_short_keys": 24}, "dq_short_keys"),
+    ({"dq_short_keys": 32}, "below DQ_BLOCK_N"),
+    ({"dq_short_keys": True}, "dq_short_keys"),
+    ({"dq_short_keys": 16, "dq_list_chunk": 16}, "entry by entry"),
+    ({"dq_short_keys": 16, "dq_pack_list": True}, "entry by entry"),
+    ({"dq_short_keys": 16, "dq_skew": True}, "entry by entry")],
+    ids=["not-a-tile", "not-below-the-tile", "bool", "chunked-list", "packed-list", "skew"])
+def test_dq_short_keys_bad_configs(over, match):
+    import longca_triton.kernels.block_sparse as BS
+
+    with pytest.raises(ValueError, match=match):
+        BS.resolve_config(_short_mask(), 32, {"dq_pack_list": False, "dq_list_chunk": 0, **over})
+
+
 def test_dkdv_parts_script_smoke(tmp_path):
     """experiments/gpu/dkdv_parts.py --smoke: the dK/dV pass, its main launch and (with tails) its tail launch
     timed apart, with the tiles' area against the kept area, one row per (problem, config), as measured."""

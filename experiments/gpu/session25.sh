@@ -20,6 +20,10 @@
 #                                              the run-to-run spread of the 0.8 target on this GPU
 #   bash experiments/gpu/session25.sh ncu      Nsight Compute on the D = 96 forward (full, 16K): the default, ping-pong off,
 #                                              and s_ahead 1 without ping-pong (the patch applied, reverted after)
+#   bash experiments/gpu/session25.sh short    variable blocks' dQ with each list's short entries last in 32- / 16-key tiles
+#                                              (config dq_short_keys) against the default, checked, 3 rounds
+#   bash experiments/gpu/session25.sh varratio issue 13's variable-block ratio through the harness with dq_short_keys the
+#                                              default: uniform block 128 (a pattern per KV head) and variable blocks
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   base13)
@@ -108,6 +112,21 @@ torch.cuda.synchronize()
     done
     git apply -R experiments/results/h200/session25/patches/s_ahead.patch
     tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
+    ;;
+  short)
+    python experiments/gpu/bwd_configs_ab.py --out "$OUT/short" --check --no-flex --budget 480 \
+      --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
+      --configs '{"default": {}, "s32": {"dq_short_keys": 32}, "s16": {"dq_short_keys": 16}}' > "$OUT/short.log" 2>&1
+    tail -3 "$OUT/short.log"
+    cat "$OUT/short/bwd_configs_ab.md"
+    ;;
+  varratio)
+    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
+      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
+    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    tar czf "$OUT/varratio.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;
 esac

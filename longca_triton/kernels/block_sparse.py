@@ -64,7 +64,9 @@ fewer instructions a step (its full entries unmasked) changed nothing. Session 2
 session22/``): the dK/dV pass in uniform block 128's 128-key tile, head-major, with 64-key tails
 (``VARBLOCK_DKDV``: +1 to +6 %), and uniform blocks' dK/dV steps read their stats by TMA boxes
 (``dkdv_stats_tma``: +3 to +8 %); through the harness 0.70-0.73x uniform (both sides gained), block 128 1.11-1.15x
-Flex in all eight cases.
+Flex in all eight cases. Session 25 (an H200, ``experiments/results/h200/session25/``): each dQ list's key-run
+remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_sparse_tables`` ``short_cols``): +0.9 /
++1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU).
 
 Kernels
 -------
@@ -182,6 +184,9 @@ LN2 = 0.6931471805599453
 #: ``dq_skew``: the dQ steps issue the previous step's ``dS K`` GEMM after their own ``S`` and ``dP`` (``core.
 #: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step; the two-kernel layout, not
 #: the one-launch kernel); the same bits.
+#: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
+#: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
+#: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
@@ -189,7 +194,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
-    "dq_skew",
+    "dq_skew", "dq_short_keys",
 )
 
 #: each pass's packing key
@@ -207,6 +212,8 @@ TAIL_SIZES = (0, 16, 32, 64, 128)
 #: registers (``core.list_chunk``; why: ``block_sparse_bwd._dq_program``). The row-major dK/dV sweep
 #: (``dkdv_sweep`` 1 / 2) always reads its list entry by entry.
 LIST_CHUNKS = (0, 16, 32, 64, 128)
+#: ``dq_short_keys``: 0 (off) or the short entries' key tile
+SHORT_KEYS = (0, 16, 32, 64)
 
 
 def _pow2_le(x: int) -> int:
@@ -259,7 +266,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     query heads a dQ tile of variable blocks can stack (``_stack`` of the call's GQA group and heads per
     pattern; ``resolve_config`` passes it where it has q and k), which picks ``VARBLOCK_DQ``'s entry."""
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
-            "dq_skew": False, "pack_list": False,
+            "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
@@ -347,8 +354,13 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # (experiments/results/h100/session23/ call 11, timer_bias.py): back to back 291.1 / 285.4 -> 296.8 / 297.4
         # TFLOP/s, interleaved 282.5-285.5 -> 295.2-300.7; bwd_configs_ab (calls 6 / 8, with a fourth stage, which
         # alone changes nothing: call 10) +3.5 to +5.7 % at 32K / 64K, densities 0.3 / 0.5.
+        # Session 25 (dq_short_keys): each dQ list's key-run remainders of <= 32 keys walked last in 32-key tiles
+        # (the dQ tiles' area over the kept area 1.162 -> ~1.125 at 32K / 0.3 by the CPU count); H200, a pattern
+        # per KV head, interleaved, three rounds each (experiments/results/h200/session25/ call 9): 32K density 0.3
+        # 305.7 -> 308.5 TFLOP/s, 64K 0.5 305.3 -> 308.7 (+0.9 / +1.1 %, every round); 16-key tiles +0.4 / +0.5 %.
         cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=0, dq_pack_list=False,
-                   bwd_streams=True, **VARBLOCK_DKDV, **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
+                   bwd_streams=True, dq_short_keys=32, **VARBLOCK_DKDV,
+                   **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
     return cfg
 
 
@@ -401,6 +413,12 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         # a dK/dV key tile chosen without a tail size (configs written before VARBLOCK_DKDV's 64-key tails) at or
         # below the default tail keeps its remainders in its own tiles, as it was measured
         base["dkdv_tail_rows"] = 0
+    if overlay and "dq_short_keys" not in overlay and base["dq_short_keys"] and (
+            overlay.get("dq_list_chunk") or overlay.get("dq_pack_list") or overlay.get("dq_skew")
+            or overlay.get("one_launch") or overlay.get("DQ_BLOCK_N", base["DQ_BLOCK_N"]) <= base["dq_short_keys"]):
+        # a config that walks the dQ lists another way (or in tiles no larger) keeps every entry in its own tile,
+        # as it was written
+        base["dq_short_keys"] = 0
     cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
@@ -408,6 +426,16 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk not in LIST_CHUNKS:
             raise ValueError(f"block-sparse attention: config[{key!r}] must be one of {LIST_CHUNKS} (0: the list "
                              f"read entry by entry), got {chunk!r}")
+    short = cfg["dq_short_keys"]
+    if isinstance(short, bool) or not isinstance(short, int) or short not in SHORT_KEYS \
+            or (short and short >= cfg["DQ_BLOCK_N"]):
+        raise ValueError(f"block-sparse attention: config['dq_short_keys'] must be 0 or one of {SHORT_KEYS[1:]} below "
+                         f"DQ_BLOCK_N ({cfg['DQ_BLOCK_N']}), got {short!r}")
+    if short and (cfg["dq_list_chunk"] or cfg["dq_skew"] or cfg["dq_pack_list"] or cfg["one_launch"]):
+        raise ValueError("block-sparse attention: config['dq_short_keys'] walks unpacked dQ lists entry by entry in the "
+                         "two-kernel layout: it needs dq_list_chunk=0, dq_pack_list=False, dq_skew=False and "
+                         f"one_launch=False (got {cfg['dq_list_chunk']}, {cfg['dq_pack_list']}, {cfg['dq_skew']}, "
+                         f"{cfg['one_launch']})")
     rows = tile_sizes(cfg)
     for name, key in TAIL_KEYS.items():
         tail = cfg[key]
@@ -458,9 +486,10 @@ def tables_for(mask, cfg: dict, device) -> dict:
     out = {}
     for name in ("fwd", "dq", "dkdv"):
         major, tail = "k" if name == "dkdv" else "q", int(cfg[TAIL_KEYS[name]])
-        out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail)
+        short = int(cfg["dq_short_keys"]) if name == "dq" else 0
+        out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short)
         if tail:
-            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail)
+            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail, short)
     return out
 
 
@@ -574,12 +603,13 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         block_sparse_bwd_dq_kernel[(tq.num_tiles * num_packs,)](
             q, k, v, dout, lse, delta, dq,
             *_bsh_strides(q, k, v, dout, dq),
-            *tq.lists(),
+            *tq.lists(), tq.ptr if tq.col_split is None else tq.col_split,
             softmax_scale, qk_scale,
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
             **dims, BLOCK_M=tq.tile_rows, BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=heads,
             EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
-            SKEW=bool(cfg["dq_skew"]) and not tq.packed, num_warps=warps, num_stages=cfg["dq_num_stages"],
+            SKEW=bool(cfg["dq_skew"]) and not tq.packed, SHORT_N=tq.short_cols, num_warps=warps,
+            num_stages=cfg["dq_num_stages"],
         )
 
     tk, tq = tables["dkdv"], tables["dq"]
@@ -645,8 +675,9 @@ BlockSparseAttentionFunction = attention_function(
 # ----------------------------------------------------------------------------------------------
 
 #: per pass, the main table's 9 lists (row_start, row_end, row_block, order, ptr, col_start, col_end,
-#: col_next, col_count) then its tail table's (``_op_lists``: row lists empty when the pass has none)
-_TABLE_LEN = 18
+#: col_next, col_count) and its col_split (empty without one), then its tail table's (``_op_lists``: row
+#: lists empty when the pass has none)
+_TABLE_LEN = 20
 
 
 class _Patterns:
@@ -656,13 +687,16 @@ class _Patterns:
         self.num_patterns = int(num_patterns)
 
 
-def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols, packed) -> SideTables:
-    row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count = ts
+def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols, packed,
+                         short_cols: int = 0) -> SideTables:
+    row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count, col_split = ts
+    split = col_split.numel() > 0  # an empty one: no short entries split off (_op_lists)
     return SideTables(tile_rows=int(tile_rows), tile_cols=int(tile_cols),
                       num_row_blocks=(ptr.shape[0] - 1) // num_patterns, num_patterns=num_patterns,
                       row_start=row_start, row_end=row_end, row_block=row_block, order=order, ptr=ptr,
                       col_start=col_start, col_end=col_end, col_next=col_next, col_count=col_count,
-                      even_rows=False, even_cols=bool(even_cols), build_ms=0.0, packed=bool(packed))
+                      even_rows=False, even_cols=bool(even_cols), build_ms=0.0, packed=bool(packed),
+                      short_cols=int(short_cols) if split else 0, col_split=col_split if split else None)
 
 
 def _cfg_to_list(cfg: dict) -> list[int]:
@@ -686,13 +720,18 @@ def op_meta(tables: dict, num_patterns: int) -> list[int]:
 
 
 def _op_lists(tables: dict, name: str) -> list[torch.Tensor]:
-    """Pass ``name``'s main and tail tables as the ops carry them (``_TABLE_LEN`` tensors)."""
+    """Pass ``name``'s main and tail tables as the ops carry them: each table's ``lists()`` and its
+    ``col_split`` (empty where it has none), ten tensors a table."""
     main = tables[name]
     tail = tables.get(name + "_tail")
     if tail is None:  # no tail tiles: empty row lists, the launch is skipped
         tail = dataclasses.replace(main, **{f: getattr(main, f)[:0] for f in ("row_start", "row_end", "row_block",
                                                                               "order")})
-    return main.lists() + tail.lists()
+
+    def split(t: SideTables) -> torch.Tensor:
+        return t.ptr[:0] if t.col_split is None else t.col_split
+
+    return main.lists() + [split(main)] + tail.lists() + [split(tail)]
 
 
 def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
@@ -702,8 +741,10 @@ def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
     for i, (name, lists) in enumerate((("fwd", fwd), ("dq", dq), ("dkdv", dkdv))):
         if lists is not None:
             even, packed = meta[1 + 2 * i], meta[2 + 2 * i]
-            out[name] = _tables_from_tensors(lists[:9], *ts[name], P, even, packed)
-            tail = _tables_from_tensors(lists[9:], c[TAIL_KEYS[name]] or ts[name][0], ts[name][1], P, even, packed)
+            short = c["dq_short_keys"] if name == "dq" else 0
+            out[name] = _tables_from_tensors(lists[:10], *ts[name], P, even, packed, short)
+            tail = _tables_from_tensors(lists[10:], c[TAIL_KEYS[name]] or ts[name][0], ts[name][1], P, even, packed,
+                                        short)
             if tail.num_tiles:
                 out[name + "_tail"] = tail
     return out

@@ -294,8 +294,12 @@ def _dq_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
+    COL_SPLIT=None, SHORT_N: tl.constexpr = 0,
 ):
-    """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads)."""
+    """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads). ``SHORT_N`` (config
+    ``dq_short_keys``; ``COL_SPLIT`` the table's ``col_split``): each list's entries from ``COL_SPLIT``
+    on hold at most ``SHORT_N`` keys (``block_sparse_tables``) and are walked after the others in
+    ``[SHORT_N]``-key tiles."""
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
         pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
         BLOCK_M, HEADS)
@@ -330,7 +334,24 @@ def _dq_program(
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
     last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
-    if LIST_CHUNK == 0:
+    if SHORT_N > 0:
+        tl.static_assert(LIST_CHUNK == 0 and not PACKED and not SKEW,
+                         "short key entries: unpacked lists read entry by entry, no dq_skew")
+        e_mid = tl.load(COL_SPLIT + pat * num_row_blocks + blk)
+        for e in tl.range(e_lo, e_mid):
+            start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_N, PACKED)
+            dq, ds, prev = _dq_step(dq, ds, prev, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n,
+                                    end_n, next_n, BLOCK_N, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N,
+                                    EVEN_N, PACKED, EVEN_QK, EVEN_V, SKEW)
+        # the lists' short entries (a key run's remainder of <= SHORT_N keys) in tiles of their own size
+        k_short, v_short = kv_sources(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                      stride_vh, Sk, SHORT_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, PACKED)
+        for e in tl.range(e_mid, e_hi):
+            start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, False, PACKED)
+            dq, ds, prev = _dq_step(dq, ds, prev, q, do, lse2, delta, k_short, v_short, stride_ks, stride_vs, start_n,
+                                    end_n, next_n, SHORT_N, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, SHORT_N, False,
+                                    PACKED, EVEN_QK, EVEN_V, SKEW)
+    elif LIST_CHUNK == 0:
         for e in tl.range(e_lo, e_hi):
             start_n, end_n, next_n = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_N, PACKED)
             count = packed_count(e, e_hi, last, BLOCK_N)
@@ -402,14 +423,16 @@ def block_sparse_bwd_dq_kernel(
     stride_db, stride_ds, stride_dh,
     stride_dqb, stride_dqs, stride_dqh,
     ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # query-major tables
+    COL_SPLIT,  # the table's col_split (any int32 pointer when SHORT_N == 0: not read)
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
+    SHORT_N: tl.constexpr = 0,
 ):
     """Query-major dQ (grid: row tiles x head packs); ``SKEW``: each step's ``dS K`` issued in the next step
-    (``core.dq_skewed_scores``)."""
+    (``core.dq_skewed_scores``); ``SHORT_N``: short entries last, in their own tiles (``_dq_program``)."""
     _dq_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -417,7 +440,8 @@ def block_sparse_bwd_dq_kernel(
         ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED, SKEW)
+        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED, SKEW,
+        COL_SPLIT, SHORT_N)
 
 
 @triton.jit

@@ -40,6 +40,13 @@ ends in a short piece of ``r = L mod tile_rows`` rows that costs a whole tile. W
 remainders ``0 < r <= t`` as pieces of ``t`` rows, run by a second launch with ``t``-row tiles. The
 big tiles keep the large tile's efficiency; a remainder wastes less than ``t`` rows either way.
 
+Short entries last (``short_cols``, unpacked lists only; variable blocks' dQ pass): a run's last tile
+holds ``L mod tile_cols`` keys, a whole tile's work for a fraction of them. With ``short_cols < tile_cols``
+each list is reordered so its entries of at most ``short_cols`` columns come after all the others (each
+part in its original order), and ``col_split[l]`` is list ``l``'s first short entry (``ptr[l + 1]`` when it
+has none): a kernel walks the long entries with ``tile_cols`` tiles and the short ones with
+``short_cols`` tiles, so a remainder of at most ``short_cols`` keys wastes less than ``short_cols``.
+
 Key-major (dK/dV) is the same construction on the transposed map: key blocks cut into sub-tiles of
 keys, and per (pattern, key block) the runs of kept *query* blocks cut into sub-tiles of queries.
 
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -86,6 +94,8 @@ class SideTables:
     even_cols: bool  # every column tile is exactly tile_cols long
     build_ms: float  # wall time of the build (device synchronised)
     packed: bool = False  # column tiles may cross from one run of kept blocks into the next
+    short_cols: int = 0  # with col_split: entries of at most this many columns last in each list
+    col_split: Optional[torch.Tensor] = None  # [P * num_row_blocks]  first short entry of each list
 
     @property
     def num_tiles(self) -> int:
@@ -159,7 +169,7 @@ def _row_pieces(rb, tile_rows: int, part: str, tail_rows: int):
 
 def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows: int,
                       tile_cols: int, device, pack_cols: bool = False, part: str = "all",
-                      tail_rows: int = 0) -> SideTables:
+                      tail_rows: int = 0, short_cols: int = 0) -> SideTables:
     """Tables for programs owning row tiles of ``tile_rows`` and looping over column tiles.
 
     ``row_bounds [R+1]``, ``col_bounds [C+1]`` (ints), ``block_map [P, R, C]`` bool (any device).
@@ -167,8 +177,12 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     length is not a multiple of ``tile_cols``) and is possible (every column block at least
     ``tile_cols`` long); the result says whether it did (``packed``). ``part`` ("all", "big", "tail")
     and ``tail_rows``: the row tiles of one of the two launches of tail row tiles (module docstring);
-    the tail table's ``tile_rows`` is ``tail_rows``.
+    the tail table's ``tile_rows`` is ``tail_rows``. ``short_cols`` (``0 < short_cols < tile_cols``): each
+    list's entries of at most that many columns last, ``col_split`` where they start (module docstring);
+    a packed table ignores it (only its lists' last entries are short).
     """
+    if short_cols and not 0 < short_cols < tile_cols:
+        raise ValueError(f"short_cols must be 0 or in (0, tile_cols={tile_cols}); got {short_cols}")
     if part not in ("all", "big", "tail") or (part != "all" and not 0 < tail_rows < tile_rows):
         raise ValueError(f"part must be 'all', or 'big' / 'tail' with 0 < tail_rows < tile_rows; got {part!r}, "
                          f"tail_rows={tail_rows}, tile_rows={tile_rows}")
@@ -205,6 +219,16 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         counts.index_add_(0, run_row, pieces)
     ptr = torch.zeros(P * R + 1, dtype=torch.int64, device=dev)
     ptr[1:] = torch.cumsum(counts, 0)
+    col_split = None
+    if short_cols and not packed:
+        # entries are grouped by list already (runs come in list order): a stable sort on (list, short)
+        # moves each list's short entries behind its long ones
+        owner = torch.repeat_interleave(torch.arange(P * R, device=dev), counts, output_size=int(col_start.numel()))
+        short = (col_end - col_start) <= short_cols  # [E]
+        perm = torch.argsort(owner * 2 + short.to(owner.dtype), stable=True)
+        col_start, col_end, col_next, col_count = (t[perm] for t in (col_start, col_end, col_next, col_count))
+        num_long = torch.zeros(P * R, dtype=torch.int64, device=dev).index_add_(0, owner, (~short).to(torch.int64))
+        col_split = ptr[:-1] + num_long
     work = counts.view(P, R)[:, row_blocks] * (row_end - row_start)  # [P, T]: per pattern and row tile
     order = torch.cat([torch.argsort(work.sum(0), descending=True, stable=True),
                        torch.argsort(work, dim=1, descending=True, stable=True).reshape(-1)])
@@ -215,7 +239,8 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         row_start=i32(row_start), row_end=i32(row_end), row_block=i32(row_blocks), order=i32(order),
         ptr=i32(ptr), col_start=i32(col_start), col_end=i32(col_end), col_next=i32(col_next),
         col_count=i32(col_count), even_rows=bool(np.all(rsz % tile_rows == 0)), even_cols=even_cols,
-        build_ms=0.0, packed=packed,
+        build_ms=0.0, packed=packed, short_cols=int(short_cols) if col_split is not None else 0,
+        col_split=None if col_split is None else i32(col_split),
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -226,9 +251,9 @@ _CACHE = PlanCache(64)
 
 
 def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False,
-                    part: str = "all", tail_rows: int = 0) -> SideTables:
+                    part: str = "all", tail_rows: int = 0, short_cols: int = 0) -> SideTables:
     """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols``,
-    ``part`` and ``tail_rows`` as in ``build_side_tables``).
+    ``part``, ``tail_rows`` and ``short_cols`` as in ``build_side_tables``).
 
     The cache keeps the mask object alive with its entry, so its ``id`` cannot be reused meanwhile.
     """
@@ -238,11 +263,11 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     def build(dev):
         if major == "q":
             return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows)
+                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols)
         return build_side_tables(mask.k_block_bounds, mask.q_block_bounds, mask.block_map.transpose(1, 2).contiguous(),
-                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows)
+                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols)
 
-    key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows))
+    key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows), int(short_cols))
     return _CACHE.get(mask, key, device, build)
 
 
