@@ -271,12 +271,14 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     return _CACHE.get(mask, key, device, build)
 
 
-def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None) -> dict:
+def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None,
+                   short: dict | None = None) -> dict:
     """Median wall time (ms) of building each table from scratch (no cache), per direction.
 
     ``tile_sizes``: ``{"fwd": (rows, cols), "dq": (rows, cols), "dkdv": (rows, cols)}`` as in a
     resolved config (``block_sparse.tile_sizes(cfg)``); ``pack``: the same keys to ``pack_cols``
-    flags (``block_sparse.pack_flags``). The first build (allocator warm-up) is dropped.
+    flags (``block_sparse.pack_flags``); ``short``: the same keys to ``short_cols``. The first build
+    (allocator warm-up) is dropped.
     """
     out = {}
     for name, (tr, tc) in tile_sizes.items():
@@ -285,6 +287,8 @@ def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict 
         rows, cols = ((mask.q_block_bounds, mask.k_block_bounds) if major == "q"
                       else (mask.k_block_bounds, mask.q_block_bounds))
         packed = bool((pack or {}).get(name, False))
-        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed).build_ms for _ in range(repeats + 1)]
+        sc = int((short or {}).get(name, 0))
+        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed, short_cols=sc).build_ms
+                 for _ in range(repeats + 1)]
         out[name] = float(np.median(times[1:]))
     return out
