@@ -21,7 +21,8 @@
 #   bash experiments/gpu/session25.sh ncu      Nsight Compute on the D = 96 forward (full, 16K): the default, ping-pong off,
 #                                              and s_ahead 1 without ping-pong (the patch applied, reverted after)
 #   bash experiments/gpu/session25.sh short    variable blocks' dQ with each list's short entries last in 32- / 16-key tiles
-#                                              (config dq_short_keys) against the default, checked, 3 rounds
+#                                              (config dq_short_keys) against it off ("default" in the rows: call 9 ran
+#                                              before 32 became the default), checked, 3 rounds
 #   bash experiments/gpu/session25.sh varratio issue 13's variable-block ratio through the harness with dq_short_keys the
 #                                              default: uniform block 128 (a pattern per KV head) and variable blocks
 source experiments/gpu/session_env.sh
@@ -116,7 +117,8 @@ torch.cuda.synchronize()
   short)
     python experiments/gpu/bwd_configs_ab.py --out "$OUT/short" --check --no-flex --budget 480 \
       --rounds 3 --dense-masks '' --sparse varblock256:32768:0.3,varblock256:65536:0.5 \
-      --configs '{"default": {}, "s32": {"dq_short_keys": 32}, "s16": {"dq_short_keys": 16}}' > "$OUT/short.log" 2>&1
+      --configs '{"default": {"dq_short_keys": 0}, "s32": {"dq_short_keys": 32}, "s16": {"dq_short_keys": 16}}' \
+      > "$OUT/short.log" 2>&1
     tail -3 "$OUT/short.log"
     cat "$OUT/short/bwd_configs_ab.md"
     ;;
