@@ -1147,13 +1147,18 @@ def test_dq_short_tables_move_short_entries_last():
 @pytest.mark.parametrize("S,cfgx,dtype", [
     (211, {}, torch.float32),
     (211, {"DQ_HEADS": 1}, torch.float16),
-    (150, {"dq_tail_rows": 16}, torch.float32)],
-    ids=["S=211-2-heads-stacked-fp32", "S=211-1-head-fp16", "S=150-tail-rows-fp32"])
+    (173, {"dq_tail_rows": 16}, torch.float32)],
+    ids=["S=211-2-heads-stacked-fp32", "S=211-1-head-fp16", "S=173-tail-rows-fp32"])
 def test_dq_short_keys_gradients(S, cfgx, dtype):
     """``dq_short_keys``: each dQ list's short entries walked last in 16-key tiles, against float64 with an lse
     gradient (GQA 4:2, two patterns, stacked or single heads, tail row tiles)."""
+    import longca_triton.kernels.block_sparse as BS
+
     mask = _short_mask(S)
     cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0, **cfgx}
+    # every dQ table this config builds (main and tail row tiles) holds short entries: the second loop runs
+    tables = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), "cpu")
+    assert all(bool((t.col_split < t.ptr[1:]).any()) for n, t in tables.items() if n.startswith("dq"))
     compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
                          S, S, 1, 4, 2, 32, dtype, dlse=True)
 
