@@ -631,13 +631,15 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     # the backward: dK/dV over packed query lists entry by entry (session 16), since session 22 in uniform
     # block 128's 128-key tile on 8 warps, head-major, its remainders in 64-key tail tiles (VARBLOCK_DKDV);
     # dQ over plain key lists, 64 keys a step; session 21: 128-row tiles of four stacked query
-    # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails)
+    # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails); session
+    # 26: eight heads x 16 positions where the group allows
     assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 128, 0, 0)
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
-    assert (cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (32, 64, 3, 0)
-    assert cfg["DQ_HEADS"] == 4 and cfg["dq_num_warps"] == 8
+    assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_num_warps"]) == (16, 8, 8)
+    assert BS.default_config(mask, 128, dq_stack=4)["DQ_BLOCK_M"] == 32
     assert cfg["dq_tail_rows"] == 0 and not cfg["dq_pack_list"]
     assert BS.default_config(mask, 128, dq_stack=1)["dq_tail_rows"] == 64
     assert cfg["bwd_streams"]  # session 20: streams +2.4 %
@@ -841,6 +843,52 @@ def test_bwd_streams_puts_the_dq_launches_beside_dkdv(kernel, on, monkeypatch):
     launches = events[1:]
     want = 2 if kernel == "block-sparse" else 1  # main tiles + tail tiles per pass there
     assert launches == [("dkdv", False)] * want + [("dq", True)] * want
+
+
+class _RecordWarps:
+    """A kernel stand-in appending ``(name, grid, num_warps, BLOCK_N)`` of each launch to ``events``."""
+
+    def __init__(self, name, events):
+        self.name, self.events = name, events
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.events.append((self.name, grid[0], kw["num_warps"], kw["BLOCK_N"]))
+
+
+@pytest.mark.parametrize("warps", [None, 4, 8], ids=["default", "tail_warps=4", "tail_warps=8"])
+def test_dkdv_tail_warps_sets_only_the_dkdv_tail_launch(warps, monkeypatch):
+    """``dkdv_tail_warps``: the dK/dV tail launch (16-key tiles here) runs on that many warps (4 when unset);
+    the main dK/dV launch and both dQ launches keep their own."""
+    from longca_triton.kernels import block_sparse as BS
+
+    events: list = []
+    monkeypatch.setattr(BS, "block_sparse_bwd_dkdv_kernel", _RecordWarps("dkdv", events))
+    monkeypatch.setattr(BS, "block_sparse_bwd_dq_kernel", _RecordWarps("dq", events))
+    _stream_backward("block-sparse", {} if warps is None else {"dkdv_tail_warps": warps})
+    cfg = BS.resolve_config(make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2,
+                                      seed=5), 32, {"dq_tail_rows": 16, "dkdv_tail_rows": 16})
+    assert [e[0] for e in events] == ["dkdv", "dkdv", "dq", "dq"]
+    assert all(e[1] > 0 for e in events)  # the small mask has remainders on both sides
+    assert events[0][2:] == (cfg["dkdv_num_warps"], cfg["DKDV_BLOCK_N"])
+    assert events[1][2:] == (warps or 4, 16)
+    assert [e[2] for e in events[2:]] == [cfg["dq_num_warps"], 4]
+
+
+@pytest.mark.parametrize("bad", [2, 6, 16, True, "8"], ids=str)
+def test_dkdv_tail_warps_rejects_other_counts(bad):
+    from longca_triton.kernels import block_sparse as BS
+
+    mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
+    with pytest.raises(ValueError, match="dkdv_tail_warps"):
+        BS.resolve_config(mask, 32, {"dkdv_tail_warps": bad})
+
+
+def test_dkdv_tail_warps_gradients_match_the_reference():
+    """Variable blocks with 16-key dK/dV tails launched on 8 warps, against float64."""
+    mask = make_mask("varblock_sparse", 173, block=48, min_block=20, density=0.4, patterns=2, seed=3)
+    cfg = {"dkdv_tail_rows": 16, "dkdv_tail_warps": 8}
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         173, 173, 1, 4, 2, 32, torch.float32)
 
 
 def test_bwd_streams_defaults_off_and_is_a_bool():

@@ -82,7 +82,7 @@ def test_dkdv_pattern_order_equal_bits(patterns):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("stack", [4, 2], ids=["4x32", "2x64"])
+@pytest.mark.parametrize("stack", [8, 4, 2], ids=["8x16", "4x32", "2x64"])
 def test_varblock_stacked_dq_equal_bits(stack):
     """Variable blocks' stacked dQ tile (``block_sparse.VARBLOCK_DQ``: ``stack`` query heads x 128 / stack
     positions in 128 rows, no tail launch) only regroups rows: each row walks the same key tiles in the same

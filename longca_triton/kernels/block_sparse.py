@@ -66,7 +66,11 @@ session22/``): the dK/dV pass in uniform block 128's 128-key tile, head-major, w
 (``dkdv_stats_tma``: +3 to +8 %); through the harness 0.70-0.73x uniform (both sides gained), block 128 1.11-1.15x
 Flex in all eight cases. Session 25 (an H200, ``experiments/results/h200/session25/``): each dQ list's key-run
 remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_sparse_tables`` ``short_cols``): +0.9 /
-+1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU).
++1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU). Session 26
+(H200, ``experiments/results/h200/session26/``): the dQ tile stacks eight heads x 16 positions where the group
+allows (``VARBLOCK_DQ``: +4 to +6 %); the launches timed apart (``experiments/gpu/varblock_parts.py``) add up to the
+backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
+the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left.
 
 Kernels
 -------
@@ -194,7 +198,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
-    "dq_skew", "dq_short_keys",
+    "dq_skew", "dq_short_keys", "dkdv_tail_warps",
 )
 
 #: each pass's packing key
@@ -203,7 +207,8 @@ PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
 #: ``tail_rows`` (forward) / ``dq_tail_rows`` / ``dkdv_tail_rows``: 0, or a tail tile size below the pass's
 #: own row tile (forward ``BLOCK_M``, dQ ``DQ_BLOCK_M``, dK/dV ``DKDV_BLOCK_N`` keys): a block's remainder
 #: of at most that many rows runs in a second launch of tiles that size (``block_sparse_tables``), with 4
-#: warps and the pass's column tile, stages and list reading. Variable blocks only change with it.
+#: warps (the dK/dV tails: ``dkdv_tail_warps``, 4 or 8) and the pass's column tile, stages and list reading.
+#: Variable blocks only change with it.
 TAIL_KEYS = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
 TAIL_SIZES = (0, 16, 32, 64, 128)
 
@@ -236,12 +241,17 @@ def _mask_block(mask) -> Optional[int]:
 #: 287.6; 32K 0.5 280.4 / 294.9 / 299.4; mean 128 228.9 / 246.0 / 252.5; mean 512 312.2 / 328.3 / 325.0.
 #: One config after the other (the harness's ``time_fn``, both orders, call 6): 32 x 4 +3 to +4 %. Measured
 #: at D = 128 only; the padded head dims that take D = 128's tiles (80, 96) run the same tile shapes.
+#: Session 26 (an H200, with ``dq_short_keys``; ``experiments/results/h200/session26/``): eight heads x 16
+#: positions, where the group allows, is ahead of 4 x 32 (it lost on the H100 in session 21, without the short
+#: key tiles): 32K density 0.3 84.72 -> 79.78 ms, 0.5 142.71 -> 137.23 (``varblock_parts.py``, interleaved, three
+#: rounds), 310.0 -> 327.1 TFLOP/s through autograd (``bwd_configs_ab.py``, checked, equal bits).
 VARBLOCK_DQ = {
+    8: dict(DQ_BLOCK_M=16, DQ_HEADS=8, dq_tail_rows=0),
     4: dict(DQ_BLOCK_M=32, DQ_HEADS=4, dq_tail_rows=0),
     2: dict(DQ_BLOCK_M=64, DQ_HEADS=2, dq_tail_rows=0),
     1: dict(DQ_BLOCK_M=128, DQ_HEADS=1, dq_tail_rows=64),
 }
-#: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 4)
+#: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 8)
 VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 
 #: Variable blocks' dK/dV pass at D <= 128: uniform block 128's tile (128 keys a program on 8 warps, 64 query rows
@@ -268,7 +278,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
+            "dkdv_tail_warps": 4, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
 def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
@@ -436,6 +446,9 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
                          "two-kernel layout: it needs dq_list_chunk=0, dq_pack_list=False, dq_skew=False and "
                          f"one_launch=False (got {cfg['dq_list_chunk']}, {cfg['dq_pack_list']}, {cfg['dq_skew']}, "
                          f"{cfg['one_launch']})")
+    if cfg["dkdv_tail_warps"] not in (4, 8) or isinstance(cfg["dkdv_tail_warps"], bool):
+        raise ValueError(f"block-sparse attention: config['dkdv_tail_warps'] must be 4 or 8, got "
+                         f"{cfg['dkdv_tail_warps']!r}")
     rows = tile_sizes(cfg)
     for name, key in TAIL_KEYS.items():
         tail = cfg[key]
@@ -632,7 +645,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             DKDV_PATTERN_ORDER=pattern_order, num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
     # each pass's launches in order (main tiles, then its tail tiles: their own row size, one head a
-    # tile, 4 warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's
+    # tile, 4 warps or dkdv_tail_warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's
     chains = {"dkdv": [], "dq": []}
     if not one_launch:
         chains["dkdv"].append(lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]))
@@ -640,7 +653,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     for name, launch in (("dkdv", launch_dkdv), ("dq", launch_dq)):
         tail = tables.get(name + "_tail")
         if tail is not None and tail.num_tiles:
-            chains[name].append(lambda launch=launch, tail=tail: launch(tail, 1, 4))
+            warps = int(cfg["dkdv_tail_warps"]) if name == "dkdv" else 4
+            chains[name].append(lambda launch=launch, tail=tail, warps=warps: launch(tail, 1, warps))
     both = "dkdv" in passes and "dq" in passes
     with side_stream(q.device, cfg["bwd_streams"] and both) as beside:
         for launch in chains["dkdv"] if "dkdv" in passes else ():
