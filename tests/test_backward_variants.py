@@ -874,6 +874,68 @@ def test_dkdv_tail_warps_sets_only_the_dkdv_tail_launch(warps, monkeypatch):
     assert [e[2] for e in events[2:]] == [cfg["dq_num_warps"], 4]
 
 
+class _RecordPlace:
+    """A kernel stand-in appending ``(name, launched beside, BLOCK_N)`` to ``events``."""
+
+    def __init__(self, name, events, state):
+        self.name, self.events, self.state = name, events, state
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.events.append((self.name, self.state["beside"], kw["BLOCK_N"]))
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["bwd_streams", "one-stream"])
+@pytest.mark.parametrize("order", [0, 1, 2], ids=lambda o: f"dkdv_tail_order={o}")
+def test_dkdv_tail_order_places_the_dkdv_tail_launch(order, streams, monkeypatch):
+    """``dkdv_tail_order``: 0 the dK/dV tail launch (16-key tiles) after the main dK/dV launch on its stream, 1
+    first in the dQ chain, 2 on the side stream before the main dK/dV launch; the other launches keep their
+    places (dQ main, then dQ tails, beside with ``bwd_streams``)."""
+    from longca_triton.kernels import block_sparse as BS
+
+    events: list = []
+    fake, state = fake_side_stream(events)
+    monkeypatch.setattr(BS, "side_stream", fake)
+    monkeypatch.setattr(BS, "block_sparse_bwd_dkdv_kernel", _RecordPlace("dkdv", events, state))
+    monkeypatch.setattr(BS, "block_sparse_bwd_dq_kernel", _RecordPlace("dq", events, state))
+    _stream_backward("block-sparse", {"dkdv_tail_order": order, "bwd_streams": streams})
+    assert events[0] == ("side_stream", streams)
+    # (the stand-in's beside() marks its launches whether or not the stream is on: off, the real one is a no-op)
+    main, tail = ("dkdv", False, 32), ("dkdv", order != 0, 16)
+    dqs = [("dq", True, 32), ("dq", True, 32)]
+    want = {0: [main, tail, *dqs], 1: [main, tail, *dqs], 2: [tail, main, *dqs]}[order]
+    assert events[1:] == want
+
+
+def test_dkdv_tail_order_keeps_the_bits_and_passes():
+    """Every order gives the same gradients (disjoint outputs), and a dK/dV-only backward still runs its tails."""
+    from longca_triton.kernels import block_sparse as BS
+
+    mask = make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.5, patterns=2, seed=4)
+    torch.manual_seed(0)
+    q, k, v, out, do = (torch.randn(1, 150, h, 32) for h in (4, 2, 2, 4, 4))
+    lse = torch.rand(1, 4, 150) + 5.0
+    got = []
+    for order in (0, 1, 2):
+        cfg = BS.resolve_config(mask, 32, {"dkdv_tail_rows": 16, "dkdv_tail_order": order})
+        tables = BS.tables_for(mask, cfg, "cpu")
+        assert tables["dkdv_tail"].num_tiles > 0
+        both = BS.block_sparse_bwd(do, q, k, v, out, lse, mask, tables, 32 ** -0.5, cfg)
+        _, dk, dv = BS.block_sparse_bwd(do, q, k, v, out, lse, mask, tables, 32 ** -0.5, cfg, passes=("dkdv",))
+        assert torch.equal(dk, both[1]) and torch.equal(dv, both[2])
+        got.append(both)
+    for other in got[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got[0], other))
+
+
+@pytest.mark.parametrize("bad", [3, -1, True, "1"], ids=str)
+def test_dkdv_tail_order_rejects_other_values(bad):
+    from longca_triton.kernels import block_sparse as BS
+
+    mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
+    with pytest.raises(ValueError, match="dkdv_tail_order"):
+        BS.resolve_config(mask, 32, {"dkdv_tail_order": bad})
+
+
 @pytest.mark.parametrize("bad", [2, 6, 16, True, "8"], ids=str)
 def test_dkdv_tail_warps_rejects_other_counts(bad):
     from longca_triton.kernels import block_sparse as BS

@@ -8,6 +8,9 @@
 #                                             (dK/dV tails on 8 warps, dK/dV 32 query rows a step, dQ 8 heads x 16)
 #                                             interleaved, then the same configs checked against float32 through
 #                                             autograd (bwd_configs_ab.py --check, 32K / 0.3)
+#   bash experiments/gpu/session26.sh order   the dK/dV tail launch's place (dkdv_tail_order 0 / 1 / 2) timed with the
+#                                             launches apart, then Nsight Compute on the dK/dV launches (main and tails
+#                                             of variable blocks, uniform block 128's): DRAM and L2 traffic
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   parts)
@@ -19,6 +22,24 @@ case "${1:-}" in
       --configs "{\"default\": {}, ${CONFIGS:1}" > "$OUT/ab.log" 2>&1
     tail -3 "$OUT/ab.log"; cat "$OUT/ab/bwd_configs_ab.md"
     nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv
+    ;;
+  order)
+    # where the dK/dV tail launch goes (dkdv_tail_order 1: first in the dQ chain on the side stream; 2: on the side
+    # stream before the main dK/dV launch), beside the default (0: after the main dK/dV launch)
+    timeout 300 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 \
+      --cases varblock256:32768:0.3,varblock256:32768:0.5,uniform128:32768:0.3 \
+      --configs '{"order1": {"dkdv_tail_order": 1}, "order2": {"dkdv_tail_order": 2}}' 2>&1 | tail -30
+    # Nsight Compute: the dK/dV main and tail launches of variable blocks, uniform block 128's dK/dV (memory, L2)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    mkdir -p "$OUT/ncu"
+    for c in varblock-ours sparse-ours; do
+      case $c in varblock-ours) F=(-k regex:bwd_dkdv -s 2 -c 2) ;; *) F=(-k regex:bwd_dkdv -s 1 -c 1) ;; esac
+      timeout 150 "$NCU" --clock-control none "${F[@]}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --csv --page details \
+        python experiments/gpu/ncu_bwd.py --case "$c" > "$OUT/ncu/$c.csv" 2> "$OUT/ncu/$c.err"
+      echo "$c rc=$? $(wc -l < "$OUT/ncu/$c.csv") lines"
+    done
+    tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

@@ -198,7 +198,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
-    "dq_skew", "dq_short_keys", "dkdv_tail_warps",
+    "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order",
 )
 
 #: each pass's packing key
@@ -208,7 +208,9 @@ PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
 #: own row tile (forward ``BLOCK_M``, dQ ``DQ_BLOCK_M``, dK/dV ``DKDV_BLOCK_N`` keys): a block's remainder
 #: of at most that many rows runs in a second launch of tiles that size (``block_sparse_tables``), with 4
 #: warps (the dK/dV tails: ``dkdv_tail_warps``, 4 or 8) and the pass's column tile, stages and list reading.
-#: Variable blocks only change with it.
+#: Variable blocks only change with it. ``dkdv_tail_order`` places the dK/dV tail launch: 0 after the main dK/dV
+#: launch on its stream, 1 first in the dQ chain (the side stream with ``bwd_streams``), 2 on the side stream
+#: issued before the main dK/dV launch (outputs disjoint: the same bits in any order).
 TAIL_KEYS = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
 TAIL_SIZES = (0, 16, 32, 64, 128)
 
@@ -278,7 +280,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            "dkdv_tail_warps": 4, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
+            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
 def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
@@ -449,6 +451,10 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     if cfg["dkdv_tail_warps"] not in (4, 8) or isinstance(cfg["dkdv_tail_warps"], bool):
         raise ValueError(f"block-sparse attention: config['dkdv_tail_warps'] must be 4 or 8, got "
                          f"{cfg['dkdv_tail_warps']!r}")
+    if cfg["dkdv_tail_order"] not in (0, 1, 2) or isinstance(cfg["dkdv_tail_order"], bool):
+        raise ValueError(f"block-sparse attention: config['dkdv_tail_order'] must be 0 (after the main dK/dV launch), "
+                         f"1 (first in the dQ chain) or 2 (on the side stream before the main dK/dV launch), got "
+                         f"{cfg['dkdv_tail_order']!r}")
     rows = tile_sizes(cfg)
     for name, key in TAIL_KEYS.items():
         tail = cfg[key]
@@ -645,22 +651,39 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             DKDV_PATTERN_ORDER=pattern_order, num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
         )
     # each pass's launches in order (main tiles, then its tail tiles: their own row size, one head a
-    # tile, 4 warps or dkdv_tail_warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside dK/dV's
+    # tile, 4 warps or dkdv_tail_warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside
+    # dK/dV's. dkdv_tail_order moves the dK/dV tail launch: 1 to the head of the dQ chain (issued after the main
+    # dK/dV launch), 2 to the side stream issued before the main dK/dV launch (one stream: the host order alone)
     chains = {"dkdv": [], "dq": []}
     if not one_launch:
         chains["dkdv"].append(lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]))
         chains["dq"].append(lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"]))
-    for name, launch in (("dkdv", launch_dkdv), ("dq", launch_dq)):
-        tail = tables.get(name + "_tail")
-        if tail is not None and tail.num_tiles:
-            warps = int(cfg["dkdv_tail_warps"]) if name == "dkdv" else 4
-            chains[name].append(lambda launch=launch, tail=tail, warps=warps: launch(tail, 1, warps))
+    if "dkdv" not in passes:
+        chains["dkdv"] = []
+    if "dq" not in passes:
+        chains["dq"] = []
+    dq_tail, dkdv_tail = tables.get("dq_tail"), tables.get("dkdv_tail")
+    if "dq" in passes and dq_tail is not None and dq_tail.num_tiles:
+        chains["dq"].append(lambda: launch_dq(dq_tail, 1, 4))
+    first = []  # launched on the side stream before everything else
+    if "dkdv" in passes and dkdv_tail is not None and dkdv_tail.num_tiles:
+        tail_launch = lambda: launch_dkdv(dkdv_tail, 1, int(cfg["dkdv_tail_warps"]))  # noqa: E731
+        order = int(cfg["dkdv_tail_order"])
+        if order == 0:
+            chains["dkdv"].append(tail_launch)
+        elif order == 1:
+            chains["dq"].insert(0, tail_launch)
+        else:
+            first.append(tail_launch)
     both = "dkdv" in passes and "dq" in passes
     with side_stream(q.device, cfg["bwd_streams"] and both) as beside:
-        for launch in chains["dkdv"] if "dkdv" in passes else ():
+        with beside():
+            for launch in first:
+                launch()
+        for launch in chains["dkdv"]:
             launch()
         with beside():
-            for launch in chains["dq"] if "dq" in passes else ():
+            for launch in chains["dq"]:
                 launch()
     return dq, dk, dv
 
