@@ -636,6 +636,7 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 128, 0, 0)
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
+    assert cfg["dkdv_tail_order"] == 2  # session 26: the tails first, on the side stream
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
     assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)
     assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_num_warps"]) == (16, 8, 8)

@@ -11,6 +11,8 @@
 #   bash experiments/gpu/session26.sh order   the dK/dV tail launch's place (dkdv_tail_order 0 / 1 / 2) timed with the
 #                                             launches apart, then Nsight Compute on the dK/dV launches (main and tails
 #                                             of variable blocks, uniform block 128's): DRAM and L2 traffic
+#   bash experiments/gpu/session26.sh order64 the GPU equal-bits tests of the new defaults, then dkdv_tail_order 2 against
+#                                             0 at 64K (densities 0.3 / 0.5)
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   parts)
@@ -40,6 +42,13 @@ case "${1:-}" in
       echo "$c rc=$? $(wc -l < "$OUT/ncu/$c.csv") lines"
     done
     tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
+    ;;
+  order64)
+    # the new defaults' GPU tests (equal bits: the 8 x 16 dQ tile, every dK/dV tail order), then dkdv_tail_order 2
+    # (the default since call 2) against 0 at 64K, whole backward, interleaved
+    tests tests/test_streams_gpu.py "stacked or tail_order" gpu_tests.log 150
+    timeout 330 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 --rep 10 --no-parts \
+      --cases varblock256:65536:0.3,varblock256:65536:0.5 --configs '{"order0": {"dkdv_tail_order": 0}}' 2>&1 | tail -12
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

@@ -13,7 +13,8 @@ flushed between calls), each a call of ``block_sparse.block_sparse_bwd`` on tabl
   unwritten): what the backward would take if the key blocks' remainders cost nothing, the ceiling of
   any change to them.
 
-Plus ``--configs`` (JSON ``{name: overlay}``): each overlay's whole backward beside the default's.
+Plus ``--configs`` (JSON ``{name: overlay}``): each overlay's whole backward beside the default's (``--no-parts``:
+beside the default's whole backward only).
 
     PYTHONPATH=. python experiments/gpu/varblock_parts.py --out $OUT \\
         --cases varblock256:32768:0.3,uniform128:32768:0.3 --configs '{"tailw8": {"dkdv_tail_warps": 8}}'
@@ -45,8 +46,9 @@ def _empty(t):
                                order=t.order[:0])
 
 
-def launches(mask, q, k, v, overlays: dict):
-    """``{name: fn}``: the parts (module doc) of the default config and each overlay's whole backward."""
+def launches(mask, q, k, v, overlays: dict, parts: bool = True):
+    """``{name: fn}``: the parts (module doc) of the default config (``parts``; else its whole backward only) and
+    each overlay's whole backward."""
     from longca_triton.kernels import block_sparse as BS
 
     scale = q.shape[-1] ** -0.5
@@ -58,8 +60,10 @@ def launches(mask, q, k, v, overlays: dict):
     def bwd(tabs, c=cfg, passes=("dkdv", "dq")):
         return lambda: BS.block_sparse_bwd(dout, q, k, v, out, lse, mask, tabs, scale, c, passes=passes)
 
-    fns = {"bwd": bwd(tables), "dq": bwd(tables, passes=("dq",)), "dkdv": bwd(tables, passes=("dkdv",))}
-    if tables.get("dkdv_tail") is not None and tables["dkdv_tail"].num_tiles:
+    fns = {"bwd": bwd(tables)}
+    if parts:
+        fns.update(dq=bwd(tables, passes=("dq",)), dkdv=bwd(tables, passes=("dkdv",)))
+    if parts and tables.get("dkdv_tail") is not None and tables["dkdv_tail"].num_tiles:
         no_tail = {n: t for n, t in tables.items() if n != "dkdv_tail"}
         fns["dkdv_main"] = bwd(no_tail, passes=("dkdv",))
         fns["dkdv_tail"] = bwd({**tables, "dkdv": _empty(tables["dkdv"])}, passes=("dkdv",))
@@ -80,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--ms", type=float, default=1000.0)
+    ap.add_argument("--no-parts", action="store_true", help="the default's whole backward only, beside --configs")
     args = ap.parse_args(argv)
     from bwd_variants import SPARSE_MASKS
 
@@ -106,7 +111,7 @@ def main(argv=None):
         mask = make_mask(kind, S, block=block, density=float(dens), patterns=hkv, seed=0, **extra)
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, S, h, args.head_dim, device=dev, dtype=torch.bfloat16) for h in (hq, hkv, hkv))
-        fns, cfg = launches(mask, q, k, v, overlays)
+        fns, cfg = launches(mask, q, k, v, overlays, not args.no_parts)
         names = list(fns)
         times = {n: [] for n in names}
         for r in range(args.rounds):

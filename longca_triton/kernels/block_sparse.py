@@ -267,8 +267,13 @@ VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 #: its main tiles 44.5 and its tails 9.3 (the tails' 13 % of the area at 1.6x the main tiles' time per area:
 #: 64-key tiles read each q / dO row for half the keys). The stats by TMA boxes (``dkdv_stats_tma``) apply to full,
 #: unpacked entries only: on these packed lists a second box and two selects a value lost (0.88x / 0.97x).
+#: Session 26 (H200, ``experiments/results/h200/session26/``): the tail launch is the largest part left (32K / 0.3:
+#: 9.0 ms of 84.7 alone, the backward 70.4 without it; Nsight Compute: L2 hit rate 27 % against the main launch's
+#: 61 %, DRAM 38 %, compute 37 %: its programs stream q / dO for 64 keys), and it runs first, on the side stream
+#: before the main launch (``dkdv_tail_order`` 2: the main launch's programs fill its last waves): 32K density
+#: 0.3 83.15 -> 82.47 ms, 0.5 143.15 -> 138.65 (interleaved, three rounds; 1: 83.26 / 141.93).
 VARBLOCK_DKDV = dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_tail_rows=64,
-                     dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True)
+                     dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True, dkdv_tail_order=2)
 
 
 def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
