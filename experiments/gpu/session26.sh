@@ -13,6 +13,8 @@
 #                                             of variable blocks, uniform block 128's): DRAM and L2 traffic
 #   bash experiments/gpu/session26.sh order64 the GPU equal-bits tests of the new defaults, then dkdv_tail_order 2 against
 #                                             0 at 64K (densities 0.3 / 0.5)
+#   bash experiments/gpu/session26.sh varratio the dQ tile 8 x 16 against 4 x 32 at 64K, then the variable-block ratio
+#                                             through the harness (uniform block 128 and variable blocks, 32K / 64K)
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   parts)
@@ -49,6 +51,19 @@ case "${1:-}" in
     tests tests/test_streams_gpu.py "stacked or tail_order" gpu_tests.log 150
     timeout 330 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 --rep 10 --no-parts \
       --cases varblock256:65536:0.3,varblock256:65536:0.5 --configs '{"order0": {"dkdv_tail_order": 0}}' 2>&1 | tail -12
+    ;;
+  varratio)
+    # the dQ tile 8 x 16 (default since call 1) against 4 x 32 at 64K, then issue 13's variable-block ratio through
+    # the harness: uniform block 128 and variable blocks (mean 256), a pattern per KV head, 32K / 64K, 0.3 / 0.5
+    timeout 200 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 --rep 10 --no-parts \
+      --cases varblock256:65536:0.3,varblock256:65536:0.5 --configs '{"dq4x32": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4}}' \
+      2>&1 | tail -8
+    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
+      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
+    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    tar czf "$OUT/varratio.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
