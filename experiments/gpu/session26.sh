@@ -15,6 +15,8 @@
 #                                             0 at 64K (densities 0.3 / 0.5)
 #   bash experiments/gpu/session26.sh varratio the dQ tile 8 x 16 against 4 x 32 at 64K, then the variable-block ratio
 #                                             through the harness (uniform block 128 and variable blocks, 32K / 64K)
+#   bash experiments/gpu/session26.sh timers  session 25's defaults, today's, and 4 x 32 with the tails first, under every
+#                                             timer (timer_bias.py), 32K and 64K density 0.3
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   parts)
@@ -64,6 +66,22 @@ case "${1:-}" in
     b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
       --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
     tar czf "$OUT/varratio.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
+    ;;
+  timers)
+    # the harness disagreed with the interleaved A/Bs (call 4): session 25's defaults (dQ 4 x 32, tails after the
+    # main dK/dV launch), today's (8 x 16, tails first beside), and 4 x 32 with the tails first, under every timer
+    # (timer_bias.py: time_fn = the harness's back-to-back timer, both orders, one process)
+    C='{"s25": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dkdv_tail_order": 0}, "now": {}, "x32o2": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4}}'
+    timeout 200 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.3 --rep 20 \
+      --configs "$C" > "$OUT/t32.log" 2>&1
+    timeout 330 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.3 --rep 8 \
+      --configs "$C" > "$OUT/t64.log" 2>&1
+    for f in t32 t64; do python3 -c "
+import json, statistics, collections
+d = collections.defaultdict(list)
+for l in open('$OUT/$f/timer_bias.jsonl'):
+    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
+for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
