@@ -631,16 +631,15 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     # the backward: dK/dV over packed query lists entry by entry (session 16), since session 22 in uniform
     # block 128's 128-key tile on 8 warps, head-major, its remainders in 64-key tail tiles (VARBLOCK_DKDV);
     # dQ over plain key lists, 64 keys a step; session 21: 128-row tiles of four stacked query
-    # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails); session
-    # 26: eight heads x 16 positions where the group allows
+    # heads x 32 positions, no tail launch (VARBLOCK_DQ; before: one head's 128 rows plus 64-row tails; 8 x 16
+    # measured in session 26 and not kept)
     assert (cfg["DKDV_BLOCK_M"], cfg["DKDV_BLOCK_N"], cfg["dkdv_sweep"], cfg["dkdv_list_chunk"]) == (64, 128, 0, 0)
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     assert cfg["dkdv_tail_order"] == 2  # session 26: the tails first, on the side stream
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
     assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)
-    assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_num_warps"]) == (16, 8, 8)
-    assert BS.default_config(mask, 128, dq_stack=4)["DQ_BLOCK_M"] == 32
+    assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_num_warps"]) == (32, 4, 8)
     assert cfg["dq_tail_rows"] == 0 and not cfg["dq_pack_list"]
     assert BS.default_config(mask, 128, dq_stack=1)["dq_tail_rows"] == 64
     assert cfg["bwd_streams"]  # session 20: streams +2.4 %
@@ -1326,3 +1325,56 @@ def test_dkdv_parts_script_smoke(tmp_path):
     assert r["tail_tiles"] > 0 and all(r[k] > 0 for k in ("pass_ms", "main_ms", "tail_ms"))
     # the tiles cover every kept pair at least once (main tiles and tails together)
     assert r["area_main"] + r["area_tail"] >= r["kept"] > 0
+
+
+# ------------------------------------------------------------------ program order by steps (order_by_steps)
+@pytest.mark.parametrize("major", ["q", "k"])
+def test_order_by_steps_sorts_by_entries_and_keeps_a_blocks_tiles_together(major):
+    """``by_steps``: the order is a permutation sorted by each tile's list entries (heaviest first, over all patterns
+    and per pattern), ties in tile order, so one block's tiles (one list) sit next to each other; the lists
+    themselves are unchanged. Without it a block's short last tile sorts after its full ones."""
+    from longca_triton.kernels.block_sparse_tables import build_side_tables
+
+    m = make_mask("varblock_sparse", 300, block=60, min_block=30, density=0.5, patterns=2, seed=7)
+    rows, cols, bm = ((m.q_block_bounds, m.k_block_bounds, m.block_map) if major == "q"
+                      else (m.k_block_bounds, m.q_block_bounds, m.block_map.transpose(1, 2).contiguous()))
+    old = build_side_tables(rows, cols, bm, 16, 16, "cpu")
+    new = build_side_tables(rows, cols, bm, 16, 16, "cpu", by_steps=True)
+    for f in ("row_start", "row_end", "row_block", "ptr", "col_start", "col_end"):
+        assert torch.equal(getattr(old, f), getattr(new, f))
+    T, P, R = new.num_tiles, new.num_patterns, new.num_row_blocks
+    steps = (new.ptr[1:] - new.ptr[:-1]).view(P, R)[:, new.row_block.long()]  # [P, T]
+    for p, w in [(None, steps.sum(0))] + [(p, steps[p]) for p in range(P)]:
+        seg = new.order[:T] if p is None else new.order[T * (1 + p):T * (2 + p)]
+        assert sorted(seg.tolist()) == list(range(T))
+        ws = w[seg.long()].tolist()
+        assert ws == sorted(ws, reverse=True)
+        # equal steps keep the tiles' own order: a block's tiles come out in a run
+        for a, b in zip(seg.tolist(), seg.tolist()[1:]):
+            if w[a] == w[b]:
+                assert a < b
+    # the old order weighs a block's short last tile by its rows: some block's tiles are split apart there
+    sizes = (old.row_end - old.row_start)
+    assert bool((sizes < 16).any())
+    assert not torch.equal(old.order, new.order)
+
+
+def test_order_by_steps_config_reaches_every_table_and_keeps_the_bits():
+    """The config key builds every pass's tables (main and tail) by steps; the gradients are the default's bit for
+    bit (only the programs' launch order changes)."""
+    import longca_triton.kernels.block_sparse as BS
+
+    mask = make_mask("varblock_sparse", 173, block=48, min_block=20, density=0.4, patterns=2, seed=3)
+    cfgx = {"dkdv_tail_rows": 16, "dq_tail_rows": 16}
+    cfg = BS.resolve_config(mask, 32, {**cfgx, "order_by_steps": True})
+    assert cfg["order_by_steps"] is True and BS.resolve_config(mask, 32)["order_by_steps"] is False
+    tables = BS.tables_for(mask, cfg, "cpu")
+    assert {"fwd", "dq", "dkdv", "dq_tail", "dkdv_tail"} <= set(tables)
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 173, h, 32) for h in (4, 2, 2, 4))
+    grads = []
+    for c in (cfgx, {**cfgx, "order_by_steps": True}):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        block_sparse_attention(*leaves, mask, config=c).backward(dout)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

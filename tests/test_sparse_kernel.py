@@ -123,10 +123,10 @@ def test_varblock_random_bounds(density):
     check(mask, hq=4, hkv=2, cfg=tiles(32, 32, heads=2))
 
 
-@pytest.mark.parametrize("rows,heads", [(16, 4), (32, 4), (16, 2), (16, 8)], ids=lambda x: str(x))
+@pytest.mark.parametrize("rows,heads", [(16, 4), (32, 4), (16, 2)], ids=lambda x: str(x))
 def test_varblock_dq_stacked_heads(rows, heads):
     """The dQ pass of variable blocks with ``heads`` query heads stacked in a tile of ``rows`` positions
-    each, no tail tiles (the Hopper default's shape, ``VARBLOCK_DQ``: 16 x 8 there): blocks of 20..70
+    each, no tail tiles (the Hopper default's shape, ``VARBLOCK_DQ``: 32 x 4 there): blocks of 20..70
     rows leave remainders in most tiles, a GQA group of 4 shares each KV head's pattern, and some rows
     keep no block."""
     rng = np.random.default_rng(rows * heads)
@@ -144,9 +144,8 @@ def test_varblock_dq_stack_follows_the_gqa_group(monkeypatch):
     group and heads per pattern allow (``VARBLOCK_DQ``); a config that sets the dQ row tile alone gets
     one head (as configs written before the stack meant)."""
     monkeypatch.setattr(BS, "_interpreting", lambda: False)
-    for (hq, hkv, P), want in {(64, 8, 8): (16, 8, 0), (32, 8, 8): (32, 4, 0), (16, 8, 8): (64, 2, 0),
-                               (8, 8, 8): (128, 1, 64), (64, 8, 1): (16, 8, 0), (64, 8, 16): (32, 4, 0),
-                               (12, 4, 4): (128, 1, 64)}.items():
+    for (hq, hkv, P), want in {(64, 8, 8): (32, 4, 0), (16, 8, 8): (64, 2, 0), (8, 8, 8): (128, 1, 64),
+                               (64, 8, 1): (32, 4, 0), (12, 4, 4): (128, 1, 64)}.items():
         mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=P, seed=1)
         q, k = torch.empty(1, 1024, hq, 128), torch.empty(1, 1024, hkv, 128)
         cfg = BS.resolve_config(mask, 128, q=q, k=k)
@@ -154,7 +153,7 @@ def test_varblock_dq_stack_follows_the_gqa_group(monkeypatch):
         assert cfg["DQ_BLOCK_M"] * BS._stack(cfg["DQ_HEADS"], hq // hkv, hq // P) == 128
         assert BS.resolve_config(mask, 128, heads=(hq, hkv)) == cfg  # the harness's planning, without tensors
     mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=8, seed=1)
-    assert (BS.default_config(mask, 128)["DQ_BLOCK_M"], BS.default_config(mask, 128)["DQ_HEADS"]) == (16, 8)
+    assert (BS.default_config(mask, 128)["DQ_BLOCK_M"], BS.default_config(mask, 128)["DQ_HEADS"]) == (32, 4)
     one = BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 128})
     assert (one["DQ_HEADS"], one["dq_tail_rows"]) == (1, 64)
     assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64})["dq_tail_rows"] == 0

@@ -17,6 +17,8 @@
 #                                             through the harness (uniform block 128 and variable blocks, 32K / 64K)
 #   bash experiments/gpu/session26.sh timers  session 25's defaults, today's, and 4 x 32 with the tails first, under every
 #                                             timer (timer_bias.py), 32K and 64K density 0.3
+#   bash experiments/gpu/session26.sh steps   order_by_steps and in-launch remainder tiles (dkdv_tail_rows 0) under every
+#                                             timer, 32K density 0.3 and 64K density 0.5
 source experiments/gpu/session_env.sh
 case "${1:-}" in
   parts)
@@ -78,6 +80,22 @@ case "${1:-}" in
       --configs "$C" > "$OUT/t64.log" 2>&1
     for f in t32 t64; do python3 -c "
 import json, statistics, collections
+d = collections.defaultdict(list)
+for l in open('$OUT/$f/timer_bias.jsonl'):
+    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
+for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
+    ;;
+  steps)
+    # the harness's timer (timer_bias.py) on: 4 x 32 with the tails first (the defaults after call 5), programs ordered
+    # by their lists' steps (order_by_steps), the remainders in 128-key tiles of the main launch (dkdv_tail_rows 0,
+    # which by steps keeps a block's tiles together), and both
+    C='{"base": {}, "steps": {"order_by_steps": true}, "t0": {"dkdv_tail_rows": 0}, "t0steps": {"dkdv_tail_rows": 0, "order_by_steps": true}}'
+    timeout 170 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.3 --rep 15 \
+      --configs "$C" > "$OUT/t32.log" 2>&1
+    timeout 300 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.5 --rep 5 \
+      --configs "$C" > "$OUT/t64.log" 2>&1
+    for f in t32 t64; do python3 -c "
+import json, collections
 d = collections.defaultdict(list)
 for l in open('$OUT/$f/timer_bias.jsonl'):
     r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])

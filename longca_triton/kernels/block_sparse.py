@@ -67,8 +67,7 @@ session22/``): the dK/dV pass in uniform block 128's 128-key tile, head-major, w
 Flex in all eight cases. Session 25 (an H200, ``experiments/results/h200/session25/``): each dQ list's key-run
 remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_sparse_tables`` ``short_cols``): +0.9 /
 +1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU). Session 26
-(H200, ``experiments/results/h200/session26/``): the dQ tile stacks eight heads x 16 positions where the group
-allows (``VARBLOCK_DQ``: +4 to +6 %); the launches timed apart (``experiments/gpu/varblock_parts.py``) add up to the
+(H200, ``experiments/results/h200/session26/``): the launches timed apart (``experiments/gpu/varblock_parts.py``) add up to the
 backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
 the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left.
 
@@ -188,6 +187,8 @@ LN2 = 0.6931471805599453
 #: ``dq_skew``: the dQ steps issue the previous step's ``dS K`` GEMM after their own ``S`` and ``dP`` (``core.
 #: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step; the two-kernel layout, not
 #: the one-launch kernel); the same bits.
+#: ``order_by_steps``: every pass's programs ordered by their lists' entries alone, not entries times valid rows
+#: (``block_sparse_tables``: a short tile runs as many steps as a full one; one block's tiles stay together).
 #: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
 #: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
 #: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
@@ -198,7 +199,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
-    "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order",
+    "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order", "order_by_steps",
 )
 
 #: each pass's packing key
@@ -244,16 +245,16 @@ def _mask_block(mask) -> Optional[int]:
 #: One config after the other (the harness's ``time_fn``, both orders, call 6): 32 x 4 +3 to +4 %. Measured
 #: at D = 128 only; the padded head dims that take D = 128's tiles (80, 96) run the same tile shapes.
 #: Session 26 (an H200, with ``dq_short_keys``; ``experiments/results/h200/session26/``): eight heads x 16
-#: positions, where the group allows, is ahead of 4 x 32 (it lost on the H100 in session 21, without the short
-#: key tiles): 32K density 0.3 84.72 -> 79.78 ms, 0.5 142.71 -> 137.23 (``varblock_parts.py``, interleaved, three
-#: rounds), 310.0 -> 327.1 TFLOP/s through autograd (``bwd_configs_ab.py``, checked, equal bits).
+#: positions read ahead of 4 x 32 interleaved at 32K (density 0.3 84.72 -> 79.78 ms, 0.5 142.71 -> 137.23,
+#: ``varblock_parts.py``; 310.0 -> 327.1 TFLOP/s through ``bwd_configs_ab.py``, checked, equal bits) but behind at
+#: 64K (0.3 354.0 vs 358.2 ms, 0.5 577.8 vs 590.0), and under the harness's back-to-back timer (``timer_bias.py``,
+#: call 5) within 1 % at 32K and 1-1.5 % behind at 64K: 4 x 32 stays (the autotuner's candidates include 8 x 16).
 VARBLOCK_DQ = {
-    8: dict(DQ_BLOCK_M=16, DQ_HEADS=8, dq_tail_rows=0),
     4: dict(DQ_BLOCK_M=32, DQ_HEADS=4, dq_tail_rows=0),
     2: dict(DQ_BLOCK_M=64, DQ_HEADS=2, dq_tail_rows=0),
     1: dict(DQ_BLOCK_M=128, DQ_HEADS=1, dq_tail_rows=64),
 }
-#: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 8)
+#: the stack ``default_config`` assumes where the call's heads are not known (GQA groups of >= 4)
 VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 
 #: Variable blocks' dK/dV pass at D <= 128: uniform block 128's tile (128 keys a program on 8 warps, 64 query rows
@@ -285,7 +286,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
+            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
 def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
@@ -385,7 +386,8 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", *PACK_KEYS.values()),
+                              "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", "order_by_steps",
+                              *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
 
@@ -511,9 +513,12 @@ def tables_for(mask, cfg: dict, device) -> dict:
     for name in ("fwd", "dq", "dkdv"):
         major, tail = "k" if name == "dkdv" else "q", int(cfg[TAIL_KEYS[name]])
         short = int(cfg["dq_short_keys"]) if name == "dq" else 0
-        out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short)
+        steps = bool(cfg["order_by_steps"])
+        out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short,
+                                    steps)
         if tail:
-            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail, short)
+            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail, short,
+                                                  steps)
     return out
 
 

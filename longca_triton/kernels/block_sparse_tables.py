@@ -15,7 +15,9 @@ Query-major (forward and dQ), for a tile size ``(tile_rows, tile_cols)``:
   Merging runs first means a ragged tail costs once per run, not once per block.
 * ``order``: row tiles sorted by their total work over patterns, heaviest first (``order[:T]``), then
   for each pattern ``p`` the row tiles sorted by that pattern's work alone (``order[T * (1 + p):][:T]``:
-  the dK/dV kernel's ``PATTERN_ORDER``, where a KV head's programs walk one pattern's lists).
+  the dK/dV kernel's ``PATTERN_ORDER``, where a KV head's programs walk one pattern's lists). A tile's work
+  is its list's entries times its valid rows, or (``by_steps``) its entries alone: a short row tile runs
+  the same steps as a full one, and the tiles of one block (one list) then stay next to each other.
 
 Packed column lists (``pack_cols``, variable blocks): cutting each run into tiles leaves a ragged
 tail per run, a whole tile's work for a fraction of its keys (mean-256 blocks at 32K, density 0.3:
@@ -169,7 +171,7 @@ def _row_pieces(rb, tile_rows: int, part: str, tail_rows: int):
 
 def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows: int,
                       tile_cols: int, device, pack_cols: bool = False, part: str = "all",
-                      tail_rows: int = 0, short_cols: int = 0) -> SideTables:
+                      tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False) -> SideTables:
     """Tables for programs owning row tiles of ``tile_rows`` and looping over column tiles.
 
     ``row_bounds [R+1]``, ``col_bounds [C+1]`` (ints), ``block_map [P, R, C]`` bool (any device).
@@ -179,7 +181,8 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     and ``tail_rows``: the row tiles of one of the two launches of tail row tiles (module docstring);
     the tail table's ``tile_rows`` is ``tail_rows``. ``short_cols`` (``0 < short_cols < tile_cols``): each
     list's entries of at most that many columns last, ``col_split`` where they start (module docstring);
-    a packed table ignores it (only its lists' last entries are short).
+    a packed table ignores it (only its lists' last entries are short). ``by_steps``: ``order`` by each tile's
+    list entries alone (module docstring).
     """
     if short_cols and not 0 < short_cols < tile_cols:
         raise ValueError(f"short_cols must be 0 or in (0, tile_cols={tile_cols}); got {short_cols}")
@@ -229,7 +232,9 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         col_start, col_end, col_next, col_count = (t[perm] for t in (col_start, col_end, col_next, col_count))
         num_long = torch.zeros(P * R, dtype=torch.int64, device=dev).index_add_(0, owner, (~short).to(torch.int64))
         col_split = ptr[:-1] + num_long
-    work = counts.view(P, R)[:, row_blocks] * (row_end - row_start)  # [P, T]: per pattern and row tile
+    work = counts.view(P, R)[:, row_blocks]  # [P, T]: per pattern and row tile, its steps
+    if not by_steps:
+        work = work * (row_end - row_start)  # ... times its valid rows
     order = torch.cat([torch.argsort(work.sum(0), descending=True, stable=True),
                        torch.argsort(work, dim=1, descending=True, stable=True).reshape(-1)])
 
@@ -251,9 +256,9 @@ _CACHE = PlanCache(64)
 
 
 def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False,
-                    part: str = "all", tail_rows: int = 0, short_cols: int = 0) -> SideTables:
+                    part: str = "all", tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False) -> SideTables:
     """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols``,
-    ``part``, ``tail_rows`` and ``short_cols`` as in ``build_side_tables``).
+    ``part``, ``tail_rows``, ``short_cols`` and ``by_steps`` as in ``build_side_tables``).
 
     The cache keeps the mask object alive with its entry, so its ``id`` cannot be reused meanwhile.
     """
@@ -263,11 +268,12 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     def build(dev):
         if major == "q":
             return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols)
+                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps)
         return build_side_tables(mask.k_block_bounds, mask.q_block_bounds, mask.block_map.transpose(1, 2).contiguous(),
-                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols)
+                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps)
 
-    key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows), int(short_cols))
+    key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows), int(short_cols),
+           bool(by_steps))
     return _CACHE.get(mask, key, device, build)
 
 
