@@ -637,6 +637,7 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     assert cfg["dkdv_tail_order"] == 2  # session 26: the tails first, on the side stream
+    assert cfg["order_by_steps"]  # session 26: the backward's programs by their lists' steps
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
     assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)
     assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_num_warps"]) == (32, 4, 8)
@@ -1369,7 +1370,11 @@ def test_order_by_steps_config_reaches_every_table_and_keeps_the_bits():
     cfg = BS.resolve_config(mask, 32, {**cfgx, "order_by_steps": True})
     assert cfg["order_by_steps"] is True and BS.resolve_config(mask, 32)["order_by_steps"] is False
     tables = BS.tables_for(mask, cfg, "cpu")
+    plain = BS.tables_for(mask, BS.resolve_config(mask, 32, cfgx), "cpu")
     assert {"fwd", "dq", "dkdv", "dq_tail", "dkdv_tail"} <= set(tables)
+    # the backward's tables are ordered by steps (some order moves on this mask), the forward's stays as it was
+    assert torch.equal(tables["fwd"].order, plain["fwd"].order)
+    assert any(not torch.equal(tables[n].order, plain[n].order) for n in ("dq", "dkdv", "dq_tail", "dkdv_tail"))
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(1, 173, h, 32) for h in (4, 2, 2, 4))
     grads = []

@@ -19,7 +19,16 @@
 #                                             timer (timer_bias.py), 32K and 64K density 0.3
 #   bash experiments/gpu/session26.sh steps   order_by_steps and in-launch remainder tiles (dkdv_tail_rows 0) under every
 #                                             timer, 32K density 0.3 and 64K density 0.5
+#   bash experiments/gpu/session26.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
 source experiments/gpu/session_env.sh
+summary() {  # TFLOP/s per (timer, config) of each timer_bias.py output folder under $OUT named in "$@"
+  for f in "$@"; do python3 -c "
+import json, collections
+d = collections.defaultdict(list)
+for l in open('$OUT/$f/timer_bias.jsonl'):
+    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
+for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
+}
 case "${1:-}" in
   parts)
     CONFIGS='{"tailw8": {"dkdv_tail_warps": 8}, "m32": {"DKDV_BLOCK_M": 32}, "m32_tailw8": {"DKDV_BLOCK_M": 32, "dkdv_tail_warps": 8}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}}'
@@ -78,12 +87,7 @@ case "${1:-}" in
       --configs "$C" > "$OUT/t32.log" 2>&1
     timeout 330 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.3 --rep 8 \
       --configs "$C" > "$OUT/t64.log" 2>&1
-    for f in t32 t64; do python3 -c "
-import json, statistics, collections
-d = collections.defaultdict(list)
-for l in open('$OUT/$f/timer_bias.jsonl'):
-    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
-for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
+    summary t32 t64
     ;;
   steps)
     # the harness's timer (timer_bias.py) on: 4 x 32 with the tails first (the defaults after call 5), programs ordered
@@ -94,12 +98,19 @@ for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y 
       --configs "$C" > "$OUT/t32.log" 2>&1
     timeout 300 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.5 --rep 5 \
       --configs "$C" > "$OUT/t64.log" 2>&1
-    for f in t32 t64; do python3 -c "
-import json, collections
-d = collections.defaultdict(list)
-for l in open('$OUT/$f/timer_bias.jsonl'):
-    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
-for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
+    summary t32 t64
+    ;;
+  final)
+    # issue 13 through the harness with order_by_steps the default (call 6): the variable-block ratio (uniform block
+    # 128 and variable blocks, 32K / 64K, 0.3 / 0.5), then the dense backward against cuDNN and Flex (full, causal)
+    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
+      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
+    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
+    tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

@@ -187,8 +187,10 @@ LN2 = 0.6931471805599453
 #: ``dq_skew``: the dQ steps issue the previous step's ``dS K`` GEMM after their own ``S`` and ``dP`` (``core.
 #: dq_skewed_scores``; unpacked key lists only, packed ones keep the plain step; the two-kernel layout, not
 #: the one-launch kernel); the same bits.
-#: ``order_by_steps``: every pass's programs ordered by their lists' entries alone, not entries times valid rows
-#: (``block_sparse_tables``: a short tile runs as many steps as a full one; one block's tiles stay together).
+#: ``order_by_steps``: the backward passes' programs ordered by their lists' entries alone, not entries times valid
+#: rows (``block_sparse_tables``: a short tile runs as many steps as a full one; one block's tiles stay together, so
+#: they read the same q / dO rows at about the same time). Variable blocks' default (session 26, H200, under every
+#: timer: +2.7 to +3.3 %); uniform blocks' tiles are all full, so it changes nothing there; the forward keeps its order.
 #: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
 #: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
 #: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
@@ -376,8 +378,12 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # (the dQ tiles' area over the kept area 1.162 -> ~1.125 at 32K / 0.3 by the CPU count); H200, a pattern
         # per KV head, interleaved, three rounds each (experiments/results/h200/session25/ call 9): 32K density 0.3
         # 305.7 -> 308.5 TFLOP/s, 64K 0.5 305.3 -> 308.7 (+0.9 / +1.1 %, every round); 16-key tiles +0.4 / +0.5 %.
+        # Session 26 (order_by_steps: the backward's programs by their lists' steps, so a block's short last tile
+        # runs beside its full ones instead of among the light tiles at the end): H200, timer_bias.py (every timer,
+        # both orders, one process; call 6): 32K density 0.3 313.4 / 309.3 -> 321.7 / 318.7 TFLOP/s back to back,
+        # 64K 0.5 304.9 / 305.9 -> 313.9 / 315.8; interleaved +2.4 to +4.6 %.
         cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=0, dq_pack_list=False,
-                   bwd_streams=True, dq_short_keys=32, **VARBLOCK_DKDV,
+                   bwd_streams=True, dq_short_keys=32, order_by_steps=True, **VARBLOCK_DKDV,
                    **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
     return cfg
 
@@ -513,7 +519,7 @@ def tables_for(mask, cfg: dict, device) -> dict:
     for name in ("fwd", "dq", "dkdv"):
         major, tail = "k" if name == "dkdv" else "q", int(cfg[TAIL_KEYS[name]])
         short = int(cfg["dq_short_keys"]) if name == "dq" else 0
-        steps = bool(cfg["order_by_steps"])
+        steps = bool(cfg["order_by_steps"]) and name != "fwd"
         out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short,
                                     steps)
         if tail:
