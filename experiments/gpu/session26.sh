@@ -20,6 +20,7 @@
 #   bash experiments/gpu/session26.sh steps   order_by_steps and in-launch remainder tiles (dkdv_tail_rows 0) under every
 #                                             timer, 32K density 0.3 and 64K density 0.5
 #   bash experiments/gpu/session26.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
+#   bash experiments/gpu/session26.sh weak    the two weakest variable-block cases under every timer: dQ 8 x 16, tails order 0
 source experiments/gpu/session_env.sh
 summary() {  # TFLOP/s per (timer, config) of each timer_bias.py output folder under $OUT named in "$@"
   for f in "$@"; do python3 -c "
@@ -111,6 +112,16 @@ case "${1:-}" in
     timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
     tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
+    ;;
+  weak)
+    # the two cases furthest from 0.8 after call 7 (64K 0.3, 32K 0.5), under every timer: today's defaults against
+    # the dQ tile 8 x 16 and the dK/dV tails after the main launch (dkdv_tail_order 0), both with order_by_steps
+    C='{"now": {}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}, "order0": {"dkdv_tail_order": 0}}'
+    timeout 200 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.3 --rep 5 \
+      --configs "$C" > "$OUT/t64.log" 2>&1
+    timeout 150 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.5 --rep 10 \
+      --configs "$C" > "$OUT/t32.log" 2>&1
+    summary t64 t32
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac
