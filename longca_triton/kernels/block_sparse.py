@@ -69,7 +69,10 @@ remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_spars
 +1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU). Session 26
 (H200, ``experiments/results/h200/session26/``): the launches timed apart (``experiments/gpu/varblock_parts.py``) add up to the
 backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
-the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left.
+the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left (the tail
+launch is memory-bound: L2 hit rate 27 %). The backward's programs are ordered by their lists' steps
+(``order_by_steps``: a block's short last tile beside its full ones, +2.7 to +3.3 % under every timer) and the dK/dV
+tails run first on the side stream (``dkdv_tail_order`` 2); through the harness 0.774-0.801x uniform.
 
 Kernels
 -------
