@@ -328,8 +328,8 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
                 for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
     if group == "dq":
         # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and
-        # 128-row tiles of 2, 4 or 8 stacked query heads (the default, ``block_sparse.VARBLOCK_DQ``: a block's
-        # remainder wastes < 64, < 32 or < 16 rows; sessions 21, 26), which a call's GQA group may cap
+        # 128-row tiles of 2, 4 or 8 stacked query heads (the default is 4 x 32, ``block_sparse.VARBLOCK_DQ``: a
+        # block's remainder wastes < 64, < 32 or < 16 rows; sessions 21, 26), which a call's GQA group may cap
         one_head = [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s, dq_list_chunk=c,
                          dq_pack_list=False, dq_tail_rows=t)
                     for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS) for t in tails(m)]

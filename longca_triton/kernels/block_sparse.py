@@ -67,8 +67,8 @@ session22/``): the dK/dV pass in uniform block 128's 128-key tile, head-major, w
 Flex in all eight cases. Session 25 (an H200, ``experiments/results/h200/session25/``): each dQ list's key-run
 remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_sparse_tables`` ``short_cols``): +0.9 /
 +1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU). Session 26
-(H200, ``experiments/results/h200/session26/``): the launches timed apart (``experiments/gpu/varblock_parts.py``) add up to the
-backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
+(H200, ``experiments/results/h200/session26/``): the launches timed apart (``experiments/gpu/varblock_parts.py``) add
+up to the backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
 the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left (the tail
 launch is memory-bound: L2 hit rate 27 %). The backward's programs are ordered by their lists' steps
 (``order_by_steps``: a block's short last tile beside its full ones, +2.7 to +3.3 % under every timer) and the dK/dV
@@ -291,7 +291,8 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False, **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
+            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False,
+            **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
 def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
