@@ -1026,6 +1026,22 @@ def test_bwd_configs_ab_script_smoke(tmp_path):
     assert "| uniform128 96 d=0.5 |" in md and "bwd_streams / one-stream" in md
 
 
+def test_bwd_configs_ab_back_to_back_rows(tmp_path):
+    """``--back-to-back``: every variant is also timed alone in every round (the harness's timer), the rounds
+    alternate the order, and the table gets a ``[back to back]`` row per problem."""
+    import json
+
+    rows = _run_gpu_script("bwd_configs_ab", ["--smoke", "--back-to-back", "--out", str(tmp_path),
+                                              "--dense-masks", "", "--sparse", "varblock256:96:0.5",
+                                              "--configs", '{"a": {}, "steps": {"order_by_steps": true}}'])
+    assert set(rows[0]["back_to_back"]) == {"a", "steps"} and all(v > 0 for v in rows[0]["back_to_back"].values())
+    lines = [json.loads(x) for x in (tmp_path / "bwd_configs_ab.jsonl").read_text().splitlines()]
+    b2b = [(r["round"], r["variant"]) for r in lines if r.get("timer") == "back_to_back"]
+    assert b2b == [(0, "a"), (0, "steps"), (1, "steps"), (1, "a")]
+    md = (tmp_path / "bwd_configs_ab.md").read_text()
+    assert "| varblock256 96 d=0.5 |" in md and "| varblock256 96 d=0.5 [back to back] |" in md
+
+
 # ------------------------------------------------------------------ dK/dV programs in their own pattern's order
 @pytest.mark.parametrize("kind,patterns,outer,one", [
     ("block_sparse", 2, True, False), ("block_sparse", 1, False, False), ("varblock_sparse", 2, True, False),

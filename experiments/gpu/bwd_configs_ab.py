@@ -8,6 +8,8 @@ Run from the repository root on a CUDA machine (the package need not be installe
     python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --sparse uniform128:32768:0.3,varblock256:32768:0.3
     python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --gluon-masks causal --no-flex \
         --configs '{"default": {}, "dq_mask_head": {"dq_mask_head": true}}'
+    python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --sparse varblock256:65536:0.3 --no-flex \
+        --back-to-back --configs '{"default": {}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}}'
 
 Per problem (dense masks as in ``dense_check.bench_mask`` at ``--S``, GQA 64:8, D = 128, bf16, for
 ``triton``, ``--gluon-masks`` for ``triton-gluon``, ``--flashmask-masks`` for ``triton-flashmask``;
@@ -21,6 +23,11 @@ block-sparse cases ``name:S:density`` of ``bwd_variants.SPARSE_MASKS``, a patter
    backward of a kept graph; repetition r starts with variant r mod n, L2 flushed between calls), so a
    drifting SM clock weighs on every variant alike. The summary takes each variant's median over the
    rounds.
+3. with ``--back-to-back``, each round also times every variant alone (``bench.timing.time_fn``, the harness's
+   timer for a one-backend bucket), in the listed order in even rounds and reversed in odd ones; the table
+   then has a second row per problem (``[back to back]``). Why: the two timers disagreed by up to 5 % on one
+   A/B (session 21's ``timer_bias.py``; session 26: a dQ tile read +5.5 % interleaved and -1.5 % back to back),
+   and the issues' targets are read through the harness.
 
 Rows go to ``<out>/bwd_configs_ab.jsonl`` as measured (``kind``: env / check / time); ``<out>/bwd_configs_ab.md``
 has the table. ``--smoke`` runs on the CPU interpreter at toy sizes (no Flex).
@@ -84,7 +91,7 @@ def _ours(kernel: str, p, configs: dict, lse: bool = False):
 
 
 def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: bool) -> dict:
-    from longca_triton.bench.timing import time_interleaved
+    from longca_triton.bench.timing import time_fn, time_interleaved
 
     if args.check:
         # each config against float32 on one KV-head group, as the harness checks a backend
@@ -113,6 +120,7 @@ def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: boo
     del grads, first
     names = list(variants)
     times = {n: [] for n in names}
+    b2b = {n: [] for n in names}
     bwd_flops = p.mask.flops(p.hq, p.d, "bwd")
     dev = p.q.device
     for r in range(args.rounds):
@@ -128,8 +136,21 @@ def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: boo
             emit(dict(kind="time", problem=label, kernel=kernel, variant=n, round=r, ms=st["median_ms"],
                       reps=st.get("n", st.get("rep")), tflops=bwd_flops / st["median_ms"] * 1e-9))
         del calls
+        if args.back_to_back:
+            for n in (names if r % 2 == 0 else names[::-1]):
+                leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+                out = variants[n](*leaves)
+                st = time_fn(lambda: torch.autograd.grad(out, leaves, p.dout, retain_graph=True), rep=args.rep,
+                             max_ms=args.ms, device=dev)
+                b2b[n].append(st["median_ms"])
+                emit(dict(kind="time", timer="back_to_back", problem=label, kernel=kernel, variant=n, round=r,
+                          ms=st["median_ms"], tflops=bwd_flops / st["median_ms"] * 1e-9))
+                del out, leaves
     med = {n: statistics.median(t) for n, t in times.items()}
-    return dict(problem=label, ms=med, tflops={n: bwd_flops / m * 1e-9 for n, m in med.items()})
+    row = dict(problem=label, ms=med, tflops={n: bwd_flops / m * 1e-9 for n, m in med.items()})
+    if args.back_to_back:
+        row["back_to_back"] = {n: bwd_flops / statistics.median(t) * 1e-9 for n, t in b2b.items()}
+    return row
 
 
 def table(rows: list, names: list) -> str:
@@ -144,10 +165,13 @@ def table(rows: list, names: list) -> str:
         if not tf:
             lines.append(f"| {r['problem']} | {r.get('status', '-')} |")
             continue
-        fx = tf.get("flex")
-        cells = ([f(tf.get(n)) for n in names] + [rat(tf.get(n), tf.get(base)) for n in names[1:]] + [f(fx)]
-                 + [rat(tf.get(n), fx) for n in names])
-        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+        for label, tf in ((r["problem"], tf), (f"{r['problem']} [back to back]", r.get("back_to_back"))):
+            if tf is None:
+                continue
+            fx = tf.get("flex")
+            cells = ([f(tf.get(n)) for n in names] + [rat(tf.get(n), tf.get(base)) for n in names[1:]] + [f(fx)]
+                     + [rat(tf.get(n), fx) for n in names])
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -171,6 +195,8 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=30, help="repetitions per variant per round (at most)")
     ap.add_argument("--ms", type=float, default=1500.0, help="timed ms per variant per round (at most)")
     ap.add_argument("--budget", type=float, default=560.0, help="wall-clock seconds; later problems are skipped")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="also time each variant alone every round (time_fn, the harness's timer)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy sizes, no Flex")
     args = ap.parse_args(argv)
