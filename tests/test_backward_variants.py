@@ -1399,3 +1399,44 @@ def test_order_by_steps_config_reaches_every_table_and_keeps_the_bits():
         block_sparse_attention(*leaves, mask, config=c).backward(dout)
         grads.append([t.grad for t in leaves])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_varblock_parts_launches_split_the_backward():
+    """experiments/gpu/varblock_parts.py's parts (interpreter): the dK/dV main-only and tail-only calls together give
+    the whole backward's dK / dV (each writes its own key rows: the tail table's rows and the main table's), the
+    dQ-only call its dQ, and the backward without the tails its dQ; overlays add their whole backward."""
+    import sys
+    from pathlib import Path
+
+    import longca_triton.kernels.block_sparse as BS
+
+    saved = list(sys.path)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+    try:
+        import varblock_parts as VP
+    finally:
+        sys.path[:] = saved  # the script puts its own folders first too
+    mask = make_mask("varblock_sparse", 173, block=48, min_block=20, density=0.5, patterns=2, seed=3)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 173, h, 32) for h in (4, 2, 2))
+    resolve = BS.resolve_config
+    try:
+        BS.resolve_config = lambda m, d, c=None, **kw: resolve(m, d, {"dkdv_tail_rows": 16, **(c or {})}, **kw)
+        fns, cfg = VP.launches(mask, q, k, v, {"steps": {"order_by_steps": True}})
+        assert list(fns) == ["bwd", "dq", "dkdv", "dkdv_main", "dkdv_tail", "bwd_no_dkdv_tail", "steps"]
+        tables = BS.tables_for(mask, cfg, "cpu")
+    finally:
+        BS.resolve_config = resolve
+    torch.manual_seed(1)
+    dq, dk, dv = fns["bwd"]()
+    tail_rows = torch.cat([torch.arange(int(s), int(e)) for s, e in zip(tables["dkdv_tail"].row_start,
+                                                                          tables["dkdv_tail"].row_end)])
+    main_rows = torch.cat([torch.arange(int(s), int(e)) for s, e in zip(tables["dkdv"].row_start,
+                                                                         tables["dkdv"].row_end)])
+    assert tail_rows.numel() and main_rows.numel() + tail_rows.numel() == 173
+    _, dk_m, dv_m = fns["dkdv_main"]()
+    _, dk_t, dv_t = fns["dkdv_tail"]()
+    assert torch.equal(dk_m[:, main_rows], dk[:, main_rows]) and torch.equal(dv_m[:, main_rows], dv[:, main_rows])
+    assert torch.equal(dk_t[:, tail_rows], dk[:, tail_rows]) and torch.equal(dv_t[:, tail_rows], dv[:, tail_rows])
+    assert torch.equal(fns["dq"]()[0], dq) and torch.equal(fns["bwd_no_dkdv_tail"]()[0], dq)
+    assert all(torch.equal(a, b) for a, b in zip(fns["steps"](), (dq, dk, dv)))
