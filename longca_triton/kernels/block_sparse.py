@@ -193,7 +193,8 @@ LN2 = 0.6931471805599453
 #: ``order_by_steps``: the backward passes' programs ordered by their lists' entries alone, not entries times valid
 #: rows (``block_sparse_tables``: a short tile runs as many steps as a full one; one block's tiles stay together, so
 #: they read the same q / dO rows at about the same time). Variable blocks' default (session 26, H200, under every
-#: timer: +2.7 to +3.3 %); uniform blocks' tiles are all full, so it changes nothing there; the forward keeps its order.
+#: timer: +2.7 to +3.3 %); off for uniform blocks, whose tiles are all full (but a ragged last block's), so it would
+#: change next to nothing there; the forward keeps its order.
 #: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
 #: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
 #: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
