@@ -123,11 +123,7 @@ torch.cuda.synchronize()
     cat "$OUT/short/bwd_configs_ab.md"
     ;;
   varratio)
-    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
-      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
-    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    varblock_ratio
     tar czf "$OUT/varratio.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
     ;;
   *) echo "unknown subcommand ${1:-}"; exit 2 ;;

@@ -22,6 +22,10 @@
 #   bash experiments/gpu/session26.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
 #   bash experiments/gpu/session26.sh weak    the two weakest variable-block cases under every timer: dQ 8 x 16, tails order 0
 source experiments/gpu/session_env.sh
+timer_ab() {  # $1: folder under $OUT, $2: case (name:S:density), $3: repetitions, $4: seconds, $5: configs (JSON)
+  timeout "$4" python experiments/gpu/timer_bias.py --out "$OUT/$1" --sparse "$2" --rep "$3" --configs "$5" \
+    > "$OUT/$1.log" 2>&1
+}
 summary() {  # TFLOP/s per (timer, config) of each timer_bias.py output folder under $OUT named in "$@"
   for f in "$@"; do python3 -c "
 import json, collections
@@ -72,11 +76,7 @@ case "${1:-}" in
     timeout 200 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 --rep 10 --no-parts \
       --cases varblock256:65536:0.3,varblock256:65536:0.5 --configs '{"dq4x32": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4}}' \
       2>&1 | tail -8
-    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
-      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
-    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    varblock_ratio
     tar czf "$OUT/varratio.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
     ;;
   timers)
@@ -84,10 +84,8 @@ case "${1:-}" in
     # main dK/dV launch), today's (8 x 16, tails first beside), and 4 x 32 with the tails first, under every timer
     # (timer_bias.py: time_fn = the harness's back-to-back timer, both orders, one process)
     C='{"s25": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4, "dkdv_tail_order": 0}, "now": {}, "x32o2": {"DQ_BLOCK_M": 32, "DQ_HEADS": 4}}'
-    timeout 200 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.3 --rep 20 \
-      --configs "$C" > "$OUT/t32.log" 2>&1
-    timeout 330 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.3 --rep 8 \
-      --configs "$C" > "$OUT/t64.log" 2>&1
+    timer_ab t32 varblock256:32768:0.3 20 200 "$C"
+    timer_ab t64 varblock256:65536:0.3 8 330 "$C"
     summary t32 t64
     ;;
   steps)
@@ -95,20 +93,14 @@ case "${1:-}" in
     # by their lists' steps (order_by_steps), the remainders in 128-key tiles of the main launch (dkdv_tail_rows 0,
     # which by steps keeps a block's tiles together), and both
     C='{"base": {}, "steps": {"order_by_steps": true}, "t0": {"dkdv_tail_rows": 0}, "t0steps": {"dkdv_tail_rows": 0, "order_by_steps": true}}'
-    timeout 170 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.3 --rep 15 \
-      --configs "$C" > "$OUT/t32.log" 2>&1
-    timeout 300 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.5 --rep 5 \
-      --configs "$C" > "$OUT/t64.log" 2>&1
+    timer_ab t32 varblock256:32768:0.3 15 170 "$C"
+    timer_ab t64 varblock256:65536:0.5 5 300 "$C"
     summary t32 t64
     ;;
   final)
     # issue 13 through the harness with order_by_steps the default (call 6): the variable-block ratio (uniform block
     # 128 and variable blocks, 32K / 64K, 0.3 / 0.5), then the dense backward against cuDNN and Flex (full, causal)
-    b() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-    b sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
-      --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
-    b varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-      --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+    varblock_ratio
     timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
     tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
@@ -117,10 +109,8 @@ case "${1:-}" in
     # the two cases furthest from 0.8 after call 7 (64K 0.3, 32K 0.5), under every timer: today's defaults against
     # the dQ tile 8 x 16 and the dK/dV tails after the main launch (dkdv_tail_order 0), both with order_by_steps
     C='{"now": {}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}, "order0": {"dkdv_tail_order": 0}}'
-    timeout 200 python experiments/gpu/timer_bias.py --out "$OUT/t64" --sparse varblock256:65536:0.3 --rep 5 \
-      --configs "$C" > "$OUT/t64.log" 2>&1
-    timeout 150 python experiments/gpu/timer_bias.py --out "$OUT/t32" --sparse varblock256:32768:0.5 --rep 10 \
-      --configs "$C" > "$OUT/t32.log" 2>&1
+    timer_ab t64 varblock256:65536:0.3 5 200 "$C"
+    timer_ab t32 varblock256:32768:0.5 10 150 "$C"
     summary t64 t32
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;

@@ -1,6 +1,7 @@
 # The preamble of the session scripts (`source experiments/gpu/session_env.sh` from the repository root on the
 # device): environment, what the machine is, `tests FILE KEXPR LOG SECONDS`, a `-m gpu` pytest run whose
-# PASSED / FAILED lines go to $OUT/LOG, and `accept_block_sparse` (issue 13's block-sparse runs through the harness).
+# PASSED / FAILED lines go to $OUT/LOG, `accept_block_sparse` (issue 13's block-sparse runs through the harness) and
+# `varblock_ratio` (its variable-block ratio alone).
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -19,4 +20,12 @@ accept_block_sparse() {  # issue 13's block-sparse targets through the harness i
     --param patterns=Hkv,1 --backends triton-sparse,flex --out "$OUT/sparse" 2>&1 | tail -12
   bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
     --backends triton-varblock --out "$OUT/var" 2>&1 | tail -8
+}
+varblock_ratio() {  # issue 13's variable-block ratio through the harness into $OUT/uni and $OUT/var: uniform block 128
+  # and variable blocks (mean 256), a pattern per KV head, 32K / 64K, densities 0.3 / 0.5, our kernels only
+  bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
+  bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
+    --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
+  bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+    --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
 }

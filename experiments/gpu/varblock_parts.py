@@ -25,7 +25,6 @@ Rows (``kind``: env / time) go to ``<out>/varblock_parts.jsonl`` as measured; th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -38,12 +37,6 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-
-
-def _empty(t):
-    """``t`` with no row tiles (its launch then runs no program)."""
-    return dataclasses.replace(t, **{f: getattr(t, f)[:0] for f in ("row_start", "row_end", "row_block")},
-                               order=t.order[:0])
 
 
 def launches(mask, q, k, v, overlays: dict, parts: bool = True):
@@ -66,7 +59,7 @@ def launches(mask, q, k, v, overlays: dict, parts: bool = True):
     if parts and tables.get("dkdv_tail") is not None and tables["dkdv_tail"].num_tiles:
         no_tail = {n: t for n, t in tables.items() if n != "dkdv_tail"}
         fns["dkdv_main"] = bwd(no_tail, passes=("dkdv",))
-        fns["dkdv_tail"] = bwd({**tables, "dkdv": _empty(tables["dkdv"])}, passes=("dkdv",))
+        fns["dkdv_tail"] = bwd({**tables, "dkdv": tables["dkdv"].without_rows()}, passes=("dkdv",))
         fns["bwd_no_dkdv_tail"] = bwd(no_tail)
     for name, over in overlays.items():
         c = BS.resolve_config(mask, q.shape[-1], over, q=q, k=k)

@@ -68,11 +68,12 @@ Flex in all eight cases. Session 25 (an H200, ``experiments/results/h200/session
 remainders of <= 32 keys last, in 32-key tiles (``dq_short_keys``, ``block_sparse_tables`` ``short_cols``): +0.9 /
 +1.1 % interleaved; through the harness 0.748-0.769x uniform (0.745-0.756 before it on the same GPU). Session 26
 (H200, ``experiments/results/h200/session26/``): the launches timed apart (``experiments/gpu/varblock_parts.py``) add
-up to the backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the dK/dV tails
-the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part left (the tail
-launch is memory-bound: L2 hit rate 27 %). The backward's programs are ordered by their lists' steps
-(``order_by_steps``: a block's short last tile beside its full ones, +2.7 to +3.3 % under every timer) and the dK/dV
-tails run first on the side stream (``dkdv_tail_order`` 2); through the harness 0.774-0.801x uniform.
+up to the backward (32K / 0.3: dK/dV main 45.5 ms, its 64-key tails 9.0, dQ 29.9, backward 84.7), and without the
+dK/dV tails the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks' remainders are the largest part
+left (the tail launch is memory-bound: L2 hit rate 27 %). The backward's programs are ordered by their lists' steps
+(``order_by_steps``: a block's short last tile beside its full ones, +2.6 to +3.2 % back to back, +1.9 to +4.8 %
+under every timer) and the dK/dV tails run first on the side stream (``dkdv_tail_order`` 2); through the harness
+0.774-0.801x uniform.
 
 Kernels
 -------
@@ -127,7 +128,6 @@ launchers, autograd, ``torch.library`` ops and the public functions.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Optional
 
@@ -192,9 +192,9 @@ LN2 = 0.6931471805599453
 #: the one-launch kernel); the same bits.
 #: ``order_by_steps``: the backward passes' programs ordered by their lists' entries alone, not entries times valid
 #: rows (``block_sparse_tables``: a short tile runs as many steps as a full one; one block's tiles stay together, so
-#: they read the same q / dO rows at about the same time). Variable blocks' default (session 26, H200, under every
-#: timer: +2.7 to +3.3 %); off for uniform blocks, whose tiles are all full (but a ragged last block's), so it would
-#: change next to nothing there; the forward keeps its order.
+#: they read the same q / dO rows at about the same time). Variable blocks' default (session 26, H200: +2.6 to +3.2 %
+#: back to back, +1.9 to +4.8 % under every timer); off for uniform blocks, whose tiles are all full (but a ragged
+#: last block's), so it would change next to nothing there; the forward keeps its order.
 #: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
 #: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
 #: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
@@ -386,7 +386,7 @@ def _tile_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict
         # Session 26 (order_by_steps: the backward's programs by their lists' steps, so a block's short last tile
         # runs beside its full ones instead of among the light tiles at the end): H200, timer_bias.py (every timer,
         # both orders, one process; call 6): 32K density 0.3 313.4 / 309.3 -> 321.7 / 318.7 TFLOP/s back to back,
-        # 64K 0.5 304.9 / 305.9 -> 313.9 / 315.8; interleaved +2.4 to +4.6 %.
+        # 64K 0.5 304.9 / 305.9 -> 313.9 / 315.8; interleaved +1.9 to +4.8 %.
         cfg.update(DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, dq_list_chunk=0, dq_pack_list=False,
                    bwd_streams=True, dq_short_keys=32, order_by_steps=True, **VARBLOCK_DKDV,
                    **VARBLOCK_DQ[max(n for n in VARBLOCK_DQ if n <= dq_stack)])
@@ -675,25 +675,22 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # tile, 4 warps or dkdv_tail_warps, TAIL_KEYS); with bwd_streams the dQ chain runs on a second stream beside
     # dK/dV's. dkdv_tail_order moves the dK/dV tail launch: 1 to the head of the dQ chain (issued after the main
     # dK/dV launch), 2 to the side stream issued before the main dK/dV launch (one stream: the host order alone)
-    chains = {"dkdv": [], "dq": []}
-    if not one_launch:
-        chains["dkdv"].append(lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"]))
-        chains["dq"].append(lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"]))
-    if "dkdv" not in passes:
-        chains["dkdv"] = []
-    if "dq" not in passes:
-        chains["dq"] = []
-    dq_tail, dkdv_tail = tables.get("dq_tail"), tables.get("dkdv_tail")
-    if "dq" in passes and dq_tail is not None and dq_tail.num_tiles:
-        chains["dq"].append(lambda: launch_dq(dq_tail, 1, 4))
+    def has(name):  # the pass runs and its table has row tiles
+        return name.split("_")[0] in passes and tables.get(name) is not None and tables[name].num_tiles > 0
+
+    main = not one_launch
+    dkdv_chain = [lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"])] if main and "dkdv" in passes else []
+    dq_chain = [lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"])] if main and "dq" in passes else []
+    if has("dq_tail"):
+        dq_chain.append(lambda: launch_dq(tables["dq_tail"], 1, 4))
     first = []  # launched on the side stream before everything else
-    if "dkdv" in passes and dkdv_tail is not None and dkdv_tail.num_tiles:
-        tail_launch = lambda: launch_dkdv(dkdv_tail, 1, int(cfg["dkdv_tail_warps"]))  # noqa: E731
+    if has("dkdv_tail"):
+        tail_launch = lambda: launch_dkdv(tables["dkdv_tail"], 1, int(cfg["dkdv_tail_warps"]))  # noqa: E731
         order = int(cfg["dkdv_tail_order"])
         if order == 0:
-            chains["dkdv"].append(tail_launch)
+            dkdv_chain.append(tail_launch)
         elif order == 1:
-            chains["dq"].insert(0, tail_launch)
+            dq_chain.insert(0, tail_launch)
         else:
             first.append(tail_launch)
     both = "dkdv" in passes and "dq" in passes
@@ -701,10 +698,10 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         with beside():
             for launch in first:
                 launch()
-        for launch in chains["dkdv"]:
+        for launch in dkdv_chain:
             launch()
         with beside():
-            for launch in chains["dq"]:
+            for launch in dq_chain:
                 launch()
     return dq, dk, dv
 
@@ -783,8 +780,7 @@ def _op_lists(tables: dict, name: str) -> list[torch.Tensor]:
     main = tables[name]
     tail = tables.get(name + "_tail")
     if tail is None:  # no tail tiles: empty row lists, the launch is skipped
-        tail = dataclasses.replace(main, **{f: getattr(main, f)[:0] for f in ("row_start", "row_end", "row_block",
-                                                                              "order")})
+        tail = main.without_rows()
 
     def split(t: SideTables) -> torch.Tensor:
         return t.ptr[:0] if t.col_split is None else t.col_split

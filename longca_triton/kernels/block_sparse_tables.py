@@ -111,6 +111,11 @@ class SideTables:
         return [self.row_start, self.row_end, self.row_block, self.order, self.ptr,
                 self.col_start, self.col_end, self.col_next, self.col_count]
 
+    def without_rows(self) -> "SideTables":
+        """The same lists with no row tiles: a launch over it runs no program."""
+        return dataclasses.replace(self, **{f: getattr(self, f)[:0] for f in ("row_start", "row_end", "row_block",
+                                                                                "order")})
+
     def columns(self, e: int) -> list[int]:
         """The columns of list entry ``e`` (host side; for tests and tools)."""
         start, end, nxt, count = (int(t[e]) for t in (self.col_start, self.col_end, self.col_next, self.col_count))
