@@ -45,7 +45,7 @@ def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dkdv", "dq"
     tables = BS.tables_for(mask, cfg, "cpu")
     out, dout = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(1, hq, S, dtype=torch.float32)
-    names = ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")
+    names = ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dkdv_merged_kernel", "block_sparse_bwd_dq_kernel")
     with aot.recorded_launches(BS, names) as rec, aot.recorded_launches(dense, ("dense_bwd_preprocess_kernel",)):
         BS.block_sparse_bwd(dout, q, k, v, out, lse, mask, tables, d ** -0.5, cfg, passes=passes)
     return cfg, list(rec)
@@ -83,14 +83,15 @@ def compile_sass(launch, dump: str | None = None):
                 hist[key] = hist.get(key, 0) + 1
     # per loop: float arithmetic issued after its last HGMMA (work that overlaps the step's last, asynchronous
     # GEMM; dq_skew exists to put dS there)
-    after = []
+    after, mufu = [], []
     for lp in loops:
         lo, hi = (int(x, 16) for x in lp["pc"].split("-"))
         body = [op.split(".")[0] for pc, op, _ in ops if lo <= pc <= hi]
         last = max((i for i, op in enumerate(body) if op == "HGMMA"), default=len(body))
         after.append(sum(op in ("FMUL", "FADD", "FFMA", "F2FP") for op in body[last + 1:]))
+        mufu.append(sum(op == "MUFU" for op in body))
     return dict(opcodes=dict(sorted(hist.items(), key=lambda kv: -kv[1])), timeline=[lp.get("timeline") for lp in loops],
-                float_ops_after_last_hgmma=after,
+                float_ops_after_last_hgmma=after, loop_mufu=mufu,
                 registers=info["registers"], spills=info["spill_stores"] + info["spill_loads"],
                 shared=int(k.metadata.shared), loop_instr=[lp.get("instructions") for lp in loops],
                 wgmma=k.asm["ptx"].count("wgmma.mma_async"))

@@ -5,8 +5,9 @@ the default backward dK/dV kernels of two package trees, side by side.
     PYTHONPATH=. python experiments/cpu_ptx_same.py /tmp/base .     (the venv's python: it needs torch)
 
 Prints one line per kernel and case: ``same code`` or the number of differing PTX lines. The cases:
-dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config) and block-sparse
-(block 128, density 0.3, a pattern per KV head). Each tree is compiled in its own subprocess.
+dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config), block-sparse
+(block 128, density 0.3, a pattern per KV head) and variable blocks (mean 256, min 128, density 0.3: the dK/dV
+main and tail launches, the dQ main launch). Each tree is compiled in its own subprocess.
 """
 
 from __future__ import annotations
@@ -53,12 +54,22 @@ for name in ("causal", "full"):
     with aot.recorded_launches(D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel")) as rec:
         D.dense_bwd(do, q, k, v, out, lse, kp, qp, 0.088, cfg)
     res[f"dense dK/dV {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dkdv_kernel"))
-BS.launch_bwd_preprocess = lambda out, dout, dlse=None: torch.empty(1, 64, S)
+# (delta, and with lse the stats rows the dK/dV steps read by TMA boxes: dkdv_stats_tma)
+BS.launch_bwd_preprocess = lambda out, dout, dlse=None, lse=None: (
+    torch.empty(1, 64, S) if lse is None else (torch.empty(1, 64, S), torch.empty(1, 64, S, 4)))
 mask = make_mask("block_sparse", S, block=128, density=0.3, patterns=8, seed=0)
 cfg = BS.resolve_config(mask, 128)
 with aot.recorded_launches(BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
     BS.block_sparse_bwd(do, q, k, v, out, lse, mask, BS.tables_for(mask, cfg, "cpu"), 0.088, cfg, passes=("dkdv",))
 res["block-sparse dK/dV"] = code(next(r for r in rec if r.name == "block_sparse_bwd_dkdv_kernel"))
+# variable blocks (mean 256, min 128): the dK/dV main and tail launches, the dQ main launch
+mask = make_mask("varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=8, seed=0)
+cfg = BS.resolve_config(mask, 128, q=q, k=k)
+with aot.recorded_launches(BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
+    BS.block_sparse_bwd(do, q, k, v, out, lse, mask, BS.tables_for(mask, cfg, "cpu"), 0.088, cfg)
+for i, r in enumerate(x for x in rec if x.name == "block_sparse_bwd_dkdv_kernel"):
+    res[f"variable-block dK/dV {('main', 'tail')[i]}"] = code(r)
+res["variable-block dQ"] = code(next(r for r in rec if r.name == "block_sparse_bwd_dq_kernel"))
 print(json.dumps(res))
 '''
 

@@ -323,9 +323,15 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     if group == "dkdv":
         # packed query lists (they won at every tile measured: session 16), head-major or the row-major
         # sweep (``dkdv_sweep`` 2)
-        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
+        base = [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
                      dkdv_pack_list=True, dkdv_sweep=sw, dkdv_tail_rows=t)
                 for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
+        # the 64-key tails on 8 warps, 128 query rows a step, query-major scores (``dkdv_tail_cols``): in a launch
+        # of their own, or in the main launch beside their blocks' tiles (``dkdv_tail_order`` 3)
+        tails_128 = [dict(c, dkdv_tail_cols=128, dkdv_tail_warps=8, dkdv_tail_order=o)
+                     for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
+                     for o in (2, 3)]
+        return base + tails_128
     if group == "dq":
         # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and
         # 128-row tiles of 2, 4 or 8 stacked query heads (the default is 4 x 32, ``block_sparse.VARBLOCK_DQ``: a

@@ -144,11 +144,12 @@ from ._runtime import resolve_scale as _resolve_scale
 from ._runtime import side_stream
 from .block_sparse_bwd import (
     block_sparse_bwd_dkdv_kernel,
+    block_sparse_bwd_dkdv_merged_kernel,
     block_sparse_bwd_dq_kernel,
     block_sparse_bwd_one_launch_kernel,
 )
 from .block_sparse_fwd import block_sparse_fwd_kernel
-from .block_sparse_tables import SideTables, get_side_tables, table_build_ms
+from .block_sparse_tables import SideTables, get_merged_tail, get_side_tables, table_build_ms
 from . import config as _config_mod
 from .config import ConfigSpec, check_bwd_layout, check_dkdv_sweep, with_one_launch_defaults
 from .config import resolve as _resolve
@@ -205,7 +206,7 @@ CONFIG_KEYS = (
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
-    "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order", "order_by_steps",
+    "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order", "order_by_steps", "dkdv_tail_cols",
 )
 
 #: each pass's packing key
@@ -220,6 +221,11 @@ PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
 #: issued before the main dK/dV launch (outputs disjoint: the same bits in any order).
 TAIL_KEYS = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
 TAIL_SIZES = (0, 16, 32, 64, 128)
+#: ``dkdv_tail_cols``: 0, or the query rows a dK/dV tail step takes; then the tail steps compute their scores
+#: query-major (``S = Q K^T`` [rows, keys], keys the N of every GEMM: ``block_sparse_bwd._dkdv_step``), so a
+#: 64-key tail on 8 warps runs one exponential a score (key-major, its [64, rows] scores on two warpgroups are
+#: computed twice)
+TAIL_COLS = (0, 16, 32, 64, 128)
 
 #: ``list_chunk`` (forward) / ``dkdv_list_chunk`` / ``dq_list_chunk`` values: 0 reads the pass's list
 #: entry by entry inside its loop; otherwise the loop reads it in chunks of that many entries held in
@@ -292,7 +298,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
     return {"dkdv_sweep": 0, "dkdv_head_outer": True, "dkdv_pattern_order": False, "dkdv_stats_tma": False,
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
-            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False,
+            "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False, "dkdv_tail_cols": 0,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
@@ -469,10 +475,19 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
     if cfg["dkdv_tail_warps"] not in (4, 8) or isinstance(cfg["dkdv_tail_warps"], bool):
         raise ValueError(f"block-sparse attention: config['dkdv_tail_warps'] must be 4 or 8, got "
                          f"{cfg['dkdv_tail_warps']!r}")
-    if cfg["dkdv_tail_order"] not in (0, 1, 2) or isinstance(cfg["dkdv_tail_order"], bool):
+    if cfg["dkdv_tail_order"] not in (0, 1, 2, 3) or isinstance(cfg["dkdv_tail_order"], bool):
         raise ValueError(f"block-sparse attention: config['dkdv_tail_order'] must be 0 (after the main dK/dV launch), "
-                         f"1 (first in the dQ chain) or 2 (on the side stream before the main dK/dV launch), got "
-                         f"{cfg['dkdv_tail_order']!r}")
+                         f"1 (first in the dQ chain), 2 (on the side stream before the main dK/dV launch) or 3 (in the "
+                         f"main dK/dV launch, after their blocks' main tiles), got {cfg['dkdv_tail_order']!r}")
+    if cfg["dkdv_tail_order"] == 3 and (cfg["one_launch"] or cfg["dkdv_sweep"]):
+        raise ValueError("block-sparse attention: config['dkdv_tail_order'] 3 (the dK/dV tails in the main dK/dV "
+                         "launch) needs the two-kernel layout's head-major dK/dV loop: one_launch=False and "
+                         f"dkdv_sweep=0 (got {cfg['one_launch']}, {cfg['dkdv_sweep']})")
+    tc = cfg["dkdv_tail_cols"]
+    if isinstance(tc, bool) or tc not in TAIL_COLS:
+        raise ValueError(f"block-sparse attention: config['dkdv_tail_cols'] must be 0 (the dK/dV tails step by "
+                         f"DKDV_BLOCK_M query rows, key-major scores) or one of {TAIL_COLS[1:]} (query rows a step, "
+                         f"query-major scores), got {tc!r}")
     rows = tile_sizes(cfg)
     for name, key in TAIL_KEYS.items():
         tail = cfg[key]
@@ -527,10 +542,20 @@ def tables_for(mask, cfg: dict, device) -> dict:
         steps = bool(cfg["order_by_steps"]) and name != "fwd"
         out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short,
                                     steps)
-        if tail:
-            out[name + "_tail"] = get_side_tables(mask, major, *ts[name], device, pack[name], "tail", tail, short,
-                                                  steps)
+        if tail and name == "dkdv" and int(cfg["dkdv_tail_order"]) == 3:
+            # the tails in the main launch: the tail table carries both tables' order (merge_tails)
+            out[name + "_tail"] = get_merged_tail(mask, major, *ts[name], tail_cols(cfg, name), device, pack[name],
+                                                  tail, short, steps)
+        elif tail:
+            out[name + "_tail"] = get_side_tables(mask, major, ts[name][0], tail_cols(cfg, name), device, pack[name],
+                                                  "tail", tail, short, steps)
     return out
+
+
+def tail_cols(cfg: dict, name: str) -> int:
+    """The column step of pass ``name``'s tail tiles: the pass's own, or (dK/dV) ``dkdv_tail_cols`` query rows."""
+    own = tile_sizes(cfg)[name][1]
+    return int(cfg["dkdv_tail_cols"]) or own if name == "dkdv" else own
 
 
 def pack_flags(cfg: dict) -> dict:
@@ -624,7 +649,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # a KV head's key tiles in its own pattern's order: only where the whole group walks one pattern
     pattern_order = bool(cfg.get("dkdv_pattern_order", False)) and hpp % group == 0
 
-    def launch_dkdv(tk: SideTables, heads: int, warps: int):
+    def launch_dkdv(tk: SideTables, heads: int, warps: int, qmajor: bool = False):
         tma = stats_tma and heads == 1 and full_entries(tk)  # per table: a tail table of its own may not be
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
             q, k, v, dout, stats if tma else lse, delta, dk, dv,
@@ -632,9 +657,26 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             *tk.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
-            **dims, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=tk.tile_rows, HEADS=heads,
+            **dims, BLOCK_M=tk.tile_cols, BLOCK_N=tk.tile_rows, HEADS=heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, PATTERN_ORDER=pattern_order, STATS_TMA=tma, num_warps=warps,
+            PACKED=tk.packed, PATTERN_ORDER=pattern_order, STATS_TMA=tma, QMAJOR=qmajor, num_warps=warps,
+            num_stages=cfg["dkdv_num_stages"],
+        )
+
+    def launch_dkdv_merged(tk: SideTables, tt: SideTables):
+        # main and tail tiles in one launch (dkdv_tail_order 3): tt.order is both tables' order (merge_tails)
+        block_sparse_bwd_dkdv_merged_kernel[((tk.num_tiles + tt.num_tiles) * b * hkv,)](
+            q, k, v, dout, lse, delta, dk, dv,
+            *_bsh_strides(q, k, v, dout, dk, dv),
+            *(x for i, x in enumerate(tk.lists()) if i != 3), *(x for i, x in enumerate(tt.lists()) if i != 3),
+            tt.order,
+            softmax_scale, qk_scale,
+            sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp, tk.num_tiles,
+            **dims, BLOCK_M=tk.tile_cols, BLOCK_N=tk.tile_rows, HEADS=dkdv_heads, TAIL_M=tt.tile_cols,
+            TAIL_N=tt.tile_rows,
+            EVEN_M=tk.even_cols, TAIL_EVEN_M=tt.even_cols, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
+            PACKED=tk.packed, TAIL_PACKED=tt.packed, PATTERN_ORDER=pattern_order,
+            TAIL_QMAJOR=bool(cfg["dkdv_tail_cols"]), num_warps=cfg["dkdv_num_warps"],
             num_stages=cfg["dkdv_num_stages"],
         )
 
@@ -684,14 +726,17 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     if has("dq_tail"):
         dq_chain.append(lambda: launch_dq(tables["dq_tail"], 1, 4))
     first = []  # launched on the side stream before everything else
-    if has("dkdv_tail"):
-        tail_launch = lambda: launch_dkdv(tables["dkdv_tail"], 1, int(cfg["dkdv_tail_warps"]))  # noqa: E731
+    if has("dkdv_tail") and int(cfg["dkdv_tail_order"]) == 3 and dkdv_chain:
+        dkdv_chain = [lambda: launch_dkdv_merged(tk, tables["dkdv_tail"])]
+    elif has("dkdv_tail"):
+        tail_launch = lambda: launch_dkdv(tables["dkdv_tail"], 1, int(cfg["dkdv_tail_warps"]),  # noqa: E731
+                                          bool(cfg["dkdv_tail_cols"]))
         order = int(cfg["dkdv_tail_order"])
         if order == 0:
             dkdv_chain.append(tail_launch)
         elif order == 1:
             dq_chain.insert(0, tail_launch)
-        else:
+        else:  # 2 (or 3 in a one-launch backward, whose kernel has no tail tiles: on the side stream first)
             first.append(tail_launch)
     both = "dkdv" in passes and "dq" in passes
     with side_stream(q.device, cfg["bwd_streams"] and both) as beside:
@@ -769,9 +814,12 @@ def _cfg_from_list(cfg_list) -> dict:
 
 def op_meta(tables: dict, num_patterns: int) -> list[int]:
     """What the ops need to know of ``tables`` besides their tensors: ``[num_patterns, then even_cols
-    and packed of the fwd, dq and dkdv tables]``."""
-    return [int(num_patterns)] + [int(flag) for name in ("fwd", "dq", "dkdv")
-                                  for flag in (tables[name].even_cols, tables[name].packed)]
+    and packed of the fwd, dq and dkdv tables, then the same of their tail tables]`` (a tail table may step by
+    other columns than its main one: ``dkdv_tail_cols``; the main table's flags where there is none)."""
+    names = ("fwd", "dq", "dkdv")
+    return [int(num_patterns)] + [int(flag) for t in [tables[n] for n in names]
+                                  + [tables.get(n + "_tail", tables[n]) for n in names]
+                                  for flag in (t.even_cols, t.packed)]
 
 
 def _op_lists(tables: dict, name: str) -> list[torch.Tensor]:
@@ -797,8 +845,8 @@ def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
             even, packed = meta[1 + 2 * i], meta[2 + 2 * i]
             short = c["dq_short_keys"] if name == "dq" else 0
             out[name] = _tables_from_tensors(lists[:10], *ts[name], P, even, packed, short)
-            tail = _tables_from_tensors(lists[10:], c[TAIL_KEYS[name]] or ts[name][0], ts[name][1], P, even, packed,
-                                        short)
+            tail = _tables_from_tensors(lists[10:], c[TAIL_KEYS[name]] or ts[name][0], tail_cols(c, name), P,
+                                        meta[7 + 2 * i], meta[8 + 2 * i], short)
             if tail.num_tiles:
                 out[name + "_tail"] = tail
     return out
