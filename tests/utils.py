@@ -106,6 +106,23 @@ def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0
     return out, lse
 
 
+def assert_grads_near_float64(grads, q, k, v, dout, mask, factor: float = 2.0):
+    """``grads`` (dq, dk, dv of a low-precision kernel for ``q, k, v, dout``) against float64 (the naive
+    reference): each finite and its relative error within ``factor`` x the error of the same computation done
+    by PyTorch in the inputs' dtype (+ 1e-3). For the ``-m gpu`` tests at real sizes."""
+    def ref(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        naive_attention(*leaves, mask).backward(dout.to(dtype))
+        return [t.grad for t in leaves]
+
+    exact, low = ref(torch.float64), ref(q.dtype)
+    for name, g, e, lo in zip(("dq", "dk", "dv"), grads, exact, low):
+        assert torch.isfinite(g).all(), f"{name} not finite"
+        err = ((g.double() - e).norm() / e.norm()).item()
+        base = ((lo.double() - e).norm() / e.norm()).item()
+        assert err <= factor * base + 1e-3, f"{name}: error {err:.2e} against {q.dtype} PyTorch's {base:.2e}"
+
+
 # tiles that are neither square nor equal across the passes
 ODD_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64,
                   DQ_BLOCK_N=16)

@@ -22,18 +22,6 @@
 #   bash experiments/gpu/session26.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
 #   bash experiments/gpu/session26.sh weak    the two weakest variable-block cases under every timer: dQ 8 x 16, tails order 0
 source experiments/gpu/session_env.sh
-timer_ab() {  # $1: folder under $OUT, $2: case (name:S:density), $3: repetitions, $4: seconds, $5: configs (JSON)
-  timeout "$4" python experiments/gpu/timer_bias.py --out "$OUT/$1" --sparse "$2" --rep "$3" --configs "$5" \
-    > "$OUT/$1.log" 2>&1
-}
-summary() {  # TFLOP/s per (timer, config) of each timer_bias.py output folder under $OUT named in "$@"
-  for f in "$@"; do python3 -c "
-import json, collections
-d = collections.defaultdict(list)
-for l in open('$OUT/$f/timer_bias.jsonl'):
-    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
-for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
-}
 case "${1:-}" in
   parts)
     CONFIGS='{"tailw8": {"dkdv_tail_warps": 8}, "m32": {"DKDV_BLOCK_M": 32}, "m32_tailw8": {"DKDV_BLOCK_M": 32, "dkdv_tail_warps": 8}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}}'

@@ -1,7 +1,8 @@
 # The preamble of the session scripts (`source experiments/gpu/session_env.sh` from the repository root on the
 # device): environment, what the machine is, `tests FILE KEXPR LOG SECONDS`, a `-m gpu` pytest run whose
 # PASSED / FAILED lines go to $OUT/LOG, `accept_block_sparse` (issue 13's block-sparse runs through the harness) and
-# `varblock_ratio` (its variable-block ratio alone).
+# `varblock_ratio` (its variable-block ratio alone), `timer_ab` / `summary` (timer_bias.py's A/B of configs under every
+# timer, and its TFLOP/s per timer and config).
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -28,4 +29,16 @@ varblock_ratio() {  # issue 13's variable-block ratio through the harness into $
     --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
   bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
     --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+}
+timer_ab() {  # $1: folder under $OUT, $2: case (name:S:density), $3: repetitions, $4: seconds, $5: configs (JSON)
+  timeout "$4" python experiments/gpu/timer_bias.py --out "$OUT/$1" --sparse "$2" --rep "$3" --configs "$5" \
+    > "$OUT/$1.log" 2>&1
+}
+summary() {  # TFLOP/s per (timer, config) of each timer_bias.py output folder under $OUT named in "$@"
+  for f in "$@"; do python3 -c "
+import json, collections
+d = collections.defaultdict(list)
+for l in open('$OUT/$f/timer_bias.jsonl'):
+    r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
+for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
 }

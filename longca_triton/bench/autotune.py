@@ -96,10 +96,10 @@ def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # each tile head-major and with the row-major descending sweep: the sweep pays on one tile
         # only (64x64 / 4 warps / 2 stages on H100, dense.HOPPER_UNEVEN_MASK), so the two are searched
         # together rather than the sweep on whatever tile won head-major
-        return [
+        return with_qmajor([
             dict(DKDV_BLOCK_M=block, DKDV_BLOCK_N=n, dkdv_num_warps=w, dkdv_num_stages=s, dkdv_sweep=sw)
             for sw, n, w, s in itertools.product([0, 2], outer, warps, [2, 3])
-        ]
+        ])
     if group == "dq":
         return [
             dict(DQ_BLOCK_M=m, DQ_BLOCK_N=block, dq_num_warps=w, dq_num_stages=s)
@@ -131,6 +131,16 @@ def _dense_candidates_big(group: str, block: int) -> list[dict]:
     if group == "bwd":
         return _one_launch_candidates(True)
     raise ValueError(f"unknown key group {group!r}")
+
+
+def with_qmajor(cands: list[dict]) -> list[dict]:
+    """dK/dV candidates, each also with query-major scores (``dkdv_qmajor``) where its step keeps one
+    exponential a score: at least 64 query rows a warpgroup (the head-major loop only)."""
+    def fits(c):
+        rows = c["DKDV_BLOCK_M"] * c.get("DKDV_HEADS", 1)
+        return c.get("dkdv_sweep", 0) == 0 and rows >= 16 * c["dkdv_num_warps"]
+
+    return cands + [dict(c, dkdv_qmajor=True) for c in cands if fits(c)]
 
 
 def _one_launch_candidates(big: bool) -> list[dict]:
@@ -289,10 +299,10 @@ def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # each list read entry by entry or in register chunks (``dkdv_list_chunk``: the chunked loop
         # prefetches num_stages - 1 steps ahead; bwd_session13)
         steps = sorted({min(inner, 64), inner})
-        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s,
-                     dkdv_list_chunk=c)
-                for m, n, h, w, s, c in itertools.product(steps, outer, heads if inner <= 64 else [1], warps, stages,
-                                                          _CHUNKS)]
+        return with_qmajor([dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s,
+                                 dkdv_list_chunk=c)
+                            for m, n, h, w, s, c in itertools.product(steps, outer, heads if inner <= 64 else [1],
+                                                                      warps, stages, _CHUNKS)])
     if group == "dq":
         # the dQ step: the block, or (blocks of 128) 64-key halves, which three stages fit beside Q and dO
         steps = sorted({min(inner, 64), inner})
@@ -331,7 +341,7 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         tails_128 = [dict(c, dkdv_tail_cols=128, dkdv_tail_warps=8, dkdv_tail_order=o)
                      for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
                      for o in (2, 3)]
-        return base + tails_128
+        return with_qmajor(base) + tails_128
     if group == "dq":
         # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and
         # 128-row tiles of 2, 4 or 8 stacked query heads (the default is 4 x 32, ``block_sparse.VARBLOCK_DQ``: a

@@ -207,6 +207,7 @@ CONFIG_KEYS = (
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
     "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order", "order_by_steps", "dkdv_tail_cols",
+    "dkdv_qmajor",
 )
 
 #: each pass's packing key
@@ -299,6 +300,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False, "dkdv_tail_cols": 0,
+            "dkdv_qmajor": False,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
@@ -403,7 +405,7 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N"),
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", "order_by_steps",
+                              "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", "order_by_steps", "dkdv_qmajor",
                               *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
@@ -483,6 +485,9 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         raise ValueError("block-sparse attention: config['dkdv_tail_order'] 3 (the dK/dV tails in the main dK/dV "
                          "launch) needs the two-kernel layout's head-major dK/dV loop: one_launch=False and "
                          f"dkdv_sweep=0 (got {cfg['one_launch']}, {cfg['dkdv_sweep']})")
+    if cfg["dkdv_qmajor"] and cfg["one_launch"]:
+        raise ValueError("block-sparse attention: config['dkdv_qmajor'] (query-major dK/dV scores) is a key of the "
+                         "two-kernel layout's dK/dV kernel: it needs one_launch=False")
     tc = cfg["dkdv_tail_cols"]
     if isinstance(tc, bool) or tc not in TAIL_COLS:
         raise ValueError(f"block-sparse attention: config['dkdv_tail_cols'] must be 0 (the dK/dV tails step by "
@@ -676,7 +681,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             TAIL_N=tt.tile_rows,
             EVEN_M=tk.even_cols, TAIL_EVEN_M=tt.even_cols, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
             PACKED=tk.packed, TAIL_PACKED=tt.packed, PATTERN_ORDER=pattern_order,
-            TAIL_QMAJOR=bool(cfg["dkdv_tail_cols"]), num_warps=cfg["dkdv_num_warps"],
+            QMAJOR=bool(cfg["dkdv_qmajor"]), TAIL_QMAJOR=bool(cfg["dkdv_tail_cols"]) or bool(cfg["dkdv_qmajor"]),
+            num_warps=cfg["dkdv_num_warps"],
             num_stages=cfg["dkdv_num_stages"],
         )
 
@@ -721,7 +727,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         return name.split("_")[0] in passes and tables.get(name) is not None and tables[name].num_tiles > 0
 
     main = not one_launch
-    dkdv_chain = [lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"])] if main and "dkdv" in passes else []
+    dkdv_chain = ([lambda: launch_dkdv(tk, dkdv_heads, cfg["dkdv_num_warps"], bool(cfg["dkdv_qmajor"]))]
+                  if main and "dkdv" in passes else [])
     dq_chain = [lambda: launch_dq(tq, dq_heads, cfg["dq_num_warps"])] if main and "dq" in passes else []
     if has("dq_tail"):
         dq_chain.append(lambda: launch_dq(tables["dq_tail"], 1, 4))
@@ -730,7 +737,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         dkdv_chain = [lambda: launch_dkdv_merged(tk, tables["dkdv_tail"])]
     elif has("dkdv_tail"):
         tail_launch = lambda: launch_dkdv(tables["dkdv_tail"], 1, int(cfg["dkdv_tail_warps"]),  # noqa: E731
-                                          bool(cfg["dkdv_tail_cols"]))
+                                          bool(cfg["dkdv_tail_cols"]) or bool(cfg["dkdv_qmajor"]))
         order = int(cfg["dkdv_tail_order"])
         if order == 0:
             dkdv_chain.append(tail_launch)

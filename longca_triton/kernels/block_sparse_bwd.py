@@ -21,6 +21,7 @@ import triton.language as tl
 from .block_sparse_fwd import _pack_program_at
 from .core import (
     dkdv_update,
+    dkdv_update_qmajor,
     dq_skewed_scores,
     dq_update,
     entry_at,
@@ -106,12 +107,9 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
         lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
         delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
     if QMAJOR:
-        qk = tl.dot(q, tl.trans(k))  # [HM, BLOCK_N]
-        p = tl.math.exp2(qk * qk_scale - (lse * 1.4426950408889634)[:, None])
-        dp = tl.dot(do, tl.trans(v))  # [HM, BLOCK_N]
-        ds = p * (dp - delta[:, None])
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
-        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+        # query-major scores (config dkdv_tail_cols): P [HM, BLOCK_N]
+        p = recompute_p(q, k, lse, qk_scale, False, True)
+        dk, dv, _ = dkdv_update_qmajor(dk, dv, p, q, do, v, delta)
         return dk, dv
     p_t = recompute_p(k, q, lse, qk_scale, True, True)  # [BLOCK_N, HM]
     dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
@@ -473,7 +471,7 @@ def block_sparse_bwd_dkdv_merged_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr, TAIL_M: tl.constexpr, TAIL_N: tl.constexpr,
     EVEN_M: tl.constexpr, TAIL_EVEN_M: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
     PACKED: tl.constexpr, TAIL_PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False,
-    TAIL_QMAJOR: tl.constexpr = True,
+    QMAJOR: tl.constexpr = False, TAIL_QMAJOR: tl.constexpr = True,
 ):
     """Key-major dK/dV with a key block's remainder tile in the same launch as its full tiles (config
     ``dkdv_tail_order`` 3; grid: (main + tail tiles) x B x Hkv; the main tiles stack ``HEADS`` query heads,
@@ -481,7 +479,8 @@ def block_sparse_bwd_dkdv_merged_kernel(
     tail right after its block's last main tile, so it runs while its siblings, which read the same q / dO
     rows, still run (a launch of its own streams them from DRAM: L2 hit rate 27 %, H200 session 26). The
     tails step ``TAIL_M`` query rows; with ``TAIL_QMAJOR`` their scores are query-major (``_dkdv_step``), one
-    exponential a score on this launch's warps."""
+    exponential a score on this launch's warps; ``QMAJOR`` (config ``dkdv_qmajor``) does the same for the main
+    tiles."""
     num_tiles = tl.num_programs(0) // num_bkv
     if HEAD_OUTER:
         rank, b, h_kv = key_program_outer(tl.program_id(0), num_tiles, num_heads_kv)
@@ -499,7 +498,7 @@ def block_sparse_bwd_dkdv_merged_kernel(
             ROW_START, ROW_END, ROW_BLOCK, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
             softmax_scale, qk_scale, Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size,
             heads_per_pattern, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, 0,
-            LIST_CHUNK, PACKED, False, False)
+            LIST_CHUNK, PACKED, False, QMAJOR)
     else:
         _dkdv_tile(
             tile - num_main, b, h_kv, Q, K, V, DOut, Lse, Delta, DK, DV,

@@ -457,7 +457,7 @@ def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.c
 
     Query-major (dQ): ``a = q [M, BLOCK_DQK]``, ``b = k [N, BLOCK_DQK]``, result ``[M, N]``. ``KEY_MAJOR``
     (dK/dV): ``a = k``, ``b = q``, result ``P^T [N, M]``. ``LSE_NATURAL``: ``lse2`` is still the
-    natural-log lse (no -inf rows: block-sparse dK/dV), converted here after the matmul.
+    natural-log lse (no -inf rows: block-sparse dK/dV, either orientation), converted here after the matmul.
     """
     qk = tl.dot(a, b.T)
     if KEY_MAJOR:
@@ -465,6 +465,8 @@ def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.c
             p = tl.math.exp2(qk * qk_scale - (lse2 * 1.4426950408889634)[None, :])  # [BLOCK_N, BLOCK_M]
         else:
             p = tl.math.exp2(qk * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+    elif LSE_NATURAL:
+        p = tl.math.exp2(qk * qk_scale - (lse2 * 1.4426950408889634)[:, None])  # [BLOCK_M, BLOCK_N]
     else:
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # [BLOCK_M, BLOCK_N]
     return p
@@ -493,6 +495,23 @@ def dkdv_update(dk, dv, p_t, q, do, v, delta):
     ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)  # [BLOCK_N, BLOCK_M]
     dk = tl.dot(ds_t, q, dk)  # [BLOCK_N, BLOCK_DQK]
     return dk, dv, ds_t
+
+
+@triton.jit
+def dkdv_update_qmajor(dk, dv, p, q, do, v, delta):
+    """``dkdv_update`` from the query-major ``P [BLOCK_M, BLOCK_N]`` (``recompute_p(q, k, ...)``, masked):
+    ``dP = dO V^T`` and ``dS`` query-major too, transposed only as the A operands of ``dV += P^T dO`` and
+    ``dK += dS^T Q`` (through shared memory); returns ``dS [BLOCK_M, BLOCK_N]`` (q's dtype) too.
+
+    why: key-major, a thread's share of ``P^T [BLOCK_N, BLOCK_M]`` spans 16 of the 64 query columns, so it
+    loads and converts 16 lse and 16 delta values a step; query-major it holds 2 rows (sm_90a, a 64-key x
+    64-row step on 4 warps: 507 instructions against 713). And the chained-dot layout (warps stacked along
+    M) duplicates a key-major ``[64 keys, rows]`` score tile on 8 warps, which query-major 128 rows do not."""
+    dp = tl.dot(do, v.T)  # [BLOCK_M, BLOCK_N]
+    ds = (p * (dp - delta[:, None])).to(q.dtype)  # [BLOCK_M, BLOCK_N]
+    dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)  # [BLOCK_N, BLOCK_DV]
+    dk = tl.dot(tl.trans(ds), q, dk)  # [BLOCK_N, BLOCK_DQK]
+    return dk, dv, ds
 
 
 @triton.jit

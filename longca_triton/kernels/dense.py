@@ -148,6 +148,11 @@ LOG2E = 1.4426950408889634
 #: default: on this kernel's 64 x 64 / 4-warp dK/dV tile (q / dO already by TMA) it lost on an H100 (16K, GQA 64:8,
 #: D = 128, interleaved, experiments/results/h100/session22/ call 7: full 0.989x, causal 0.976x, causal_document
 #: 0.979x, prefix_lm_causal 0.985x, sliding_window 1.021x), where the block-sparse kernel's 128-key tile gains 3-8 %.
+#: ``dkdv_qmajor``: the dK/dV steps compute their scores query-major (``S = Q K^T``; ``core.dkdv_update_qmajor``:
+#: P and dS transposed through shared memory as the A operands of the dV / dK GEMMs) instead of key-major; the
+#: same products, summed in another layout. sm_90a on the CPU (``experiments/cpu_aot_dense_bwd.py``, S = 4K, GQA
+#: 8:1, D = 128, 64 x 64 / 4 warps): full 467 -> 363 instructions a step (spills 196 -> 124 bytes), causal 488 /
+#: 695 -> 406 / 566 (a thread holds 2 query rows' lse / delta instead of 16 columns'). Not timed on a GPU yet: off.
 #: ``dq_skew``: the dQ kernel issues each step's ``dS K`` GEMM in the next step, after that step's ``S`` and ``dP``,
 #: so it runs while the exponentials and ``dS`` are computed (``core.dq_skewed_scores``; one more K tile a step by
 #: TMA, a third ring of it in shared memory); the same sums in the same order, so the same bits. Two-kernel layout.
@@ -156,7 +161,7 @@ CONFIG_KEYS = (
     "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages", "fused_dq",
     "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "dkdv_head_outer",
-    "bwd_streams", "dkdv_stats_tma", "dq_skew",
+    "bwd_streams", "dkdv_stats_tma", "dq_skew", "dkdv_qmajor",
 )
 
 
@@ -165,7 +170,8 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, war
                           DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
                           DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, fused_dq=False,
                           one_launch=False, bwd_order=0, bwd_num_warps=4, bwd_num_stages=1, dkdv_sweep=0,
-                          dkdv_head_outer=False, bwd_streams=False, dkdv_stats_tma=False, dq_skew=False)
+                          dkdv_head_outer=False, bwd_streams=False, dkdv_stats_tma=False, dq_skew=False,
+                          dkdv_qmajor=False)
 
 #: Hopper defaults by padded head dim (``_runtime.config_head_dim``): the first entry whose key is
 #: >= the head dim (80 and 96 take 128; 192 and 192/128 take 256). Registers, spills and shared
@@ -179,7 +185,7 @@ HOPPER_CONFIGS = {
              DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
              DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
              one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-             bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
+             bwd_streams=False, dkdv_stats_tma=False, dq_skew=False, dkdv_qmajor=False),
     # measured on an H100 (experiments/results/h100/dense_check.md): forward 128x128/8 warps/
     # 3 stages; dK/dV 32x64/4 warps (64x128/8 warps spills: two fp32 [128, 128] accumulators
     # plus P^T and dP^T do not fit in 255 registers); dQ 128x64/8 warps
@@ -187,7 +193,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
               DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
+              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False, dkdv_qmajor=False),
     # 256 and 192/128 (issue 17): the old forward (64x64, 4 warps) and dQ (64x32, 4 warps) left one
     # warpgroup per SM (232 / 252 registers, 161 / 128 KiB: a second block fits neither). Now two
     # warpgroups: forward 128x64/8 warps/2 stages (228 registers, 192 KiB at 256; 165, 160 KiB at
@@ -200,7 +206,7 @@ HOPPER_CONFIGS = {
               DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=2,
               DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=2, fused_dq=False,
               one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2, dkdv_sweep=0, dkdv_head_outer=False,
-              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False),
+              bwd_streams=False, dkdv_stats_tma=False, dq_skew=False, dkdv_qmajor=False),
 }
 
 #: Alternatives to ``HOPPER_CONFIGS`` at the head dims issue 17 is about, by the same key: name ->
@@ -331,7 +337,7 @@ def headdim_candidates(d_qk: int, d_v: Optional[int] = None) -> dict:
 _SPEC = ConfigSpec("dense-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
                    bool_keys=("warp_specialize", "fused_dq", "one_launch", "dkdv_head_outer", "bwd_streams",
-                              "dkdv_stats_tma", "dq_skew"),
+                              "dkdv_stats_tma", "dq_skew", "dkdv_qmajor"),
                    tuned_name="triton")
 
 
@@ -359,6 +365,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # fused_dq has no row-major form
         base["dkdv_sweep"] = 0
     cfg = _check_bwd_layout(_resolve(_SPEC, base, config or {}), "dense attention")
+    if cfg["dkdv_qmajor"] and (cfg["one_launch"] or cfg["dkdv_sweep"]):
+        raise ValueError("dense attention: config['dkdv_qmajor'] (query-major dK/dV scores) is a key of the dK/dV "
+                         "kernel's head-major loop: it needs one_launch=False and dkdv_sweep=0 (got "
+                         f"{cfg['one_launch']}, {cfg['dkdv_sweep']})")
     return check_dkdv_sweep(cfg, "dense attention")
 
 
@@ -517,7 +527,8 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
         # the interpreter has no tensor-descriptor reduce: it takes the pointer atomics
         FUSED_DQ=fused, DQ_TMA=fused and not _interpreting(), HAS_PARTIAL_TILES=plan.k_part[1].numel() > 0,
         SWEEP=cfg.get("dkdv_sweep", 0), HEAD_OUTER=bool(cfg.get("dkdv_head_outer", False)),
-        STATS_TMA=stats is not None, num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
+        STATS_TMA=stats is not None, QMAJOR=bool(cfg.get("dkdv_qmajor", False)), num_warps=cfg["dkdv_num_warps"],
+        num_stages=cfg["dkdv_num_stages"],
     )
 
 

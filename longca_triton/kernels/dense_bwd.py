@@ -67,6 +67,7 @@ import triton.language as tl
 from .core import (
     bwd_preprocess_kernel,
     dkdv_update,
+    dkdv_update_qmajor,
     dq_skewed_scores,
     dq_update,
     group_sweep_inputs,
@@ -108,12 +109,13 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
               LO, HI, Sq, dq_target, stride_dqa_s, softmax_scale,
               BLOCK_M: tl.constexpr, HEAD_DIM_QK: tl.constexpr, BLOCK_DQK: tl.constexpr,
               MASKED: tl.constexpr, NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
-              STATS_TMA: tl.constexpr = False, stat_bh=0):
+              STATS_TMA: tl.constexpr = False, stat_bh=0, QMAJOR: tl.constexpr = False):
     """Query tiles ``[m_lo, m_hi)`` against the program's key tile, in transposed form.
 
     With ``FUSED_DQ``, ``dq_target`` is the fp32 dQ accumulator of this head: a tensor
     descriptor (``DQ_TMA``) or a base pointer. ``STATS_TMA``: ``Lse`` is the stats' ``core.stats_desc``
-    and ``stat_bh`` the head's index ``b * Hq + h`` in it (``Delta`` is not read).
+    and ``stat_bh`` the head's index ``b * Hq + h`` in it (``Delta`` is not read). ``QMAJOR`` (config
+    ``dkdv_qmajor``): the scores query-major (``core.dkdv_update_qmajor``).
     """
     for mt in tl.range(m_lo, m_hi):
         start_m = mt * BLOCK_M
@@ -121,11 +123,18 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
         q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
         do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
         lse2, delta = _row_stats(Lse, Delta, row_base, stat_bh, start_m, Sq, BLOCK_M, STATS_TMA)
-        p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
-        if MASKED:
-            allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
-            p_t = tl.where(allowed.T, p_t, 0.0)
-        dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
+        if QMAJOR:
+            p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
+            if MASKED:
+                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+            dk, dv, ds = dkdv_update_qmajor(dk, dv, p, q, do, v, delta)
+            ds_t = ds.T  # [BLOCK_N, BLOCK_M] (read only by the fused dQ)
+        else:
+            p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
+            if MASKED:
+                allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
+                p_t = tl.where(allowed.T, p_t, 0.0)
+            dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
         if FUSED_DQ:
             dq_part = tl.dot(ds_t.T, k) * softmax_scale  # [BLOCK_M, BLOCK_DQK]
             if DQ_TMA:
@@ -190,7 +199,7 @@ def _dkdv_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False, QMAJOR: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``).
 
@@ -267,14 +276,14 @@ def _dkdv_program(
                                    tl.load(FULL_START + r), tl.load(FULL_END + r), offs_n, qk_scale,
                                    LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
                                    BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, False, NUM_IV, FUSED_DQ, DQ_TMA, STATS_TMA,
-                                   bh0 + g)
+                                   bh0 + g, QMAJOR)
             if HAS_PARTIAL_TILES:
                 for r in range(p_lo, p_hi):
                     dk, dv = _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base,
                                        tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
                                        LO, HI, Sq, dq_target, stride_dqas, softmax_scale,
                                        BLOCK_M, HEAD_DIM_QK, BLOCK_DQK, True, NUM_IV, FUSED_DQ, DQ_TMA,
-                                       STATS_TMA, bh0 + g)
+                                       STATS_TMA, bh0 + g, QMAJOR)
 
     dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
     dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
@@ -384,7 +393,7 @@ def dense_bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_IV: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
-    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False,
+    SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, STATS_TMA: tl.constexpr = False, QMAJOR: tl.constexpr = False,
 ):
     """Key-major dK/dV (grid: key tiles x B x Hkv); optionally dQ by fp32 reduce-add (``FUSED_DQ``);
     ``SWEEP``: the order of the GQA group's (head, query tile) steps; ``STATS_TMA``: ``Lse`` is the
@@ -398,7 +407,7 @@ def dense_bwd_dkdv_kernel(
         softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N,
-        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP, HEAD_OUTER, STATS_TMA)
+        NUM_IV, FUSED_DQ, DQ_TMA, HAS_PARTIAL_TILES, SWEEP, HEAD_OUTER, STATS_TMA, QMAJOR)
 
 
 @triton.jit

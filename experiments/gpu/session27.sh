@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Session 27's GPU calls, written on a CPU (the session had no device time left: the earlier try had spent it) and
+# left for the next session to run. One subcommand per call; everything lands under $OUT.
+#   bash experiments/gpu/session27.sh tails   issue 13's variable blocks: the GPU tests of the new paths (bf16 against
+#                                             float64, equal bits of the tails apart and in the main launch), then the
+#                                             backward's launches timed apart (varblock_parts.py) with the 64-key tails
+#                                             on 8 warps at 128 query rows a step, query-major (dkdv_tail_cols 128), in
+#                                             their own launch (order 2) and in the main one (order 3), 32K / 0.3
+#   bash experiments/gpu/session27.sh timers  the same configs under every timer (timer_bias.py: time_fn is the
+#                                             harness's), 32K / 0.3 and 64K / 0.3 (the weakest case)
+#   bash experiments/gpu/session27.sh qmajor  query-major dK/dV scores (dkdv_qmajor) where a tile keeps one exponential
+#                                             a score: the dense 64 x 64 / 4-warp dK/dV tile (full, causal,
+#                                             causal_document at 16K), uniform block 64 and variable blocks' main
+#                                             tile at 64 x 64 / 4 warps, interleaved, checked against float32
+#   bash experiments/gpu/session27.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
+source experiments/gpu/session_env.sh
+TAILS='{"t128": {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8}, "merged": {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}}'
+case "${1:-}" in
+  tails)
+    tests tests/test_dkdv_qmajor_gpu.py "" gpu_tests.log 200
+    timeout 330 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 \
+      --cases varblock256:32768:0.3,uniform128:32768:0.3 --configs "$TAILS" 2>&1 | tail -30
+    ;;
+  timers)
+    C="{\"now\": {}, ${TAILS:1}"
+    timer_ab t32 varblock256:32768:0.3 15 200 "$C"
+    timer_ab t64 varblock256:65536:0.3 5 330 "$C"
+    summary t32 t64
+    ;;
+  qmajor)
+    Q='{"default": {}, "qm": {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_sweep": 0, "dkdv_qmajor": true}}'
+    timeout 330 python experiments/gpu/bwd_configs_ab.py --out "$OUT/dense" --check --no-flex --budget 320 \
+      --rounds 2 --dense-masks full,causal,causal_document --configs "$Q" > "$OUT/dense.log" 2>&1
+    tail -3 "$OUT/dense.log"; cat "$OUT/dense/bwd_configs_ab.md"
+    S='{"default": {}, "qm": {"dkdv_qmajor": true}, "v64qm": {"DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_tail_rows": 0, "dkdv_qmajor": true}}'
+    timeout 240 python experiments/gpu/bwd_configs_ab.py --out "$OUT/sparse" --check --no-flex --budget 230 \
+      --rounds 2 --dense-masks '' --sparse uniform64:32768:0.3,varblock256:32768:0.3 --configs "$S" \
+      > "$OUT/sparse.log" 2>&1
+    tail -3 "$OUT/sparse.log"; cat "$OUT/sparse/bwd_configs_ab.md"
+    ;;
+  final)
+    varblock_ratio
+    timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
+    tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
+    ;;
+  *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
+esac
