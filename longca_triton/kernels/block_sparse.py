@@ -73,7 +73,11 @@ dK/dV tails the backward takes 70.4 ms (uniform block 128: 63.1): the key blocks
 left (the tail launch is memory-bound: L2 hit rate 27 %). The backward's programs are ordered by their lists' steps
 (``order_by_steps``: a block's short last tile beside its full ones, +2.6 to +3.2 % back to back, +1.9 to +4.8 %
 under every timer) and the dK/dV tails run first on the side stream (``dkdv_tail_order`` 2); through the harness
-0.774-0.801x uniform.
+0.774-0.801x uniform. Session 27 (CPU only, not timed): the tails can step 128 query rows on 8 warps with query-major
+scores (``dkdv_tail_cols``: sm_90a 515 instructions a step for 128 x 64 scores, one exponential each; the key-major
+64 x 64 tile on 8 warps computes each twice) and run in the main dK/dV launch, each after its block's last main
+tile (``dkdv_tail_order`` 3, ``block_sparse_bwd_dkdv_merged_kernel``): one CTA an SM either way (181 KB), the main
+loop unchanged; ``dkdv_qmajor`` does the same for the main tiles where a step has >= 64 rows a warpgroup.
 
 Kernels
 -------
@@ -219,7 +223,9 @@ PACK_KEYS = {"fwd": "pack_list", "dq": "dq_pack_list", "dkdv": "dkdv_pack_list"}
 #: warps (the dK/dV tails: ``dkdv_tail_warps``, 4 or 8) and the pass's column tile, stages and list reading.
 #: Variable blocks only change with it. ``dkdv_tail_order`` places the dK/dV tail launch: 0 after the main dK/dV
 #: launch on its stream, 1 first in the dQ chain (the side stream with ``bwd_streams``), 2 on the side stream
-#: issued before the main dK/dV launch (outputs disjoint: the same bits in any order).
+#: issued before the main dK/dV launch, 3 no launch of its own: the tail tiles in the main dK/dV launch, each
+#: right after its block's last main tile (``block_sparse_tables.merge_tails``; on the main launch's warps and
+#: stages; two-kernel layout, head-major loop). Outputs disjoint: the same bits in any order.
 TAIL_KEYS = {"fwd": "tail_rows", "dq": "dq_tail_rows", "dkdv": "dkdv_tail_rows"}
 TAIL_SIZES = (0, 16, 32, 64, 128)
 #: ``dkdv_tail_cols``: 0, or the query rows a dK/dV tail step takes; then the tail steps compute their scores
