@@ -471,14 +471,19 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
 
 def test_autotune_dense_dkdv_group_searches_each_tile_with_and_without_the_sweep():
     """The dense ``dkdv`` group: every tile head-major (first: what the group resets to) and with the
-    row-major descending sweep, the measured pair (64x64 / 4 warps / 2 stages, sweep 2) among them;
-    the ``bwd`` group leaves the sweep to it."""
+    row-major descending sweep, the measured pair (64x64 / 4 warps / 2 stages, sweep 2) among them, and
+    head-major tiles of >= 64 rows a warpgroup also with query-major scores (``dkdv_qmajor``); the ``bwd``
+    group leaves the sweep to it."""
     from longca_triton.bench import autotune as at
 
     t = at.TUNABLES["triton"]
     cands = t.candidates("dkdv", 64, 128)
-    head_major = [c for c in cands if c["dkdv_sweep"] == 0]
-    assert cands[0]["dkdv_sweep"] == 0 and len(cands) == 2 * len(head_major)
+    head_major = [c for c in cands if c["dkdv_sweep"] == 0 and not c.get("dkdv_qmajor")]
+    qmajor = [c for c in cands if c.get("dkdv_qmajor")]
+    assert cands[0]["dkdv_sweep"] == 0 and len(cands) == 2 * len(head_major) + len(qmajor)
+    assert qmajor and all({**c, "dkdv_qmajor": True} in qmajor for c in head_major
+                          if c["DKDV_BLOCK_M"] >= 16 * c["dkdv_num_warps"])
+    assert all({k: v for k, v in c.items() if k != "dkdv_qmajor"} in head_major for c in qmajor)
     assert [{**c, "dkdv_sweep": 2} for c in head_major] == [c for c in cands if c["dkdv_sweep"] == 2]
     assert dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dkdv_sweep=2) in cands
     assert not any("dkdv_sweep" in c for c in t.candidates("bwd", 64, 128))

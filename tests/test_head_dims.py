@@ -298,7 +298,7 @@ def test_hopper_configs_by_head_dim():
                         DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
                         DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3, fused_dq=False,
                         one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=3, dkdv_sweep=0, dkdv_head_outer=False,
-                        bwd_streams=False, dkdv_stats_tma=False, dq_skew=False)
+                        bwd_streams=False, dkdv_stats_tma=False, dq_skew=False, dkdv_qmajor=False)
     assert dense.HOPPER_CONFIGS[128] == measured_128
     for d in (80, 96, 128):
         assert dense.HOPPER_CONFIGS[dense._table_key(config_head_dim(d, d))] == measured_128
