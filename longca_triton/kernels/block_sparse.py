@@ -566,7 +566,7 @@ def tables_for(mask, cfg: dict, device) -> dict:
 def tail_cols(cfg: dict, name: str) -> int:
     """The column step of pass ``name``'s tail tiles: the pass's own, or (dK/dV) ``dkdv_tail_cols`` query rows."""
     own = tile_sizes(cfg)[name][1]
-    return int(cfg["dkdv_tail_cols"]) or own if name == "dkdv" else own
+    return (int(cfg["dkdv_tail_cols"]) or own) if name == "dkdv" else own
 
 
 def pack_flags(cfg: dict) -> dict:

@@ -63,7 +63,8 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
                STATS_TMA: tl.constexpr = False, stat_bh=0, QMAJOR: tl.constexpr = False):
     """One dK/dV step: the rows of a query-list entry (``core.entry_at``: its first row ``start``;
     ``r_pos``: each tile row's position in it) of the heads whose rows ``_head_rows`` gave, against
-    the program's keys. ``STATS_TMA`` (one head a tile): ``Lse`` is the stats' ``core.stats_desc`` and
+    the program's keys, its scores key-major (``P^T``) or, with ``QMAJOR``, query-major
+    (``core.dkdv_update_qmajor``). ``STATS_TMA`` (one head a tile): ``Lse`` is the stats' ``core.stats_desc`` and
     ``stat_bh`` the head's index ``b * Hq + h`` in it; ``Delta`` is then not read."""
     if PACKED:
         # the entry may continue in the next run of kept query blocks (block_sparse_tables)
@@ -107,7 +108,7 @@ def _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end,
         lse = tl.load(Lse + stat_rows + pos, mask=ok, other=0.0)
         delta = tl.load(Delta + stat_rows + pos, mask=ok, other=0.0)
     if QMAJOR:
-        # query-major scores (config dkdv_tail_cols): P [HM, BLOCK_N]
+        # query-major scores (configs dkdv_qmajor / dkdv_tail_cols): P [HM, BLOCK_N]
         p = recompute_p(q, k, lse, qk_scale, False, True)
         dk, dv, _ = dkdv_update_qmajor(dk, dv, p, q, do, v, delta)
         return dk, dv
@@ -480,7 +481,7 @@ def block_sparse_bwd_dkdv_merged_kernel(
     rows, still run (a launch of its own streams them from DRAM: L2 hit rate 27 %, H200 session 26). The
     tails step ``TAIL_M`` query rows; with ``TAIL_QMAJOR`` their scores are query-major (``_dkdv_step``), one
     exponential a score on this launch's warps; ``QMAJOR`` (config ``dkdv_qmajor``) does the same for the main
-    tiles."""
+    tiles. Every step reads lse / delta by pointers (``Lse`` is the forward's lse: no stats boxes here)."""
     num_tiles = tl.num_programs(0) // num_bkv
     if HEAD_OUTER:
         rank, b, h_kv = key_program_outer(tl.program_id(0), num_tiles, num_heads_kv)
