@@ -336,11 +336,11 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         base = [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
                      dkdv_pack_list=True, dkdv_sweep=sw, dkdv_tail_rows=t)
                 for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
-        # the 64-key tails on 8 warps, 128 query rows a step, query-major scores (``dkdv_tail_cols``): in a launch
-        # of their own, or in the main launch beside their blocks' tiles (``dkdv_tail_order`` 3)
-        tails_128 = [dict(c, dkdv_tail_cols=128, dkdv_tail_warps=8, dkdv_tail_order=o)
+        # the 64-key tails at 128 query rows a step, query-major scores (``dkdv_tail_cols``): in a launch of their
+        # own on 8 warps, or in the main launch beside their blocks' tiles, on its warps (``dkdv_tail_order`` 3)
+        tails_128 = [dict(c, dkdv_tail_cols=128, **extra)
                      for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
-                     for o in (2, 3)]
+                     for extra in (dict(dkdv_tail_warps=8), dict(dkdv_tail_order=3))]
         return with_qmajor(base) + tails_128
     if group == "dq":
         # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and

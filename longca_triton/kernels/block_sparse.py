@@ -679,16 +679,14 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
         block_sparse_bwd_dkdv_merged_kernel[((tk.num_tiles + tt.num_tiles) * b * hkv,)](
             q, k, v, dout, lse, delta, dk, dv,
             *_bsh_strides(q, k, v, dout, dk, dv),
-            *(x for i, x in enumerate(tk.lists()) if i != 3), *(x for i, x in enumerate(tt.lists()) if i != 3),
-            tt.order,
+            *tk.lists(), *tt.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp, tk.num_tiles,
             **dims, BLOCK_M=tk.tile_cols, BLOCK_N=tk.tile_rows, HEADS=dkdv_heads, TAIL_M=tt.tile_cols,
             TAIL_N=tt.tile_rows,
             EVEN_M=tk.even_cols, TAIL_EVEN_M=tt.even_cols, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
             PACKED=tk.packed, TAIL_PACKED=tt.packed, PATTERN_ORDER=pattern_order,
-            QMAJOR=bool(cfg["dkdv_qmajor"]), TAIL_QMAJOR=bool(cfg["dkdv_tail_cols"]) or bool(cfg["dkdv_qmajor"]),
-            num_warps=cfg["dkdv_num_warps"],
+            QMAJOR=bool(cfg["dkdv_qmajor"]), TAIL_QMAJOR=tail_qmajor, num_warps=cfg["dkdv_num_warps"],
             num_stages=cfg["dkdv_num_stages"],
         )
 
@@ -739,17 +737,20 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     if has("dq_tail"):
         dq_chain.append(lambda: launch_dq(tables["dq_tail"], 1, 4))
     first = []  # launched on the side stream before everything else
-    if has("dkdv_tail") and int(cfg["dkdv_tail_order"]) == 3 and dkdv_chain:
+    # the tails' scores query-major with a step of their own (dkdv_tail_cols) or with the main tiles' (dkdv_qmajor)
+    tail_qmajor = bool(cfg["dkdv_tail_cols"]) or bool(cfg["dkdv_qmajor"])
+    if has("dkdv_tail") and int(cfg["dkdv_tail_order"]) == 3:
+        # (resolve_config allows order 3 only in the two-kernel layout, so the main dK/dV launch is in the chain)
         dkdv_chain = [lambda: launch_dkdv_merged(tk, tables["dkdv_tail"])]
     elif has("dkdv_tail"):
         tail_launch = lambda: launch_dkdv(tables["dkdv_tail"], 1, int(cfg["dkdv_tail_warps"]),  # noqa: E731
-                                          bool(cfg["dkdv_tail_cols"]) or bool(cfg["dkdv_qmajor"]))
+                                          tail_qmajor)
         order = int(cfg["dkdv_tail_order"])
         if order == 0:
             dkdv_chain.append(tail_launch)
         elif order == 1:
             dq_chain.insert(0, tail_launch)
-        else:  # 2 (or 3 in a one-launch backward, whose kernel has no tail tiles: on the side stream first)
+        else:
             first.append(tail_launch)
     both = "dkdv" in passes and "dq" in passes
     with side_stream(q.device, cfg["bwd_streams"] and both) as beside:

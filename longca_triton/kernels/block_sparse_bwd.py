@@ -152,14 +152,8 @@ def _dkdv_program(
 
     ``STATS_TMA`` (config ``dkdv_stats_tma``; the launcher passes it only with one head a tile and full,
     unpacked entries): each step's lse / delta by one TMA box (``core.stats_desc``)."""
-    if HEAD_OUTER:
-        rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
-    else:
-        rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
-    if PATTERN_ORDER:
-        tile = tl.load(ORDER + num_key_tiles * (1 + (h_kv * group_size) // heads_per_pattern) + rank)
-    else:
-        tile = tl.load(ORDER + rank)
+    tile, b, h_kv = _key_tile_at(pid, ORDER, num_key_tiles, num_bkv, num_heads_kv, group_size, heads_per_pattern,
+                                 HEAD_OUTER, PATTERN_ORDER)
     _dkdv_tile(
         tile, b, h_kv, Q, K, V, DOut, Lse, Delta, DK, DV,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -168,6 +162,23 @@ def _dkdv_program(
         softmax_scale, qk_scale, Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size,
         heads_per_pattern, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP,
         LIST_CHUNK, PACKED, STATS_TMA, QMAJOR)
+
+
+@triton.jit
+def _key_tile_at(pid, ORDER, num_key_tiles, num_bkv, num_heads_kv, group_size, heads_per_pattern,
+                 HEAD_OUTER: tl.constexpr, PATTERN_ORDER: tl.constexpr):
+    """``(tile, b, h_kv)`` of dK/dV program ``pid`` of ``num_key_tiles`` a (batch, KV head): its rank by
+    ``HEAD_OUTER`` (``_dkdv_program``), its tile from ``ORDER`` (with ``PATTERN_ORDER``, its KV head's pattern's
+    order ``ORDER[num_key_tiles * (1 + p):]``)."""
+    if HEAD_OUTER:
+        rank, b, h_kv = key_program_outer(pid, num_key_tiles, num_heads_kv)
+    else:
+        rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
+    if PATTERN_ORDER:
+        tile = tl.load(ORDER + num_key_tiles * (1 + (h_kv * group_size) // heads_per_pattern) + rank)
+    else:
+        tile = tl.load(ORDER + rank)
+    return tile, b, h_kv
 
 
 @triton.jit
@@ -463,9 +474,10 @@ def block_sparse_bwd_dkdv_merged_kernel(
     stride_db, stride_ds, stride_dh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
-    ROW_START, ROW_END, ROW_BLOCK, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # the main key tiles' table
-    T_ROW_START, T_ROW_END, T_ROW_BLOCK, T_PTR, T_COL_START, T_COL_END, T_COL_NEXT, T_COL_COUNT,  # the tails'
-    ORDER,  # [(1 + P) * (main + tail tiles)]: main tiles as 0.., tail tiles after them (block_sparse_tables.merge_tails)
+    ROW_START, ROW_END, ROW_BLOCK, ORDER, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,  # the main key tiles' table
+    # the tails' table; its T_ORDER is both tables' order, [(1 + P) * (main + tail tiles)], main tiles as 0 .., tail
+    # tiles after them (block_sparse_tables.merge_tails); the main table's ORDER is not read
+    T_ROW_START, T_ROW_END, T_ROW_BLOCK, T_ORDER, T_PTR, T_COL_START, T_COL_END, T_COL_NEXT, T_COL_COUNT,
     softmax_scale, qk_scale,
     Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern, num_main,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -476,21 +488,13 @@ def block_sparse_bwd_dkdv_merged_kernel(
 ):
     """Key-major dK/dV with a key block's remainder tile in the same launch as its full tiles (config
     ``dkdv_tail_order`` 3; grid: (main + tail tiles) x B x Hkv; the main tiles stack ``HEADS`` query heads,
-    the tails take one). ``ORDER`` places each
-    tail right after its block's last main tile, so it runs while its siblings, which read the same q / dO
+    the tails take one). ``T_ORDER`` places each tail right after its block's last main tile, so it runs while its siblings, which read the same q / dO
     rows, still run (a launch of its own streams them from DRAM: L2 hit rate 27 %, H200 session 26). The
     tails step ``TAIL_M`` query rows; with ``TAIL_QMAJOR`` their scores are query-major (``_dkdv_step``), one
     exponential a score on this launch's warps; ``QMAJOR`` (config ``dkdv_qmajor``) does the same for the main
     tiles. Every step reads lse / delta by pointers (``Lse`` is the forward's lse: no stats boxes here)."""
-    num_tiles = tl.num_programs(0) // num_bkv
-    if HEAD_OUTER:
-        rank, b, h_kv = key_program_outer(tl.program_id(0), num_tiles, num_heads_kv)
-    else:
-        rank, b, h_kv = key_program_at(tl.program_id(0), num_bkv, num_heads_kv)
-    if PATTERN_ORDER:
-        tile = tl.load(ORDER + num_tiles * (1 + (h_kv * group_size) // heads_per_pattern) + rank)
-    else:
-        tile = tl.load(ORDER + rank)
+    tile, b, h_kv = _key_tile_at(tl.program_id(0), T_ORDER, tl.num_programs(0) // num_bkv, num_bkv, num_heads_kv,
+                                 group_size, heads_per_pattern, HEAD_OUTER, PATTERN_ORDER)
     if tile < num_main:
         _dkdv_tile(
             tile, b, h_kv, Q, K, V, DOut, Lse, Delta, DK, DV,

@@ -127,16 +127,16 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
             p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
             if MASKED:
                 p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-            dk, dv, ds = dkdv_update_qmajor(dk, dv, p, q, do, v, delta)
-            ds_t = ds.T  # [BLOCK_N, BLOCK_M] (read only by the fused dQ)
+            dk, dv, ds = dkdv_update_qmajor(dk, dv, p, q, do, v, delta)  # ds [BLOCK_M, BLOCK_N]
         else:
             p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
             if MASKED:
                 allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
                 p_t = tl.where(allowed.T, p_t, 0.0)
             dk, dv, ds_t = dkdv_update(dk, dv, p_t, q, do, v, delta)
+            ds = ds_t.T  # [BLOCK_M, BLOCK_N] (read only by the fused dQ)
         if FUSED_DQ:
-            dq_part = tl.dot(ds_t.T, k) * softmax_scale  # [BLOCK_M, BLOCK_DQK]
+            dq_part = tl.dot(ds, k) * softmax_scale  # [BLOCK_M, BLOCK_DQK]
             if DQ_TMA:
                 dq_target.atomic_add([start_m, 0], dq_part)
             else:
