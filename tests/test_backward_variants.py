@@ -3,6 +3,8 @@
 (bitwise-equal gradients on two runs for every kernel of ours; refusing the atomic ``fused_dq``;
 reaching the kernel from ``longca_triton.attention``)."""
 
+import json
+
 import pytest
 import torch
 from utils import (
@@ -467,6 +469,24 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
     for c in cands:
         cfg = resolve_config(head_dim, torch.bfloat16, c) if tunable == "triton" else BS.resolve_config(mask, head_dim, c)
         assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
+
+
+def test_autotune_varblock_dkdv_group_searches_query_major_tails():
+    """Variable blocks' ``dkdv`` group: each head-major 8-warp main tile with 64-key tails also with the tails
+    query-major (``dkdv_tail_cols``): 64 query rows a step on their own 4 warps, 128 on 8 warps, and 128 in the
+    main launch (``dkdv_tail_order`` 3); no tail variant where the tile has no tails."""
+    from longca_triton.bench import autotune as at
+
+    cands = at.TUNABLES["triton-varblock"].candidates("dkdv", 256, 128)
+    mains = [c for c in cands if "dkdv_tail_cols" not in c and not c.get("dkdv_qmajor") and c["dkdv_tail_rows"]
+             and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0]
+    assert mains
+    for c in mains:
+        for extra in ({"dkdv_tail_cols": 64}, {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8},
+                      {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}):
+            assert {**c, **extra} in cands
+    assert all(c["dkdv_tail_rows"] for c in cands if "dkdv_tail_cols" in c)
+    assert len(cands) == len({json.dumps(c, sort_keys=True) for c in cands})
 
 
 def test_autotune_dense_dkdv_group_searches_each_tile_with_and_without_the_sweep():

@@ -33,6 +33,8 @@ CASES = {
     # id: (attention, mask factory, S, config)
     "varblock-tails128-apart-S=4096": (block_sparse_attention, lambda S: make_mask(
         "varblock_sparse", S, block=256, min_block=128, density=0.4, patterns=2, seed=0), 4096, TAILS128),
+    "varblock-tails64-apart-S=4096": (block_sparse_attention, lambda S: make_mask(
+        "varblock_sparse", S, block=256, min_block=128, density=0.4, patterns=2, seed=3), 4096, {"dkdv_tail_cols": 64}),
     "varblock-tails128-merged-S=4096": (block_sparse_attention, lambda S: make_mask(
         "varblock_sparse", S, block=256, min_block=128, density=0.4, patterns=2, seed=1), 4096,
         {**TAILS128, "dkdv_tail_order": 3}),

@@ -4,8 +4,9 @@
 #   bash experiments/gpu/session27.sh tails   issue 13's variable blocks: the GPU tests of the new paths (bf16 against
 #                                             float64, equal bits of the tails apart and in the main launch), then the
 #                                             backward's launches timed apart (varblock_parts.py) with the 64-key tails
-#                                             on 8 warps at 128 query rows a step, query-major (dkdv_tail_cols 128), in
-#                                             their own launch (order 2) and in the main one (order 3), 32K / 0.3
+#                                             query-major (dkdv_tail_cols): on their own 4 warps at 64 query rows a step
+#                                             (t64w4, added in session 28), on 8 warps at 128 in their own launch
+#                                             (order 2) and in the main one (order 3), 32K / 0.3
 #   bash experiments/gpu/session27.sh timers  the same configs under every timer (timer_bias.py: time_fn is the
 #                                             harness's), 32K / 0.3 and 64K / 0.3 (the weakest case)
 #   bash experiments/gpu/session27.sh qmajor  query-major dK/dV scores (dkdv_qmajor) where a tile keeps one exponential
@@ -13,12 +14,20 @@
 #                                             causal_document at 16K), uniform block 64 and variable blocks' main
 #                                             tile at 64 x 64 / 4 warps, interleaved, checked against float32
 #   bash experiments/gpu/session27.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
+#   bash experiments/gpu/session27.sh fa3d96  issue 17: whether any kernel reaches D = 96 at 0.85x of its own D = 128
+#                                             per FLOP: FlashAttention-3's forward (fa3-fwd, never run at D = 96 here)
+#                                             beside ours and cuDNN at D = 96 / 128, full and causal, 16K, through the
+#                                             harness (carry .whl/fa3fwd/1: `bash experiments/gpu/wheels.sh pack fa3fwd
+#                                             fa3fwd` first, on the CPU host)
 source experiments/gpu/session_env.sh
-TAILS='{"t128": {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8}, "merged": {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}}'
+# t64w4 (session 28): the tails query-major on their own 4 warps, 64 query rows a step (sm_90a on the CPU: 527
+# instructions a step against the default's 735, 208 bytes of spills against 264, 107 KB of shared memory: two CTAs
+# an SM, as the default's; t128 takes 181 KB, one CTA an SM)
+TAILS='{"t64w4": {"dkdv_tail_cols": 64}, "t128": {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8}, "merged": {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}}'
 case "${1:-}" in
   tails)
-    tests tests/test_dkdv_qmajor_gpu.py "" gpu_tests.log 200
-    timeout 330 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 \
+    tests tests/test_dkdv_qmajor_gpu.py "" gpu_tests.log 240
+    timeout 290 python experiments/gpu/varblock_parts.py --out "$OUT" --rounds 3 \
       --cases varblock256:32768:0.3,uniform128:32768:0.3 --configs "$TAILS" 2>&1 | tail -30
     ;;
   timers)
@@ -43,6 +52,28 @@ case "${1:-}" in
     timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
     tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
+    ;;
+  fa3d96)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    python -c "import fa3_fwd_interface; print('fa3-fwd', fa3_fwd_interface.__file__)" || exit 1
+    timeout 300 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --masks full,causal --head-dim 96,128 --backends triton-gluon,sdpa-cudnn,fa3-fwd --mode fwd \
+      --out "$OUT/fa3d96" 2>&1 | tail -10
+    python3 - "$OUT/fa3d96/results.jsonl" <<'PY'
+import json, sys
+t = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("status") == "ok":
+        t[(r["backend"], r["mask"], str(r["head_dim"]))] = r["tflops"]
+for b in sorted({k[0] for k in t}):
+    for m in ("full", "causal"):
+        a, c = t.get((b, m, "96")), t.get((b, m, "128"))
+        if a and c:
+            print(f"{b:14s} {m:7s} D=96 {a:7.1f}  D=128 {c:7.1f}  per FLOP {a / c:.3f}")
+PY
+    tar czf "$OUT/fa3d96.tgz" -C "$OUT" fa3d96 && rm -rf "$OUT/fa3d96"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;
 esac

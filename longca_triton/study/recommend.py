@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class Recommendation:
     head_dim: str = "128"  # "D", or "D_qk/D_v"
     kernel: dict | None = None  # backend, tflops, ms, measured_seqlen, extrapolated, gpu, file
     kernel_ranking: list = field(default_factory=list)  # [(backend, tflops)]
-    cannot_run: dict = field(default_factory=dict)  # backend -> status
+    cannot_run: dict = field(default_factory=dict)  # backend -> its row's whole status
     cp: dict | None = None  # scheme, plan, efficiency, source, ...
     cp_ranking: list = field(default_factory=list)
     notes: list = field(default_factory=list)
@@ -60,7 +61,7 @@ class Recommendation:
             if len(self.kernel_ranking) > 1:
                 out.append("    then: " + ", ".join(f"{b} {t:.0f}" for b, t in self.kernel_ranking[1:6]))
             if self.cannot_run:
-                out.append("    cannot run it: " + "; ".join(f"{b} ({s})" for b, s in sorted(self.cannot_run.items())))
+                out.append("    cannot run it: " + "; ".join(f"{b} ({_short(s)})" for b, s in sorted(self.cannot_run.items())))
         if self.cp is not None:
             c = self.cp
             out.append(f"  context parallelism: {c['scheme']} ({c['plan']}) at efficiency {c['efficiency']:.2f} "
@@ -69,6 +70,12 @@ class Recommendation:
                 out.append("    then: " + ", ".join(f"{s} {e:.2f}" for s, e in self.cp_ranking[1:6]))
         out += [f"  note: {n}" for n in self.notes]
         return out
+
+
+def _short(status: str, width: int = 100) -> str:
+    """A status for the text answer: cut at a word boundary (marked) where longer than ``width``; the
+    JSON answer keeps it whole."""
+    return textwrap.shorten(status, width, placeholder=" [...]")
 
 
 def default_results() -> list[Path]:
@@ -170,7 +177,7 @@ def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=
         rec.kernel = dict(backend=ranking[0][0], tflops=ranking[0][1], ms=best["ms"], measured_seqlen=near,
                           extrapolated=near != seqlen, gpu=best["gpu"], file=best["file"], flops=best["flops"])
         rec.kernel_ranking = ranking
-        rec.cannot_run = {_label(r): r["status"][:80] for r in mine if r.get("seqlen") == near
+        rec.cannot_run = {_label(r): r["status"] for r in mine if r.get("seqlen") == near
                           and r.get("status") != "ok" and _label(r) not in dict(ranking)}
     if gpus > 1:
         _recommend_cp(rec, rows, heads, head_dim, dtype)
