@@ -1120,6 +1120,41 @@ def test_timer_bias_script_smoke(tmp_path):
     assert len(lines) == len(rows) == 16
 
 
+def test_timer_verdict_reads_every_timer_and_case(tmp_path):
+    """experiments/gpu/timer_verdict.py: a config is ahead only when every timer in every case puts it ahead of the
+    baseline, behind when the harness's timer (time_fn) puts it behind in any case, else mixed; a config missing
+    from a case is not ahead."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "timer_verdict.py"
+    spec = importlib.util.spec_from_file_location("timer_verdict", path)
+    tv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tv)
+    tflops = {  # case -> (timer, variant) -> two rounds
+        "t32": {("time_fn", "now"): (300, 302), ("time_fn", "a"): (310, 312), ("time_fn", "b"): (290, 291),
+                ("time_fn", "c"): (305, 305), ("time_interleaved[all]", "now"): (300, 300),
+                ("time_interleaved[all]", "a"): (306, 309), ("time_interleaved[all]", "b"): (320, 320),
+                ("time_interleaved[all]", "c"): (299, 300), ("time_fn", "d"): (320, 320),
+                ("time_interleaved[all]", "d"): (320, 320)},
+        "t64": {("time_fn", "now"): (280, 280), ("time_fn", "a"): (290, 290), ("time_fn", "b"): (300, 300)},
+    }
+    folders = []
+    for case, rows in tflops.items():
+        (tmp_path / case).mkdir()
+        lines = [json.dumps(dict(timer=t, round=i, variant=v, ms=1.0, tflops=x))
+                 for (t, v), xs in rows.items() for i, x in enumerate(xs)]
+        (tmp_path / case / "timer_bias.jsonl").write_text("\n".join(lines) + "\n")
+        folders.append(tmp_path / case)
+    table, out = tv.verdicts(folders, "now", 0.005)
+    assert out == {"a": "ahead", "b": "behind", "c": "mixed", "d": "mixed"}
+    assert ("a", "t64", "time_fn", pytest.approx(290 / 280)) in table
+    # d is ahead at 32K under every timer but was not timed at 64K: ahead on 32K alone, not on both
+    only32 = tv.verdicts(folders[:1], "now", 0.005)[1]
+    assert only32["d"] == "ahead" and only32["c"] == "mixed"
+
+
 # ------------------------------------------------------------------ dK/dV stats by TMA boxes (dkdv_stats_tma)
 @pytest.mark.parametrize("kind,S,extra,cfgx", [
     ("block_sparse", 150, {"block": 32}, {}),

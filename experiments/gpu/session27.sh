@@ -35,6 +35,7 @@ case "${1:-}" in
     timer_ab t32 varblock256:32768:0.3 15 200 "$C"
     timer_ab t64 varblock256:65536:0.3 5 330 "$C"
     summary t32 t64
+    python experiments/gpu/timer_verdict.py "$OUT/t32" "$OUT/t64" --baseline now | tee "$OUT/verdict.txt" | grep verdict
     ;;
   qmajor)
     Q='{"default": {}, "qm": {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_sweep": 0, "dkdv_qmajor": true}}'
