@@ -14,6 +14,11 @@
 #                                             causal_document at 16K), uniform block 64 and variable blocks' main
 #                                             tile at 64 x 64 / 4 warps, interleaved, checked against float32
 #   bash experiments/gpu/session27.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
+#   bash experiments/gpu/session27.sh accept  issue 13's other targets through the harness, for the closing run with
+#                                             `final` in one session (carry .whl/vsa/1: `bash experiments/gpu/wheels.sh
+#                                             pack vsa vsa`): the dense backward on all 12 static masks at 16K against
+#                                             Flex and cuDNN, block 128 against Flex (32K / 64K, densities 0.3 / 0.5, a
+#                                             pattern per KV head and one for all), block 64 against VSA's Triton kernel
 #   bash experiments/gpu/session27.sh fa3d96  issue 17: whether any kernel reaches D = 96 at 0.85x of its own D = 128
 #                                             per FLOP: FlashAttention-3's forward (fa3-fwd, never run at D = 96 here)
 #                                             beside ours and cuDNN at D = 96 / 128, full and causal, 16K, through the
@@ -53,6 +58,18 @@ case "${1:-}" in
     timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --masks full,causal --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16" 2>&1 | tail -8
     tar czf "$OUT/final.tgz" -C "$OUT" uni var bwd16 && rm -rf "$OUT/uni" "$OUT/var" "$OUT/bwd16"
+    ;;
+  accept)
+    bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
+    source experiments/gpu/wheels.sh env
+    timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
+      --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16all" 2>&1 | tail -16
+    timeout 230 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
+      --param block=128 --param density=0.3,0.5 --param patterns=Hkv,1 --backends triton-sparse,flex --mode bwd \
+      --out "$OUT/sparse" 2>&1 | tail -12
+    timeout 90 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
+      --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
+    tar czf "$OUT/accept.tgz" -C "$OUT" bwd16all sparse vsa64 && rm -rf "$OUT/bwd16all" "$OUT/sparse" "$OUT/vsa64"
     ;;
   fa3d96)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
