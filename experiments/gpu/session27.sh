@@ -70,6 +70,7 @@ case "${1:-}" in
     timeout 90 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
       --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
     tar czf "$OUT/accept.tgz" -C "$OUT" bwd16all sparse vsa64 && rm -rf "$OUT/bwd16all" "$OUT/sparse" "$OUT/vsa64"
+    python experiments/gpu/issue13_targets.py "$OUT/accept.tgz" | tail -4
     ;;
   fa3d96)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
