@@ -123,9 +123,9 @@ def targets(rows: list[dict]) -> list[Target]:
 
 
 def provenance(rows: list[dict]) -> list[str]:
-    """``commit (dirty) on GPU: n rows`` for the rows the targets read."""
+    """``commit (dirty) on GPU: n rows`` for ``rows`` (the ones the targets read)."""
     seen: dict = {}
-    for r in _ours(rows):
+    for r in rows:
         env = r.get("env") or {}
         key = (str(env.get("git_commit"))[:12] + (" (dirty)" if env.get("git_dirty") else ""), r.get("gpu"))
         seen[key] = seen.get(key, 0) + 1
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         print(f"| {t.name} | {t.case} | {f(t.ours)} | {f(t.peer)} | {f(t.ratio, 3)} | {t.need} | {t.verdict} |")
     met = sum(t.verdict == "met" for t in ts)
     print(f"\n{met} of {len(ts)} targets met; {sum(t.verdict == 'missing' for t in ts)} missing")
-    for line in provenance(rows):
+    for line in provenance(_ours(rows)):
         print("rows from", line)
     return 0
 

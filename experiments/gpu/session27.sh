@@ -79,19 +79,7 @@ case "${1:-}" in
     timeout 300 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --masks full,causal --head-dim 96,128 --backends triton-gluon,sdpa-cudnn,fa3-fwd --mode fwd \
       --out "$OUT/fa3d96" 2>&1 | tail -10
-    python3 - "$OUT/fa3d96/results.jsonl" <<'PY'
-import json, sys
-t = {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("status") == "ok":
-        t[(r["backend"], r["mask"], str(r["head_dim"]))] = r["tflops"]
-for b in sorted({k[0] for k in t}):
-    for m in ("full", "causal"):
-        a, c = t.get((b, m, "96")), t.get((b, m, "128"))
-        if a and c:
-            print(f"{b:14s} {m:7s} D=96 {a:7.1f}  D=128 {c:7.1f}  per FLOP {a / c:.3f}")
-PY
+    python experiments/gpu/issue17_targets.py "$OUT/fa3d96" | grep "per FLOP"
     tar czf "$OUT/fa3d96.tgz" -C "$OUT" fa3d96 && rm -rf "$OUT/fa3d96"
     ;;
   *) echo "unknown subcommand: ${1:-}"; exit 2 ;;

@@ -1,5 +1,6 @@
-"""experiments/gpu/issue13_targets.py on small result files: each target's ratio and verdict, a missing peer
-reported as missing (never as met), the latest row of a retried point used, tarballs read like folders."""
+"""experiments/gpu/issue13_targets.py and issue17_targets.py on small result files: each target's ratio and
+verdict, a missing peer reported as missing (never as met), the latest row of a retried point used, tarballs read
+like folders."""
 
 import importlib.util
 import json
@@ -64,7 +65,7 @@ def test_targets_verdicts(tool, tmp_path):
         assert ts[("block 64 vs VSA", "64K 0.5")].ratio == pytest.approx(380 / 340)
         assert ts[("variable vs uniform 128", "32K 0.3")].ratio == pytest.approx(330 / 400)
         assert ts[("variable vs uniform 128", "64K 0.5")].verdict == "NOT met"
-    assert tool.provenance(tool.read_rows([tmp_path / "run"])) == ["abc123 on GPU-X: 47 rows"]  # the retried point once
+    assert tool.provenance(tool._ours(tool.read_rows([tmp_path / "run"]))) == ["abc123 on GPU-X: 47 rows"]  # the retried point once
 
 
 def test_main_prints_a_table(tool, tmp_path, capsys):
@@ -73,3 +74,41 @@ def test_main_prints_a_table(tool, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| dense vs Flex | full 16K | 440.0 | - | - | 1.1 | missing |" in out
     assert "0 of 27 targets met; 27 missing" in out
+
+
+@pytest.fixture(scope="module")
+def tool17(tool):
+    spec = importlib.util.spec_from_file_location("issue17_targets", PATH.parent / "issue17_targets.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop(spec.name, None)
+
+
+def test_issue17_targets(tool17, tmp_path):
+    """issue17_targets.py: ours against cuDNN at each dim cuDNN runs, D = 96 against our D = 128 per FLOP, every
+    backend's D = 96 / 128 and the backward listed."""
+    def r(backend, mask, d, dv, tflops, mode="fwd", status="ok"):
+        return dict(row(backend, mask, 16384, tflops), head_dim=d, d_v=dv, mode=mode, status=status,
+                    params_digest=f"{mask}")
+    rows = [r("triton-gluon", "full", 96, 96, 560), r("triton-gluon", "full", 128, 128, 650),
+            r("sdpa-cudnn", "full", 96, 96, 480), r("sdpa-cudnn", "full", 128, 128, 600),
+            r("fa3-fwd", "full", 96, 96, 540), r("fa3-fwd", "full", 128, 128, 620),
+            r("triton-gluon", "full", 192, 128, 500), r("sdpa-cudnn", "full", 192, 128, 700),
+            r("triton-gluon", "full", 256, 256, 600),
+            r("sdpa-cudnn", "full", 256, 256, 0, status="unsupported: no such engine"),
+            r("triton-gluon", "full", 128, 128, 500, mode="bwd")]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    got = tool17.read_rows([tmp_path])
+    ts = {(t.name, t.case): t for t in tool17.targets(got)}
+    assert ts[("triton-gluon vs cuDNN", "full D=96")].ratio == pytest.approx(560 / 480)
+    assert ts[("triton-gluon vs cuDNN", "full D=192/128")].verdict == "NOT met"  # 0.71x
+    assert ("triton-gluon vs cuDNN", "full D=256") not in ts  # cuDNN does not run it: no target
+    assert ts[("triton-gluon vs cuDNN", "full D=64")].verdict == "missing"
+    assert ts[("D=96 vs own D=128 per FLOP", "triton-gluon full")].ratio == pytest.approx(560 / 650)
+    assert ts[("D=96 vs own D=128 per FLOP", "triton-gluon full")].verdict == "met"
+    assert ts[("D=96 vs own D=128 per FLOP", "triton-gluon causal")].verdict == "missing"
+    lines = tool17.reference_lines(got)
+    assert "fa3-fwd full: D=96 540.0 / D=128 620.0 TFLOP/s = 0.871 per FLOP" in lines
+    assert "triton-gluon full backward: D=128 500.0" in lines
