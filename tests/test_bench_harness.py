@@ -199,6 +199,34 @@ def test_statuses_never_stop_the_sweep(tmp_path, fakes):
     assert {f.name.split("_")[0] for f in files} == {"tflops", "heatmap"}  # no CUDA memory numbers on the CPU
 
 
+def test_rows_say_which_launch_config_ran(tmp_path, monkeypatch):
+    """Our kernels' timed rows say where their launch config came from (``notes.launch_config``): the kernels'
+    defaults, or an autotune cache entry spelled out, and the report says so per backend."""
+    import longca_triton.kernels.tuned as tuned
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    exp = _tiny(["triton", "triton-sparse"], masks=["causal", "block_sparse"], modes=["fwd"], check=False,
+                seqlens=[64], mask_params={"block_sparse": {"block": 32, "density": 0.5}})
+    store = ResultStore(tmp_path / "r.jsonl")
+    run_experiment(exp, store, device="cpu")
+    ok = [r for r in store.rows() if r["status"] == "ok"]
+    assert {r["backend"] for r in ok} == {"triton", "triton-sparse"}
+    assert all(r["notes"]["launch_config"] == {"source": "kernel defaults"} for r in ok)
+    assert "Launch configs of our kernels: triton: 1 point kernel defaults" in markdown_report(store.rows())
+
+    # an autotune cache entry for the dense kernel (the cache is read on GPUs only: stand one in)
+    pinned = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    monkeypatch.setattr(tuned, "lookup", lambda kernel, *a, **kw: dict(pinned) if kernel == "triton" else None)
+    store2 = ResultStore(tmp_path / "r2.jsonl")
+    run_experiment(exp, store2, device="cpu")
+    by = {r["backend"]: r["notes"]["launch_config"] for r in store2.rows() if r["status"] == "ok"}
+    assert by["triton"] == {"source": "autotune cache", "config": pinned}
+    assert by["triton-sparse"] == {"source": "kernel defaults"}
+    md = markdown_report(store2.rows())
+    assert "triton: 1 point autotune cache; triton-sparse: 1 point kernel defaults" in md
+    assert "`notes.launch_config.config`" in md
+
+
 def test_classify_exception():
     assert classify_exception(Unsupported("x")) == "unsupported: x"
     assert classify_exception(RuntimeError("CUDA out of memory.")) == "oom"

@@ -171,6 +171,11 @@ class Backend:
 
         return fn
 
+    def run_notes(self, problem: Problem) -> dict:
+        """What this backend chose for ``problem`` in ``prepare`` that its name does not say (a timed row's
+        ``notes``); none by default."""
+        return {}
+
 
 BACKENDS: dict[str, Backend] = {}
 

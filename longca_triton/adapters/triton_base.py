@@ -3,7 +3,8 @@
 float32 is allowed too), the dtype / head-dim / GQA checks (head dims: multiples of 8 up to 256, v
 may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an explicit
 ``self.config``, else the autotune cache's entry for the problem class via
-``longca_triton.kernels.tuned.lookup``, else the kernel's defaults), ``deterministic=True``
+``longca_triton.kernels.tuned.lookup``, else the kernel's defaults; which of them ran is a timed row's
+``notes.launch_config``), ``deterministic=True``
 (passed to the kernels; ``problem.extra["deterministic"]`` in ``prepare``), and a ``prepare`` that
 does the mask lowering / planning before returning the timed call.
 
@@ -92,11 +93,17 @@ class TritonBackend(Backend):
     def launch_config(self, q, k, mask, v=None) -> dict | None:
         """``self.config``, else the autotune cache's entry for this problem class (keyed by the
         backend's name: ``longca-triton autotune``), else None (the kernel's defaults)."""
+        return self._launch_config(q, k, mask, v)[0]
+
+    def _launch_config(self, q, k, mask, v=None) -> tuple[dict | None, str]:
+        """``launch_config`` and where it came from: ``"backend config"``, ``"autotune cache"`` or
+        ``"kernel defaults"``."""
         if self.config is not None:
-            return self.config
+            return self.config, "backend config"
         from longca_triton.kernels.tuned import lookup
 
-        return lookup(self.name, q, k, mask, v=v)
+        tuned = lookup(self.name, q, k, mask, v=v)
+        return tuned, "autotune cache" if tuned is not None else "kernel defaults"
 
     def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False, deterministic=False):
         self.check_deterministic(deterministic)
@@ -105,9 +112,11 @@ class TritonBackend(Backend):
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
         """Check, pick the launch config and plan now; the returned call runs the kernels only."""
         self.require(problem)
-        config = problem.extra.get("config")
+        config, source = problem.extra.get("config"), "problem config"
         if config is None:
-            config = self.launch_config(q, k, problem.mask, v)
+            config, source = self._launch_config(q, k, problem.mask, v)
+        # what ran, for the row (``run_notes``): the defaults are the commit's, a config is spelled out
+        problem.extra["launch_config"] = {"source": source, **({"config": dict(config)} if config is not None else {})}
         self.plan(problem, q, config)
         mask, scale = problem.mask, problem.scale
         deterministic = bool(problem.extra.get("deterministic", False))
@@ -117,3 +126,9 @@ class TritonBackend(Backend):
             return self.launch(q, k, v, mask, scale, True, config, deterministic)
 
         return fn
+
+    def run_notes(self, problem: Problem) -> dict:
+        """``launch_config``: ``{"source": ..., "config": {...}}`` as ``prepare`` resolved it (no config: the
+        kernel's defaults at the row's commit)."""
+        ran = problem.extra.get("launch_config")
+        return {"launch_config": ran} if ran else {}

@@ -179,6 +179,25 @@ def _clock_note(rows: list[dict]) -> str:
     return text + ". Backends timed interleaved on one problem share its clock (the tables' `clock` column)."
 
 
+def _launch_note(rows: list[dict]) -> str:
+    """One paragraph on our kernels' launch configs ('' where no row recorded one): per backend, how many timed
+    points ran the kernels' defaults, an autotune cache entry or a given config (``notes.launch_config``)."""
+    by: "OrderedDict[str, dict]" = OrderedDict()
+    for r in rows:
+        src = ((r.get("notes") or {}).get("launch_config") or {}).get("source")
+        if src:
+            d = by.setdefault(r["backend"], {})
+            d[src] = d.get(src, 0) + 1
+    if not by:
+        return ""
+    parts = [f"{b}: " + ", ".join(f"{n} point{'s' * (n != 1)} {src}" for src, n in d.items()) for b, d in by.items()]
+    text = "Launch configs of our kernels: " + "; ".join(parts)
+    if any(src != "kernel defaults" for d in by.values() for src in d):
+        text += (". A row's `notes.launch_config.config` is the config that ran where it is not the kernels' defaults "
+                 "(an autotune cache entry reads `longca-triton autotune`'s tuning on this GPU)")
+    return text + "."
+
+
 def markdown_report(rows: list[dict], title: str | None = None, source: str | None = None) -> str:
     rows = latest_rows(rows)
     exp = next((r.get("experiment") for r in rows if r.get("experiment")), "results")
@@ -193,9 +212,10 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
     parts += ["TFLOP/s count only the allowed (mask) area (MASKS.md §5); `bwd` is the backward pass alone "
               "(2.5× the forward count), `fwd_bwd` both (3.5×). Cells: TFLOP/s, or `unsup` (unsupported), "
               "`OOM`, `ERR` (error), `WRONG` (failed the correctness check, not timed), blank (not run).", ""]
-    note = _clock_note([r for r in rows if status_kind(r) == "ok"])
-    if note:
-        parts += [note, ""]
+    for note in (_clock_note([r for r in rows if status_kind(r) == "ok"]),
+                 _launch_note([r for r in rows if status_kind(r) == "ok"])):
+        if note:
+            parts += [note, ""]
     for (mode, hq, hkv, D, dt, B), srows in slices(rows).items():
         backends = _order(r["backend"] for r in srows)
         masks = _order(mask_label(r) for r in srows)

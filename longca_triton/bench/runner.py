@@ -375,7 +375,9 @@ def _run_point(backend: Backend, problem: Problem, grp: _Group, exp: Experiment,
 
 
 def _notes(backend: Backend, problem: Problem, device) -> dict:
-    """What exactly ran, where the adapter chose (e.g. SDPA's GQA path)."""
+    """What exactly ran, where the adapter chose (e.g. SDPA's GQA path, our kernels' launch config:
+    ``Backend.run_notes``)."""
+    out = dict(backend.run_notes(problem))
     plan = None
     try:
         cache = problem.mask.__dict__.get("_adapter_cache", {})
@@ -383,8 +385,7 @@ def _notes(backend: Backend, problem: Problem, device) -> dict:
             if key[0] == backend.name and key[1] == "plan" and key[-1] == problem.mode:
                 plan = val
     except Exception:
-        return {}
-    out = {}
+        return out
     for attr in ("gqa", "form", "native_gqa"):
         if plan is not None and hasattr(plan, attr):
             out[attr] = getattr(plan, attr)
