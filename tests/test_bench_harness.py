@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -225,6 +226,60 @@ def test_rows_say_which_launch_config_ran(tmp_path, monkeypatch):
     md = markdown_report(store2.rows())
     assert "triton: 1 point autotune cache; triton-sparse: 1 point kernel defaults" in md
     assert "`notes.launch_config.config`" in md
+
+
+def test_backend_names_carry_launch_configs():
+    """One of ours named with a launch config (``config_name``) is that backend with the config, one canonical name
+    per config; a bad config, a vendor backend or a malformed name is a ValueError naming the problem."""
+    from longca_triton.adapters import get_backend
+    from longca_triton.adapters.base import canonical_name, config_name, split_backend_list, split_config_name
+
+    b = get_backend('triton-varblock{ "dkdv_tail_order": 3, "dkdv_tail_cols": 128 }')
+    assert b.name == 'triton-varblock{"dkdv_tail_cols":128,"dkdv_tail_order":3}' == config_name(
+        "triton-varblock", {"dkdv_tail_order": 3, "dkdv_tail_cols": 128})
+    assert b.config == {"dkdv_tail_order": 3, "dkdv_tail_cols": 128} and "launch config" in b.description
+    assert get_backend("triton-varblock").config is None  # the registered one is untouched
+    assert get_backend(b.name) is b
+    assert canonical_name('flashmask-triton{"BLOCK_M": 64}') == 'triton-flashmask{"BLOCK_M":64}'
+    assert split_config_name("flex") == ("flex", None)
+    assert split_backend_list('triton, triton{"BLOCK_M":64,"num_warps":4},flex') == [
+        "triton", 'triton{"BLOCK_M":64,"num_warps":4}', "flex"]
+    for name, words in (('triton{"BLOK_M":64}', "unknown dense-attention config keys ['BLOK_M']"),
+                        ('triton{"BLOCK_M":48}', "power of two"),
+                        ('triton-varblock{"dkdv_tail_cols":48}', "dkdv_tail_cols"),
+                        ('sdpa-cudnn{"BLOCK_M":64}', "takes no launch config"),
+                        ("triton{BLOCK_M:64}", "must be a JSON object"),
+                        ("triton{}", "non-empty"),
+                        ('triton{"BLOCK_M":[64]}', "numbers, booleans or strings"),
+                        ('tritn{"BLOCK_M":64}', "unknown backend 'tritn'")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            get_backend(name)
+
+
+def test_a_launch_config_runs_beside_the_default(tmp_path, monkeypatch):
+    """The harness runs ``triton`` and ``triton{config}`` as two backends of one grid: both checked, rows recorded
+    under their names with the config that ran, a rerun with the config's keys in another order resumes; a bad
+    config in the grid is an error before anything runs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = '{"num_warps": 4, "BLOCK_N": 32}'
+    exp = _tiny(["triton", f"triton{cfg}"], masks=["causal"], modes=["fwd", "bwd"], seqlens=[80])
+    store = ResultStore(tmp_path / "r.jsonl")
+    run_experiment(exp, store, device="cpu")
+    rows = store.rows()
+    name = 'triton{"BLOCK_N":32,"num_warps":4}'
+    assert sorted({r["backend"] for r in rows}) == ["triton", name] and len(rows) == 4
+    assert all(r["status"] == "ok" and r["check"]["ok"] for r in rows)
+    assert all(r["notes"]["launch_config"] == {"source": "config in the backend name",
+                                               "config": {"BLOCK_N": 32, "num_warps": 4}}
+               for r in rows if r["backend"] == name)
+    again = _tiny(["triton", 'triton{"BLOCK_N":32,"num_warps":4}'], masks=["causal"], modes=["fwd", "bwd"],
+                  seqlens=[80])
+    assert run_experiment(again, store, device="cpu").rows == []
+    with pytest.raises(ValueError, match="BLOK_N"):
+        run_experiment(_tiny(['triton{"BLOK_N":32}'], masks=["causal"], seqlens=[80]), store, device="cpu")
+    with pytest.raises(ConfigError, match="BLOK_N"):
+        _tiny(["triton"]).with_overrides(backends='triton,triton{"BLOK_N":32,"num_warps":4}').validate(
+            known_backends=["triton"])
 
 
 def test_classify_exception():

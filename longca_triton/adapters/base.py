@@ -16,11 +16,15 @@ cannot run:
 
 Names follow one pattern: our own kernels start with ``triton`` (``triton``, ``triton-flashmask``,
 ``triton-sparse``, ``triton-varblock``); vendor kernels start with the vendor (``sdpa-cudnn``,
-``flex-fa4``, ``vsa-triton``...). Old names stay valid through ``ALIASES`` (``canonical_name``).
+``flex-fa4``, ``vsa-triton``...). Old names stay valid through ``ALIASES`` (``canonical_name``). One of ours
+named with a launch config, ``triton-varblock{"dkdv_tail_order":3}`` (``config_name``), runs that config (an
+overlay on the kernel's defaults) and is recorded under that name: configs compare through the harness as
+backends do.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,8 +33,8 @@ import torch
 
 from longca_triton.masks import BlockSparseMask, Mask
 
-__all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "get_backend", "list_backends",
-           "register"]
+__all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "config_name", "get_backend",
+           "list_backends", "register", "split_backend_list", "split_config_name"]
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 
@@ -184,8 +188,52 @@ ALIASES: dict[str, str] = {"flashmask-triton": "triton-flashmask"}
 
 
 def canonical_name(name: str) -> str:
-    """The current name of a backend given by its current or an old name (``ALIASES``)."""
-    return ALIASES.get(name, name)
+    """The current name of a backend given by its current or an old name (``ALIASES``); a name with a launch
+    config (``config_name``) in its canonical spelling."""
+    base, config = split_config_name(name)
+    base = ALIASES.get(base, base)
+    return base if config is None else config_name(base, config)
+
+
+def config_name(base: str, config: dict) -> str:
+    """The name of ``base`` run with launch config ``config`` (one of our kernels' overlays):
+    ``triton-varblock{"dkdv_tail_order":3}``, the config as compact JSON with sorted keys, so one config has one
+    name (rows, resume and reports key on it)."""
+    return base + json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def split_config_name(name: str) -> tuple[str, dict | None]:
+    """``(base, config)`` of a ``config_name``, ``(name, None)`` for a plain one; ``ValueError`` when the part
+    after ``{`` is not a JSON object of scalars."""
+    base, brace, rest = name.partition("{")
+    if not brace:
+        return name, None
+    try:
+        config = json.loads(brace + rest)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"backend {name!r}: the launch config after {base!r} must be a JSON object, e.g. "
+                         f"{base}{{\"BLOCK_M\":64}} ({e.msg})") from None
+    if not isinstance(config, dict) or not config:
+        raise ValueError(f"backend {name!r}: the launch config must be a non-empty JSON object")
+    bad = [k for k, v in config.items() if not isinstance(v, (bool, int, float, str))]
+    if bad:
+        raise ValueError(f"backend {name!r}: config values must be numbers, booleans or strings ({bad})")
+    return base.strip(), config
+
+
+def split_backend_list(text: str) -> list[str]:
+    """A comma-separated backend list whose names may carry launch configs (commas inside ``{...}`` stay)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "{"
+        depth -= ch == "}"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return [x for x in out if x]
 
 
 def register(backend: Backend) -> Backend:
@@ -195,14 +243,29 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
+#: backends with a launch config (``config_name`` -> the backend), made on first use
+CONFIGURED: dict[str, Backend] = {}
+
+
 def get_backend(name: str) -> Backend:
+    """The registered backend ``name`` (current or old name), or one of ours run with the launch config its
+    name carries (``config_name``: the config checked here, before anything runs)."""
     from . import _load_all  # noqa: F401 - registration happens on import of the adapters
 
     _load_all()
     key = canonical_name(name)
-    if key not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[key]
+    base, config = split_config_name(key)
+    if base not in BACKENDS:
+        raise ValueError(f"unknown backend {base!r}; valid backends: {', '.join(sorted(BACKENDS))}")
+    if config is None:
+        return BACKENDS[key]
+    if key not in CONFIGURED:
+        with_config = getattr(BACKENDS[base], "with_config", None)
+        if with_config is None:
+            ours = sorted(n for n, b in BACKENDS.items() if hasattr(b, "with_config"))
+            raise ValueError(f"backend {base!r} takes no launch config ({name!r}); ours do: {', '.join(ours)}")
+        CONFIGURED[key] = with_config(config)
+    return CONFIGURED[key]
 
 
 def list_backends() -> list[Backend]:

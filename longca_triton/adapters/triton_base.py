@@ -15,6 +15,7 @@ A subclass overrides ``mask_reason`` (which masks it takes), ``launch`` (the ker
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from typing import Callable
 
@@ -89,6 +90,26 @@ class TritonBackend(Backend):
             return False, f"heads_q {problem.heads_q} is not a multiple of heads_kv {problem.heads_kv}"
         return True, ""
 
+    def check_config(self, config: dict) -> None:
+        """Raise ``ValueError`` naming the problem where ``config`` is no valid overlay for this kernel (unknown
+        keys, bad tiles): the kernel's own ``resolve_config`` on a representative case, so before any launch."""
+
+    def with_config(self, config: dict) -> "TritonBackend":
+        """This backend run with launch config ``config`` (checked here), named ``config_name(self.name, config)``."""
+        import copy
+
+        from .base import config_name
+
+        try:
+            self.check_config(config)
+        except ValueError as e:
+            raise ValueError(f"{config_name(self.name, config)}: {e}") from None
+        other = copy.copy(self)
+        other.name = config_name(self.name, config)
+        other.config = dict(config)
+        other.description = f"{self.description}; launch config {json.dumps(config, sort_keys=True)} over the defaults"
+        return other
+
     @torch.compiler.disable
     def launch_config(self, q, k, mask, v=None) -> dict | None:
         """``self.config``, else the autotune cache's entry for this problem class (keyed by the
@@ -96,10 +117,10 @@ class TritonBackend(Backend):
         return self._launch_config(q, k, mask, v)[0]
 
     def _launch_config(self, q, k, mask, v=None) -> tuple[dict | None, str]:
-        """``launch_config`` and where it came from: ``"backend config"``, ``"autotune cache"`` or
-        ``"kernel defaults"``."""
+        """``launch_config`` and where it came from: ``"config in the backend name"`` (``with_config``),
+        ``"autotune cache"`` or ``"kernel defaults"``."""
         if self.config is not None:
-            return self.config, "backend config"
+            return self.config, "config in the backend name"
         from longca_triton.kernels.tuned import lookup
 
         tuned = lookup(self.name, q, k, mask, v=v)

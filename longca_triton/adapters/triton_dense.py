@@ -28,6 +28,13 @@ class TritonDense(TritonBackend):
         return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                deterministic=deterministic)
 
+    def check_config(self, config):
+        import torch
+
+        from longca_triton.kernels.dense import resolve_config
+
+        resolve_config(128, torch.bfloat16, config)
+
     def plan(self, problem: Problem, q, config):
         from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.dense import plans_for, resolve_config

@@ -36,6 +36,13 @@ class TritonFlashMask(TritonBackend):
         return flashmask_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                    deterministic=deterministic)
 
+    def check_config(self, config):
+        import torch
+
+        from longca_triton.kernels.flashmask import resolve_config
+
+        resolve_config(128, torch.bfloat16, config)
+
     def plan(self, problem: Problem, q, config):
         """The column lowering and the device metadata (columns, per-tile min/max)."""
         from longca_triton.kernels._runtime import config_head_dim

@@ -84,6 +84,11 @@ class TritonGluon(TritonBackend):
         return gluon_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                deterministic=deterministic)
 
+    def check_config(self, config):
+        from longca_triton.kernels.gluon.attention import resolve_config
+
+        resolve_config(128, torch.bfloat16, config)
+
     def plan(self, problem: Problem, q, config):
         from longca_triton.kernels._runtime import config_head_dim
         from longca_triton.kernels.dense import resolve_config as dense_cfg

@@ -38,6 +38,16 @@ class _TritonBlockSparse(TritonBackend):
             return "Sq * Hq * D >= 2^31 per batch entry (32-bit row offsets in the dK/dV loop)"
         return ""
 
+    #: the representative mask ``check_config`` resolves a config on (make_mask's name and parameters)
+    probe_mask = ("block_sparse", dict(block=128, density=0.5))
+
+    def check_config(self, config):
+        from longca_triton.kernels.block_sparse import resolve_config
+        from longca_triton.masks import make_mask
+
+        name, params = self.probe_mask
+        resolve_config(make_mask(name, 1024, patterns=2, seed=0, **params), 128, config, heads=(8, 2))
+
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
         from longca_triton.kernels.block_sparse import block_sparse_attention
 
@@ -93,6 +103,7 @@ class TritonVarblock(_TritonBlockSparse):
     name = "triton-varblock"
     description = ("our Triton block-sparse kernel, any block bounds (blocks in 64-row sub-tiles "
                    "carrying their valid length), fwd + bwd, GQA, lse")
+    probe_mask = ("varblock_sparse", dict(block=256, min_block=128, density=0.5))
 
 
 register(TritonSparse())

@@ -67,7 +67,9 @@ def _grid_options(kind: str, example_config: str):
                      help="Mask parameter override, repeatable; several values sweep it (e.g. --param block=64,128 --param density=0.5). "
                           "Without MASK. it applies to every mask of the grid that has KEY."),
         click.option("--seqlens", help="Comma-separated sequence lengths, e.g. 4K,16K or 4096,16384."),
-        click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`)."),
+        click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`); one of ours may carry "
+                                        "a launch config over its defaults, compared like a backend: "
+                                        "'triton-varblock,triton-varblock{\"dkdv_tail_order\":3}'."),
         click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd."),
         click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64."),
         click.option("--head-dim", "head_dims", help="Comma-separated head dims, D or D_qk/D_v, e.g. 64,96,128,192/128."),
@@ -153,6 +155,8 @@ def bench_varblock(**opts):
       longca-triton bench varblock --config experiments/varblock.toml --dry-run
       longca-triton bench varblock --config experiments/varblock.toml --out experiments/results/h100/varblock
       longca-triton bench varblock --preset smoke --out /tmp/varblock-smoke
+      longca-triton bench varblock --config experiments/varblock.toml --param block=256 --mode bwd \\
+          --backends 'triton-varblock,triton-varblock{"dkdv_tail_order":3}'   # a launch config beside the default
     """
     _run_bench("varblock", **opts)
 
@@ -166,6 +170,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
     from longca_triton.adapters import canonical_name, list_backends
+    from longca_triton.adapters.base import split_config_name
 
     from .config import ConfigError, load_experiment
     from .config import preset as get_preset
@@ -200,10 +205,10 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
                 con.print(f"[dim]not registered in this build, skipped: {', '.join(missing)}[/]")
             exp.backends = [b for b in exp.backends if b in known]
         elif config is not None and not backends:
-            missing = [b for b in exp.backends if canonical_name(b) not in known]
+            missing = [b for b in exp.backends if split_config_name(canonical_name(b))[0] not in known]
             if missing:
                 con.print(f"[yellow]backends listed in {config} but not registered here, skipped: {', '.join(missing)}[/]")
-                exp.backends = [b for b in exp.backends if canonical_name(b) in known]
+                exp.backends = [b for b in exp.backends if split_config_name(canonical_name(b))[0] in known]
         exp.validate(known_backends=known)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None

@@ -209,7 +209,7 @@ class Experiment:
         if not self.backends:
             raise ConfigError("no backends given")
         # renamed backends (adapters.ALIASES) run, and are recorded, under their current name
-        from longca_triton.adapters.base import canonical_name
+        from longca_triton.adapters.base import canonical_name, get_backend, split_config_name
 
         self.backends = list(dict.fromkeys(canonical_name(b) for b in self.backends))
         limits = {}
@@ -222,8 +222,14 @@ class Experiment:
         if known_backends is not None:
             known = set(known_backends)
             for b in [*self.backends, *limits]:
-                if b not in known:
-                    raise ConfigError(f"unknown backend {b!r}; valid backends: {', '.join(sorted(known))}")
+                base, config = split_config_name(b)
+                if base not in known:
+                    raise ConfigError(f"unknown backend {base!r}; valid backends: {', '.join(sorted(known))}")
+                if config is not None:  # one of ours with a launch config: checked now, before anything runs
+                    try:
+                        get_backend(b)
+                    except ValueError as e:
+                        raise ConfigError(str(e)) from None
         built = set()
         for m in self.masks:  # every mask variant must build at every S (and heads) before anything runs
             for vi in range(len(self.variants(m))):
@@ -293,6 +299,8 @@ class Experiment:
 
     def with_overrides(self, **over: Any) -> "Experiment":
         """A copy with the non-``None`` overrides applied (lists may be comma-separated strings)."""
+        from longca_triton.adapters.base import split_backend_list
+
         e = copy.deepcopy(self)
         listy = {"masks": "masks", "seqlens": "seqlens", "heads": "heads", "head_dims": "head_dims",
                  "dtypes": "dtypes", "modes": "modes", "backends": "backends"}
@@ -302,8 +310,10 @@ class Experiment:
                 continue
             if k in listy:
                 vals = []
-                for item in _as_list(v):
-                    vals.extend(_as_list(item))
+                for item in [v] if isinstance(v, str) else _as_list(v):
+                    # backend names may carry a launch config whose JSON has commas of its own
+                    names = k == "backends" and isinstance(item, str)
+                    vals.extend(split_backend_list(item) if names else _as_list(item))
                 if k == "head_dims":
                     vals = [normalize_head_dim(x) for x in vals]
                 setattr(e, listy[k], vals)

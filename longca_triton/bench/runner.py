@@ -52,6 +52,7 @@ from longca_triton.adapters import (
     get_backend,
     list_backends,
 )
+from longca_triton.adapters.base import canonical_name, split_config_name
 from longca_triton.masks import NotExpressible, make_mask
 
 from .check import CheckResult, compare, reference_group
@@ -449,6 +450,9 @@ def run_experiment(
             backends.append(b)
         elif exp.preset and b in OPTIONAL_PRESET_BACKENDS:
             continue
+        elif split_config_name(b)[0] in known:
+            get_backend(b)  # one of ours with a launch config: ValueError naming what is wrong with it
+            backends.append(canonical_name(b))
         else:
             raise ValueError(f"unknown backend {b!r}; valid backends: {', '.join(sorted(known))}")
     exp = exp.with_overrides()  # copy

@@ -210,6 +210,8 @@ def get_step_kernel(backend) -> StepKernel:
     try:
         impl = get_backend(backend)
     except ValueError:
+        if "{" in backend:  # one of ours with a launch config: say what is wrong with the config
+            raise
         impl = None
     if impl is not None and hasattr(impl, "cp_forward") and hasattr(impl, "cp_backward"):
         return _MethodStep(impl)
