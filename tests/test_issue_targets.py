@@ -44,6 +44,9 @@ def test_targets_verdicts(tool, tmp_path):
                          row("flex", "block_sparse", S, 370, block=128, density=d, patterns=p)]
             rows.append(row("triton-varblock", "varblock_sparse", S, 330 if d == 0.3 else 310, block=256, density=d,
                             patterns=8, min_block=128))
+    merged = 'triton-varblock{"dkdv_tail_order":3}'
+    rows += [row(merged, "varblock_sparse", S, 340, block=256, density=d, patterns=8, min_block=128)
+             for S in (32768, 65536) for d in (0.3, 0.5)]
     rows += [row("triton-sparse", "block_sparse", 65536, 380, block=64, density=0.5, patterns=8),
              row("vsa-triton", "block_sparse", 65536, 340, block=64, density=0.5, patterns=8)]
     rows.append(dict(rows[0], mode="fwd", tflops=9999.0))  # another mode: ignored
@@ -65,7 +68,11 @@ def test_targets_verdicts(tool, tmp_path):
         assert ts[("block 64 vs VSA", "64K 0.5")].ratio == pytest.approx(380 / 340)
         assert ts[("variable vs uniform 128", "32K 0.3")].ratio == pytest.approx(330 / 400)
         assert ts[("variable vs uniform 128", "64K 0.5")].verdict == "NOT met"
-    assert tool.provenance(tool._ours(tool.read_rows([tmp_path / "run"]))) == ["abc123 on GPU-X: 47 rows"]  # the retried point once
+    assert tool.provenance(tool._ours(tool.read_rows([tmp_path / "run"]))) == ["abc123 on GPU-X: 51 rows"]  # the retried point once
+    # a launch config of the variable-block backend, by its name
+    conf = {t.case: t for t in tool.targets(tool.read_rows([tmp_path / "run"]), varblock=merged)
+            if t.name == "variable vs uniform 128"}
+    assert all(t.ratio == pytest.approx(340 / 400) and t.verdict == "met" for t in conf.values()) and len(conf) == 4
 
 
 def test_main_prints_a_table(tool, tmp_path, capsys):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from longca_triton.adapters.base import canonical_name  # noqa: E402
 from longca_triton.bench.report import latest_rows  # noqa: E402
 from longca_triton.masks import STATIC_MASK_NAMES  # noqa: E402
 
@@ -92,7 +93,8 @@ def _tflops(rows, backend, **want) -> float | None:
     return hits[-1] if hits else None
 
 
-def targets(rows: list[dict]) -> list[Target]:
+def targets(rows: list[dict], varblock: str = "triton-varblock") -> list[Target]:
+    """The targets, variable blocks read from backend ``varblock`` (a config of it: ``triton-varblock{...}``)."""
     rows = _ours(rows)
     out = []
     for m in STATIC_MASK_NAMES:
@@ -115,7 +117,7 @@ def targets(rows: list[dict]) -> list[Target]:
                 out.append(Target("block 64 vs VSA", f"{S // 1024}K {d}", ours, _tflops(rows, "vsa-triton", **kw), 1.0))
     for S in SPARSE_S:
         for d in DENSITIES:
-            var = _tflops(rows, "triton-varblock", mask="varblock_sparse", seqlen=S, block=256, density=d,
+            var = _tflops(rows, varblock, mask="varblock_sparse", seqlen=S, block=256, density=d,
                           patterns=HEADS[1])
             uni = _tflops(rows, "triton-sparse", mask="block_sparse", seqlen=S, block=128, density=d, patterns=HEADS[1])
             out.append(Target("variable vs uniform 128", f"{S // 1024}K {d}", var, uni, 0.8))
@@ -135,9 +137,11 @@ def provenance(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path)
+    ap.add_argument("--varblock", default="triton-varblock",
+                    help='the variable-block backend: triton-varblock, or one named with a launch config')
     a = ap.parse_args(argv)
     rows = read_rows(a.paths)
-    ts = targets(rows)
+    ts = targets(rows, canonical_name(a.varblock))
     print("| target | case | ours | peer | ratio | need | |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for t in ts:

@@ -13,6 +13,9 @@
 #                                             a score: the dense 64 x 64 / 4-warp dK/dV tile (full, causal,
 #                                             causal_document at 16K), uniform block 64 and variable blocks' main
 #                                             tile at 64 x 64 / 4 warps, interleaved, checked against float32
+#   bash experiments/gpu/session27.sh ratios  issue 13's variable-block ratio through the harness (session 28): the
+#                                             default and each tail config as a backend named with its launch config,
+#                                             each timed back to back, against uniform block 128
 #   bash experiments/gpu/session27.sh final   issue 13 through the harness: the variable-block ratio, the dense backward
 #   bash experiments/gpu/session27.sh accept  issue 13's other targets through the harness, for the closing run with
 #                                             `final` in one session (carry .whl/vsa/1: `bash experiments/gpu/wheels.sh
@@ -52,6 +55,20 @@ case "${1:-}" in
       --rounds 2 --dense-masks '' --sparse uniform64:32768:0.3,varblock256:32768:0.3 --configs "$S" \
       > "$OUT/sparse.log" 2>&1
     tail -3 "$OUT/sparse.log"; cat "$OUT/sparse/bwd_configs_ab.md"
+    ;;
+  ratios)
+    # issue 13's variable-block ratio through the harness for the default and each tail config (a backend named
+    # with its launch config, session 28), each timed back to back (--sequential: the harness's time_fn)
+    V=$(python3 -c "import json,sys; print(','.join(['triton-varblock'] + ['triton-varblock' + json.dumps(c, sort_keys=True, separators=(',', ':')) for c in json.loads(sys.argv[1]).values()]))" "$TAILS")
+    timeout 200 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
+      --param block=128 --param density=0.3,0.5 --param patterns=Hkv --backends triton-sparse --mode bwd \
+      --out "$OUT/uni" 2>&1 | tail -6
+    timeout 380 python -m longca_triton.cli bench varblock --no-plots --config experiments/varblock.toml --seqlens 32K,64K \
+      --param block=256 --param density=0.3,0.5 --backends "$V" --mode bwd --sequential --out "$OUT/var" 2>&1 | tail -8
+    tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
+    for b in $(echo "$V" | python3 -c "import sys; from longca_triton.adapters.base import split_backend_list; print(' '.join(split_backend_list(sys.stdin.read().strip())))"); do
+      python experiments/gpu/issue13_targets.py "$OUT/ratios.tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"
+    done
     ;;
   final)
     varblock_ratio
