@@ -25,8 +25,10 @@
 #   bash experiments/gpu/session27.sh fa3d96  issue 17: whether any kernel reaches D = 96 at 0.85x of its own D = 128
 #                                             per FLOP: FlashAttention-3's forward (fa3-fwd, never run at D = 96 here)
 #                                             beside ours and cuDNN at D = 96 / 128, full and causal, 16K, through the
-#                                             harness (carry .whl/fa3fwd/1: `bash experiments/gpu/wheels.sh pack fa3fwd
-#                                             fa3fwd` first, on the CPU host)
+#                                             harness, and ours on FA3's D = 96 shape (three consumer warpgroups, P
+#                                             through shared memory: no spills on sm_90a, measured equal on an H100 in
+#                                             session 14) (carry .whl/fa3fwd/1: `bash experiments/gpu/wheels.sh pack
+#                                             fa3fwd fa3fwd` first, on the CPU host)
 source experiments/gpu/session_env.sh
 # t64w4 (session 28): the tails query-major on their own 4 warps, 64 query rows a step (sm_90a on the CPU: 527
 # instructions a step against the default's 735, 208 bytes of spills against 264, 107 KB of shared memory: two CTAs
@@ -94,7 +96,8 @@ case "${1:-}" in
     source experiments/gpu/wheels.sh env
     python -c "import fa3_fwd_interface; print('fa3-fwd', fa3_fwd_interface.__file__)" || exit 1
     timeout 300 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
-      --masks full,causal --head-dim 96,128 --backends triton-gluon,sdpa-cudnn,fa3-fwd --mode fwd \
+      --masks full,causal --head-dim 96,128 --mode fwd \
+      --backends 'triton-gluon,triton-gluon{"consumers":3,"p_smem":true},sdpa-cudnn,fa3-fwd' \
       --out "$OUT/fa3d96" 2>&1 | tail -10
     python experiments/gpu/issue17_targets.py "$OUT/fa3d96" | grep "per FLOP"
     tar czf "$OUT/fa3d96.tgz" -C "$OUT" fa3d96 && rm -rf "$OUT/fa3d96"
