@@ -62,11 +62,13 @@ case "${1:-}" in
     # issue 13's variable-block ratio through the harness for the default and each tail config (a backend named
     # with its launch config, session 28), each timed back to back (--sequential: the harness's time_fn)
     V=$(python3 -c "import json,sys; print(','.join(['triton-varblock'] + ['triton-varblock' + json.dumps(c, sort_keys=True, separators=(',', ':')) for c in json.loads(sys.argv[1]).values()]))" "$TAILS")
-    timeout 200 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
+    timeout 150 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
       --param block=128 --param density=0.3,0.5 --param patterns=Hkv --backends triton-sparse --mode bwd \
       --out "$OUT/uni" 2>&1 | tail -6
-    timeout 380 python -m longca_triton.cli bench varblock --no-plots --config experiments/varblock.toml --seqlens 32K,64K \
-      --param block=256 --param density=0.3,0.5 --backends "$V" --mode bwd --sequential --out "$OUT/var" 2>&1 | tail -8
+    # --check: every config against the float32 reference before its timing (varblock.toml skips the check)
+    timeout 420 python -m longca_triton.cli bench varblock --no-plots --config experiments/varblock.toml --seqlens 32K,64K \
+      --param block=256 --param density=0.3,0.5 --backends "$V" --mode bwd --sequential --check --out "$OUT/var" \
+      2>&1 | tail -8
     tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
     for b in $(echo "$V" | python3 -c "import sys; from longca_triton.adapters.base import split_backend_list; print(' '.join(split_backend_list(sys.stdin.read().strip())))"); do
       python experiments/gpu/issue13_targets.py "$OUT/ratios.tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"

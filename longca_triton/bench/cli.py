@@ -79,7 +79,9 @@ def _grid_options(kind: str, example_config: str):
         click.option("--warmup-ms", type=click.FloatRange(min=0), help="Warm-up time per point (ms)."),
         click.option("--rep", type=click.IntRange(min=1), help="Timed repetitions per point (at most)."),
         click.option("--max-ms", type=click.FloatRange(min=0), help="Cap on the timed repetitions' total time per point (ms)."),
-        click.option("--no-check", is_flag=True, help="Skip the correctness check against the reference."),
+        click.option("--check/--no-check", "check", default=None,
+                     help="Check each backend against the float32 reference before timing it, or skip the check. "
+                          "Default: the experiment's [timing] check."),
         click.option("--interleave/--sequential", "interleave", default=None,
                      help="Time a problem's backends together, repetition by repetition (the default: each sees the "
                           "same GPU clock), or one after the other. Default: the experiment's [timing] interleave."),
@@ -162,7 +164,7 @@ def bench_varblock(**opts):
 
 
 def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, heads, head_dims, dtypes, batch, seed,
-               warmup_ms, rep, max_ms, no_check, interleave, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
+               warmup_ms, rep, max_ms, check, interleave, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
     import torch
 
     con = _console()
@@ -194,8 +196,8 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
         exp = exp.with_overrides(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
                                  dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
                                  params=list(params))
-        if no_check:
-            exp.check = False
+        if check is not None:
+            exp.check = check
         if interleave is not None:
             exp.interleave = interleave
         known = {b.name for b in list_backends()}
