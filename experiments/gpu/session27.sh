@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 27's GPU calls, written on a CPU (the session had no device time left: the earlier try had spent it) and
-# left for the next session to run. One subcommand per call; everything lands under $OUT.
+# Sessions 27 and 28's GPU calls, written on a CPU (neither had device time: 27's earlier try had spent it, 28 was
+# lent no machine) and left for the next session to run; experiments/gpu/NEXT.md gives the order. One subcommand per
+# call; everything lands under $OUT.
 #   bash experiments/gpu/session27.sh tails   issue 13's variable blocks: the GPU tests of the new paths (bf16 against
 #                                             float64, equal bits of the tails apart and in the main launch), then the
 #                                             backward's launches timed apart (varblock_parts.py) with the 64-key tails
@@ -22,6 +23,8 @@
 #                                             pack vsa vsa`): the dense backward on all 12 static masks at 16K against
 #                                             Flex and cuDNN, block 128 against Flex (32K / 64K, densities 0.3 / 0.5, a
 #                                             pattern per KV head and one for all), block 64 against VSA's Triton kernel
+#   bash experiments/gpu/session27.sh dims    issue 17's closing run: forward and backward at D = 64, 96, 128, 192/128,
+#                                             256 against cuDNN (full, causal, 16K), the targets printed
 #   bash experiments/gpu/session27.sh fa3d96  issue 17: whether any kernel reaches D = 96 at 0.85x of its own D = 128
 #                                             per FLOP: FlashAttention-3's forward (fa3-fwd, never run at D = 96 here)
 #                                             beside ours and cuDNN at D = 96 / 128, full and causal, 16K, through the
@@ -92,6 +95,13 @@ case "${1:-}" in
       --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
     tar czf "$OUT/accept.tgz" -C "$OUT" bwd16all sparse vsa64 && rm -rf "$OUT/bwd16all" "$OUT/sparse" "$OUT/vsa64"
     python experiments/gpu/issue13_targets.py "$OUT/accept.tgz" | tail -4
+    ;;
+  dims)
+    # issue 17's closing run: the forward at every head dim against cuDNN, the backward beside it
+    timeout 560 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml --masks full,causal \
+      --head-dim 64,96,128,192/128,256 --backends triton-gluon,sdpa-cudnn --mode fwd,bwd --out "$OUT/dims" 2>&1 | tail -24
+    tar czf "$OUT/dims.tgz" -C "$OUT" dims && rm -rf "$OUT/dims"
+    python experiments/gpu/issue17_targets.py "$OUT/dims.tgz"
     ;;
   fa3d96)
     bash experiments/gpu/wheels.sh stage && bash experiments/gpu/wheels.sh install > /dev/null 2>&1
