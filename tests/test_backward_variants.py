@@ -472,9 +472,9 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
 
 
 def test_autotune_varblock_dkdv_group_searches_query_major_tails():
-    """Variable blocks' ``dkdv`` group: each head-major 8-warp main tile with 64-key tails also with the tails
-    query-major (``dkdv_tail_cols``): 64 query rows a step on their own 4 warps, 128 on 8 warps, and 128 in the
-    main launch (``dkdv_tail_order`` 3); no tail variant where the tile has no tails."""
+    """Variable blocks' ``dkdv`` group: each head-major 8-warp main tile with 64-key tails (query-major at 64 rows a
+    step: the default's ``dkdv_tail_cols``) also with them key-major (0), at 128 query rows on 8 warps, and at 128 in
+    the main launch (``dkdv_tail_order`` 3); no tail variant where the tile has no tails."""
     from longca_triton.bench import autotune as at
 
     cands = at.TUNABLES["triton-varblock"].candidates("dkdv", 256, 128)
@@ -482,7 +482,7 @@ def test_autotune_varblock_dkdv_group_searches_query_major_tails():
              and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0]
     assert mains
     for c in mains:
-        for extra in ({"dkdv_tail_cols": 64}, {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8},
+        for extra in ({"dkdv_tail_cols": 0}, {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8},
                       {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}):
             assert {**c, **extra} in cands
     assert all(c["dkdv_tail_rows"] for c in cands if "dkdv_tail_cols" in c)
@@ -662,6 +662,7 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert (cfg["dkdv_num_warps"], cfg["dkdv_num_stages"]) == (8, 3)
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     assert cfg["dkdv_tail_order"] == 2  # session 26: the tails first, on the side stream
+    assert cfg["dkdv_tail_cols"] == 64 and cfg["dkdv_tail_warps"] == 4  # session 28: query-major, 64 rows a step
     assert cfg["order_by_steps"]  # session 26: the backward's programs by their lists' steps
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
     assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)

@@ -91,7 +91,7 @@ case "${1:-}" in
     timeout 230 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
       --param block=128 --param density=0.3,0.5 --param patterns=Hkv,1 --backends triton-sparse,flex --mode bwd \
       --out "$OUT/sparse" 2>&1 | tail -12
-    timeout 90 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
+    timeout 240 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
       --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
     tar czf "$OUT/accept.tgz" -C "$OUT" bwd16all sparse vsa64 && rm -rf "$OUT/bwd16all" "$OUT/sparse" "$OUT/vsa64"
     python experiments/gpu/issue13_targets.py "$OUT/accept.tgz" | tail -4

@@ -336,12 +336,13 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         base = [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
                      dkdv_pack_list=True, dkdv_sweep=sw, dkdv_tail_rows=t)
                 for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
-        # the 64-key tails query-major (``dkdv_tail_cols``) beside a key-major main tile on 8 warps: 64 query rows a
-        # step on their own 4 warps, 128 on 8, or 128 in the main launch beside their blocks' tiles, on its warps
-        # (``dkdv_tail_order`` 3)
+        # the 64-key tails beside a key-major main tile on 8 warps: query-major at 64 query rows a step on their own
+        # 4 warps (``dkdv_tail_cols`` 64, the default since session 28, which the base candidates inherit), key-major
+        # (0, the default before), 128 rows on 8 warps, or 128 in the main launch beside their blocks' tiles, on its
+        # warps (``dkdv_tail_order`` 3)
         tails_qm = [dict(c, **extra)
                     for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
-                    for extra in (dict(dkdv_tail_cols=64), dict(dkdv_tail_cols=128, dkdv_tail_warps=8),
+                    for extra in (dict(dkdv_tail_cols=0), dict(dkdv_tail_cols=128, dkdv_tail_warps=8),
                                   dict(dkdv_tail_cols=128, dkdv_tail_order=3))]
         return with_qmajor(base) + tails_qm
     if group == "dq":

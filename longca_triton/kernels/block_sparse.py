@@ -78,6 +78,10 @@ scores (``dkdv_tail_cols``: sm_90a 515 instructions a step for 128 x 64 scores, 
 64 x 64 tile on 8 warps computes each twice) and run in the main dK/dV launch, each after its block's last main
 tile (``dkdv_tail_order`` 3, ``block_sparse_bwd_dkdv_merged_kernel``): one CTA an SM either way (181 KB), the main
 loop unchanged; ``dkdv_qmajor`` does the same for the main tiles where a step has >= 64 rows a warpgroup.
+Session 28 (H200, ``experiments/results/h200/session28/``, through the harness, each config a backend named with its
+launch config, timed back to back): the tails query-major at 64 query rows on their own 4 warps (``dkdv_tail_cols``
+64) +0.3 to +1.4 % (7 of 8, both orders), the default since; 128 rows on 8 warps even; the tails in the main launch
+3-4 % behind. Variable blocks 0.79-0.81x uniform at 32K, 0.78-0.79x at 64K.
 
 Kernels
 -------
@@ -292,8 +296,17 @@ VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 #: 61 %, DRAM 38 %, compute 37 %: its programs stream q / dO for 64 keys), and it runs first, on the side stream
 #: before the main launch (``dkdv_tail_order`` 2: the main launch's programs fill its last waves): 32K density
 #: 0.3 83.15 -> 82.47 ms, 0.5 143.15 -> 138.65 (interleaved, three rounds; 1: 83.26 / 141.93).
+#: Session 28 (H200, ``experiments/results/h200/session28/``): the tails step their query rows query-major on their
+#: own 4 warps, 64 rows a step (``dkdv_tail_cols`` 64: sm_90a 527 instructions a step against 735 key-major, two CTAs
+#: an SM). Through the harness, each config a backend named with it, timed back to back (``--sequential``), checked
+#: against float32, TFLOP/s at 32K 0.3 / 32K 0.5 / 64K 0.3 / 64K 0.5, two calls in the two orders: default 320.2 /
+#: 323.8 / 312.5 / 315.2 and 321.9 / 321.6 / 315.2 / 317.0, with it 322.5 / 323.0 / 314.3 / 316.5 and 324.8 / 326.0 /
+#: 316.0 / 318.6 (ahead in 7 of 8, +0.3 to +1.4 %). Not kept: 128 rows a step on 8 warps (320.0 / 322.0 / 309.7 /
+#: 313.1) and those tails in the main launch after their block's last main tile (``dkdv_tail_order`` 3: 312.4 /
+#: 310.8 / 299.9 / 302.1, 3-4 % behind; its programs lengthen the one-CTA-an-SM main launch).
 VARBLOCK_DKDV = dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_tail_rows=64,
-                     dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True, dkdv_tail_order=2)
+                     dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True, dkdv_tail_order=2,
+                     dkdv_tail_cols=64)
 
 
 def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:

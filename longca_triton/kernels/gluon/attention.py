@@ -417,6 +417,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     80 not timed, split stays off there), and ping-pong on (bwd_session12/call9, split 4 stages, off /
     on: full 520 / 543, causal 492 / 500, causal_document (padded there) 382 / 382; the same call's
     D = 128: full 666, causal 580 TFLOP/s, so D = 96 reaches 0.82 / 0.86 of it per counted FLOP).
+    Session 28 (H200, experiments/results/h200/session28, 16K, TFLOP/s, D = 96 / 128): ours 516 / 662 full (0.78),
+    FlashAttention-3's forward 629 / 676 (0.93; 192 x 144 tiles, three MMA warpgroups, persistent, its S and P V
+    wgmma at the exact widths N = 144 and 96, which Gluon 3.6's power-of-two shapes do not allow); at D = 96
+    ``persistent`` 525 / 515 (full / causal) against the default's 520 / 498, three consumers with P in shared memory
+    equal persistent and 4 % behind one tile a CTA.
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
