@@ -81,7 +81,8 @@ loop unchanged; ``dkdv_qmajor`` does the same for the main tiles where a step ha
 Session 28 (H200, ``experiments/results/h200/session28/``, through the harness, each config a backend named with its
 launch config, timed back to back): the tails query-major at 64 query rows on their own 4 warps (``dkdv_tail_cols``
 64) +0.3 to +1.4 % (7 of 8, both orders), the default since; 128 rows on 8 warps even; the tails in the main launch
-3-4 % behind. Variable blocks 0.79-0.81x uniform at 32K, 0.78-0.79x at 64K.
+3-4 % behind. Variable blocks, both sides in one harness call: 0.803 / 0.801x uniform at 32K, 0.790 / 0.786x at
+64K (densities 0.3 / 0.5).
 
 Kernels
 -------
