@@ -64,16 +64,15 @@ case "${1:-}" in
   ratios)
     # issue 13's variable-block ratio through the harness for the default and each tail config (a backend named
     # with its launch config, session 28), each timed back to back (--sequential: the harness's time_fn)
-    V=$(python3 -c "import json,sys; print(','.join(['triton-varblock'] + ['triton-varblock' + json.dumps(c, sort_keys=True, separators=(',', ':')) for c in json.loads(sys.argv[1]).values()]))" "$TAILS")
-    timeout 150 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
-      --param block=128 --param density=0.3,0.5 --param patterns=Hkv --backends triton-sparse --mode bwd \
-      --out "$OUT/uni" 2>&1 | tail -6
+    mapfile -t NAMES < <(python3 -c "import json, sys
+from longca_triton.adapters.base import config_name
+print('triton-varblock')
+for c in json.loads(sys.argv[1]).values(): print(config_name('triton-varblock', c))" "$TAILS")
+    sparse128 150 uni Hkv triton-sparse 2>&1 | tail -6
     # --check: every config against the float32 reference before its timing (varblock.toml skips the check)
-    timeout 420 python -m longca_triton.cli bench varblock --no-plots --config experiments/varblock.toml --seqlens 32K,64K \
-      --param block=256 --param density=0.3,0.5 --backends "$V" --mode bwd --sequential --check --out "$OUT/var" \
-      2>&1 | tail -8
+    varblock256 420 var "$(IFS=,; echo "${NAMES[*]}")" --sequential --check 2>&1 | tail -8
     tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
-    for b in $(echo "$V" | python3 -c "import sys; from longca_triton.adapters.base import split_backend_list; print(' '.join(split_backend_list(sys.stdin.read().strip())))"); do
+    for b in "${NAMES[@]}"; do
       python experiments/gpu/issue13_targets.py "$OUT/ratios.tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"
     done
     ;;
@@ -88,9 +87,7 @@ case "${1:-}" in
     source experiments/gpu/wheels.sh env
     timeout 240 python -m longca_triton.cli bench dense --no-plots --config experiments/dense_16k.toml \
       --backends triton,sdpa-cudnn,flex --mode bwd --out "$OUT/bwd16all" 2>&1 | tail -16
-    timeout 230 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --seqlens 32K,64K \
-      --param block=128 --param density=0.3,0.5 --param patterns=Hkv,1 --backends triton-sparse,flex --mode bwd \
-      --out "$OUT/sparse" 2>&1 | tail -12
+    sparse128 230 sparse Hkv,1 triton-sparse,flex 2>&1 | tail -12
     timeout 240 python -m longca_triton.cli bench sparse --no-plots --config experiments/sparse_64k.toml --param block=64 \
       --backends triton-sparse,vsa-triton,flex --mode bwd --out "$OUT/vsa64" 2>&1 | tail -5
     tar czf "$OUT/accept.tgz" -C "$OUT" bwd16all sparse vsa64 && rm -rf "$OUT/bwd16all" "$OUT/sparse" "$OUT/vsa64"

@@ -1,7 +1,7 @@
 # The preamble of the session scripts (`source experiments/gpu/session_env.sh` from the repository root on the
 # device): environment, what the machine is, `tests FILE KEXPR LOG SECONDS`, a `-m gpu` pytest run whose
-# PASSED / FAILED lines go to $OUT/LOG, `accept_block_sparse` (issue 13's block-sparse runs through the harness) and
-# `varblock_ratio` (its variable-block ratio alone), `timer_ab` / `summary` (timer_bias.py's A/B of configs under every
+# PASSED / FAILED lines go to $OUT/LOG, `harness` / `sparse128` / `varblock256` (backward sweeps through the harness),
+# `accept_block_sparse` (issue 13's block-sparse runs) and `varblock_ratio` (its variable-block ratio alone), `timer_ab` / `summary` (timer_bias.py's A/B of configs under every
 # timer, and its TFLOP/s per timer and config).
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-}
@@ -13,22 +13,32 @@ tests() {  # $1: file, $2: -k expression, $3: log name, $4: seconds
     | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" > "$OUT/$3"
   tail -3 "$OUT/$3"
 }
-accept_block_sparse() {  # issue 13's block-sparse targets through the harness into $OUT/sparse and $OUT/var: block
-  # 128 (densities 0.3 / 0.5, 32K / 64K, a pattern per KV head and one for all) against Flex, then variable blocks
-  # (mean 256) to compare with uniform block 128's rows
-  bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-  bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
-    --param patterns=Hkv,1 --backends triton-sparse,flex --out "$OUT/sparse" 2>&1 | tail -12
-  bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-    --backends triton-varblock --out "$OUT/var" 2>&1 | tail -8
+harness() {  # $1: seconds, then `bench` arguments: one backward sweep through the harness at 32K and 64K
+  local seconds=$1
+  shift
+  timeout "$seconds" python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd
 }
-varblock_ratio() {  # issue 13's variable-block ratio through the harness into $OUT/uni and $OUT/var: uniform block 128
-  # and variable blocks (mean 256), a pattern per KV head, 32K / 64K, densities 0.3 / 0.5, our kernels only
-  bench() { python -m longca_triton.cli bench "$@" --no-plots --seqlens 32K,64K --mode bwd; }
-  bench sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 --param patterns=Hkv \
-    --backends triton-sparse --out "$OUT/uni" 2>&1 | tail -6
-  bench varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
-    --backends triton-varblock --out "$OUT/var" 2>&1 | tail -6
+sparse128() {  # $1: seconds, $2: folder under $OUT, $3: patterns (Hkv, or Hkv,1), $4: backends: uniform block 128,
+  # densities 0.3 / 0.5
+  harness "$1" sparse --config experiments/sparse_64k.toml --param block=128 --param density=0.3,0.5 \
+    --param patterns="$3" --backends "$4" --out "$OUT/$2"
+}
+varblock256() {  # $1: seconds, $2: folder under $OUT, $3: backends, then more `bench` arguments: variable blocks of
+  # mean 256 (a pattern per KV head), densities 0.3 / 0.5
+  local seconds=$1 dir=$2 backends=$3
+  shift 3
+  harness "$seconds" varblock --config experiments/varblock.toml --param block=256 --param density=0.3,0.5 \
+    --backends "$backends" --out "$OUT/$dir" "$@"
+}
+accept_block_sparse() {  # issue 13's block-sparse targets into $OUT/sparse and $OUT/var: block 128 (a pattern per KV
+  # head and one for all) against Flex, then variable blocks to compare with uniform block 128's rows
+  sparse128 600 sparse Hkv,1 triton-sparse,flex 2>&1 | tail -12
+  varblock256 600 var triton-varblock 2>&1 | tail -8
+}
+varblock_ratio() {  # issue 13's variable-block ratio into $OUT/uni and $OUT/var: uniform block 128 and variable
+  # blocks, a pattern per KV head, our kernels only
+  sparse128 600 uni Hkv triton-sparse 2>&1 | tail -6
+  varblock256 600 var triton-varblock 2>&1 | tail -6
 }
 timer_ab() {  # $1: folder under $OUT, $2: case (name:S:density), $3: repetitions, $4: seconds, $5: configs (JSON)
   timeout "$4" python experiments/gpu/timer_bias.py --out "$OUT/$1" --sparse "$2" --rep "$3" --configs "$5" \
