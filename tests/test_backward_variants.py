@@ -471,20 +471,28 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
         assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
 
 
-def test_autotune_varblock_dkdv_group_searches_query_major_tails():
+def test_autotune_varblock_dkdv_group_searches_query_major_tails(monkeypatch):
     """Variable blocks' ``dkdv`` group: each head-major 8-warp main tile with 64-key tails (query-major at 64 rows a
-    step: the default's ``dkdv_tail_cols``) also with them key-major (0), at 128 query rows on 8 warps, and at 128 in
-    the main launch (``dkdv_tail_order`` 3); no tail variant where the tile has no tails."""
+    step: the default's ``dkdv_tail_cols``) also with them key-major (0), at 128 query rows on 8 warps, at 128 in
+    the main launch (``dkdv_tail_order`` 3), and with its lists in one part (``dkdv_full_first`` off); no tail
+    variant where the tile has no tails; every candidate resolves over the Hopper default."""
+    import longca_triton.kernels.block_sparse as BS
     from longca_triton.bench import autotune as at
 
     cands = at.TUNABLES["triton-varblock"].candidates("dkdv", 256, 128)
-    mains = [c for c in cands if "dkdv_tail_cols" not in c and not c.get("dkdv_qmajor") and c["dkdv_tail_rows"]
+    mains = [c for c in cands if "dkdv_tail_cols" not in c and "dkdv_full_first" not in c and not c.get("dkdv_qmajor")
+             and c["dkdv_tail_rows"]
              and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0]
     assert mains
     for c in mains:
         for extra in ({"dkdv_tail_cols": 0}, {"dkdv_tail_cols": 128, "dkdv_tail_warps": 8},
-                      {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}):
+                      {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}, {"dkdv_full_first": False}):
             assert {**c, **extra} in cands
+    # the default's whole-entries-first walk steps aside for the merged tails and the sweep
+    monkeypatch.setattr(BS, "_interpreting", lambda: False)
+    mask = make_mask("varblock_sparse", 2048, block=256, min_block=128, density=0.5, patterns=2, seed=1)
+    for c in cands:
+        BS.resolve_config(mask, 128, c)
     assert all(c["dkdv_tail_rows"] for c in cands if "dkdv_tail_cols" in c)
     assert len(cands) == len({json.dumps(c, sort_keys=True) for c in cands})
 
@@ -663,6 +671,10 @@ def test_block_sparse_varblock_defaults(monkeypatch):
     assert cfg["dkdv_pack_list"] and cfg["dkdv_tail_rows"] == 64 and cfg["dkdv_pattern_order"]
     assert cfg["dkdv_tail_order"] == 2  # session 26: the tails first, on the side stream
     assert cfg["dkdv_tail_cols"] == 64 and cfg["dkdv_tail_warps"] == 4  # session 28: query-major, 64 rows a step
+    assert cfg["dkdv_full_first"] and not cfg["dq_full_first"]  # session 29: whole query entries first (dK/dV only)
+    # a config that walks the dK/dV lists another way walks them in one part
+    for over in ({"dkdv_sweep": 2}, {"dkdv_list_chunk": 16}, {"dkdv_tail_order": 3, "dkdv_tail_cols": 128}):
+        assert not BS.resolve_config(mask, 128, over)["dkdv_full_first"]
     assert cfg["order_by_steps"]  # session 26: the backward's programs by their lists' steps
     # session 23: the stacked dQ tile reads its key list entry by entry (+3 to +6 % over chunks of 64)
     assert (cfg["DQ_BLOCK_N"], cfg["dq_num_stages"], cfg["dq_list_chunk"]) == (64, 3, 0)
@@ -1351,15 +1363,13 @@ def test_dq_short_keys_gradients(S, cfgx, dtype):
                          S, S, 1, 4, 2, 32, dtype, dlse=True)
 
 
-def test_dq_short_keys_op_path_and_kernel_switch(monkeypatch):
-    """Through the torch.library ops the split table travels with the others (the same gradients as the
-    autograd path, bit for bit), and the launcher hands the dQ kernel ``SHORT_N`` only with it."""
+def _op_path_grads_equal(mask, cfg, S=211):
+    """The autograd path's and the torch.library ops' gradients for ``cfg`` (GQA 4:2, D = 32, fp32): finite and
+    equal bit for bit. Returns the inputs ``q, k, v, dout``."""
     import longca_triton.kernels.block_sparse as BS
 
-    mask = _short_mask()
-    cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0}
     torch.manual_seed(0)
-    q, k, v, do = (torch.randn(1, 211, h, 32) for h in (4, 2, 2, 4))
+    q, k, v, do = (torch.randn(1, S, h, 32) for h in (4, 2, 2, 4))
     grads = []
     for fn in (BS.block_sparse_attention, BS.block_sparse_attention_op):
         qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
@@ -1367,12 +1377,133 @@ def test_dq_short_keys_op_path_and_kernel_switch(monkeypatch):
         grads.append([x.grad for x in (qq, kk, vv)])
     for a, b in zip(*grads):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+    return q, k, v, do
+
+
+def test_dq_short_keys_op_path_and_kernel_switch(monkeypatch):
+    """Through the torch.library ops the split table travels with the others (the same gradients as the
+    autograd path, bit for bit), and the launcher hands the dQ kernel ``SHORT_N`` only with it."""
+    import longca_triton.kernels.block_sparse as BS
+
+    mask = _short_mask()
+    cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0}
+    q, k, v, do = _op_path_grads_equal(mask, cfg)
     for short, want in ((16, 16), (0, 0)):
         launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
         c = BS.resolve_config(mask, 32, {**cfg, "dq_short_keys": short})
         tables = BS.tables_for(mask, c, "cpu")
         BS.block_sparse_bwd(do, q, k, v, torch.zeros_like(q), torch.zeros(1, 4, 211), mask, tables, 32 ** -0.5, c)
         assert [kw["SHORT_N"] for kw in launches if "SHORT_N" in kw] == [want]
+
+
+# ------------------------------------------------------------------ whole entries first (dkdv_full_first / dq_full_first)
+def _full_first_mask(S=211, seed=3):
+    """Variable blocks of 40..48 rows: with 32-row (key) entries every list holds whole entries, entries that cross
+    from one run into the next (packed) and short ones."""
+    return make_mask("varblock_sparse", S, block=48, min_block=40, density=0.5, patterns=2, seed=seed)
+
+
+def _entries(t, lo, hi):
+    return list(zip(t.col_start[lo:hi].tolist(), t.col_end[lo:hi].tolist(), t.col_next[lo:hi].tolist(),
+                    t.col_count[lo:hi].tolist()))
+
+
+@pytest.mark.parametrize("pack,short", [(True, 0), (False, 0), (False, 8)], ids=["packed", "plain", "plain-short8"])
+def test_full_first_tables_put_whole_entries_first(pack, short):
+    """``full_first``: every list keeps its entries; its whole contiguous ones (``end - start == tile``, all valid)
+    first in their order, ``col_full`` at the first other one; the rest in order (a packed list's short last entry
+    stays last, so only it is short); with ``short_cols`` the short ones still last, behind ``col_split``."""
+    from longca_triton.kernels.block_sparse_tables import build_side_tables
+
+    m = _full_first_mask()
+    args = (m.k_block_bounds, m.q_block_bounds, m.block_map.transpose(1, 2).contiguous(), 32, 16, "cpu")
+    plain = build_side_tables(*args, pack_cols=pack, short_cols=short)
+    full = build_side_tables(*args, pack_cols=pack, short_cols=short, full_first=True)
+    assert plain.col_full is None and full.full_first and full.packed is pack and torch.equal(plain.ptr, full.ptr)
+    whole_n = rest_n = 0
+    for lst in range(plain.ptr.numel() - 1):
+        lo, hi, mid = int(plain.ptr[lst]), int(plain.ptr[lst + 1]), int(full.col_full[lst])
+        before, after = _entries(plain, lo, hi), _entries(full, lo, hi)
+        whole = [e for e in before if e[1] - e[0] == 16]
+        assert lo <= mid <= hi and after[:mid - lo] == whole and all(e[3] == 16 for e in whole)
+        rest = after[mid - lo:]
+        if short:
+            split = int(full.col_split[lst])
+            assert mid <= split <= hi and all(e[1] - e[0] <= short for e in after[split - lo:])
+            assert rest == [e for e in before if short < e[1] - e[0] != 16] + [e for e in before if e[1] - e[0] <= short]
+        else:
+            assert rest == [e for e in before if e[1] - e[0] != 16]
+        if pack and rest:
+            assert all(e[3] == 16 for e in rest[:-1]) and rest[-1] == before[-1]
+        whole_n, rest_n = whole_n + len(whole), rest_n + len(rest)
+    assert whole_n > 0 and rest_n > 0  # both loops have work on this mask
+    even = build_side_tables([0, 64, 128], [0, 64, 128], torch.ones(1, 2, 2, dtype=torch.bool), 32, 32, "cpu",
+                             full_first=True)
+    assert even.even_cols and not even.full_first  # every entry is whole already: nothing to split
+
+
+_FULL = {"dkdv_full_first": True, "dkdv_list_chunk": 0, "dq_full_first": True, "dq_list_chunk": 0,
+         "dq_pack_list": False}
+
+
+@pytest.mark.parametrize("S,cfgx,dtype", [
+    (211, {"DKDV_HEADS": 1, "dkdv_stats_tma": True}, torch.float32),
+    (211, {}, torch.float16),
+    (173, {"DKDV_HEADS": 1, "dkdv_stats_tma": True, "dkdv_tail_rows": 16, "dkdv_tail_cols": 16, "dq_tail_rows": 16,
+           "dq_short_keys": 16}, torch.float32),
+    (173, {"dkdv_tail_rows": 16, "dq_short_keys": 16, "DQ_HEADS": 1}, torch.float16)],
+    ids=["S=211-stats-boxes-fp32", "S=211-2-heads-stacked-fp16", "S=173-tails-qmajor-short16-fp32",
+         "S=173-tails-1-head-fp16"])
+def test_full_first_gradients(S, cfgx, dtype):
+    """``dkdv_full_first`` and ``dq_full_first``: whole entries through the even, unpacked steps (the dK/dV stats
+    by boxes), the rest through the packed / masked ones, main and tail tables, against float64 with an lse
+    gradient (GQA 4:2, two patterns)."""
+    import longca_triton.kernels.block_sparse as BS
+
+    mask = _full_first_mask(S)
+    cfg = {**_FULL, **cfgx}
+    tables = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), "cpu")
+    for t in tables.values():
+        if t.col_full is not None:  # both parts of some list are walked in every table
+            assert bool((t.col_full > t.ptr[:-1]).any()) and bool((t.col_full < t.ptr[1:]).any())
+    assert all(tables[n].full_first for n in ("dq", "dkdv"))
+    compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
+                         S, S, 1, 4, 2, 32, dtype, dlse=True)
+
+
+def test_full_first_op_path_and_kernel_switches(monkeypatch):
+    """Through the torch.library ops the reordered tables travel with the others (the autograd path's gradients
+    bit for bit); the launcher hands both kernels ``FULL_FIRST`` with their tables' ``col_full``, and the main dK/dV
+    launch the stats boxes (its whole entries), which a packed table without it does not get."""
+    import longca_triton.kernels.block_sparse as BS
+
+    mask = _full_first_mask()
+    cfg = {**_FULL, "DKDV_HEADS": 1, "dkdv_stats_tma": True, "dq_short_keys": 16}
+    q, k, v, do = _op_path_grads_equal(mask, cfg)
+    for full in (True, False):
+        launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
+        c = BS.resolve_config(mask, 32, {**cfg, "dkdv_full_first": full, "dq_full_first": full})
+        tables = BS.tables_for(mask, c, "cpu")
+        BS.block_sparse_bwd(do, q, k, v, torch.zeros_like(q), torch.zeros(1, 4, 211), mask, tables, 32 ** -0.5, c)
+        assert [kw["FULL_FIRST"] for kw in launches] == [full, full]
+        assert [kw["COL_FULL"] is not None for kw in launches] == [full, full]
+        assert [kw["STATS_TMA"] for kw in launches if "STATS_TMA" in kw] == [full]
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"dkdv_full_first": True, "dkdv_list_chunk": 16}, "dkdv_full_first"),
+    ({"dkdv_full_first": True, "dkdv_list_chunk": 0, "dkdv_sweep": 1}, "dkdv_full_first"),
+    ({"dkdv_full_first": True, "dkdv_list_chunk": 0, "one_launch": True}, "dkdv_full_first"),
+    ({"dkdv_full_first": True, "dkdv_list_chunk": 0, "dkdv_tail_rows": 16, "dkdv_tail_order": 3}, "dkdv_full_first"),
+    ({"dq_full_first": True, "dq_list_chunk": 0}, "dq_full_first"),
+    ({"dq_full_first": True, "dq_list_chunk": 0, "dq_pack_list": False, "dq_skew": True}, "dq_full_first"),
+    ({"dq_full_first": 1}, "dq_full_first")],
+    ids=["dkdv-chunked", "dkdv-sweep", "dkdv-one-launch", "dkdv-merged-tails", "dq-packed", "dq-skew", "dq-not-bool"])
+def test_full_first_config_errors(over, match):
+    import longca_triton.kernels.block_sparse as BS
+
+    with pytest.raises(ValueError, match=match):
+        BS.resolve_config(_full_first_mask(), 32, over)
 
 
 @pytest.mark.parametrize("over,match", [

@@ -180,7 +180,10 @@ def test_merged_tails_compile_for_sm90a_with_one_exponential_a_score():
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cfgs = {"apart": {}, "merged": {"dkdv_tail_cols": 128, "dkdv_tail_order": 3}, "w8": {"dkdv_tail_warps": 8}}
+    # the lists walked in one part (dkdv_full_first off: the merged kernel's walk), so the main loops compare
+    one = {"dkdv_full_first": False}
+    cfgs = {"apart": one, "merged": {**one, "dkdv_tail_cols": 128, "dkdv_tail_order": 3},
+            "w8": {**one, "dkdv_tail_warps": 8}}
     res = subprocess.run([sys.executable, "experiments/cpu_aot_varblock.py", "--S", "4096", "--heads", "8:1",
                           "--configs", json.dumps(cfgs)], capture_output=True, text=True, timeout=900, cwd=root,
                          env={**env, "PYTHONPATH": str(root)})

@@ -339,11 +339,12 @@ def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # the 64-key tails beside a key-major main tile on 8 warps: query-major at 64 query rows a step on their own
         # 4 warps (``dkdv_tail_cols`` 64, the default since session 28, which the base candidates inherit), key-major
         # (0, the default before), 128 rows on 8 warps, or 128 in the main launch beside their blocks' tiles, on its
-        # warps (``dkdv_tail_order`` 3)
+        # warps (``dkdv_tail_order`` 3); and the lists walked in one part (``dkdv_full_first`` off: the default before
+        # session 29)
         tails_qm = [dict(c, **extra)
                     for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
                     for extra in (dict(dkdv_tail_cols=0), dict(dkdv_tail_cols=128, dkdv_tail_warps=8),
-                                  dict(dkdv_tail_cols=128, dkdv_tail_order=3))]
+                                  dict(dkdv_tail_cols=128, dkdv_tail_order=3), dict(dkdv_full_first=False))]
         return with_qmajor(base) + tails_qm
     if group == "dq":
         # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and

@@ -82,7 +82,12 @@ Session 28 (H200, ``experiments/results/h200/session28/``, through the harness, 
 launch config, timed back to back): the tails query-major at 64 query rows on their own 4 warps (``dkdv_tail_cols``
 64) +0.3 to +1.4 % (7 of 8, both orders), the default since; 128 rows on 8 warps even; the tails in the main launch
 3-4 % behind. Variable blocks, both sides in one harness call: 0.803 / 0.801x uniform at 32K, 0.790 / 0.786x at
-64K (densities 0.3 / 0.5).
+64K (densities 0.3 / 0.5). Session 29 (H200, ``experiments/results/h200/session29/``): the dK/dV lists' whole
+contiguous entries first, walked as uniform blocks' even, unpacked steps with the stats by TMA boxes
+(``dkdv_full_first``, ``block_sparse_tables`` ``full_first``: 440 instructions a main step against 661; session 21's
+unmasked full entries, on the 64 x 64 tile and with the stats by pointers, had changed nothing): +2.9 to +4.8 %
+through the harness in both orders, **0.836 / 0.832x uniform at 32K, 0.814 / 0.816x at 64K**; the same split of the
+dQ lists (``dq_full_first``) lost 3-6 % and is not a default.
 
 Kernels
 -------
@@ -208,6 +213,15 @@ LN2 = 0.6931471805599453
 #: ``dq_short_keys``: 0, or a key count below ``DQ_BLOCK_N``: the dQ pass walks each list's entries of at most
 #: that many keys (a key run's remainder) after the others, in tiles of that many keys (``block_sparse_tables``
 #: ``short_cols``; unpacked lists read entry by entry, two-kernel layout); the same sums in another order.
+#: ``dkdv_full_first``: the dK/dV tables (main and tail) put each list's whole contiguous query entries first
+#: (``block_sparse_tables`` ``full_first``) and the kernel walks them as an even, unpacked list (no row masks or
+#: per-row selects, the stats by TMA boxes with ``dkdv_stats_tma``), the rest through the packed path; the same sums
+#: in another order. Only changes ragged (variable-block) lists; head-major loop, entry by entry, two-kernel layout.
+#: ``dq_full_first``: the same for the dQ tables (and their tails): whole contiguous key entries first, walked
+#: without the key mask; unpacked lists read entry by entry, no ``dq_skew``, two-kernel layout. Not a default: on
+#: variable blocks (sm_90a 296 instructions a step against 374) the backward lost 3-6 % (H200, session 29 call 1:
+#: 325.9 / 326.7 / 319.4 / 319.3 -> 315.0 / 318.0 / 299.3 / 303.1 TFLOP/s; with ``dkdv_full_first`` as well 326.1 /
+#: 330.8 / 307.1 / 312.6 against its 337.3 / 342.0 / 328.8 / 329.0): the dQ pass was not bound by its issue slots.
 CONFIG_KEYS = (
     "BLOCK_M", "BLOCK_N", "HEADS", "num_warps", "num_stages", "warp_specialize",
     "DQ_BLOCK_M", "DQ_BLOCK_N", "DQ_HEADS", "dq_num_warps", "dq_num_stages",
@@ -216,7 +230,7 @@ CONFIG_KEYS = (
     "list_chunk", "dkdv_list_chunk", "dq_list_chunk", "pack_list", "dq_pack_list", "dkdv_pack_list",
     "tail_rows", "dq_tail_rows", "dkdv_tail_rows", "bwd_streams", "dkdv_pattern_order", "dkdv_stats_tma",
     "dq_skew", "dq_short_keys", "dkdv_tail_warps", "dkdv_tail_order", "order_by_steps", "dkdv_tail_cols",
-    "dkdv_qmajor",
+    "dkdv_qmajor", "dkdv_full_first", "dq_full_first",
 )
 
 #: each pass's packing key
@@ -305,9 +319,16 @@ VARBLOCK_DQ_STACK = max(VARBLOCK_DQ)
 #: 316.0 / 318.6 (ahead in 7 of 8, +0.3 to +1.4 %). Not kept: 128 rows a step on 8 warps (320.0 / 322.0 / 309.7 /
 #: 313.1) and those tails in the main launch after their block's last main tile (``dkdv_tail_order`` 3: 312.4 /
 #: 310.8 / 299.9 / 302.1, 3-4 % behind; its programs lengthen the one-CTA-an-SM main launch).
+#: Session 29 (H200, ``experiments/results/h200/session29/``): each list's whole contiguous query entries first,
+#: walked as uniform blocks' even, unpacked steps with their stats by TMA boxes (``dkdv_full_first``; sm_90a: 440
+#: instructions a main step against 661, the 64-key tails' 412 against 527), the rest (entries crossing into the next
+#: run, a list's short last one) through the packed path. Through the harness, checked, back to back, TFLOP/s at 32K
+#: 0.3 / 32K 0.5 / 64K 0.3 / 64K 0.5, two calls in the two orders: 325.9 / 326.7 / 319.4 / 319.3 -> 337.3 / 342.0 /
+#: 328.8 / 329.0, and 322.9 / 328.5 / 317.7 / 319.9 -> 338.3 / 344.2 / 330.4 / 331.8 (+2.9 to +4.8 %, every case):
+#: 0.836 / 0.832 / 0.814 / 0.816x uniform block 128 in the same session.
 VARBLOCK_DKDV = dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8, dkdv_num_stages=3, dkdv_tail_rows=64,
                      dkdv_sweep=0, dkdv_list_chunk=0, dkdv_pattern_order=True, dkdv_stats_tma=True, dkdv_tail_order=2,
-                     dkdv_tail_cols=64)
+                     dkdv_tail_cols=64, dkdv_full_first=True)
 
 
 def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> dict:
@@ -320,7 +341,7 @@ def default_config(mask, head_dim: int, dq_stack: int = VARBLOCK_DQ_STACK) -> di
             "dq_skew": False, "dq_short_keys": 0, "pack_list": False,
             "dq_pack_list": True, "dkdv_pack_list": True, "tail_rows": 0, "dq_tail_rows": 0, "dkdv_tail_rows": 0,
             "dkdv_tail_warps": 4, "dkdv_tail_order": 0, "order_by_steps": False, "dkdv_tail_cols": 0,
-            "dkdv_qmajor": False,
+            "dkdv_qmajor": False, "dkdv_full_first": False, "dq_full_first": False,
             **with_one_launch_defaults(_tile_config(mask, head_dim, dq_stack))}
 
 
@@ -426,6 +447,7 @@ _SPEC = ConfigSpec("block-sparse", CONFIG_KEYS,
                    pack_keys=("HEADS", "DQ_HEADS", "DKDV_HEADS"),
                    bool_keys=("warp_specialize", "one_launch", "dkdv_head_outer", "bwd_streams",
                               "dkdv_pattern_order", "dkdv_stats_tma", "dq_skew", "order_by_steps", "dkdv_qmajor",
+                              "dkdv_full_first", "dq_full_first",
                               *PACK_KEYS.values()),
                    tuned_name=lambda mask: "triton-sparse" if _mask_block(mask) else "triton-varblock")
 
@@ -477,6 +499,12 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         # a config that walks the dQ lists another way (or in tiles no larger) keeps every entry in its own tile,
         # as it was written
         base["dq_short_keys"] = 0
+    if overlay and "dkdv_full_first" not in overlay and base["dkdv_full_first"] and (
+            overlay.get("dkdv_sweep") or overlay.get("dkdv_list_chunk") or overlay.get("one_launch")
+            or overlay.get("dkdv_tail_order") == 3):
+        # a config that walks the dK/dV lists another way (the sweep, chunks, one launch, the tails in the main
+        # launch) walks them in one part, as it was written
+        base["dkdv_full_first"] = False
     cfg = check_bwd_layout(_resolve(_SPEC, base, overlay or {}), "block-sparse attention")
     cfg = check_dkdv_sweep(cfg, "block-sparse attention")
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
@@ -505,6 +533,17 @@ def resolve_config(mask, head_dim: int, config: Optional[dict] = None, *, q=None
         raise ValueError("block-sparse attention: config['dkdv_tail_order'] 3 (the dK/dV tails in the main dK/dV "
                          "launch) needs the two-kernel layout's head-major dK/dV loop: one_launch=False and "
                          f"dkdv_sweep=0 (got {cfg['one_launch']}, {cfg['dkdv_sweep']})")
+    if cfg["dkdv_full_first"] and (cfg["one_launch"] or cfg["dkdv_sweep"] or cfg["dkdv_list_chunk"]
+                                   or cfg["dkdv_tail_order"] == 3):
+        raise ValueError("block-sparse attention: config['dkdv_full_first'] walks the dK/dV lists in two parts in the "
+                         "two-kernel layout's head-major loop, entry by entry: it needs one_launch=False, dkdv_sweep=0, "
+                         f"dkdv_list_chunk=0 and dkdv_tail_order != 3 (got {cfg['one_launch']}, {cfg['dkdv_sweep']}, "
+                         f"{cfg['dkdv_list_chunk']}, {cfg['dkdv_tail_order']})")
+    if cfg["dq_full_first"] and (cfg["one_launch"] or cfg["dq_list_chunk"] or cfg["dq_pack_list"] or cfg["dq_skew"]):
+        raise ValueError("block-sparse attention: config['dq_full_first'] walks unpacked dQ lists entry by entry in the "
+                         "two-kernel layout: it needs one_launch=False, dq_list_chunk=0, dq_pack_list=False and "
+                         f"dq_skew=False (got {cfg['one_launch']}, {cfg['dq_list_chunk']}, {cfg['dq_pack_list']}, "
+                         f"{cfg['dq_skew']})")
     if cfg["dkdv_qmajor"] and cfg["one_launch"]:
         raise ValueError("block-sparse attention: config['dkdv_qmajor'] (query-major dK/dV scores) is a key of the "
                          "two-kernel layout's dK/dV kernel: it needs one_launch=False")
@@ -565,15 +604,16 @@ def tables_for(mask, cfg: dict, device) -> dict:
         major, tail = "k" if name == "dkdv" else "q", int(cfg[TAIL_KEYS[name]])
         short = int(cfg["dq_short_keys"]) if name == "dq" else 0
         steps = bool(cfg["order_by_steps"]) and name != "fwd"
+        full = name != "fwd" and bool(cfg[name + "_full_first"])
         out[name] = get_side_tables(mask, major, *ts[name], device, pack[name], "big" if tail else "all", tail, short,
-                                    steps)
+                                    steps, full)
         if tail and name == "dkdv" and int(cfg["dkdv_tail_order"]) == 3:
             # the tails in the main launch: the tail table carries both tables' order (merge_tails)
             out[name + "_tail"] = get_merged_tail(mask, major, *ts[name], tail_cols(cfg, name), device, pack[name],
                                                   tail, short, steps)
         elif tail:
             out[name + "_tail"] = get_side_tables(mask, major, ts[name][0], tail_cols(cfg, name), device, pack[name],
-                                                  "tail", tail, short, steps)
+                                                  "tail", tail, short, steps, full)
     return out
 
 
@@ -656,7 +696,7 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     # entries (uniform blocks; on variable blocks' packed lists the per-row selects cost more than the boxes save:
     # H100, session 22), not in the one-launch kernel (its dQ programs read lse itself)
     def full_entries(t: SideTables) -> bool:
-        return t.even_cols and not t.packed
+        return (t.even_cols and not t.packed) or t.full_first  # full_first: the boxes on its full part
 
     stats_tma = (bool(cfg.get("dkdv_stats_tma", False)) and "dkdv" in passes and full_entries(tables["dkdv"])
                  and _stack(cfg["DKDV_HEADS"], group, hpp) == 1
@@ -675,17 +715,21 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
     pattern_order = bool(cfg.get("dkdv_pattern_order", False)) and hpp % group == 0
 
     def launch_dkdv(tk: SideTables, heads: int, warps: int, qmajor: bool = False):
-        tma = stats_tma and heads == 1 and full_entries(tk)  # per table: a tail table of its own may not be
+        # per table: a tail table of its own may not be full; query-major steps hold their rows' stats as two values
+        # a thread, which the pointers load for less than a box costs (sm_90a: 408 against 431 instructions a step,
+        # uniform block 64; 412 / 455 on variable blocks' 64-key tails)
+        tma = stats_tma and heads == 1 and full_entries(tk) and not qmajor
         block_sparse_bwd_dkdv_kernel[(tk.num_tiles * b * hkv,)](
-            q, k, v, dout, stats if tma else lse, delta, dk, dv,
+            q, k, v, dout, lse, delta, dk, dv,
             *_bsh_strides(q, k, v, dout, dk, dv),
             *tk.lists(),
             softmax_scale, qk_scale,
             sq, sk, tk.num_row_blocks, b * hkv, hq, hkv, group, hpp,
             **dims, BLOCK_M=tk.tile_cols, BLOCK_N=tk.tile_rows, HEADS=heads,
             EVEN_M=tk.even_cols, SWEEP=sweep, HEAD_OUTER=head_outer, LIST_CHUNK=cfg["dkdv_list_chunk"],
-            PACKED=tk.packed, PATTERN_ORDER=pattern_order, STATS_TMA=tma, QMAJOR=qmajor, num_warps=warps,
-            num_stages=cfg["dkdv_num_stages"],
+            PACKED=tk.packed, PATTERN_ORDER=pattern_order, STATS_TMA=tma, QMAJOR=qmajor,
+            Stats=stats if tma else None, COL_FULL=tk.col_full,
+            FULL_FIRST=tk.full_first, num_warps=warps, num_stages=cfg["dkdv_num_stages"],
         )
 
     def launch_dkdv_merged(tk: SideTables, tt: SideTables):
@@ -714,8 +758,8 @@ def block_sparse_bwd(dout, q, k, v, out, lse, mask, tables: dict, softmax_scale:
             sq, sk, tq.num_row_blocks, num_packs, hq, group, hpp,
             **dims, BLOCK_M=tq.tile_rows, BLOCK_N=cfg["DQ_BLOCK_N"], HEADS=heads,
             EVEN_N=tq.even_cols, LIST_CHUNK=cfg["dq_list_chunk"], PACKED=tq.packed,
-            SKEW=bool(cfg["dq_skew"]) and not tq.packed, SHORT_N=tq.short_cols, num_warps=warps,
-            num_stages=cfg["dq_num_stages"],
+            SKEW=bool(cfg["dq_skew"]) and not tq.packed, SHORT_N=tq.short_cols, COL_FULL=tq.col_full,
+            FULL_FIRST=tq.full_first, num_warps=warps, num_stages=cfg["dq_num_stages"],
         )
 
     tk, tq = tables["dkdv"], tables["dq"]
@@ -803,9 +847,9 @@ BlockSparseAttentionFunction = attention_function(
 # ----------------------------------------------------------------------------------------------
 
 #: per pass, the main table's 9 lists (row_start, row_end, row_block, order, ptr, col_start, col_end,
-#: col_next, col_count) and its col_split (empty without one), then its tail table's (``_op_lists``: row
-#: lists empty when the pass has none)
-_TABLE_LEN = 20
+#: col_next, col_count), its col_split and col_full (each empty without one), then its tail table's
+#: (``_op_lists``: row lists empty when the pass has none)
+_TABLE_LEN = 22
 
 
 class _Patterns:
@@ -817,14 +861,15 @@ class _Patterns:
 
 def _tables_from_tensors(ts, tile_rows: int, tile_cols: int, num_patterns: int, even_cols, packed,
                          short_cols: int = 0) -> SideTables:
-    row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count, col_split = ts
+    row_start, row_end, row_block, order, ptr, col_start, col_end, col_next, col_count, col_split, col_full = ts
     split = col_split.numel() > 0  # an empty one: no short entries split off (_op_lists)
     return SideTables(tile_rows=int(tile_rows), tile_cols=int(tile_cols),
                       num_row_blocks=(ptr.shape[0] - 1) // num_patterns, num_patterns=num_patterns,
                       row_start=row_start, row_end=row_end, row_block=row_block, order=order, ptr=ptr,
                       col_start=col_start, col_end=col_end, col_next=col_next, col_count=col_count,
                       even_rows=False, even_cols=bool(even_cols), build_ms=0.0, packed=bool(packed),
-                      short_cols=int(short_cols) if split else 0, col_split=col_split if split else None)
+                      short_cols=int(short_cols) if split else 0, col_split=col_split if split else None,
+                      col_full=col_full if col_full.numel() > 0 else None)
 
 
 def _cfg_to_list(cfg: dict) -> list[int]:
@@ -852,16 +897,16 @@ def op_meta(tables: dict, num_patterns: int) -> list[int]:
 
 def _op_lists(tables: dict, name: str) -> list[torch.Tensor]:
     """Pass ``name``'s main and tail tables as the ops carry them: each table's ``lists()`` and its
-    ``col_split`` (empty where it has none), ten tensors a table."""
+    ``col_split`` and ``col_full`` (each empty where it has none), eleven tensors a table."""
     main = tables[name]
     tail = tables.get(name + "_tail")
     if tail is None:  # no tail tiles: empty row lists, the launch is skipped
         tail = main.without_rows()
 
-    def split(t: SideTables) -> torch.Tensor:
-        return t.ptr[:0] if t.col_split is None else t.col_split
+    def splits(t: SideTables) -> list[torch.Tensor]:
+        return [t.ptr[:0] if x is None else x for x in (t.col_split, t.col_full)]
 
-    return main.lists() + [split(main)] + tail.lists() + [split(tail)]
+    return main.lists() + splits(main) + tail.lists() + splits(tail)
 
 
 def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
@@ -872,8 +917,8 @@ def _op_tables(c: dict, meta, fwd=None, dq=None, dkdv=None) -> dict:
         if lists is not None:
             even, packed = meta[1 + 2 * i], meta[2 + 2 * i]
             short = c["dq_short_keys"] if name == "dq" else 0
-            out[name] = _tables_from_tensors(lists[:10], *ts[name], P, even, packed, short)
-            tail = _tables_from_tensors(lists[10:], c[TAIL_KEYS[name]] or ts[name][0], tail_cols(c, name), P,
+            out[name] = _tables_from_tensors(lists[:11], *ts[name], P, even, packed, short)
+            tail = _tables_from_tensors(lists[11:], c[TAIL_KEYS[name]] or ts[name][0], tail_cols(c, name), P,
                                         meta[7 + 2 * i], meta[8 + 2 * i], short)
             if tail.num_tiles:
                 out[name + "_tail"] = tail

@@ -134,7 +134,7 @@ def _dkdv_program(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
     PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, STATS_TMA: tl.constexpr = False,
-    QMAJOR: tl.constexpr = False,
+    QMAJOR: tl.constexpr = False, Stats=None, COL_FULL=None, FULL_FIRST: tl.constexpr = False,
 ):
     """dK/dV program ``pid`` (one key sub-tile of one KV head). ``SWEEP`` as in the dense kernel
     (``dense_bwd._dkdv_program``): 0 head-major, 1 row-major, 2 row-major descending.
@@ -151,7 +151,12 @@ def _dkdv_program(
     rate 10 % in this kernel, 73 % in Flex's backward, whose grid has the head slowest).
 
     ``STATS_TMA`` (config ``dkdv_stats_tma``; the launcher passes it only with one head a tile and full,
-    unpacked entries): each step's lse / delta by one TMA box (``core.stats_desc``)."""
+    unpacked entries, or with ``FULL_FIRST``): each full step's lse / delta by one TMA box of ``Stats``
+    (``core.stats_desc``).
+
+    ``FULL_FIRST`` (config ``dkdv_full_first``; a table built with ``full_first``, ``COL_FULL`` its ``col_full``):
+    each list's whole contiguous entries, first in the list, run as an even, unpacked list's steps (no row
+    masks, no per-row selects, the stats by box), the rest through the packed / ragged path."""
     tile, b, h_kv = _key_tile_at(pid, ORDER, num_key_tiles, num_bkv, num_heads_kv, group_size, heads_per_pattern,
                                  HEAD_OUTER, PATTERN_ORDER)
     _dkdv_tile(
@@ -161,7 +166,7 @@ def _dkdv_program(
         ROW_START, ROW_END, ROW_BLOCK, PTR, COL_START, COL_END, COL_NEXT, COL_COUNT,
         softmax_scale, qk_scale, Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size,
         heads_per_pattern, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP,
-        LIST_CHUNK, PACKED, STATS_TMA, QMAJOR)
+        LIST_CHUNK, PACKED, STATS_TMA, QMAJOR, Stats, COL_FULL, FULL_FIRST)
 
 
 @triton.jit
@@ -198,6 +203,7 @@ def _dkdv_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, LIST_CHUNK: tl.constexpr,
     PACKED: tl.constexpr, STATS_TMA: tl.constexpr, QMAJOR: tl.constexpr,
+    Stats=None, COL_FULL=None, FULL_FIRST: tl.constexpr = False,
 ):
     """The dK/dV of key tile ``tile`` of table (``ROW_START`` ...) for batch ``b``, KV head ``h_kv``
     (``_dkdv_program``'s body, after its program-to-tile map)."""
@@ -215,9 +221,13 @@ def _dkdv_tile(
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                               stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     # keys past n_end belong to the next block (or are zero fill past Sk): computed, never stored
+    # the full steps' stats: boxes of the [B * Hq, Sq, 4] rows (lse, delta, 0, 0), or the pointers
     if STATS_TMA:
-        # Lse is then the [B * Hq, Sq, 4] stats (lse, delta, 0, 0)
-        Lse = stats_desc(Lse, (num_bkv // num_heads_kv) * num_heads_q, Sq, BLOCK_M)
+        Full_lse = stats_desc(Stats, (num_bkv // num_heads_kv) * num_heads_q, Sq, BLOCK_M)
+    else:
+        Full_lse = Lse
+    if FULL_FIRST:
+        tl.static_assert(SWEEP == 0 and LIST_CHUNK == 0, "dkdv_full_first: the head-major loop, entry by entry")
     k = k_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DQK]
     v = v_desc.load([n_start, 0])  # [BLOCK_N, BLOCK_DV]
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], tl.float32)
@@ -245,8 +255,8 @@ def _dkdv_tile(
                                                     stride_qb, stride_qh, stride_db, stride_dh, num_heads_q, Sq)
             start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
             count = packed_count(e, e_hi, last, BLOCK_M)
-            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count, r_pos,
-                                offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
+            dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Full_lse, Delta, start, end, nxt, count,
+                                r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M, EVEN_QK,
                                 EVEN_V, PACKED, STATS_TMA, b * num_heads_q + h0, QMAJOR)
     else:
         # GQA: every query head of the group adds into the same dK/dV registers (no atomics)
@@ -258,13 +268,29 @@ def _dkdv_tile(
             e_lo = tl.load(PTR + pat * num_row_blocks + blk)
             e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
             last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
-            if LIST_CHUNK == 0:
-                for e in tl.range(e_lo, e_hi):
+            if FULL_FIRST:
+                # the whole contiguous entries: rows start .. start + BLOCK_M of one run, every one valid
+                e_mid = tl.load(COL_FULL + pat * num_row_blocks + blk)
+                for e in tl.range(e_lo, e_mid):
+                    start = tl.load(COL_START + e)
+                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Full_lse, Delta, start, start,
+                                        start, BLOCK_M, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
+                                        qk_scale, True, EVEN_QK, EVEN_V, False, STATS_TMA, b * num_heads_q + h0,
+                                        QMAJOR)
+                # the rest (entries crossing into the next run, the list's short last one): by pointers, masked
+                for e in tl.range(e_mid, e_hi):
                     start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
                     count = packed_count(e, e_hi, last, BLOCK_M)
                     dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt, count,
                                         r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale, EVEN_M,
-                                        EVEN_QK, EVEN_V, PACKED, STATS_TMA, b * num_heads_q + h0, QMAJOR)
+                                        EVEN_QK, EVEN_V, PACKED, False, b * num_heads_q + h0, QMAJOR)
+            elif LIST_CHUNK == 0:
+                for e in tl.range(e_lo, e_hi):
+                    start, end, nxt = entry_at(COL_START, COL_END, COL_NEXT, e, EVEN_M, PACKED)
+                    count = packed_count(e, e_hi, last, BLOCK_M)
+                    dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Full_lse, Delta, start, end, nxt,
+                                        count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds, qk_scale,
+                                        EVEN_M, EVEN_QK, EVEN_V, PACKED, STATS_TMA, b * num_heads_q + h0, QMAJOR)
             else:
                 # the query list in register chunks, as in _dq_program: the q / dO loads then depend
                 # on no load of their own loop and are prefetched num_stages - 1 steps ahead
@@ -274,8 +300,8 @@ def _dkdv_tile(
                     for j in tl.range(0, tl.minimum(e_hi - c0, LIST_CHUNK)):
                         start, end, nxt = entry_pick(starts, ends, nxts, j, LIST_CHUNK, EVEN_M, PACKED)
                         count = packed_count(c0 + j, e_hi, last, BLOCK_M)
-                        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Lse, Delta, start, end, nxt,
-                                            count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
+                        dk, dv = _dkdv_step(dk, dv, k, v, q_rows, do_rows, stat_rows, Full_lse, Delta, start, end,
+                                            nxt, count, r_pos, offs_dqk, dqk_ok, offs_dv, dv_ok, stride_qs, stride_ds,
                                             qk_scale, EVEN_M, EVEN_QK, EVEN_V, PACKED, STATS_TMA,
                                             b * num_heads_q + h0, QMAJOR)
 
@@ -344,12 +370,13 @@ def _dq_program(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
-    COL_SPLIT=None, SHORT_N: tl.constexpr = 0,
+    COL_SPLIT=None, SHORT_N: tl.constexpr = 0, COL_FULL=None, FULL_FIRST: tl.constexpr = False,
 ):
     """dQ program ``pid`` (one row tile of ``HEADS`` stacked query heads). ``SHORT_N`` (config
     ``dq_short_keys``; ``COL_SPLIT`` the table's ``col_split``): each list's entries from ``COL_SPLIT``
     on hold at most ``SHORT_N`` keys (``block_sparse_tables``) and are walked after the others in
-    ``[SHORT_N]``-key tiles."""
+    ``[SHORT_N]``-key tiles. ``FULL_FIRST`` (config ``dq_full_first``; ``COL_FULL`` the table's ``col_full``):
+    each list's whole contiguous entries, first, are walked as an even list's (no key mask), the rest as before."""
     b, h0, h_kv, pat, head, pos, row_ok, blk = _pack_program_at(
         pid, ROW_START, ROW_END, ROW_BLOCK, ORDER, num_packs, num_heads_q, group_size, heads_per_pattern,
         BLOCK_M, HEADS)
@@ -384,6 +411,17 @@ def _dq_program(
     e_lo = tl.load(PTR + pat * num_row_blocks + blk)
     e_hi = tl.load(PTR + pat * num_row_blocks + blk + 1)
     last = last_count(COL_COUNT, e_lo, e_hi, PACKED)
+    if FULL_FIRST:
+        tl.static_assert(LIST_CHUNK == 0 and not PACKED and not SKEW,
+                         "dq_full_first: unpacked lists read entry by entry, no dq_skew")
+        # the whole contiguous entries: BLOCK_N keys from start, no mask
+        e_full = tl.load(COL_FULL + pat * num_row_blocks + blk)
+        for e in tl.range(e_lo, e_full):
+            start_n = tl.load(COL_START + e)
+            dq, ds, prev = _dq_step(dq, ds, prev, q, do, lse2, delta, k_src, v_src, stride_ks, stride_vs, start_n,
+                                    start_n, start_n, BLOCK_N, offs_dqk, dqk_ok, offs_dv, dv_ok, qk_scale, BLOCK_N,
+                                    True, False, EVEN_QK, EVEN_V, False)
+        e_lo = e_full
     if SHORT_N > 0:
         tl.static_assert(LIST_CHUNK == 0 and not PACKED and not SKEW,
                          "short key entries: unpacked lists read entry by entry, no dq_skew")
@@ -450,9 +488,10 @@ def block_sparse_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_M: tl.constexpr, SWEEP: tl.constexpr, HEAD_OUTER: tl.constexpr, LIST_CHUNK: tl.constexpr,
     PACKED: tl.constexpr, PATTERN_ORDER: tl.constexpr = False, STATS_TMA: tl.constexpr = False,
-    QMAJOR: tl.constexpr = False,
+    QMAJOR: tl.constexpr = False, Stats=None, COL_FULL=None, FULL_FIRST: tl.constexpr = False,
 ):
-    """Key-major dK/dV (grid: key sub-tiles x B x Hkv)."""
+    """Key-major dK/dV (grid: key sub-tiles x B x Hkv). ``Stats``: the preprocess's ``[B * Hq, Sq, 4]`` rows
+    (with ``STATS_TMA``); ``COL_FULL``: the table's ``col_full`` (with ``FULL_FIRST``, ``_dkdv_program``)."""
     _dkdv_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -462,7 +501,7 @@ def block_sparse_bwd_dkdv_kernel(
         Sq, Sk, num_row_blocks, num_bkv, num_heads_q, num_heads_kv, group_size, heads_per_pattern,
         tl.num_programs(0) // num_bkv,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_M, SWEEP, HEAD_OUTER,
-        LIST_CHUNK, PACKED, PATTERN_ORDER, STATS_TMA, QMAJOR)
+        LIST_CHUNK, PACKED, PATTERN_ORDER, STATS_TMA, QMAJOR, Stats, COL_FULL, FULL_FIRST)
 
 
 @triton.jit
@@ -530,10 +569,11 @@ def block_sparse_bwd_dq_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr,
     EVEN_N: tl.constexpr, LIST_CHUNK: tl.constexpr, PACKED: tl.constexpr, SKEW: tl.constexpr = False,
-    SHORT_N: tl.constexpr = 0,
+    SHORT_N: tl.constexpr = 0, COL_FULL=None, FULL_FIRST: tl.constexpr = False,
 ):
     """Query-major dQ (grid: row tiles x head packs); ``SKEW``: each step's ``dS K`` issued in the next step
-    (``core.dq_skewed_scores``); ``SHORT_N``: short entries last, in their own tiles (``_dq_program``)."""
+    (``core.dq_skewed_scores``); ``SHORT_N``: short entries last, in their own tiles; ``FULL_FIRST``: whole
+    entries first, unmasked (``_dq_program``)."""
     _dq_program(
         tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -542,7 +582,7 @@ def block_sparse_bwd_dq_kernel(
         softmax_scale, qk_scale,
         Sq, Sk, num_row_blocks, num_packs, num_heads_q, group_size, heads_per_pattern,
         HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HEADS, EVEN_N, LIST_CHUNK, PACKED, SKEW,
-        COL_SPLIT, SHORT_N)
+        COL_SPLIT, SHORT_N, COL_FULL, FULL_FIRST)
 
 
 @triton.jit

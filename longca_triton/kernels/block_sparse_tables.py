@@ -49,6 +49,14 @@ part in its original order), and ``col_split[l]`` is list ``l``'s first short en
 has none): a kernel walks the long entries with ``tile_cols`` tiles and the short ones with
 ``short_cols`` tiles, so a remainder of at most ``short_cols`` keys wastes less than ``short_cols``.
 
+Full entries first (``full_first``, ragged lists, packed or not; variable blocks' dK/dV passes): a list's entries
+that are one contiguous whole tile (``end - start == tile_cols``: inside one run, every column valid) come before
+the others (each part in its original order), and ``col_full[l]`` is where the rest starts. A kernel walks the
+first part as it walks an even, unpacked list (no row masks, contiguous rows: the stats by a TMA box) and only the
+rest through the packed / ragged path. The rest keeps the list's last entry last, so ``core.packed_count``'s rule
+(only a list's last entry may be short) still holds. With ``short_cols`` too, the short entries stay last: whole
+entries, then the other long ones, then the short ones (``col_full <= col_split``).
+
 Key-major (dK/dV) is the same construction on the transposed map: key blocks cut into sub-tiles of
 keys, and per (pattern, key block) the runs of kept *query* blocks cut into sub-tiles of queries.
 
@@ -98,6 +106,12 @@ class SideTables:
     packed: bool = False  # column tiles may cross from one run of kept blocks into the next
     short_cols: int = 0  # with col_split: entries of at most this many columns last in each list
     col_split: Optional[torch.Tensor] = None  # [P * num_row_blocks]  first short entry of each list
+    col_full: Optional[torch.Tensor] = None  # [P * num_row_blocks]  first entry that is not one whole contiguous tile
+
+    @property
+    def full_first(self) -> bool:
+        """Whether each list's whole contiguous entries come first (``col_full``)."""
+        return self.col_full is not None
 
     @property
     def num_tiles(self) -> int:
@@ -176,7 +190,8 @@ def _row_pieces(rb, tile_rows: int, part: str, tail_rows: int):
 
 def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows: int,
                       tile_cols: int, device, pack_cols: bool = False, part: str = "all",
-                      tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False) -> SideTables:
+                      tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False,
+                      full_first: bool = False) -> SideTables:
     """Tables for programs owning row tiles of ``tile_rows`` and looping over column tiles.
 
     ``row_bounds [R+1]``, ``col_bounds [C+1]`` (ints), ``block_map [P, R, C]`` bool (any device).
@@ -187,7 +202,8 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     the tail table's ``tile_rows`` is ``tail_rows``. ``short_cols`` (``0 < short_cols < tile_cols``): each
     list's entries of at most that many columns last, ``col_split`` where they start (module docstring);
     a packed table ignores it (only its lists' last entries are short). ``by_steps``: ``order`` by each tile's
-    list entries alone (module docstring).
+    list entries alone (module docstring). ``full_first``: each list's contiguous whole-tile entries first,
+    ``col_full`` where the others start (module docstring); an even table ignores it (every entry is whole).
     """
     if short_cols and not 0 < short_cols < tile_cols:
         raise ValueError(f"short_cols must be 0 or in (0, tile_cols={tile_cols}); got {short_cols}")
@@ -227,16 +243,28 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         counts.index_add_(0, run_row, pieces)
     ptr = torch.zeros(P * R + 1, dtype=torch.int64, device=dev)
     ptr[1:] = torch.cumsum(counts, 0)
-    col_split = None
-    if short_cols and not packed:
-        # entries are grouped by list already (runs come in list order): a stable sort on (list, short)
-        # moves each list's short entries behind its long ones
+    col_split = col_full = None
+    split = bool(short_cols and not packed)
+    full_first = bool(full_first and not even_cols)
+    if split or full_first:
+        # entries are grouped by list already (runs come in list order): a stable sort on (list, part) moves each
+        # list's short entries behind its long ones, and (full_first) its whole contiguous entries before the rest
         owner = torch.repeat_interleave(torch.arange(P * R, device=dev), counts, output_size=int(col_start.numel()))
-        short = (col_end - col_start) <= short_cols  # [E]
-        perm = torch.argsort(owner * 2 + short.to(owner.dtype), stable=True)
+        width = col_end - col_start  # [E]: a packed entry's first run piece
+        short = (width <= short_cols) if split else torch.zeros_like(width, dtype=torch.bool)  # [E]
+        # not whole: crosses into the next run, or is short (a run's remainder, a packed list's last entry)
+        rest = (width != tile_cols) if full_first else torch.zeros_like(short)  # [E]
+        part = rest.to(owner.dtype) + short.to(owner.dtype)  # 0 whole, 1 the other long ones, 2 short
+        perm = torch.argsort(owner * 3 + part, stable=True)
         col_start, col_end, col_next, col_count = (t[perm] for t in (col_start, col_end, col_next, col_count))
-        num_long = torch.zeros(P * R, dtype=torch.int64, device=dev).index_add_(0, owner, (~short).to(torch.int64))
-        col_split = ptr[:-1] + num_long
+
+        def first_of(before):  # [P * R]: each list's first entry past those flagged ``before``
+            return ptr[:-1] + torch.zeros(P * R, dtype=torch.int64, device=dev).index_add_(0, owner,
+                                                                                           before.to(torch.int64))
+        if split:
+            col_split = first_of(~short)
+        if full_first:
+            col_full = first_of(~rest)
     work = counts.view(P, R)[:, row_blocks]  # [P, T]: per pattern and row tile, its steps
     if not by_steps:
         work = work * (row_end - row_start)  # ... times its valid rows
@@ -250,7 +278,7 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
         ptr=i32(ptr), col_start=i32(col_start), col_end=i32(col_end), col_next=i32(col_next),
         col_count=i32(col_count), even_rows=bool(np.all(rsz % tile_rows == 0)), even_cols=even_cols,
         build_ms=0.0, packed=packed, short_cols=int(short_cols) if col_split is not None else 0,
-        col_split=None if col_split is None else i32(col_split),
+        col_split=None if col_split is None else i32(col_split), col_full=None if col_full is None else i32(col_full),
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -295,9 +323,10 @@ _CACHE = PlanCache(64)
 
 
 def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pack_cols: bool = False,
-                    part: str = "all", tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False) -> SideTables:
+                    part: str = "all", tail_rows: int = 0, short_cols: int = 0, by_steps: bool = False,
+                    full_first: bool = False) -> SideTables:
     """Cached tables for ``mask`` (``major`` = "q" for forward/dQ, "k" for dK/dV; ``pack_cols``,
-    ``part``, ``tail_rows``, ``short_cols`` and ``by_steps`` as in ``build_side_tables``).
+    ``part``, ``tail_rows``, ``short_cols``, ``by_steps`` and ``full_first`` as in ``build_side_tables``).
 
     The cache keeps the mask object alive with its entry, so its ``id`` cannot be reused meanwhile.
     """
@@ -307,29 +336,32 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     def build(dev):
         if major == "q":
             return build_side_tables(mask.q_block_bounds, mask.k_block_bounds, mask.block_map,
-                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps)
+                                     tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps,
+                                     full_first)
         return build_side_tables(mask.k_block_bounds, mask.q_block_bounds, mask.block_map.transpose(1, 2).contiguous(),
-                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps)
+                                 tile_rows, tile_cols, dev, pack_cols, part, tail_rows, short_cols, by_steps,
+                                 full_first)
 
     key = (major, int(tile_rows), int(tile_cols), bool(pack_cols), part, int(tail_rows), int(short_cols),
-           bool(by_steps))
+           bool(by_steps), bool(full_first))
     return _CACHE.get(mask, key, device, build)
 
 
 def get_merged_tail(mask, major: str, tile_rows: int, tile_cols: int, tail_cols: int, device, pack_cols: bool,
-                    tail_rows: int, short_cols: int = 0, by_steps: bool = False) -> SideTables:
+                    tail_rows: int, short_cols: int = 0, by_steps: bool = False,
+                    full_first: bool = False) -> SideTables:
     """Cached ``merge_tails`` of ``mask``'s ``"big"`` table (``tile_cols``) and its ``"tail"`` table
     (``tail_cols``), both as ``get_side_tables`` builds them."""
 
     def build(dev):
         main = get_side_tables(mask, major, tile_rows, tile_cols, dev, pack_cols, "big", tail_rows, short_cols,
-                               by_steps)
+                               by_steps, full_first)
         tail = get_side_tables(mask, major, tile_rows, tail_cols, dev, pack_cols, "tail", tail_rows, short_cols,
-                               by_steps)
+                               by_steps, full_first)
         return merge_tails(main, tail)
 
     key = ("merged", major, int(tile_rows), int(tile_cols), int(tail_cols), bool(pack_cols), int(tail_rows),
-           int(short_cols), bool(by_steps))
+           int(short_cols), bool(by_steps), bool(full_first))
     return _CACHE.get(mask, key, device, build)
 
 
