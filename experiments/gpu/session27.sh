@@ -64,17 +64,12 @@ case "${1:-}" in
   ratios)
     # issue 13's variable-block ratio through the harness for the default and each tail config (a backend named
     # with its launch config, session 28), each timed back to back (--sequential: the harness's time_fn)
-    mapfile -t NAMES < <(python3 -c "import json, sys
-from longca_triton.adapters.base import config_name
-print('triton-varblock')
-for c in json.loads(sys.argv[1]).values(): print(config_name('triton-varblock', c))" "$TAILS")
+    mapfile -t NAMES < <(config_names "$TAILS")
     sparse128 150 uni Hkv triton-sparse 2>&1 | tail -6
     # --check: every config against the float32 reference before its timing (varblock.toml skips the check)
     varblock256 420 var "$(IFS=,; echo "${NAMES[*]}")" --sequential --check 2>&1 | tail -8
     tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
-    for b in "${NAMES[@]}"; do
-      python experiments/gpu/issue13_targets.py "$OUT/ratios.tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"
-    done
+    ratios_of "$OUT/ratios.tgz" "${NAMES[@]}"
     ;;
   final)
     varblock_ratio

@@ -52,3 +52,17 @@ for l in open('$OUT/$f/timer_bias.jsonl'):
     r = json.loads(l); d[(r['timer'], r['variant'])].append(r['tflops'])
 for (t, v), x in sorted(d.items()): print('$f', t, v, ' '.join(f'{y:.1f}' for y in x))"; done
 }
+config_names() {  # $1: launch configs (JSON, name -> config): the variable-block default's backend name, then each
+  # config's (adapters.base.config_name), one a line
+  python3 -c "import json, sys
+from longca_triton.adapters.base import config_name
+print('triton-varblock')
+for c in json.loads(sys.argv[1]).values(): print(config_name('triton-varblock', c))" "$1"
+}
+ratios_of() {  # $1: a tarball of uni/ and var/, then backend names: each one's variable-vs-uniform-128 rows
+  local tgz=$1
+  shift
+  for b in "$@"; do
+    python experiments/gpu/issue13_targets.py "$tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"
+  done
+}
