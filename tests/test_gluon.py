@@ -9,9 +9,11 @@ memory the host expects. Numerics: ``tests/test_gluon_gpu.py`` (``-m gpu``).
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1511,3 +1513,17 @@ def test_mixed_backward_bwd_streams_order(streams, monkeypatch):
                 cfg, bwd_cfg=bcfg)
     want = [("side_stream", True), ("dkdv", False), ("dq", True)] if streams else [("dq", False), ("dkdv", False)]
     assert events == want
+
+
+def test_gluon_shape_probe_names_the_power_of_two_limit():
+    """``experiments/cpu_gluon_shape_probe.py`` (issue 17's exact-width lead): the pinned Triton's Gluon compiles a
+    ``[64, 64]`` and a ``[64, 128]`` wgmma accumulator for sm_90a and refuses FA3's ``[64, 96]`` P V width with the
+    frontend's power-of-two error. If a Triton ever takes it, this fails: the lead in experiments/gpu/NEXT.md opens."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "experiments/cpu_gluon_shape_probe.py", "--n", "64,96,128"],
+                         capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = dict(ln.split(" accumulator: ", 1) for ln in res.stdout.splitlines() if " accumulator: " in ln)
+    assert lines["[64, 64]"] == "accepted" and lines["[64, 128]"] == "accepted"
+    assert lines["[64, 96]"].startswith("refused") and "power of 2" in lines["[64, 96]"], lines["[64, 96]"]
