@@ -658,14 +658,25 @@ def test_split_d_default_by_mask(name, d, want):
     # test_p_smem_default_on_dense_masks_at_d128)
     # (at 96 and 128 a mask below DENSE_THREE runs persistent with O's own buffers: 2 stages too,
     # test_persistent_defaults_and_rules)
+    # (session 29: the split tile runs three persistent consumers with register P and pv_sync, a 3-deep ring
+    # beside the third consumer's Q tile; with two consumers the 4-deep ring)
     dense_128 = d == 128 and mask.density >= G.DENSE_THREE
     persist = d in G.PERSIST_HEAD_DIMS and mask.density < (G.DENSE_THREE if d == 128 else G.PERSIST_BELOW)
-    assert cfg["num_stages"] == (4 if want else 2 if dense_128 or persist
+    assert cfg["num_stages"] == (3 if want else 2 if dense_128 or persist
                                  else G.default_config(d, torch.bfloat16)["num_stages"])
+    if want:
+        assert (cfg["consumers"], cfg["consumer_regs"], cfg["pv_sync"], cfg["persistent"], cfg["p_smem"]) == (
+            3, 160, True, True, False)
+        two = G.resolve_config(d, torch.bfloat16, dict(consumers=2), mask=mask)
+        assert (two["num_stages"], two["pv_sync"], two["persistent"], two["consumer_regs"]) == (4, False, False, 240)
+    else:
+        assert not cfg["pv_sync"]
     # and ping-pongs (measured +4 % full, +2 % causal at 16K, bwd_session12)
     assert cfg["pingpong"] is want
     padded = G.resolve_config(d, torch.bfloat16, dict(split_d=False), mask=mask)
     assert padded["split_d"] is False and padded["pingpong"] is False, "the padded tile keeps its defaults"
+    if want:  # ... and the split tile's three persistent consumers go with it
+        assert (padded["consumers"], padded["pv_sync"], padded["persistent"]) == (2, False, False)
     assert G.resolve_config(d, torch.bfloat16, dict(split_d=False, pingpong=True), mask=mask)["pingpong"]
 
 
@@ -1401,7 +1412,9 @@ def test_persistent_defaults_and_rules():
     assert G.resolve_config(64, bf, {"consumers": 2}, mask=sparse)["persistent"] is False
     for d, dv in ((80, 80), (192, 128), (256, 256)):
         assert G.resolve_config(d, bf, None, mask=sparse, head_dim_v=dv)["persistent"] is False
-    assert G.resolve_config(96, bf, None, mask=dense)["persistent"] is False  # causal: 128 only
+    # causal at 96: the split tile's three persistent consumers (session 29), not the sparse masks' launch
+    cfg = G.resolve_config(96, bf, None, mask=dense)
+    assert (cfg["persistent"], cfg["o_own"], cfg["consumers"], cfg["pv_sync"]) == (True, False, 3, True)
     assert G.resolve_config(64, bf, None, mask=dense)["persistent"] is False
     cfg = G.resolve_config(128, bf, {"consumers": 3, "p_smem": True}, mask=sparse)
     assert (cfg["persistent"], cfg["o_own"], cfg["consumer_regs"]) == (False, False, 160)
@@ -1454,13 +1467,17 @@ def test_o_in_p_and_snake_rules():
                          ids=lambda x: str(x))
 def test_autotune_forward_candidates(d, three):
     """The forward's autotune candidates: two consumers with P in registers everywhere, three with P in
-    registers at 64-wide tiles and through shared memory at 128-wide ones (the measured pairs), none at
-    256; every candidate fits shared memory and passes ``resolve_config`` as an explicit config."""
+    registers at 64-wide tiles and through shared memory at 128-wide ones (the measured pairs), and there also
+    with P in registers and ``pv_sync`` (D = 96's dense default), none at 256; every candidate fits shared memory
+    and passes ``resolve_config`` as an explicit config."""
     from longca_triton.bench.autotune import _gluon_candidates
 
     cands = _gluon_candidates("fwd", 128, d)
     pairs = {(c["consumers"], c["p_smem"]) for c in cands}
-    assert pairs == ({(2, False), three} if three else {(2, False)}), pairs
+    sync = {(3, False)} if three == (3, True) else set()  # three register-P consumers with pv_sync, 128-wide tiles
+    assert pairs == ({(2, False), three} | sync if three else {(2, False)}), pairs
+    assert {c["consumers"] for c in cands if c["pv_sync"]} == ({3} if sync else set())
+    assert all(not c["p_smem"] for c in cands if c["pv_sync"])
     # every candidate once as one tile a CTA and once persistent (O in Q's buffers), and with O's own
     # buffers where they fit
     launches = {(c["persistent"], c["o_own"]) for c in cands}
@@ -1469,7 +1486,7 @@ def test_autotune_forward_candidates(d, three):
     for c in cands:
         r = G.resolve_config(d, torch.bfloat16, c)
         assert (r["consumers"], r["p_smem"], r["num_stages"]) == (c["consumers"], c["p_smem"], c["num_stages"])
-        assert (r["persistent"], r["o_own"]) == (c["persistent"], c["o_own"])
+        assert (r["persistent"], r["o_own"], r["pv_sync"]) == (c["persistent"], c["o_own"], c["pv_sync"])
         assert G.smem_bytes(d, c["BLOCK_N"], c["num_stages"], split_d=c["split_d"], consumers=c["consumers"],
                             p_smem=c["p_smem"], o_own=c["o_own"], rowsum_mma=c.get("rowsum_mma", False)) <= G.SMEM_LIMIT
         assert r["mask_head"] == c.get("mask_head", r["mask_head"]) and r["rowsum_mma"] == c.get("rowsum_mma", False)
@@ -1527,3 +1544,40 @@ def test_gluon_shape_probe_names_the_power_of_two_limit():
     lines = dict(ln.split(" accumulator: ", 1) for ln in res.stdout.splitlines() if " accumulator: " in ln)
     assert lines["[64, 64]"] == "accepted" and lines["[64, 128]"] == "accepted"
     assert lines["[64, 96]"].startswith("refused") and "power of 2" in lines["[64, 96]"], lines["[64, 96]"]
+
+
+_PV_SYNC = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "0"
+    sys.path.insert(0, "experiments")
+    from cpu_aot_gluon_split_d import CAUSAL, FULL, compile_one
+    for name, cfg, kw in [("overlap", dict(split_d=True, consumers=3), FULL),
+                          ("pv_sync", dict(split_d=True, consumers=3, pv_sync=True), FULL),
+                          ("pv_sync-partial", dict(split_d=True, consumers=3, pv_sync=True), CAUSAL),
+                          ("default-persistent", dict(split_d=True, consumers=3, pv_sync=True, persistent=True,
+                                                      snake=True, pingpong=True), FULL),
+                          ("default-persistent-partial", dict(split_d=True, consumers=3, pv_sync=True,
+                                                              persistent=True, snake=True, pingpong=True), CAUSAL)]:
+        r = compile_one((name, 96, 96, cfg, kw))
+        print(json.dumps(dict(name=name, spills=r["spill_stores"] + r["spill_loads"], regs=r["setmaxnreg"],
+                              waits=r.get("loop_waits"))))
+""")
+
+
+@pytest.mark.slow
+def test_pv_sync_fits_three_register_p_consumers_at_d96():
+    """``pv_sync`` (D = 96's dense default since session 29): each warpgroup's ``P V`` finished before its ``S``,
+    so three consumers with register P fit 160 registers on sm_90a (the overlapped loop spills: 256 B stored and
+    loaded by ptxas on the CPU), with and without the mask path (persistent: a few bytes with it); the overlapped
+    loop leaves its ``P V`` groups in flight at the S wait (``wait_group 2``), pv_sync waits for everything."""
+    res = subprocess.run([sys.executable, "-c", _PV_SYNC], capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
+    assert rows["overlap"]["spills"] > 0 and rows["overlap"]["waits"][0] == 2, rows["overlap"]
+    for name in ("pv_sync", "pv_sync-partial", "default-persistent", "default-persistent-partial"):
+        assert rows[name]["waits"] is None and 160 in rows[name]["regs"], rows[name]
+    for name in ("pv_sync", "pv_sync-partial", "default-persistent"):
+        assert rows[name]["spills"] == 0, rows[name]
+    # persistent with the mask path: a few bytes (measured 52 stored and loaded; causal ran 7 % faster all the same)
+    assert rows["default-persistent-partial"]["spills"] <= 64, rows["default-persistent-partial"]

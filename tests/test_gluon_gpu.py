@@ -154,6 +154,11 @@ def test_split_head_dims(sq, sk, seed, D, Dv):
     (96, 128, None), (128, 96, None),
     # 192 as 128 + 64 (instead of a 256-wide tile with a zero quarter), D_v 128 one tile
     (192, 128, None), (160, 160, None), (48, 48, None),
+    # three consumers with register P, each P V finished before its S (pv_sync; session 29, D = 96's default on
+    # dense masks), with ping-pong, and the row sums by the tensor cores
+    (96, 96, dict(consumers=3, pv_sync=True)), (80, 80, dict(consumers=3, pv_sync=True)),
+    (96, 96, dict(consumers=3, pv_sync=True, pingpong=True)),
+    (96, 96, dict(consumers=3, pv_sync=True, rowsum_mma=True)),
 ], ids=str)
 def test_split_head_dims_configs(D, Dv, config):
     """Deeper rings (the split tiles need less shared memory), 64-row key tiles, ping-pong, one
@@ -248,6 +253,9 @@ PERSISTENT = [(128, 128, dict(persistent=True)), (128, 128, dict(persistent=True
               (128, 128, dict(persistent=True, o_own=True, num_stages=2, snake=True)),
               # one exponential in n by the FMA pipe's polynomial (masked scores must still give 0)
               (96, 96, dict(persistent=True, split_d=True, poly_exp=4)),
+              # D = 96's dense default since session 29, and pv_sync on two consumers at D = 128
+              (96, 96, dict(persistent=True, split_d=True, consumers=3, pv_sync=True, snake=True, pingpong=True)),
+              (128, 128, dict(pv_sync=True)),
               (128, 128, dict(persistent=True, consumers=3, p_smem=True, o_in_p=True, poly_exp=8)),
               (64, 64, dict(poly_exp=2))]
 

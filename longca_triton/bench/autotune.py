@@ -206,15 +206,16 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
         # three consumer warpgroups (160 registers each): where the head-dim tile is 64 wide with P in
         # registers (the default there), at 128 with P through shared memory (p_smem: the default on
         # dense masks, session 14); at 128 with P in registers they spill and measured slower
-        # (bwd_session13)
-        three = {64: [(3, False)], 128: [(3, True)]}.get(block_head_dim(head_dim), [])
+        # (bwd_session13); and at 128-wide tiles three with P in registers, each P V finished before its S
+        # (pv_sync: they fit 160 registers then; D = 96's dense default since session 29)
+        three = {64: [(3, False, False)], 128: [(3, True, False), (3, False, True)]}.get(block_head_dim(head_dim), [])
         # the launch: one tile a CTA, or persistent with O staged in Q's buffers or in its own (o_own:
         # the default at D = 128 on the sparser masks, session 15)
         launches = [(False, False), (True, False), (True, True)]
         shapes = [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
-                       consumers=c, p_smem=ps, persistent=pe, o_own=oo)
-                  for (c, ps), sd, pp, st, (pe, oo) in itertools.product([(2, False)] + three, splits, [True, False],
-                                                                         [2, 1, 3, 4], launches)
+                       consumers=c, p_smem=ps, persistent=pe, o_own=oo, pv_sync=pv)
+                  for (c, ps, pv), sd, pp, st, (pe, oo) in itertools.product([(2, False, False)] + three, splits,
+                                                                             [True, False], [2, 1, 3, 4], launches)
                   if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps, o_own=oo) <= SMEM_LIMIT]
         # the partial tiles' and the softmax's knobs (session 19), on the persistent launch with O's own
         # buffers and the deepest ring beside them (the sparser masks' default shape): mask_head 0 / 1 / 2

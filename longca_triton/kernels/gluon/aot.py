@@ -94,7 +94,7 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
                   CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
                   PERSISTENT=c["persistent"], O_IN_P=o_in_p, SNAKE=c["snake"],
                   POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=int(mask_head),
-                  ROWSUM_MMA=c["rowsum_mma"])
+                  ROWSUM_MMA=c["rowsum_mma"], PV_SYNC=c["pv_sync"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 

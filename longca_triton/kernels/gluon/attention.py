@@ -65,6 +65,12 @@ Launch configuration (a ``config`` dict, keys ``CONFIG_KEYS``):
   of ones (N = 8), instead of one FADD per score (``attention_fwd._rowsum_mma``): the default for
   D = 64's persistent launch (``ROWSUM_HEAD_DIMS``, +1 to +8 %); slower elsewhere (the narrow GEMM
   costs the tensor pipe more than the FADDs cost the issue slots at D = 96 / 128).
+* ``pv_sync``: each consumer's ``P_{j-1} V_{j-1}`` issued before ``S_j`` and finished before it
+  (``attention_fwd._kv_step``): no overlap inside a warpgroup, so ``P``'s registers are free while
+  ``S_j`` is live and three consumers with register P fit 160 registers (D = 96 split: no spills on
+  sm_90a, 256 B without it); the other warpgroups' GEMMs keep the tensor cores busy. The default at
+  D = 96 on dense masks with three persistent consumers (session 29, H200, 16K, checked: full 521 ->
+  589, causal 513 -> 551 TFLOP/s; 0.90 / 0.86 of D = 128 per FLOP, FA3 0.93 / 0.91).
 * ``poly_exp``: 0, or n in ``POLY_EXP``: one of every n exponentials of the forward's softmax is
   computed by a degree-3 polynomial on the FMA pipe instead of the MUFU (FlashAttention-4's
   split; ``attention_fwd._exp2_mix_asm``). Measured slower at every n and head dim on an H100 (the
@@ -227,7 +233,7 @@ GLUON_BWD_KEYS = ("dq_block_n", "dq_stages", "dkdv_block_mq", "dkdv_stages", "dk
                   "bwd_design", "fused_block_mq", "fused_stages", "fused_dq", "dq_mask_head", "bwd_streams")
 CONFIG_KEYS = ("BLOCK_N", "num_stages", "pingpong", "consumer_regs", "split_d", "gluon_bwd",
                "consumers", "p_smem", "persistent", "o_own", "o_in_p", "snake", "poly_exp",
-               "split_partial", "mask_head", "rowsum_mma") + GLUON_BWD_KEYS
+               "split_partial", "mask_head", "rowsum_mma", "pv_sync") + GLUON_BWD_KEYS
 #: ``poly_exp``: 0 (every exponential of the forward's softmax on the MUFU) or n: one of every n
 #: consecutive scores of a thread by a polynomial on the FMA pipe (``attention_fwd._exp2``)
 POLY_EXP = (0, 2, 4, 8)
@@ -249,7 +255,8 @@ FUSED_WRITER_REGS = 232
 _SPEC = ConfigSpec("gluon-attention", CONFIG_KEYS,
                    tile_keys=("BLOCK_N", "dq_block_n", "dkdv_block_mq", "fused_block_mq"),
                    bool_keys=("pingpong", "split_d", "dkdv_skew", "gluon_bwd", "p_smem", "persistent", "o_own",
-                              "o_in_p", "snake", "split_partial", "rowsum_mma", "dq_mask_head", "bwd_streams"),
+                              "o_in_p", "snake", "split_partial", "rowsum_mma", "dq_mask_head", "bwd_streams",
+                              "pv_sync"),
                    tuned_name="triton-gluon")
 
 
@@ -421,7 +428,11 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     FlashAttention-3's forward 629 / 676 (0.93; 192 x 144 tiles, three MMA warpgroups, persistent, its S and P V
     wgmma at the exact widths N = 144 and 96, which Gluon 3.6's power-of-two shapes do not allow); at D = 96
     ``persistent`` 525 / 515 (full / causal) against the default's 520 / 498, three consumers with P in shared memory
-    equal persistent and 4 % behind one tile a CTA.
+    equal persistent and 4 % behind one tile a CTA. Session 29 (H200, experiments/results/h200/session29, calls 5-6):
+    three consumers with register P and ``pv_sync``, persistent (``resolve_config``'s D = 96 rule), through the
+    harness, checked: full 521.0 -> 589.2, causal 512.6 -> 550.8 TFLOP/s (one tile a CTA 584.3 / 534.7); the closing
+    run (call 6: ``bench dense --head-dim 96,128,64,192/128,256 --backends triton-gluon,sdpa-cudnn``) 593.8 / 560.9
+    against D = 128's 661.1 / 655.5: **0.898 / 0.856 per FLOP** (cuDNN 0.78 / 0.79).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     d128 = head_dim > 64
@@ -435,7 +446,7 @@ def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, head_dim_
     # the fused design likewise: 32-row query tiles at D=128 (64-row spill ~330 B), 64 at D=64
     return dict(BLOCK_N=bn, num_stages=stages, pingpong=False, consumer_regs=160 if consumers == 3 else 240,
                 split_d=False, consumers=consumers, p_smem=False, persistent=False, o_own=False, o_in_p=False,
-                snake=False, poly_exp=0, split_partial=False, mask_head=0, rowsum_mma=False,
+                snake=False, poly_exp=0, split_partial=False, mask_head=0, rowsum_mma=False, pv_sync=False,
                 gluon_bwd=not bwd_reason(head_dim, dv) and head_dim not in PLAIN_BWD_HEAD_DIMS,
                 dq_block_n=64, dq_stages=3 if d128 else 2, dkdv_block_mq=32 if d128 else 64,
                 dkdv_stages=2 if d128 else 3, dkdv_skew=False, bwd_consumer_regs=240,
@@ -593,17 +604,26 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # mask-dependent default (default_config's docstring: 64-row dK/dV query tiles win on the
         # masks without partial tiles, full and block_causal_document, and lose on every other)
         base["dkdv_block_mq"] = 64
-    if head_dim == dv == 96 and mask is not None and getattr(mask, "density", 0.0) >= 0.5:
+    d96_three = head_dim == dv == 96 and mask is not None and getattr(mask, "density", 0.0) >= 0.5
+    split_stages = base["num_stages"]
+    if d96_three:
         # exact 64 + 32 pieces instead of a padded 128 tile win where rows walk many key tiles
         # (default_config's docstring: full +3 %, causal +8 %; causal_document -8 %), and the
         # smaller split stages leave room for a 4-deep ring (gluon/run4: causal 498 -> 512 TFLOP/s)
         base["split_d"] = True
         if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
-            base["num_stages"] = 4
+            split_stages = base["num_stages"] = 4
         # and the consumers ping-pong: the split tile's GEMMs are 3/4 of D = 128's for the same
         # softmax, so handing the tensor cores back and forth pays here (bwd_session12 calls 9 and 17,
         # TFLOP/s, off / on: full 520 / 543 and 520 / 542, causal a tie; at D = 128 within +-3 %)
         base["pingpong"] = True
+        # and (session 29, H200) three consumers with register P, each warpgroup's P V finished before its S
+        # (pv_sync: no overlap inside a warpgroup, so register P fits 160 registers: no spills on sm_90a, where
+        # the overlapped loop spills 256 B), persistent: the other two warpgroups' GEMMs hide a softmax. 16K,
+        # through the harness, checked: full 521.0 -> 589.2, causal 512.6 -> 550.8 TFLOP/s (D = 128: 653.8 / 637.3)
+        base.update(consumers=3, consumer_regs=160, pv_sync=True, persistent=True, snake=True,
+                    num_stages=next(st for st in (4, 3, 2, 1)
+                                    if smem_bytes(96, base["BLOCK_N"], st, split_d=True, consumers=3) <= SMEM_LIMIT))
     dense_three = head_dim == dv == 128 and mask is not None and getattr(mask, "density", 0.0) >= DENSE_THREE
     if dense_three:
         # three consumers with P through shared memory where rows walk many key tiles (default_config's
@@ -649,9 +669,16 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # padded one runs instead (split_d=False from the config or the autotune cache), what the
         # config did not choose returns to the padded defaults
         padded = default_config(head_dim, dtype, dv)
-        for key in ("num_stages", "pingpong"):
+        for key in ("num_stages", "pingpong", "consumers", "pv_sync", "persistent"):
             if key not in (overlay or {}):
                 cfg[key] = padded[key]
+    elif d96_three and (int(cfg["consumers"]), bool(cfg["p_smem"])) != (3, False):
+        # three consumers with register P, pv_sync and the persistent launch were measured together: a split
+        # tile that leaves the three consumers or register P gets the split tile's two-consumer defaults for
+        # what the config did not choose
+        for key, value in (("pv_sync", False), ("persistent", False), ("num_stages", split_stages)):
+            if key not in (overlay or {}):
+                cfg[key] = value
     if sparse_persist and (int(cfg["consumers"]), bool(cfg["p_smem"])) != (base["consumers"], base["p_smem"]):
         # the persistent launch with O's own buffers was measured with the default consumers and P in
         # registers: a config that leaves them gets one tile a CTA and the usual ring, unless it
@@ -869,6 +896,7 @@ def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict
         SPLIT_D=split, CONSUMERS=cfg["consumers"], P_SMEM=cfg["p_smem"], O_OWN=store_tma and cfg["o_own"],
         PERSISTENT=cfg["persistent"], O_IN_P=store_tma and cfg["o_in_p"], SNAKE=cfg["snake"],
         POLY_EXP=cfg["poly_exp"], MERGE=merge, MASK_HEAD=plan.mask_head, ROWSUM_MMA=cfg["rowsum_mma"],
+        PV_SYNC=cfg["pv_sync"],
         num_warps=4, maxnreg=maxnreg,
     )
 

@@ -34,6 +34,11 @@ Inside a consumer (FA3's intra-warpgroup overlap): at step ``j`` it issues ``S_j
 ``P_{j-1} V_{j-1}``, then waits for that and rescales ``O`` by ``alpha_j``. Step 0 (no ``P``
 yet) and the last ``P V`` are peeled out of the loop.
 
+Without that overlap (``PV_SYNC``, config ``pv_sync``): step ``j`` issues ``P_{j-1} V_{j-1}`` first and waits
+for it, then ``S_j``; ``P_{j-1}``'s registers are then free before ``S_j``'s accumulator is live, which lets
+three consumers hold P in registers within 160 registers (D = 96, split), and the other two warpgroups'
+GEMMs run while one computes its softmax (D = 96's default on dense masks, persistent: +7 to +13 %).
+
 P through shared memory (``P_SMEM``, config ``p_smem``; FA3's ``MmaPV_is_RS = false``): instead of
 converting P to the wgmma A layout in registers, each consumer stores it (stmatrix) into a
 ``[M_WG, BLOCK_N]`` shared buffer of its own and ``P V`` reads A from there. The store waits for the
@@ -771,7 +776,7 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
                   SNAKE: gl.constexpr, POLY_EXP: gl.constexpr, MERGE: gl.constexpr,
-                  MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+                  MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr, PV_SYNC: gl.constexpr):
     """One consumer warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of its CTA's query tile, or with
     ``PERSISTENT`` of each query tile its CTA takes from the work list (``_tile_plan``: tiles
     ``program_id, program_id + num_programs, ...``).
@@ -803,7 +808,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones
                                       o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale,
                                       Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)
+                                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA,
+                                      PV_SYNC)
                 it += 1
         # the last tile's O store must have read its buffer before the CTA ends
         tma.store_wait(0)
@@ -814,7 +820,8 @@ def _fwd_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, p_smem, o_smem, ones
                       p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                       stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0, DQK1, QK_USED, DV0, DV1,
                       BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG, STORE_TMA, CONSUMERS,
-                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA)
+                      P_SMEM, O_OWN, PERSISTENT, O_IN_P, POLY_EXP, MERGE, MASK_HEAD, ROWSUM_MMA,
+                                      PV_SYNC)
         if O_OWN:
             # O's own buffers: the tile's store is still in flight (staged in Q's buffers, the
             # epilogue has waited for it already)
@@ -828,7 +835,8 @@ def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, ones_smem, p_
              row_o: gl.constexpr, row_o1: gl.constexpr, row_l: gl.constexpr, DQK0: gl.constexpr,
              DQK1: gl.constexpr, QK_USED: gl.constexpr, DV1: gl.constexpr, BLOCK_N: gl.constexpr,
              NUM_IV: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
-             P_SMEM: gl.constexpr, POLY_EXP: gl.constexpr, HOLD_IV: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+             P_SMEM: gl.constexpr, POLY_EXP: gl.constexpr, HOLD_IV: gl.constexpr, ROWSUM_MMA: gl.constexpr,
+             PV_SYNC: gl.constexpr):
     """Step ``j >= 1`` of a query tile's key walk (``_consume_tile``): ``S_j = Q K_j^T`` issued, then
     ``P_{j-1} V_{j-1}`` beside it, ``S_j``'s softmax while that runs, O rescaled. ``MASK``: 0 no mask,
     1 the interval mask on partial runs only (a branch: ``HAS_PARTIAL_TILES``), 2 the interval mask
@@ -842,15 +850,30 @@ def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, ones_smem, p_
     st = (g + j) % NUM_STAGES
     pst = (g + j - 1) % NUM_STAGES
     _sched_wait(sched, WG, sk + j, PINGPONG)
-    mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
-    s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
-    mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
-    acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
-    if ROWSUM_MMA:
-        acc_l = _rowsum_mma(p_op, ones_smem, acc_l, pl_layout, P_SMEM)
-    _sched_pass(sched, WG, PINGPONG, CONSUMERS)
-    # S_j is done when at most the P V groups are still in flight
-    s = warpgroup_mma_wait(NUM_PV, deps=(s,))
+    if PV_SYNC:
+        # (config pv_sync) no overlap inside the warpgroup: P_{j-1} V_{j-1} first and finished, then S_j, so
+        # P_{j-1}'s registers are free before S_j's accumulator is live (three consumers with register P within
+        # their registers); the other warpgroups' GEMMs keep the tensor cores busy meanwhile
+        mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
+        acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
+        if ROWSUM_MMA:
+            acc_l = _rowsum_mma(p_op, ones_smem, acc_l, pl_layout, P_SMEM)
+        acc, acc_l = _wait_pv(acc, acc_l, DV1, ROWSUM_MMA)
+        mbarrier.arrive(v_empty.index(pst))
+        mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
+        s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
+        _sched_pass(sched, WG, PINGPONG, CONSUMERS)
+        s = warpgroup_mma_wait(0, deps=(s,))
+    else:
+        mbarrier.wait(k_ready.index(st), ((g + j) // NUM_STAGES) & 1)
+        s = _qk(q, _index(k_smem, st, DQK1), s_zero, DQK0, DQK1, QK_USED)
+        mbarrier.wait(v_ready.index(pst), ((g + j - 1) // NUM_STAGES) & 1)
+        acc = _pv(p_op, _index(v_smem, pst, DV1), acc, DV1, p1_layout, P_SMEM)
+        if ROWSUM_MMA:
+            acc_l = _rowsum_mma(p_op, ones_smem, acc_l, pl_layout, P_SMEM)
+        _sched_pass(sched, WG, PINGPONG, CONSUMERS)
+        # S_j is done when at most the P V groups are still in flight
+        s = warpgroup_mma_wait(NUM_PV, deps=(s,))
     mbarrier.arrive(k_empty.index(st))
     if MASK == 1:
         if r >= r0 + num_full:
@@ -858,8 +881,9 @@ def _kv_step(j, g, sk, WG: gl.constexpr, q, k_smem, v_smem, p_buf, ones_smem, p_
     elif MASK == 2:
         s = _interval_mask(s, offs_m, n, LO, HI, Sq, s_layout, BLOCK_N, NUM_IV)
     m_i, l_i, p, alpha = _softmax(s, m_i, l_i, qk_scale, POLY_EXP, ROWSUM_MMA)
-    acc, acc_l = _wait_pv(acc, acc_l, DV1, ROWSUM_MMA)
-    mbarrier.arrive(v_empty.index(pst))
+    if not PV_SYNC:
+        acc, acc_l = _wait_pv(acc, acc_l, DV1, ROWSUM_MMA)
+        mbarrier.arrive(v_empty.index(pst))
     acc = _scale_rows(acc, alpha, row_o, row_o1, DV1)
     if ROWSUM_MMA:
         acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, row_l), 1)
@@ -878,7 +902,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                   PINGPONG: gl.constexpr, STORE_TMA: gl.constexpr, CONSUMERS: gl.constexpr,
                   P_SMEM: gl.constexpr, O_OWN: gl.constexpr, PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr,
                   POLY_EXP: gl.constexpr, MERGE: gl.constexpr, MASK_HEAD: gl.constexpr,
-                  ROWSUM_MMA: gl.constexpr):
+                  ROWSUM_MMA: gl.constexpr, PV_SYNC: gl.constexpr):
     """One query tile of consumer ``WG`` (``_fwd_consumer``): ``item = (start_m, r0, num_full,
     num_tiles)`` (``_tile_plan``) of batch*head ``bh``; ring position ``g``, token turn ``sk`` and Q
     phase ``it`` at entry. Returns ``(g, sk)`` after it."""
@@ -961,7 +985,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                 1, g, sk, WG, q, k_smem, v_smem, p_buf, ones_smem, p_op, acc, acc_l, m_i, l_i, r, n, e, r0,
                 num_full, bars, offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq, 2, s_layout, p_layout,
                 p1_layout, pl_layout, row_o, row_o1, row_l, DQK0, DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES,
-                PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV, ROWSUM_MMA)
+                PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV, ROWSUM_MMA, PV_SYNC)
         # ---- steps J0 .. T-1: S_j and P_{j-1} V_{j-1} in flight together
         J0: gl.constexpr = 2 if MASK_HEAD == 2 else 1
         for j in range(J0, num_tiles):
@@ -970,7 +994,7 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
                 num_full, bars, offs_m, iv, s_zero, LO, HI, RUN_START, RUN_END, qk_scale, Sq,
                 1 if HAS_PARTIAL_TILES else 0, s_layout, p_layout, p1_layout, pl_layout, row_o, row_o1, row_l, DQK0,
                 DQK1, QK_USED, DV1, BLOCK_N, NUM_IV, NUM_STAGES, PINGPONG, CONSUMERS, P_SMEM, POLY_EXP, HOLD_IV,
-                ROWSUM_MMA)
+                ROWSUM_MMA, PV_SYNC)
 
         if Q_EARLY and PERSISTENT:
             # every S of the tile is done: the producer may load the next tile's Q while this
@@ -1150,7 +1174,7 @@ def gluon_fwd_kernel(
     STORE_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT_D: gl.constexpr, CONSUMERS: gl.constexpr, P_SMEM: gl.constexpr, O_OWN: gl.constexpr,
     PERSISTENT: gl.constexpr, O_IN_P: gl.constexpr, SNAKE: gl.constexpr, POLY_EXP: gl.constexpr,
-    MERGE: gl.constexpr, MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr,
+    MERGE: gl.constexpr, MASK_HEAD: gl.constexpr, ROWSUM_MMA: gl.constexpr, PV_SYNC: gl.constexpr = False,
 ):
     # the work list: num_work = query tiles * batch * heads, walked by every CTA from its program id
     # in steps of the grid (one step: a tile a CTA; a grid of one CTA per SM: persistent)
@@ -1243,17 +1267,17 @@ def gluon_fwd_kernel(
                              RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
                              DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
                              STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
-                             ROWSUM_MMA)),
+                             ROWSUM_MMA, PV_SYNC)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
                              RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
                              DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
                              STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
-                             ROWSUM_MMA)),
+                             ROWSUM_MMA, PV_SYNC)),
             (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
                              RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
                              DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
                              STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
-                             ROWSUM_MMA)),
+                             ROWSUM_MMA, PV_SYNC)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -1263,12 +1287,12 @@ def gluon_fwd_kernel(
                              RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
                              DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
                              STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
-                             ROWSUM_MMA)),
+                             ROWSUM_MMA, PV_SYNC)),
             (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
                              RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
                              DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
                              STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, O_IN_P, SNAKE, POLY_EXP, MERGE, MASK_HEAD,
-                             ROWSUM_MMA)),
+                             ROWSUM_MMA, PV_SYNC)),
             (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
                              BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
