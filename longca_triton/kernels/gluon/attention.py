@@ -620,7 +620,8 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # and (session 29, H200) three consumers with register P, each warpgroup's P V finished before its S
         # (pv_sync: no overlap inside a warpgroup, so register P fits 160 registers: no spills on sm_90a, where
         # the overlapped loop spills 256 B), persistent: the other two warpgroups' GEMMs hide a softmax. 16K,
-        # through the harness, checked: full 521.0 -> 589.2, causal 512.6 -> 550.8 TFLOP/s (D = 128: 653.8 / 637.3)
+        # through the harness, checked: full 521.0 -> 589.2, causal 512.6 -> 550.8, prefix_lm_causal (the third
+        # static mask this dense) 506.9 -> 560.4 TFLOP/s (D = 128: 653.8 / 637.3)
         base.update(consumers=3, consumer_regs=160, pv_sync=True, persistent=True, snake=True,
                     num_stages=next(st for st in (4, 3, 2, 1)
                                     if smem_bytes(96, base["BLOCK_N"], st, split_d=True, consumers=3) <= SMEM_LIMIT))
