@@ -64,12 +64,7 @@ case "${1:-}" in
   ratios)
     # issue 13's variable-block ratio through the harness for the default and each tail config (a backend named
     # with its launch config, session 28), each timed back to back (--sequential: the harness's time_fn)
-    mapfile -t NAMES < <(config_names "$TAILS")
-    sparse128 150 uni Hkv triton-sparse 2>&1 | tail -6
-    # --check: every config against the float32 reference before its timing (varblock.toml skips the check)
-    varblock256 420 var "$(IFS=,; echo "${NAMES[*]}")" --sequential --check 2>&1 | tail -8
-    tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
-    ratios_of "$OUT/ratios.tgz" "${NAMES[@]}"
+    config_ratios "$TAILS" ratios.tgz
     ;;
   final)
     varblock_ratio

@@ -10,11 +10,7 @@ source experiments/gpu/session_env.sh
 FULL='{"dkdv": {"dkdv_full_first": true}, "dq": {"dq_full_first": true}, "both": {"dkdv_full_first": true, "dq_full_first": true}}'
 case "${1:-}" in
   ratios)
-    mapfile -t NAMES < <(config_names "$FULL")
-    sparse128 150 uni Hkv triton-sparse 2>&1 | tail -6
-    varblock256 420 var "$(IFS=,; echo "${NAMES[*]}")" --sequential --check 2>&1 | tail -8
-    tar czf "$OUT/ratios.tgz" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
-    ratios_of "$OUT/ratios.tgz" "${NAMES[@]}"
+    config_ratios "$FULL" ratios.tgz
     ;;
   confirm)
     tests tests/test_full_first_gpu.py "" gpu_tests.log 200

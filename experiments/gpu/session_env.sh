@@ -66,3 +66,14 @@ ratios_of() {  # $1: a tarball of uni/ and var/, then backend names: each one's 
     python experiments/gpu/issue13_targets.py "$tgz" --varblock "$b" | grep "variable vs" | sed "s|^|$b |"
   done
 }
+config_ratios() {  # $1: launch configs (JSON, name -> config), $2: tarball under $OUT: uniform block 128, then
+  # variable blocks with the default and each config as a backend named with it, each checked against float32 and
+  # timed back to back (--sequential: the harness's time_fn); prints each backend's variable-vs-uniform rows
+  local names
+  mapfile -t names < <(config_names "$1")
+  sparse128 150 uni Hkv triton-sparse 2>&1 | tail -6
+  # --check: every config against the float32 reference before its timing (varblock.toml skips the check)
+  varblock256 420 var "$(IFS=,; echo "${names[*]}")" --sequential --check 2>&1 | tail -8
+  tar czf "$OUT/$2" -C "$OUT" uni var && rm -rf "$OUT/uni" "$OUT/var"
+  ratios_of "$OUT/$2" "${names[@]}"
+}

@@ -633,7 +633,8 @@ def table_build_time(mask, head_dim: int, device, config: Optional[dict] = None,
     """Median ms to build each table from scratch on ``device`` (fwd, dq, dkdv), cache bypassed; ``heads``
     (query heads, KV heads) as ``resolve_config`` takes it."""
     cfg = resolve_config(mask, head_dim, config, heads=heads)
-    return table_build_ms(mask, tile_sizes(cfg), device, repeats, pack_flags(cfg), {"dq": cfg["dq_short_keys"]})
+    return table_build_ms(mask, tile_sizes(cfg), device, repeats, pack_flags(cfg), {"dq": cfg["dq_short_keys"]},
+                          {name: cfg[name + "_full_first"] for name in ("dq", "dkdv")})
 
 
 def _heads(q, k, mask):

@@ -348,31 +348,30 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
 
 
 def get_merged_tail(mask, major: str, tile_rows: int, tile_cols: int, tail_cols: int, device, pack_cols: bool,
-                    tail_rows: int, short_cols: int = 0, by_steps: bool = False,
-                    full_first: bool = False) -> SideTables:
+                    tail_rows: int, short_cols: int = 0, by_steps: bool = False) -> SideTables:
     """Cached ``merge_tails`` of ``mask``'s ``"big"`` table (``tile_cols``) and its ``"tail"`` table
     (``tail_cols``), both as ``get_side_tables`` builds them."""
 
     def build(dev):
         main = get_side_tables(mask, major, tile_rows, tile_cols, dev, pack_cols, "big", tail_rows, short_cols,
-                               by_steps, full_first)
+                               by_steps)
         tail = get_side_tables(mask, major, tile_rows, tail_cols, dev, pack_cols, "tail", tail_rows, short_cols,
-                               by_steps, full_first)
+                               by_steps)
         return merge_tails(main, tail)
 
     key = ("merged", major, int(tile_rows), int(tile_cols), int(tail_cols), bool(pack_cols), int(tail_rows),
-           int(short_cols), bool(by_steps), bool(full_first))
+           int(short_cols), bool(by_steps))
     return _CACHE.get(mask, key, device, build)
 
 
 def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None,
-                   short: dict | None = None) -> dict:
+                   short: dict | None = None, full: dict | None = None) -> dict:
     """Median wall time (ms) of building each table from scratch (no cache), per direction.
 
     ``tile_sizes``: ``{"fwd": (rows, cols), "dq": (rows, cols), "dkdv": (rows, cols)}`` as in a
     resolved config (``block_sparse.tile_sizes(cfg)``); ``pack``: the same keys to ``pack_cols``
-    flags (``block_sparse.pack_flags``); ``short``: the same keys to ``short_cols``. The first build
-    (allocator warm-up) is dropped.
+    flags (``block_sparse.pack_flags``); ``short``: the same keys to ``short_cols``; ``full``: to ``full_first``.
+    The first build (allocator warm-up) is dropped.
     """
     out = {}
     for name, (tr, tc) in tile_sizes.items():
@@ -382,7 +381,8 @@ def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict 
                       else (mask.k_block_bounds, mask.q_block_bounds))
         packed = bool((pack or {}).get(name, False))
         sc = int((short or {}).get(name, 0))
-        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed, short_cols=sc).build_ms
+        ff = bool((full or {}).get(name, False))
+        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed, short_cols=sc, full_first=ff).build_ms
                  for _ in range(repeats + 1)]
         out[name] = float(np.median(times[1:]))
     return out

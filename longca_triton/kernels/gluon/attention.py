@@ -605,14 +605,13 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # masks without partial tiles, full and block_causal_document, and lose on every other)
         base["dkdv_block_mq"] = 64
     d96_three = head_dim == dv == 96 and mask is not None and getattr(mask, "density", 0.0) >= 0.5
-    split_stages = base["num_stages"]
     if d96_three:
         # exact 64 + 32 pieces instead of a padded 128 tile win where rows walk many key tiles
         # (default_config's docstring: full +3 %, causal +8 %; causal_document -8 %), and the
         # smaller split stages leave room for a 4-deep ring (gluon/run4: causal 498 -> 512 TFLOP/s)
         base["split_d"] = True
         if smem_bytes(96, base["BLOCK_N"], 4, split_d=True) <= SMEM_LIMIT:
-            split_stages = base["num_stages"] = 4
+            base["num_stages"] = 4
         # and the consumers ping-pong: the split tile's GEMMs are 3/4 of D = 128's for the same
         # softmax, so handing the tensor cores back and forth pays here (bwd_session12 calls 9 and 17,
         # TFLOP/s, off / on: full 520 / 543 and 520 / 542, causal a tie; at D = 128 within +-3 %)
@@ -621,10 +620,9 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
         # (pv_sync: no overlap inside a warpgroup, so register P fits 160 registers: no spills on sm_90a, where
         # the overlapped loop spills 256 B), persistent: the other two warpgroups' GEMMs hide a softmax. 16K,
         # through the harness, checked: full 521.0 -> 589.2, causal 512.6 -> 550.8, prefix_lm_causal (the third
-        # static mask this dense) 506.9 -> 560.4 TFLOP/s (D = 128: 653.8 / 637.3)
-        base.update(consumers=3, consumer_regs=160, pv_sync=True, persistent=True, snake=True,
-                    num_stages=next(st for st in (4, 3, 2, 1)
-                                    if smem_bytes(96, base["BLOCK_N"], st, split_d=True, consumers=3) <= SMEM_LIMIT))
+        # static mask this dense) 506.9 -> 560.4 TFLOP/s (D = 128: 653.8 / 637.3). Their 160 registers, the ring
+        # that fits beside a third Q tile (3 stages) and the boustrophedon follow from the rules below
+        base.update(consumers=3, pv_sync=True, persistent=True)
     dense_three = head_dim == dv == 128 and mask is not None and getattr(mask, "density", 0.0) >= DENSE_THREE
     if dense_three:
         # three consumers with P through shared memory where rows walk many key tiles (default_config's
@@ -676,10 +674,10 @@ def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = N
     elif d96_three and (int(cfg["consumers"]), bool(cfg["p_smem"])) != (3, False):
         # three consumers with register P, pv_sync and the persistent launch were measured together: a split
         # tile that leaves the three consumers or register P gets the split tile's two-consumer defaults for
-        # what the config did not choose
-        for key, value in (("pv_sync", False), ("persistent", False), ("num_stages", split_stages)):
+        # what the config did not choose (its 4-deep ring is the base's already)
+        for key in ("pv_sync", "persistent"):
             if key not in (overlay or {}):
-                cfg[key] = value
+                cfg[key] = False
     if sparse_persist and (int(cfg["consumers"]), bool(cfg["p_smem"])) != (base["consumers"], base["p_smem"]):
         # the persistent launch with O's own buffers was measured with the default consumers and P in
         # registers: a config that leaves them gets one tile a CTA and the usual ring, unless it
