@@ -28,7 +28,8 @@ KERNELS = {"dq": "dense_bwd_dq_kernel", "dkdv": "dense_bwd_dkdv_kernel"}
 
 def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dq",)):
     """The dense backward's launches of ``passes`` for ``mask`` under ``cfg_over``, recorded (never run)."""
-    from longca_triton.kernels import aot, dense
+    from longca_triton.kernels.core import aot
+    from longca_triton.kernels.dense import op as dense
 
     dense._interpreting = lambda: False
     S = int(mask.seqlen_q)

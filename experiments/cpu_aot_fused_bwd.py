@@ -57,10 +57,11 @@ def _record(kernel: str, d: int, mask_name: str, cfg_over: dict):
     """``(jit function, bound args, launch options)`` of ``kernel`` as the launcher calls it."""
     import torch
 
-    from longca_triton.kernels import aot, dense
-    from longca_triton.kernels.gluon import attention as G
-    from longca_triton.kernels.gluon import attention_bwd as AB
-    from longca_triton.kernels.gluon import attention_bwd_fused as AF
+    from longca_triton.kernels.core import aot
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.gluon import op as G
+    from longca_triton.kernels.gluon import bwd as AB
+    from longca_triton.kernels.gluon import bwd_fused as AF
     from longca_triton.masks import make_mask
 
     cfg = G.resolve_config(d, torch.bfloat16, cfg_over or None)
@@ -116,7 +117,7 @@ def compile_variant(label: str, kernel: str, d: int, mask_name: str, cfg_over: d
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from longca_triton.kernels import aot
+    from longca_triton.kernels.core import aot
 
     fn, launch, opts = _record(kernel, d, mask_name, cfg_over)
     sig, consts, attrs = aot.specialize(launch)

@@ -102,7 +102,7 @@ def compile_one(job: tuple) -> dict:
     import torch
 
     from longca_triton.kernels.gluon.aot import compile_fwd, ptxas_info
-    from longca_triton.kernels.gluon.attention import resolve_config, smem_bytes
+    from longca_triton.kernels.gluon.op import resolve_config, smem_bytes
 
     c = compile_fwd(d, cfg, head_dim_v=dv, **kw)
     info = ptxas_info(c.ptx)

@@ -59,8 +59,9 @@ def record(label: str, mask_name: str, kernel: str, cfg_over: dict):
     ``cfg_over``."""
     import torch
 
-    from longca_triton.kernels import aot, dense
-    from longca_triton.kernels._runtime import config_head_dim
+    from longca_triton.kernels.core import aot
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.core.runtime import config_head_dim
     from longca_triton.masks import make_mask
 
     dqk, dv = dims_of(label)
@@ -85,7 +86,7 @@ def record(label: str, mask_name: str, kernel: str, cfg_over: dict):
 
 def compile_one(job: tuple) -> dict:
     label, mask_name, kernel, cfg_over = job
-    from longca_triton.kernels import aot
+    from longca_triton.kernels.core import aot
 
     row = dict(dims=label, mask=mask_name, kernel=kernel, config=cfg_over)
     t0 = time.time()
@@ -115,8 +116,8 @@ def default_job_config(label: str, kernel: str) -> dict:
     """The default config's four keys of ``kernel`` at ``label`` (what a plain call launches)."""
     import torch
 
-    from longca_triton.kernels import dense
-    from longca_triton.kernels._runtime import config_head_dim
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.core.runtime import config_head_dim
 
     cfg = dense.default_config(config_head_dim(*dims_of(label)), torch.bfloat16)
     return {k: cfg[k] for k in KEYS[kernel]}
@@ -156,7 +157,7 @@ def _spill(r: dict) -> str:
 
 
 def _smem(r: dict) -> str:
-    from longca_triton.kernels.aot import H100_SMEM_PER_BLOCK
+    from longca_triton.kernels.core.aot import H100_SMEM_PER_BLOCK
 
     kb = f"{r['shared'] / 1024:.0f}"
     return f"**{kb} (> 227)**" if r["shared"] > H100_SMEM_PER_BLOCK else kb
@@ -171,7 +172,7 @@ def _row(r: dict, note: str = "") -> list:
 
 
 def ok(r: dict) -> bool:
-    from longca_triton.kernels.aot import H100_SMEM_PER_BLOCK
+    from longca_triton.kernels.core.aot import H100_SMEM_PER_BLOCK
 
     return (not r["error"] and r["spill_stores"] == 0 and r["spill_loads"] == 0
             and r["shared"] <= H100_SMEM_PER_BLOCK and r["blocks_per_sm"] > 0)
@@ -187,7 +188,7 @@ def table(rows: list[dict], command: str, chosen: dict | None = None) -> str:
            f"Command: `{command}`", "",
            "Real launches (`dense.dense_fwd` / `dense.dense_bwd` recorded on CPU tensors: S = 16K, GQA 64:8, bf16), "
            "compiled by `triton.compile` for `GPUTarget('cuda', 90, 32)` with Triton's bundled `ptxas -v` "
-           "(`longca_triton/kernels/aot.py`). `blocks/SM`: H100 occupancy from registers (65536 per SM, "
+           "(`longca_triton/kernels/core/aot.py`). `blocks/SM`: H100 occupancy from registers (65536 per SM, "
            "allocated per warp in 256s), shared memory (228 KiB per SM, 227 per block, 1 KiB reserved per block) "
            "and 64 warps. `wgmma`: `wgmma.mma_async` instructions in the PTX (0: the dots fell back to `mma.sync`, a tile dim below the 64 rows a warpgroup's wgmma needs). Spills and shared memory over 227 KiB in bold. Not timed: which spill-free config "
            "is fastest is for the GPU (`experiments/gpu/headdim_check.py --configs`).", ""]
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
 def candidates_by_dim() -> dict:
     """``(dims label, kernel) -> [(name, config)]``: the candidates the GPU check times against the
     defaults (``dense.HEADDIM_CANDIDATES``), compiled here for both masks."""
-    from longca_triton.kernels.dense import headdim_candidates
+    from longca_triton.kernels.dense.op import headdim_candidates
 
     out = {}
     for label in DIMS:

@@ -31,9 +31,9 @@ from cpu_aot_fused_bwd import _parse, _tool, sass_loops  # noqa: E402
 
 def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dkdv", "dq")):
     """The backward's dK/dV and dQ launches for ``mask`` under config ``cfg_over``, recorded (never run)."""
-    from longca_triton.kernels import aot
-    from longca_triton.kernels import block_sparse as BS
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.core import aot
+    from longca_triton.kernels.block_sparse import op as BS
+    from longca_triton.kernels.dense import op as dense
 
     # the Hopper configs, not the interpreter's (this process compiles; it never interprets)
     BS._interpreting = lambda: False
@@ -56,7 +56,7 @@ def compile_sass(launch, dump: str | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from longca_triton.kernels import aot
+    from longca_triton.kernels.core import aot
 
     sig, consts, attrs = aot.specialize(launch)
     k = triton.compile(ASTSource(launch.kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),

@@ -24,9 +24,9 @@ sys.path.insert(0, sys.argv[1])
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import longca_triton.kernels.dense as D
-import longca_triton.kernels.block_sparse as BS
-from longca_triton.kernels import aot
+import longca_triton.kernels.dense.op as D
+import longca_triton.kernels.block_sparse.op as BS
+from longca_triton.kernels.core import aot
 from longca_triton.masks import make_mask
 
 def code(launch):

@@ -29,7 +29,7 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
 
 def _gluon_measured_faster(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> bool:
     from .adapters import Problem, get_backend
-    from .kernels.tuned import measured_tflops
+    from longca_triton.kernels.core.tuned import measured_tflops
 
     # the cache lookups first (a dict read once per process): the capability check only runs
     # where the Gluon kernel was measured faster

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longca_triton.bench import autotune as at
-from longca_triton.kernels import tuned
+from longca_triton.kernels.core import tuned
 from longca_triton.masks import make_mask
 
 

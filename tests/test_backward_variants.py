@@ -19,14 +19,14 @@ from utils import (
 )
 
 import longca_triton as lt
-from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.dense import (
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
+from longca_triton.kernels.dense.op import (
     BWD_ORDERS,
     dense_attention,
     dense_attention_op,
     resolve_config,
 )
-from longca_triton.kernels.flashmask import flashmask_attention
+from longca_triton.kernels.flashmask.op import flashmask_attention
 from longca_triton.masks import RangeMask, make_mask
 
 pytestmark = needs_triton
@@ -182,7 +182,7 @@ def _record_launches(monkeypatch, module, names) -> list:
 
 @pytest.mark.parametrize("sweep", [0, 1, 2])
 def test_dkdv_sweep_reaches_the_kernel(sweep, monkeypatch):
-    import longca_triton.kernels.dense as D
+    import longca_triton.kernels.dense.op as D
 
     launches = _record_launches(monkeypatch, D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"))
     mask = small_mask("causal", 64)
@@ -232,7 +232,7 @@ BS_CASES = {
 
 @pytest.mark.parametrize("case", BS_CASES)
 def test_block_sparse_one_launch(case):
-    from longca_triton.kernels.block_sparse import block_sparse_attention_op
+    from longca_triton.kernels.block_sparse.op import block_sparse_attention_op
 
     make, order, use_op = BS_CASES[case]
     mask = make()
@@ -277,7 +277,7 @@ def test_block_sparse_dkdv_sweep(case):
 @pytest.mark.parametrize("patterns,launched", [(2, 2), (1, 2), (4, 0)], ids=["per-kv-head", "one", "per-q-head"])
 def test_block_sparse_dkdv_sweep_reaches_the_kernel_only_where_the_group_shares_a_pattern(patterns, launched,
                                                                                             monkeypatch):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=patterns, seed=1)
@@ -291,7 +291,7 @@ def test_block_sparse_dkdv_sweep_reaches_the_kernel_only_where_the_group_shares_
 def test_block_sparse_dkdv_head_outer_reaches_the_kernel(monkeypatch):
     """``dkdv_head_outer`` is a bool of the config (on by default: measured 4-15 % faster on H100)
     passed to the dK/dV kernel only."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=2, seed=1)
@@ -305,7 +305,7 @@ def test_block_sparse_dkdv_head_outer_reaches_the_kernel(monkeypatch):
 
 
 def test_block_sparse_dkdv_sweep_bad_value():
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     with pytest.raises(ValueError, match="dkdv_sweep"):
         BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, {"dkdv_sweep": 5})
@@ -319,8 +319,8 @@ def test_config_rejects_one_launch_with_fused_dq():
 
 @pytest.mark.parametrize("kernel", ["dense", "flashmask", "block-sparse"])
 def test_config_rejects_unknown_bwd_order(kernel):
-    import longca_triton.kernels.block_sparse as BS
-    import longca_triton.kernels.flashmask as FM
+    import longca_triton.kernels.block_sparse.op as BS
+    import longca_triton.kernels.flashmask.op as FM
 
     assert set(BWD_ORDERS) == {0, 1, 2}
     bad = dict(one_launch=True, bwd_order=3)
@@ -383,13 +383,13 @@ def test_deterministic_refuses_fused_dq():
 
 def test_deterministic_drops_an_autotuned_fused_dq(monkeypatch):
     """No explicit config: a cached fused_dq gives way to the two-kernel backward, no error."""
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     monkeypatch.setattr(C, "tuned_config", lambda *a, **kw: dict(fused_dq=True))
     mask = small_mask("causal", 40)
     q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
     seen = []
-    import longca_triton.kernels.dense as D
+    import longca_triton.kernels.dense.op as D
 
     real = D.dense_bwd
     monkeypatch.setattr(D, "dense_bwd", lambda *a, **kw: seen.append(a[-1]["fused_dq"]) or real(*a, **kw))
@@ -399,7 +399,7 @@ def test_deterministic_drops_an_autotuned_fused_dq(monkeypatch):
 
 
 def test_api_passes_deterministic_to_the_kernel(monkeypatch):
-    import longca_triton.kernels.dense as D
+    import longca_triton.kernels.dense.op as D
 
     seen = []
     real = D.dense_attention
@@ -457,7 +457,7 @@ def test_flash_adapter_asks_flashattention_for_determinism():
 def test_autotune_searches_the_backward_layout(tunable, head_dim):
     """The ``bwd`` group: two kernels first (its keys are the group's, the ones reset to the
     default when nothing wins), then one-launch candidates; all resolve for their kernel."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
     from longca_triton.bench import autotune as at
 
     t = at.TUNABLES[tunable]
@@ -476,7 +476,7 @@ def test_autotune_varblock_dkdv_group_searches_query_major_tails(monkeypatch):
     step: the default's ``dkdv_tail_cols``) also with them key-major (0), at 128 query rows on 8 warps, at 128 in
     the main launch (``dkdv_tail_order`` 3), and with its lists in one part (``dkdv_full_first`` off); no tail
     variant where the tile has no tails; every candidate resolves over the Hopper default."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
     from longca_triton.bench import autotune as at
 
     cands = at.TUNABLES["triton-varblock"].candidates("dkdv", 256, 128)
@@ -632,7 +632,7 @@ def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
     three stages, the dQ pass owning 128 rows and stepping over 64 keys (backward 2-5 %, forward
     10-13 % faster on an H100, bwd_session13); D > 128 and smaller blocks keep their backward tiles
     and read those lists entry by entry (block 64 chunked measured slower)."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     monkeypatch.setattr(BS, "_interpreting", lambda: False)
     mask = make_mask("block_sparse", 4 * block, block=block, density=0.5, patterns=2, seed=1)
@@ -654,7 +654,7 @@ def test_block_sparse_hopper_defaults(block, head_dim, want, monkeypatch):
 
 
 def test_block_sparse_varblock_defaults(monkeypatch):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     monkeypatch.setattr(BS, "_interpreting", lambda: False)
     mask = make_mask("varblock_sparse", 2048, block=256, min_block=128, density=0.5, patterns=2, seed=1)
@@ -707,7 +707,7 @@ _CHUNK_CASES = {
 def test_block_sparse_list_chunks_give_the_same_bits(case):
     """Lists read in register chunks (``list_chunk`` / ``dkdv_list_chunk`` / ``dq_list_chunk``) walk the same entries
     in the same order as reading them entry by entry: equal bits, and right against the reference."""
-    from longca_triton.kernels.block_sparse import tables_for, resolve_config
+    from longca_triton.kernels.block_sparse.op import tables_for, resolve_config
 
     make, extra = _CHUNK_CASES[case]
     mask = make()
@@ -734,7 +734,7 @@ def test_block_sparse_list_chunks_give_the_same_bits(case):
 
 @pytest.mark.parametrize("bad", [3, 48, 256, -16, True, 16.0], ids=lambda x: repr(x))
 def test_block_sparse_list_chunk_values_are_checked(bad):
-    from longca_triton.kernels.block_sparse import resolve_config
+    from longca_triton.kernels.block_sparse.op import resolve_config
 
     mask = make_mask("block_sparse", 128, block=32, density=0.5)
     for key in ("list_chunk", "dkdv_list_chunk", "dq_list_chunk"):
@@ -800,8 +800,8 @@ def test_block_sparse_configs_without_a_list_key_read_entry_by_entry(monkeypatch
     """A config (explicit or from the autotune cache) that sets a pass's tile, warps or stages but not
     its list key gets that pass's list read entry by entry (such configs predate the key; chunks at
     two stages measured slower); the other passes keep the default, and a named key wins."""
-    from longca_triton.kernels import tuned
-    from longca_triton.kernels.block_sparse import resolve_config
+    from longca_triton.kernels.core import tuned
+    from longca_triton.kernels.block_sparse.op import resolve_config
 
     mask = make_mask("block_sparse", 128, block=32, density=0.5)
     default = resolve_config(mask, 32)
@@ -830,9 +830,9 @@ class _RecordBeside:
 
 
 _STREAM_KERNELS = {
-    "dense": ("longca_triton.kernels.dense", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"),
-    "flashmask": ("longca_triton.kernels.flashmask", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"),
-    "block-sparse": ("longca_triton.kernels.block_sparse", "block_sparse_bwd_dkdv_kernel",
+    "dense": ("longca_triton.kernels.dense.op", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"),
+    "flashmask": ("longca_triton.kernels.flashmask.op", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"),
+    "block-sparse": ("longca_triton.kernels.block_sparse.op", "block_sparse_bwd_dkdv_kernel",
                      "block_sparse_bwd_dq_kernel"),
 }
 
@@ -850,7 +850,7 @@ def _stream_backward(kernel, cfg_extra):
         plans = mod.plans_for(mask, cfg, "cpu")
         mod.dense_bwd(do, q, k, v, out, lse, plans[1], plans[2], 32 ** -0.5, cfg)
     elif kernel == "flashmask":
-        from longca_triton.kernels.flashmask_plan import flashmask_plan
+        from longca_triton.kernels.flashmask.plan import flashmask_plan
 
         mask = small_mask("causal", 96)
         cfg = mod.resolve_config(32, torch.float32, cfg_extra)
@@ -898,7 +898,7 @@ class _RecordWarps:
 def test_dkdv_tail_warps_sets_only_the_dkdv_tail_launch(warps, monkeypatch):
     """``dkdv_tail_warps``: the dK/dV tail launch (16-key tiles here) runs on that many warps (4 when unset);
     the main dK/dV launch and both dQ launches keep their own."""
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     events: list = []
     monkeypatch.setattr(BS, "block_sparse_bwd_dkdv_kernel", _RecordWarps("dkdv", events))
@@ -929,7 +929,7 @@ def test_dkdv_tail_order_places_the_dkdv_tail_launch(order, streams, monkeypatch
     """``dkdv_tail_order``: 0 the dK/dV tail launch (16-key tiles) after the main dK/dV launch on its stream, 1
     first in the dQ chain, 2 on the side stream before the main dK/dV launch; the other launches keep their
     places (dQ main, then dQ tails, beside with ``bwd_streams``)."""
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     events: list = []
     fake, state = fake_side_stream(events)
@@ -947,7 +947,7 @@ def test_dkdv_tail_order_places_the_dkdv_tail_launch(order, streams, monkeypatch
 
 def test_dkdv_tail_order_keeps_the_bits_and_passes():
     """Every order gives the same gradients (disjoint outputs), and a dK/dV-only backward still runs its tails."""
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     mask = make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.5, patterns=2, seed=4)
     torch.manual_seed(0)
@@ -968,7 +968,7 @@ def test_dkdv_tail_order_keeps_the_bits_and_passes():
 
 @pytest.mark.parametrize("bad", [4, -1, True, "1"], ids=str)
 def test_dkdv_tail_order_rejects_other_values(bad):
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
     with pytest.raises(ValueError, match="dkdv_tail_order"):
@@ -977,7 +977,7 @@ def test_dkdv_tail_order_rejects_other_values(bad):
 
 @pytest.mark.parametrize("bad", [2, 6, 16, True, "8"], ids=str)
 def test_dkdv_tail_warps_rejects_other_counts(bad):
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
     with pytest.raises(ValueError, match="dkdv_tail_warps"):
@@ -993,8 +993,8 @@ def test_dkdv_tail_warps_gradients_match_the_reference():
 
 
 def test_bwd_streams_defaults_off_and_is_a_bool():
-    from longca_triton.kernels import block_sparse as BS
-    from longca_triton.kernels import flashmask as FM
+    from longca_triton.kernels.block_sparse import op as BS
+    from longca_triton.kernels.flashmask import op as FM
 
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=1, seed=1)
     cfgs = [resolve_config(32, torch.float32), FM.resolve_config(32, torch.float32), BS.resolve_config(mask, 32)]
@@ -1004,7 +1004,7 @@ def test_bwd_streams_defaults_off_and_is_a_bool():
 
 def test_side_stream_off_cuda_keeps_launches_in_order():
     """Off CUDA (the interpreter) the side stream is a no-op context, whatever the switch says."""
-    from longca_triton.kernels._runtime import side_stream
+    from longca_triton.kernels.core.runtime import side_stream
 
     order = []
     with side_stream(torch.device("cpu"), True) as beside:
@@ -1100,7 +1100,7 @@ def test_dkdv_pattern_order_gradients(kind, patterns, outer, one):
 
 @pytest.mark.parametrize("patterns,want", [(2, True), (1, True), (4, False)], ids=["per-kv-head", "one", "per-q-head"])
 def test_dkdv_pattern_order_reaches_the_kernel_only_where_the_group_shares_a_pattern(patterns, want, monkeypatch):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=patterns, seed=1)
@@ -1190,8 +1190,8 @@ def test_block_sparse_stats_tma_gradients(kind, S, extra, cfgx):
     ("block_sparse", 32, 2, False)], ids=["full-entries", "partial-entries", "packed", "stacked-heads"])
 def test_block_sparse_stats_tma_reaches_the_kernel_only_on_full_unpacked_entries(kind, block, heads, want,
                                                                                   monkeypatch):
-    import longca_triton.kernels.block_sparse as BS
-    import longca_triton.kernels.dense as D
+    import longca_triton.kernels.block_sparse.op as BS
+    import longca_triton.kernels.dense.op as D
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     pre = _record_launches(monkeypatch, D, ("dense_bwd_preprocess_kernel",))
@@ -1212,7 +1212,7 @@ def test_block_sparse_stats_tma_reaches_the_kernel_only_on_full_unpacked_entries
 def test_dense_stats_tma_gradients(name, S, cfgx):
     """The dense dK/dV kernel with ``dkdv_stats_tma`` (3-d boxes: rows past a head's Sq read 0, as by pointers)
     against float64, head-major, row-major and with dQ fused."""
-    from longca_triton.kernels.dense import dense_attention
+    from longca_triton.kernels.dense.op import dense_attention
 
     mask = make_mask(name, S, seed=1)
     cfg = {"dkdv_stats_tma": True, **cfgx}
@@ -1229,7 +1229,7 @@ def test_dense_stats_tma_gradients(name, S, cfgx):
 def test_dense_dq_skew_gradients(name, S, Hq, Hkv, dtype):
     """``dq_skew``: every dQ step adds the previous step's ``dS K`` (its runs chained: full runs, then
     partial runs), the last one after the runs; against float64, with an lse gradient."""
-    from longca_triton.kernels.dense import dense_attention
+    from longca_triton.kernels.dense.op import dense_attention
 
     mask = make_mask(name, S, seed=1)
     compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config={"dq_skew": True}),
@@ -1239,8 +1239,8 @@ def test_dense_dq_skew_gradients(name, S, Hq, Hkv, dtype):
 def test_dense_dq_skew_same_bits_and_rows_that_see_nothing(monkeypatch):
     """The skewed dQ adds the same products in the same order (plus one ``0 * K``): the plain loop's bits;
     query rows that see no key get dQ = 0, not a carried step's ``dS K``; the flag reaches the kernel."""
-    import longca_triton.kernels.dense as D
-    from longca_triton.kernels.dense import dense_attention
+    import longca_triton.kernels.dense.op as D
+    from longca_triton.kernels.dense.op import dense_attention
 
     seen = spy_launches(monkeypatch, D, "dense_bwd_dq_kernel", "SKEW")
     S = 100
@@ -1301,7 +1301,7 @@ def test_block_sparse_dq_skew_gradients(kind, S, extra, cfgx):
 
 @pytest.mark.parametrize("pack,want", [(False, True), (True, False)], ids=["plain-lists", "packed-lists"])
 def test_block_sparse_dq_skew_reaches_the_kernel_only_on_unpacked_lists(pack, want, monkeypatch):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
     mask = make_mask("varblock_sparse", 192, block=48, min_block=40, density=0.5, patterns=2, seed=1)
@@ -1322,7 +1322,7 @@ def _short_mask(S=211, seed=3):
 def test_dq_short_tables_move_short_entries_last():
     """``short_cols``: every list keeps its entries, the long ones first (in order), then those of at most
     ``short_cols`` columns; ``col_split`` points at the first short one; a packed table ignores it."""
-    from longca_triton.kernels.block_sparse_tables import build_side_tables
+    from longca_triton.kernels.block_sparse.plan import build_side_tables
 
     m = _short_mask()
     plain = build_side_tables(m.q_block_bounds, m.k_block_bounds, m.block_map, 32, 32, "cpu")
@@ -1352,7 +1352,7 @@ def test_dq_short_tables_move_short_entries_last():
 def test_dq_short_keys_gradients(S, cfgx, dtype):
     """``dq_short_keys``: each dQ list's short entries walked last in 16-key tiles, against float64 with an lse
     gradient (GQA 4:2, two patterns, stacked or single heads, tail row tiles)."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     mask = _short_mask(S)
     cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0, **cfgx}
@@ -1366,7 +1366,7 @@ def test_dq_short_keys_gradients(S, cfgx, dtype):
 def _op_path_grads_equal(mask, cfg, S=211):
     """The autograd path's and the torch.library ops' gradients for ``cfg`` (GQA 4:2, D = 32, fp32): finite and
     equal bit for bit. Returns the inputs ``q, k, v, dout``."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, S, h, 32) for h in (4, 2, 2, 4))
@@ -1383,7 +1383,7 @@ def _op_path_grads_equal(mask, cfg, S=211):
 def test_dq_short_keys_op_path_and_kernel_switch(monkeypatch):
     """Through the torch.library ops the split table travels with the others (the same gradients as the
     autograd path, bit for bit), and the launcher hands the dQ kernel ``SHORT_N`` only with it."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     mask = _short_mask()
     cfg = {"dq_short_keys": 16, "dq_pack_list": False, "dq_list_chunk": 0}
@@ -1413,7 +1413,7 @@ def test_full_first_tables_put_whole_entries_first(pack, short):
     """``full_first``: every list keeps its entries; its whole contiguous ones (``end - start == tile``, all valid)
     first in their order, ``col_full`` at the first other one; the rest in order (a packed list's short last entry
     stays last, so only it is short); with ``short_cols`` the short ones still last, behind ``col_split``."""
-    from longca_triton.kernels.block_sparse_tables import build_side_tables
+    from longca_triton.kernels.block_sparse.plan import build_side_tables
 
     m = _full_first_mask()
     args = (m.k_block_bounds, m.q_block_bounds, m.block_map.transpose(1, 2).contiguous(), 32, 16, "cpu")
@@ -1458,7 +1458,7 @@ def test_full_first_gradients(S, cfgx, dtype):
     """``dkdv_full_first`` and ``dq_full_first``: whole entries through the even, unpacked steps (the dK/dV stats
     by boxes), the rest through the packed / masked ones, main and tail tables, against float64 with an lse
     gradient (GQA 4:2, two patterns)."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     mask = _full_first_mask(S)
     cfg = {**_FULL, **cfgx}
@@ -1475,7 +1475,7 @@ def test_full_first_op_path_and_kernel_switches(monkeypatch):
     """Through the torch.library ops the reordered tables travel with the others (the autograd path's gradients
     bit for bit); the launcher hands both kernels ``FULL_FIRST`` with their tables' ``col_full``, and the main dK/dV
     launch the stats boxes (its whole entries), which a packed table without it does not get."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     mask = _full_first_mask()
     cfg = {**_FULL, "DKDV_HEADS": 1, "dkdv_stats_tma": True, "dq_short_keys": 16}
@@ -1500,7 +1500,7 @@ def test_full_first_op_path_and_kernel_switches(monkeypatch):
     ({"dq_full_first": 1}, "dq_full_first")],
     ids=["dkdv-chunked", "dkdv-sweep", "dkdv-one-launch", "dkdv-merged-tails", "dq-packed", "dq-skew", "dq-not-bool"])
 def test_full_first_config_errors(over, match):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     with pytest.raises(ValueError, match=match):
         BS.resolve_config(_full_first_mask(), 32, over)
@@ -1515,7 +1515,7 @@ def test_full_first_config_errors(over, match):
     ({"dq_short_keys": 16, "dq_skew": True}, "entry by entry")],
     ids=["not-a-tile", "not-below-the-tile", "bool", "chunked-list", "packed-list", "skew"])
 def test_dq_short_keys_bad_configs(over, match):
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     with pytest.raises(ValueError, match=match):
         BS.resolve_config(_short_mask(), 32, {"dq_pack_list": False, "dq_list_chunk": 0, **over})
@@ -1542,7 +1542,7 @@ def test_order_by_steps_sorts_by_entries_and_keeps_a_blocks_tiles_together(major
     """``by_steps``: the order is a permutation sorted by each tile's list entries (heaviest first, over all patterns
     and per pattern), ties in tile order, so one block's tiles (one list) sit next to each other; the lists
     themselves are unchanged. Without it a block's short last tile sorts after its full ones."""
-    from longca_triton.kernels.block_sparse_tables import build_side_tables
+    from longca_triton.kernels.block_sparse.plan import build_side_tables
 
     m = make_mask("varblock_sparse", 300, block=60, min_block=30, density=0.5, patterns=2, seed=7)
     rows, cols, bm = ((m.q_block_bounds, m.k_block_bounds, m.block_map) if major == "q"
@@ -1571,7 +1571,7 @@ def test_order_by_steps_sorts_by_entries_and_keeps_a_blocks_tiles_together(major
 def test_order_by_steps_config_reaches_every_table_and_keeps_the_bits():
     """The config key builds every pass's tables (main and tail) by steps; the gradients are the default's bit for
     bit (only the programs' launch order changes)."""
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     mask = make_mask("varblock_sparse", 173, block=48, min_block=20, density=0.4, patterns=2, seed=3)
     cfgx = {"dkdv_tail_rows": 16, "dq_tail_rows": 16}
@@ -1600,7 +1600,7 @@ def test_varblock_parts_launches_split_the_backward():
     import sys
     from pathlib import Path
 
-    import longca_triton.kernels.block_sparse as BS
+    import longca_triton.kernels.block_sparse.op as BS
 
     saved = list(sys.path)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))

@@ -203,7 +203,7 @@ def test_statuses_never_stop_the_sweep(tmp_path, fakes):
 def test_rows_say_which_launch_config_ran(tmp_path, monkeypatch):
     """Our kernels' timed rows say where their launch config came from (``notes.launch_config``): the kernels'
     defaults, or an autotune cache entry spelled out, and the report says so per backend."""
-    import longca_triton.kernels.tuned as tuned
+    import longca_triton.kernels.core.tuned as tuned
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     exp = _tiny(["triton", "triton-sparse"], masks=["causal", "block_sparse"], modes=["fwd"], check=False,

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from longca_triton.bench import autotune as at
-from longca_triton.kernels import tuned
+from longca_triton.kernels.core import tuned
 from longca_triton.adapters import list_backends
 from longca_triton.bench.cli import bench
 from longca_triton.bench.config import ConfigError, Experiment, load_experiment, resolve_params
@@ -209,7 +209,7 @@ def test_block_sparse_tunables_registered():
         for group, key in (("fwd", "list_chunk"), ("dkdv", "dkdv_list_chunk"), ("dq", "dq_list_chunk")):
             assert {c[key] for c in at._sparse_candidates(group, block, 128)} == {0, 64}
         assert all(c["BLOCK_M"] <= block for c in at._sparse_candidates("fwd", block, 128))
-    from longca_triton.kernels.block_sparse import CONFIG_KEYS
+    from longca_triton.kernels.block_sparse.op import CONFIG_KEYS
 
     for name in ("triton-sparse", "triton-varblock"):
         t = at.TUNABLES[name]

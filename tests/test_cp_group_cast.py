@@ -200,7 +200,7 @@ def test_joint_applies_to_group_cast_only():
 def test_after_dkdv_runs_before_dq(monkeypatch):
     """The backward's hook (where group_cast posts the dK/dV transfer) fires after the dK/dV launch
     and before the dQ launch, with the finished dK/dV, in the dtype asked for."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
 
     calls = []
     real_dkdv, real_dq = dense.launch_bwd_dkdv, dense.launch_bwd_dq

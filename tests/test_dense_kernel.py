@@ -1,4 +1,4 @@
-"""Correctness of the dense structured-mask Triton kernels (``longca_triton/kernels/dense.py``) on the CPU.
+"""Correctness of the dense structured-mask Triton kernels (``longca_triton/kernels/dense/op.py``) on the CPU.
 
 Runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set below before triton is
 imported) in float32 and float16, and compares out, lse, dq, dk, dv with the float64 naive
@@ -10,7 +10,7 @@ import pytest
 import torch
 from utils import DEVICE, compare_to_reference, needs_triton, random_range_mask, small_mask
 
-from longca_triton.kernels.dense import (
+from longca_triton.kernels.dense.op import (
     CONFIG_KEYS,
     dense_attention,
     dense_attention_op,
@@ -88,7 +88,7 @@ def test_custom_op_path_matches():
 
 
 def test_custom_op_under_torch_compile():
-    from longca_triton.kernels.dense import dense_attention_from_plans, plans_for
+    from longca_triton.kernels.dense.op import dense_attention_from_plans, plans_for
 
     mask = small_mask("sliding_window_causal", 50, seed=8)
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def test_default_config_keys():
 def test_float32_partials_for_context_parallelism():
     """``out_dtype`` / ``grad_dtype`` (what the CP layer's Triton step asks for) store the same
     values as the fp16 path, unrounded: fp16 results equal the float32 ones rounded once."""
-    from longca_triton.kernels.dense import dense_bwd, dense_fwd, plans_for, resolve_config
+    from longca_triton.kernels.dense.op import dense_bwd, dense_fwd, plans_for, resolve_config
 
     torch.manual_seed(0)
     S, Hq, Hkv, D = 150, 4, 2, 32

@@ -5,9 +5,9 @@ import pytest
 import torch
 from utils import compare_to_reference, small_mask
 
-import longca_triton.kernels.block_sparse as BS
-from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.dense import dense_attention, resolve_config
+import longca_triton.kernels.block_sparse.op as BS
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
+from longca_triton.kernels.dense.op import dense_attention, resolve_config
 from longca_triton.masks import make_mask
 
 DENSE = [  # (mask, S, Hq, Hkv, D, dtype, extra config, dlse)
@@ -61,7 +61,7 @@ class _Record:
 
 @pytest.mark.parametrize("on", [False, True])
 def test_qmajor_reaches_the_dkdv_kernels(on, monkeypatch):
-    import longca_triton.kernels.dense as D
+    import longca_triton.kernels.dense.op as D
 
     events: list = []
     monkeypatch.setattr(D, "dense_bwd_dkdv_kernel", _Record(events))

@@ -6,9 +6,9 @@ import pytest
 import torch
 from utils import compare_to_reference
 
-import longca_triton.kernels.block_sparse as BS
-from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.block_sparse_tables import build_side_tables, merge_tails
+import longca_triton.kernels.block_sparse.op as BS
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
+from longca_triton.kernels.block_sparse.plan import build_side_tables, merge_tails
 from longca_triton.masks import make_mask
 
 

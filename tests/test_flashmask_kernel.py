@@ -1,4 +1,4 @@
-"""Correctness of the FlashMask Triton kernels (``longca_triton/kernels/flashmask.py``) on the CPU.
+"""Correctness of the FlashMask Triton kernels (``longca_triton/kernels/flashmask/op.py``) on the CPU.
 
 Runs the kernels in Triton's interpreter (float32 and float16) and compares out, lse, dq, dk, dv
 with the float64 naive reference: all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head
@@ -16,7 +16,7 @@ from utils import DEVICE, compare_to_reference, needs_triton, random_range_mask,
 
 import longca_triton as lt
 from longca_triton.adapters import Problem, get_backend
-from longca_triton.kernels.flashmask import (
+from longca_triton.kernels.flashmask.op import (
     CONFIG_KEYS,
     EMPTY,
     FULL,
@@ -310,8 +310,8 @@ def test_validation_errors():
 def test_hopper_defaults_are_the_dense_table(monkeypatch, d):
     """FlashMask and the dense kernel are compared on equal tiling: its Hopper tiles, warps and
     stages are read from ``dense.HOPPER_CONFIGS``, never a second copy."""
-    from longca_triton.kernels import dense
-    from longca_triton.kernels import flashmask as FM
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.flashmask import op as FM
 
     monkeypatch.setattr(FM, "_interpreting", lambda: False)
     cfg = FM.default_config(d)
@@ -330,7 +330,7 @@ def test_hopper_defaults_are_the_dense_table(monkeypatch, d):
 
 
 def test_resolve_config_takes_the_group_and_a_named_tile_goes_head_major(monkeypatch):
-    from longca_triton.kernels import flashmask as FM
+    from longca_triton.kernels.flashmask import op as FM
 
     monkeypatch.setattr(FM, "_interpreting", lambda: False)
     mask = make_mask("causal", 4096)
@@ -349,7 +349,7 @@ def test_hopper_tiles_are_correct_in_the_interpreter(table_dim):
     """The dense table's Hopper tiles were timed for the dense kernel only; the FlashMask kernels run
     each entry's tile combination here (at D = 64, fp32, sizes off every tile, GQA) against the
     reference: the tiles' numerics, not their speed."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
 
     tiles = {k: v for k, v in dense.hopper_config(table_dim).items()
              if k.endswith(("BLOCK_M", "BLOCK_N"))}
@@ -373,7 +373,7 @@ def test_dkdv_sweep(S, Hq, Hkv, name, tiles):
 
 
 def test_dkdv_sweep_reaches_the_kernel_and_bad_values_are_refused(monkeypatch):
-    import longca_triton.kernels.flashmask as FM
+    import longca_triton.kernels.flashmask.op as FM
 
     launched = spy_launches(monkeypatch, FM, "flashmask_bwd_dkdv_kernel", "SWEEP")
     mask = make_mask("causal", 40)

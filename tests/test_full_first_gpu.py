@@ -9,7 +9,7 @@ import pytest
 import torch
 from utils import assert_grads_near_float64
 
-from longca_triton.kernels.block_sparse import block_sparse_attention
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
 from longca_triton.masks import make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -22,8 +22,8 @@ from utils import random_range_mask, small_mask
 
 import longca_triton as lt
 from longca_triton.adapters import Problem, get_backend
-from longca_triton.kernels.dense_tables import get_tile_plan
-from longca_triton.kernels.gluon import attention as G
+from longca_triton.kernels.dense.plan import get_tile_plan
+from longca_triton.kernels.gluon import op as G
 from longca_triton.kernels.gluon.plan import build_ws_plan, merge_runs, pad_single, split_head, walk
 from longca_triton.masks import STATIC_MASK_NAMES
 
@@ -297,8 +297,8 @@ def test_backward_plans_per_design(design):
     runs (128-row query tiles, ``dq_block_n`` keys) and the dense dK/dV kernel's :class:`TilePlan` at
     the plain-Triton config's dK/dV tiles; the mixed backward refuses a dK/dV plan of other tiles
     before any kernel runs."""
-    from longca_triton.kernels import dense as D
-    from longca_triton.kernels.dense_tables import TilePlan
+    from longca_triton.kernels.dense import op as D
+    from longca_triton.kernels.dense.plan import TilePlan
     from longca_triton.kernels.gluon.plan import WsPlan
 
     mask = lt.make_mask("causal_document", 700, seed=1)
@@ -323,7 +323,7 @@ def test_poly_exp_constants_and_error():
     """``poly_exp``'s PTX evaluates ``2^x`` as ``_exp2_mix_asm`` does (emulated here in float32 from
     its hex constants): within 1.1e-4 relative of 2^x where 2^x is a normal float, never negative or
     NaN, exactly 1 at 0 and exactly 0 at -inf (a masked score)."""
-    from longca_triton.kernels.gluon import attention_fwd as F
+    from longca_triton.kernels.gluon import fwd as F
 
     c = [np.frombuffer(int(h[2:], 16).to_bytes(4, "little"), np.float32)[0] for h in F._EXP2_POLY_HEX]
     assert list(c) == [np.float32(x) for x in F.EXP2_POLY]
@@ -415,7 +415,7 @@ def test_masks_without_partial_tiles_walk_64_row_query_tiles_in_dkdv(name, d, wa
 
 def test_deterministic_refuses_explicit_fused_and_drops_cached_fused(monkeypatch):
     """Mirror of the plain-Triton ``fused_dq`` rule: the fused Gluon backward adds dQ by atomics."""
-    from longca_triton.kernels import config as C
+    from longca_triton.kernels.core import config as C
 
     monkeypatch.setattr(G, "device_reason", lambda dev: "")
     seen = []
@@ -465,7 +465,7 @@ def test_fused_writer_registers_and_shared_memory(monkeypatch):
     # the key is the fused design's: with split it is inert
     split = G.resolve_config(128, torch.bfloat16, dict(fused_dq="writer", bwd_consumer_regs=240))
     assert split["bwd_consumer_regs"] == 240 and split["bwd_design"] == "mixed"
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(base, bwd_consumer_regs=240))
     q = torch.zeros(1, 64, 2, 128)
@@ -485,7 +485,7 @@ def test_fused_writer_is_not_deterministic(monkeypatch):
 def test_dq_accum_cast_maps_tiles_back():
     """The fused backward's cast (plain Triton: runs in the interpreter): block (b * Hq + h, m) of
     ``dq_accum`` is dQ^T of rows m * BLOCK_MQ.. of head h, scaled; padding rows dropped."""
-    from longca_triton.kernels.gluon.attention_bwd_fused import dq_accum_cast_kernel
+    from longca_triton.kernels.gluon.bwd_fused import dq_accum_cast_kernel
 
     b, sq, hq, d, mq, scale = 2, 70, 3, 64, 32, 0.125
     nt = -(-sq // mq)
@@ -528,7 +528,7 @@ def test_gluon_bwd_default_and_what_a_config_asks_for(config, want, design):
 
 
 def test_gluon_bwd_keys_from_the_autotune_cache_ask_for_the_gluon_backward(monkeypatch):
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     q = torch.zeros(1, 64, 2, 128)
     mask = lt.make_mask("causal", 64)
@@ -552,7 +552,7 @@ def test_gluon_bwd_off_where_it_cannot_run(monkeypatch):
         assert not G.resolve_config(d, torch.bfloat16, dict(pingpong=True), head_dim_v=dv)["gluon_bwd"]
     assert G.bwd_reason(64) == G.bwd_reason(128, 128) == ""
     # from the autotune cache: turned off silently
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(gluon_bwd=True, num_stages=2))
     q = torch.zeros(1, 64, 2, 96)
@@ -598,7 +598,7 @@ def test_bad_configs_are_named(bad, match):
 # ------------------------------------------------------------------ split head dims (split_d)
 def test_split_pieces_are_two_powers_of_two():
     """The dims split_d takes, and their pieces: two powers of two D0 > D1 >= 16 (wgmma's k16)."""
-    from longca_triton.kernels.gluon.attention_fwd import (
+    from longca_triton.kernels.gluon.fwd import (
         MIN_PIECE,
         head_pieces,
         split_pieces,
@@ -683,7 +683,7 @@ def test_split_d_default_by_mask(name, d, want):
 def test_split_d_ring_depth_leaves_a_tuned_padded_depth_alone(monkeypatch):
     """The 4-deep ring comes with the default split tile only: a tuned padded tile keeps its own
     depth, and a padded tile asked for without a depth gets the padded default."""
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     mask = small_mask("full", 300)
     q = torch.zeros(1, 300, 2, 96)
@@ -701,7 +701,7 @@ def test_split_d_ring_depth_leaves_a_tuned_padded_depth_alone(monkeypatch):
 
 
 def test_split_d_from_the_autotune_cache_is_dropped_where_it_cannot_split(monkeypatch):
-    import longca_triton.kernels.config as C
+    import longca_triton.kernels.core.config as C
 
     monkeypatch.setattr(C, "tuned_config", lambda spec, q, k, mask, v=None: dict(split_d=True))
     mask = lt.make_mask("causal", 64)
@@ -727,7 +727,7 @@ def test_split_d_smem_and_deeper_rings():
 
 def test_o_fits_q_by_piece():
     """O is staged in Q's buffers (TMA store) where its pieces fit Q's, piece by piece."""
-    from longca_triton.kernels.gluon.attention_fwd import o_fits_q
+    from longca_triton.kernels.gluon.fwd import o_fits_q
 
     assert o_fits_q(96, 96, 128, 128, True) and o_fits_q(80, 80, 128, 128, True)
     assert o_fits_q(96, 80, 128, 128, True)  # (64, 16) into (64, 32): a view of piece 1
@@ -757,7 +757,7 @@ def test_backend_says_why_it_cannot_run_here():
     # the head-dim answers, on a machine where the device would do (checked without one): the
     # GPU-checked pairs; the other dims the plain-Triton kernels take are refused with the reason
     import longca_triton.adapters.triton_base as TB
-    import longca_triton.kernels.gluon.attention as GA
+    import longca_triton.kernels.gluon.op as GA
     real, real_here = GA.device_reason, TB.runs_here
     try:
         GA.device_reason = lambda dev: ""
@@ -1113,7 +1113,7 @@ def test_fused_writer_compiles_for_sm90a():
 # ------------------------------------------------------------------ the default backend rule
 def test_default_backend_takes_gluon_only_when_it_runs_and_was_measured_faster(monkeypatch):
     from longca_triton import api
-    from longca_triton.kernels import tuned
+    from longca_triton.kernels.core import tuned
 
     mask = lt.make_mask("causal", 256)
     q = k = torch.randn(1, 256, 2, 64, dtype=torch.float16)
@@ -1201,11 +1201,9 @@ def _check_binding(rec: _Recorder, pointers: dict):
 def test_launchers_bind_every_kernel_parameter(monkeypatch):
     """The Gluon kernels cannot run here, but their launchers can: every argument must land on the
     parameter it is meant for (a drift between launcher and kernel shows only on a GPU otherwise)."""
-    from longca_triton.kernels.gluon import (
-        attention_bwd,
-        attention_bwd_fused,
-        attention_fwd,
-    )
+    from longca_triton.kernels.gluon import bwd as attention_bwd
+    from longca_triton.kernels.gluon import bwd_fused as attention_bwd_fused
+    from longca_triton.kernels.gluon import fwd as attention_fwd
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
@@ -1236,7 +1234,7 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
     assert dkdv.calls[0][0] == (dkdv_plan.tiles.num_n * 2 * 2,)
     # the mixed design: the Gluon dQ kernel (recorded), then the plain-Triton dK/dV kernel, which
     # runs here in the interpreter on the dense plan of the plain-Triton config's dK/dV tiles
-    from longca_triton.kernels import dense as D
+    from longca_triton.kernels.dense import op as D
 
     # (a real forward and delta here: its dK, dV must equal the plain-Triton backward's bit for bit)
     monkeypatch.setattr(G, "launch_bwd_preprocess", D.launch_bwd_preprocess)
@@ -1272,7 +1270,7 @@ def test_launchers_bind_every_kernel_parameter(monkeypatch):
 def _recorded_forward(monkeypatch, d, dv, config=None):
     """``gluon_fwd`` at head dims ``d`` / ``dv`` (GQA 4:2, Sq=300, Sk=200) with the kernel recorded,
     its outputs' shapes and its pointer dtypes checked. Returns ``(recorder, run(**kw), cfg)``."""
-    from longca_triton.kernels.gluon import attention_fwd
+    from longca_triton.kernels.gluon import fwd as attention_fwd
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     fwd = _Recorder(attention_fwd.gluon_fwd_kernel)
@@ -1521,7 +1519,7 @@ def test_mixed_backward_bwd_streams_order(streams, monkeypatch):
     assert cfg["bwd_streams"] is streams
     assert G.resolve_config(128, torch.bfloat16)["bwd_streams"]  # the default with the mixed design (D = 128)
     assert not G.resolve_config(64, torch.bfloat16)["bwd_streams"]
-    from longca_triton.kernels import dense as D
+    from longca_triton.kernels.dense import op as D
 
     bcfg = D.resolve_config(128, torch.bfloat16)
     _, kplan, _ = D.plans_for(mask, bcfg, "cpu")

@@ -41,7 +41,7 @@ def _rel(x, ref, rows=None):
 
 
 def _check(mask, Hq, Hkv, D, config=None, seed=0, Dv=None, B=1):
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
     sq, sk = mask.seqlen_q, mask.seqlen_k
@@ -171,7 +171,7 @@ def test_split_head_dims_configs(D, Dv, config):
 @pytest.mark.parametrize("D,Dv", [(96, 96), (80, 80), (96, 128)], ids=str)
 def test_split_head_dims_fp32_partial_output(D, Dv):
     """The float32 partial output through the pointer store, one store per piece (columns D0..)."""
-    from longca_triton.kernels.gluon.attention import gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.op import gluon_fwd, resolve_config
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     mask = random_range_mask(700, 900, seed=2, n_slices=6)
@@ -192,7 +192,7 @@ def test_split_head_dims_fp32_partial_output(D, Dv):
 def test_split_matches_padded():
     """The split forward and the padded one compute the same sums in another order: close to each
     other (bf16 output rounding apart), on every static mask at D = 96."""
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
 
     for name in STATIC_MASK_NAMES:
         mask = small_mask(name, 1500, seed=7)
@@ -210,7 +210,7 @@ def test_split_matches_padded():
 @needs_sm90
 def test_padded_head_dims_fp32_partial_output():
     """The float32 partial output (context parallelism) through the pointer store, masked columns."""
-    from longca_triton.kernels.gluon.attention import gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.op import gluon_fwd, resolve_config
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     mask = random_range_mask(700, 900, seed=2, n_slices=6)
@@ -274,7 +274,7 @@ def test_persistent_forward(name, D, Dv, config):
 def test_persistent_fp32_partial_output_and_equal_bits():
     """Persistent: the float32 partial output through the pointer store (two batches), and the same
     bits as the one-tile-a-CTA forward (the same sums in the same order, only the schedule moves)."""
-    from longca_triton.kernels.gluon.attention import gluon_attention, gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.op import gluon_attention, gluon_fwd, resolve_config
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     mask = random_range_mask(3001, 2500, seed=2, n_slices=6)
@@ -437,7 +437,7 @@ def test_long_causal_document_mha(design):
 def test_fused_deterministic_falls_back_and_split_is_bitwise():
     """deterministic=True with an explicit fused config is refused; the split design's gradients
     are bitwise identical run to run (the fused one's dQ is not: fp32 atomics)."""
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
 
     mask = random_range_mask(1000, 1000, seed=2, n_slices=6)
     q, k, v = (torch.randn(1, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -460,7 +460,7 @@ def test_fused_writer_batches_match_split(design, D):
     shared memory, ``(b * Hq + h) * tiles + m``, and the mixed design hands the Gluon dQ kernel's
     inputs (heads of a group contiguous) to the plain-Triton dK/dV kernel (the other cases have
     B = 1). Their gradients equal the split design's to bf16 accuracy."""
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
 
     mask = random_range_mask(900, 1100, seed=4, n_slices=6)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -501,7 +501,7 @@ def test_three_consumers(sq, sk, seed, D, Dv, config):
 def test_three_consumers_fp32_partial_output(D, config):
     """Three consumers with a float32 output (the CP step's partials: the masked pointer store), P in
     registers (D = 64's default) and through shared memory."""
-    from longca_triton.kernels.gluon.attention import fwd_block_m, gluon_fwd, resolve_config
+    from longca_triton.kernels.gluon.op import fwd_block_m, gluon_fwd, resolve_config
     from longca_triton.kernels.gluon.plan import get_ws_plan
 
     mask = random_range_mask(900, 700, seed=7, n_slices=6)

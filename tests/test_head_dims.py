@@ -23,9 +23,9 @@ from utils import (
 
 import longca_triton as lt
 from longca_triton.adapters import Problem, get_backend
-from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.dense import dense_attention
-from longca_triton.kernels.flashmask import flashmask_attention
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
+from longca_triton.kernels.dense.op import dense_attention
+from longca_triton.kernels.flashmask.op import flashmask_attention
 from longca_triton.masks import RangeMask, make_mask
 from longca_triton.reference import chunked_attention, naive_attention
 
@@ -291,8 +291,8 @@ def _headdim_script():
 def test_hopper_configs_by_head_dim():
     """The Hopper table: 80 and 96 take the measured 128 entry (unchanged), 192 and 192/128 the 256
     one; every candidate resolves to a valid config and differs from the default."""
-    from longca_triton.kernels import dense
-    from longca_triton.kernels._runtime import config_head_dim
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.core.runtime import config_head_dim
 
     measured_128 = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, warp_specialize=False,
                         DKDV_BLOCK_M=32, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=3,
@@ -316,7 +316,7 @@ def test_hopper_configs_by_head_dim():
 def test_dq_skew_only_where_the_head_dim_fills_the_tile(monkeypatch):
     """Full masks take ``dq_skew`` at D = 128 (measured a gain) but not at 80 / 96 on the same padded tile
     (D = 96 measured a loss); an explicit config still sets it."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
     from longca_triton.masks import make_mask
 
     monkeypatch.setattr(dense, "_interpreting", lambda: False)
@@ -337,7 +337,7 @@ def test_full_masks_take_their_own_dkdv_tile():
     """``HOPPER_FULL_MASK``: at D = 128 (and 80 / 96, padded to it) a mask allowing every pair gets
     the 64x64 dK/dV tile and the skewed dQ loop (``dq_skew``), any other mask (even one allowing all but one
     pair) the table's; other head dims are unchanged; an explicit config still wins over both."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
     from longca_triton.masks import make_mask
 
     full, causal = make_mask("full", 300), make_mask("causal", 300)
@@ -360,8 +360,8 @@ def test_uneven_key_work_separates_the_static_masks():
     """``tuned.uneven_key_work``: the share of key tiles whose area is off the median by more than a
     quarter. The masks the row-major sweep won on (H100) are above ``UNEVEN_SHARE``, the ones it lost
     on (even programs) below it."""
-    from longca_triton.kernels import dense
-    from longca_triton.kernels.tuned import uneven_key_work
+    from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.core.tuned import uneven_key_work
     from longca_triton.masks import make_mask
 
     S = 16384  # the measured length; O(S) from the column intervals
@@ -383,7 +383,7 @@ def test_uneven_key_work_counts_each_key_tiles_area(sq, sk, seed):
     intervals) are the dense mask's column sums per tile, Sq != Sk and empty columns included."""
     import numpy as np
 
-    from longca_triton.kernels.tuned import uneven_key_work
+    from longca_triton.kernels.core.tuned import uneven_key_work
     from utils import random_range_mask
 
     mask = random_range_mask(sq, sk, seed)
@@ -401,7 +401,7 @@ def test_uneven_gqa_masks_take_the_row_major_sweep(monkeypatch):
     descending row-major sweep on the 64x64 tile; MHA, even masks, full masks and other head dims
     do not; a config naming another dK/dV tile without ``dkdv_sweep`` goes head-major. Even masks (and
     full ones) take ``HOPPER_EVEN_MASK`` (``bwd_streams``) at D = 128."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
     from longca_triton.masks import make_mask
 
     monkeypatch.setattr(dense, "_interpreting", lambda: False)

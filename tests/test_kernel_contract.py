@@ -6,8 +6,8 @@ import pytest
 import torch
 from utils import ODD_CONFIG, compare_to_reference, needs_triton, small_mask
 
-from longca_triton.kernels.dense import dense_attention
-from longca_triton.kernels.flashmask import flashmask_attention
+from longca_triton.kernels.dense.op import dense_attention
+from longca_triton.kernels.flashmask.op import flashmask_attention
 from longca_triton.masks import RangeMask
 
 pytestmark = needs_triton

@@ -152,7 +152,7 @@ def test_registry_shape():
 
 def test_production_steps_are_the_production_kernel():
     """Steps 7 / bwd5 call ``dense_attention`` itself, not a copy of it."""
-    from longca_triton.kernels import dense
+    from longca_triton.kernels.dense import op as dense
     from longca_triton.kernels.ladder import bwd5_production, step7_production
 
     assert step7_production.dense_attention is dense.dense_attention

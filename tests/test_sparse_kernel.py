@@ -1,4 +1,4 @@
-"""Block-sparse Triton kernels (longca_triton/kernels/block_sparse.py) against the float64 reference on to_dense().
+"""Block-sparse Triton kernels (longca_triton/kernels/block_sparse/op.py) against the float64 reference on to_dense().
 
 On a CPU machine the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is
 imported). There bf16 ``tl.dot`` is unreliable and autotuning is off, so the checks use float32
@@ -12,8 +12,8 @@ import torch
 import numpy as np
 import pytest
 
-from longca_triton.kernels import block_sparse as BS
-from longca_triton.kernels.block_sparse_tables import build_side_tables, get_side_tables
+from longca_triton.kernels.block_sparse import op as BS
+from longca_triton.kernels.block_sparse.plan import build_side_tables, get_side_tables
 from longca_triton.masks import BlockSparseMask, make_mask
 from longca_triton.reference import naive_attention
 
@@ -517,7 +517,7 @@ def test_backends_under_torch_compile(backend):
 
 def test_backend_reads_the_autotune_cache(monkeypatch):
     """The backends take their launch config from ``kernels.tuned.lookup`` (an explicit one wins)."""
-    from longca_triton.kernels import tuned
+    from longca_triton.kernels.core import tuned
     from longca_triton.adapters import Problem, get_backend
 
     seen = []

@@ -7,9 +7,9 @@ under experiments/results/h100/."""
 import pytest
 import torch
 
-from longca_triton.kernels.block_sparse import block_sparse_attention
-from longca_triton.kernels.dense import dense_attention
-from longca_triton.kernels.flashmask import flashmask_attention
+from longca_triton.kernels.block_sparse.op import block_sparse_attention
+from longca_triton.kernels.dense.op import dense_attention
+from longca_triton.kernels.flashmask.op import flashmask_attention
 from longca_triton.masks import make_mask
 
 pytestmark = pytest.mark.gpu

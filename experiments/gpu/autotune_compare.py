@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from longca_triton.bench import autotune as at
-from longca_triton.kernels import tuned
+from longca_triton.kernels.core import tuned
 
 
 def main(argv=None) -> int:

@@ -78,12 +78,12 @@ STREAMS = {"one-stream": {"bwd_streams": False}, "bwd_streams": {"bwd_streams": 
 
 def _ours(kernel: str, p, configs: dict, lse: bool = False):
     """``{variant: attn(q, k, v) -> out}`` (``lse``: ``(out, lse)``), one per config of ``configs``."""
-    from longca_triton.kernels.block_sparse import block_sparse_attention
-    from longca_triton.kernels.dense import dense_attention
-    from longca_triton.kernels.flashmask import flashmask_attention
+    from longca_triton.kernels.block_sparse.op import block_sparse_attention
+    from longca_triton.kernels.dense.op import dense_attention
+    from longca_triton.kernels.flashmask.op import flashmask_attention
 
     if kernel == "gluon":
-        from longca_triton.kernels.gluon.attention import gluon_attention as fn
+        from longca_triton.kernels.gluon.op import gluon_attention as fn
     else:
         fn = {"dense": dense_attention, "sparse": block_sparse_attention, "flashmask": flashmask_attention}[kernel]
     return {name: (lambda q, k, v, c=cfg: fn(q, k, v, p.mask, config=c, return_lse=lse))

@@ -59,8 +59,8 @@ import dense_check as DC
 import torch
 
 from longca_triton.bench.check import compare, reference_group
-from longca_triton.kernels import block_sparse as BS
-from longca_triton.kernels import dense as D
+from longca_triton.kernels.block_sparse import op as BS
+from longca_triton.kernels.dense import op as D
 from longca_triton.masks import make_mask
 
 MASKS = ("full", "causal", "causal_document", "share_question")
@@ -445,7 +445,7 @@ def run_flashmask(emit, mname: str, S: int, hq: int, hkv: int, d: int, dtype, sm
                   chosen: dict, vendors: bool = True) -> dict:
     """``triton-flashmask`` (our FlashMask port) on a dense mask: each variant checked, then its
     backward timed through autograd, next to Flex's (``--flashmask-variants``)."""
-    from longca_triton.kernels.flashmask import flashmask_attention
+    from longca_triton.kernels.flashmask.op import flashmask_attention
 
     p = DC.Problem(DC.bench_mask(mname, S), hq=hq, hkv=hkv, d=d, dtype=dtype)
     ref = reference_group(p.mask, p.q, p.k, p.v, p.dout, p.scale, True)

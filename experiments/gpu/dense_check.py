@@ -1,4 +1,4 @@
-"""GPU check and benchmark of our dense structured-mask Triton kernels (longca_triton/kernels/dense.py).
+"""GPU check and benchmark of our dense structured-mask Triton kernels (longca_triton/kernels/dense/op.py).
 
 Run from the repository root on a CUDA machine (the package need not be installed):
 
@@ -37,8 +37,8 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from longca_triton.bench.timing import time_fn  # noqa: E402
-from longca_triton.kernels import dense as D  # noqa: E402
-from longca_triton.kernels.dense_tables import get_tile_plan  # noqa: E402
+from longca_triton.kernels.dense import op as D  # noqa: E402
+from longca_triton.kernels.dense.plan import get_tile_plan  # noqa: E402
 from longca_triton.masks import STATIC_MASK_NAMES, make_mask  # noqa: E402
 from longca_triton.reference.naive import naive_attention  # noqa: E402
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
-from longca_triton.kernels import block_sparse as BS  # noqa: E402
+from longca_triton.kernels.block_sparse import op as BS  # noqa: E402
 from longca_triton.masks import make_mask  # noqa: E402
 
 

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dense_check as DC  # noqa: E402
 
 from longca_triton.bench.check import compare, reference_group  # noqa: E402
-from longca_triton.kernels import dense as D  # noqa: E402
-from longca_triton.kernels.gluon import attention as G  # noqa: E402
+from longca_triton.kernels.dense import op as D  # noqa: E402
+from longca_triton.kernels.gluon import op as G  # noqa: E402
 
 #: name -> (dQ family, dK/dV family, dK/dV launched first)
 PAIRS = {"gluon": ("gluon", "gluon", False), "triton": ("triton", "triton", False),

@@ -21,8 +21,8 @@ import torch
 
 from longca_triton.adapters import Problem, get_backend
 from longca_triton.bench.timing import time_fn
-from longca_triton.kernels.dense import dense_attention
-from longca_triton.kernels.gluon.attention import SMEM_LIMIT, gluon_attention, smem_bytes
+from longca_triton.kernels.dense.op import dense_attention
+from longca_triton.kernels.gluon.op import SMEM_LIMIT, gluon_attention, smem_bytes
 from longca_triton.masks import make_mask
 
 

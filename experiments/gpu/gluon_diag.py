@@ -110,7 +110,7 @@ def _config_reason(cfg: dict, d: int, dv: int) -> str:
     """Why ``cfg`` cannot run at these head dims (empty when it can): ``resolve_config``'s error."""
     import torch
 
-    from longca_triton.kernels.gluon.attention import resolve_config
+    from longca_triton.kernels.gluon.op import resolve_config
 
     try:
         resolve_config(d, torch.bfloat16, cfg, head_dim_v=dv)
@@ -123,7 +123,7 @@ def _fwd_check(q, k, v, mask, ref, ref_lse, rows, config=None) -> dict:
     """The Gluon forward alone against the reference: error, lse, empty rows, the -inf pattern."""
     import torch
 
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
 
     t0 = time.time()
     try:
@@ -145,11 +145,11 @@ def run_case(idx: int, extra: list | None = None) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
     from longca_triton.reference import chunked_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    from longca_triton.kernels.gluon.attention import bwd_reason
+    from longca_triton.kernels.gluon.op import bwd_reason
 
     name, kind, sq, sk, hq, hkv = CASES[idx][:6]
     d, dv = _dims(CASES[idx])
@@ -209,8 +209,8 @@ def run_timing(S: int, d: int = 128, dv: int = 128, fwd_only: bool = False, extr
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from longca_triton.bench.timing import time_fn
-    from longca_triton.kernels.dense import dense_attention
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.dense.op import dense_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
     from longca_triton.masks import make_mask
 
     rows = []
@@ -297,7 +297,7 @@ def run_bwd_configs(S: int, only_fused: bool = False, masks=("full", "causal"), 
     import torch
 
     from longca_triton.bench.timing import time_fn
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
     from longca_triton.masks import make_mask
 
     rows = []
@@ -334,7 +334,7 @@ def run_fwd_configs(S: int, masks, configs, d: int = 128, interleave: bool = Fal
     import torch
 
     from longca_triton.bench.timing import time_fn, time_interleaved
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
     from longca_triton.masks import make_mask
     from longca_triton.reference import chunked_attention
 

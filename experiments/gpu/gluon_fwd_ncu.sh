@@ -20,7 +20,7 @@ for case in $CASES; do
   RUN=(python -c "
 import sys, torch
 sys.path.insert(0, '.')
-from longca_triton.kernels.gluon.attention import gluon_attention
+from longca_triton.kernels.gluon.op import gluon_attention
 from longca_triton.masks import make_mask
 S, d = 16384, $d
 params = dict(kv.split('=') for kv in '$params'.split(',') if kv)

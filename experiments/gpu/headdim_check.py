@@ -53,7 +53,7 @@ from longca_triton.bench.params import format_head_dim, parse_head_dim, row_head
 from longca_triton.bench.report import latest_rows, markdown_report, markdown_table  # noqa: E402
 from longca_triton.bench.runner import run_experiment  # noqa: E402
 from longca_triton.bench.store import ResultStore, status_kind  # noqa: E402
-from longca_triton.kernels._runtime import block_head_dim  # noqa: E402
+from longca_triton.kernels.core.runtime import block_head_dim  # noqa: E402
 
 OURS = "triton"
 BASE = "sdpa-cudnn"
@@ -174,7 +174,7 @@ def _cfg_label(cfg: dict, mode: str) -> str:
 def config_entries(d_qk: int, d_v: int, mode: str) -> list[tuple[str, dict]]:
     """``[(name, full config)]`` timed in ``mode``: the default, then each candidate that changes a
     key of that mode (forward keys for fwd, any other key for bwd)."""
-    from longca_triton.kernels.dense import headdim_candidates
+    from longca_triton.kernels.dense.op import headdim_candidates
 
     cands = headdim_candidates(d_qk, d_v)
     base = cands.pop("default")
@@ -211,7 +211,7 @@ def _compile_job(job) -> str:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
 
-        from longca_triton.kernels.aot import specialize
+        from longca_triton.kernels.core.aot import specialize
 
         label, mask, kernel, cfg = job
         launch = record(label, mask, kernel, cfg)

@@ -48,8 +48,8 @@ CASES = (*DENSE, "sparse-ours", "sparse-flex", *VARBLOCK)
 
 def backward_fn(case: str):
     """(the attention function of ``case``, its leaves q / k / v, dO)."""
-    from longca_triton.kernels import block_sparse as BS
-    from longca_triton.kernels import dense as D
+    from longca_triton.kernels.block_sparse import op as BS
+    from longca_triton.kernels.dense import op as D
     from longca_triton.masks import make_mask
 
     torch.manual_seed(0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from longca_triton.bench.timing import time_interleaved
-from longca_triton.kernels.gluon.attention import gluon_attention, resolve_config
+from longca_triton.kernels.gluon.op import gluon_attention, resolve_config
 from longca_triton.masks import make_mask
 from longca_triton.reference import chunked_attention
 

@@ -96,7 +96,7 @@ for l in sys.stdin:
         -f -o "$OUT/ncu/$tag" python -c "
 import sys, torch
 sys.path.insert(0, '.')
-from longca_triton.kernels.gluon.attention import gluon_attention
+from longca_triton.kernels.gluon.op import gluon_attention
 from longca_triton.masks import make_mask
 S, d = 16384, 96
 g = torch.Generator(device='cuda').manual_seed(0)

@@ -33,7 +33,7 @@ def main() -> None:
     import torch
 
     from longca_triton.bench.timing import time_fn
-    from longca_triton.kernels.gluon.attention import gluon_attention
+    from longca_triton.kernels.gluon.op import gluon_attention
     from longca_triton.masks import make_mask
     from longca_triton.reference import chunked_attention
 

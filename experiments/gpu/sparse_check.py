@@ -1,4 +1,4 @@
-"""GPU check and benchmark of our block-sparse Triton kernels (longca_triton/kernels/block_sparse.py).
+"""GPU check and benchmark of our block-sparse Triton kernels (longca_triton/kernels/block_sparse/op.py).
 
 Run from the repository root on a CUDA machine (the package need not be installed):
 
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from longca_triton.bench.timing import time_fn  # noqa: E402
-from longca_triton.kernels import block_sparse as BS  # noqa: E402
+from longca_triton.kernels.block_sparse import op as BS  # noqa: E402
 from longca_triton.masks import BlockSparseMask, make_mask  # noqa: E402
 from longca_triton.reference.naive import naive_attention  # noqa: E402
 
@@ -207,9 +207,9 @@ def bench_flex(x: Inputs, mask, label, block_sizes=(128,)):
 
 
 def bench_dense(x: Inputs, S):
-    """Our dense kernel (longca_triton/kernels/dense.py, another engineer's) on the full mask, fwd and bwd."""
+    """Our dense kernel (longca_triton/kernels/dense/op.py, another engineer's) on the full mask, fwd and bwd."""
     try:
-        from longca_triton.kernels import dense as D
+        from longca_triton.kernels.dense import op as D
     except Exception as e:  # noqa: BLE001
         emit(dict(kind="bench", backend="triton-dense", mask="full", status=f"error: {e!r}"[:300]))
         return {}

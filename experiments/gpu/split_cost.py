@@ -26,7 +26,7 @@ if os.environ.get("LONGCA_PACKAGE_ROOT"):
 import torch  # noqa: E402
 
 from longca_triton.bench.timing import time_interleaved  # noqa: E402
-from longca_triton.kernels.gluon.attention import fwd_block_m, fwd_plan, gluon_fwd, resolve_config  # noqa: E402
+from longca_triton.kernels.gluon.op import fwd_block_m, fwd_plan, gluon_fwd, resolve_config  # noqa: E402
 from longca_triton.masks import make_mask  # noqa: E402
 from longca_triton.reference import chunked_attention  # noqa: E402
 
@@ -66,7 +66,7 @@ def main() -> None:
         # checked after repeated merges, only its time)
         out = torch.empty(q.shape[:3] + (128,), device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(1, 64, S, device="cuda", dtype=torch.float32)
-        from longca_triton.kernels.gluon.attention import _launch_fwd
+        from longca_triton.kernels.gluon.op import _launch_fwd
 
         def first(p=pair[0], c=split_cfg):
             _launch_fwd(q, k, v, out, lse, p, scale, c, merge=False)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 from longca_triton.bench.timing import time_fn, time_interleaved  # noqa: E402
-from longca_triton.kernels.block_sparse import block_sparse_attention  # noqa: E402
+from longca_triton.kernels.block_sparse.op import block_sparse_attention  # noqa: E402
 from longca_triton.masks import make_mask  # noqa: E402
 
 

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 def launches(mask, q, k, v, overlays: dict, parts: bool = True):
     """``{name: fn}``: the parts (module doc) of the default config (``parts``; else its whole backward only) and
     each overlay's whole backward."""
-    from longca_triton.kernels import block_sparse as BS
+    from longca_triton.kernels.block_sparse import op as BS
 
     scale = q.shape[-1] ** -0.5
     cfg = BS.resolve_config(mask, q.shape[-1], None, q=q, k=k)

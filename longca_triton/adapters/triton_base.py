@@ -3,7 +3,7 @@
 float32 is allowed too), the dtype / head-dim / GQA checks (head dims: multiples of 8 up to 256, v
 may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an explicit
 ``self.config``, else the autotune cache's entry for the problem class via
-``longca_triton.kernels.tuned.lookup``, else the kernel's defaults; which of them ran is a timed row's
+``longca_triton.kernels.core.tuned.lookup``, else the kernel's defaults; which of them ran is a timed row's
 ``notes.launch_config``), ``deterministic=True``
 (passed to the kernels; ``problem.extra["deterministic"]`` in ``prepare``), and a ``prepare`` that
 does the mask lowering / planning before returning the timed call.
@@ -44,7 +44,7 @@ class TritonBackend(Backend):
     #: an explicit launch config (None: autotune cache, else the kernel's defaults)
     config: dict | None = None
     #: our kernels' backward has no atomics unless a config asks for them (dense ``fused_dq``,
-    #: which ``deterministic=True`` refuses): see ``kernels/dense.py``
+    #: which ``deterministic=True`` refuses): see ``kernels/dense/op.py``
     honours_deterministic = True
 
     def available(self):
@@ -80,7 +80,7 @@ class TritonBackend(Backend):
         allowed = self.dtypes + ((torch.float32,) if interpreting() else ())
         if problem.dtype not in allowed:
             return False, f"dtype {problem.dtype} not supported (kernels take float16 and bfloat16)"
-        from longca_triton.kernels._runtime import head_dim_reason
+        from longca_triton.kernels.core.runtime import head_dim_reason
 
         for which, d in (("head_dim", problem.head_dim), ("head_dim of v", problem.d_v)):
             why = head_dim_reason(d, which)
@@ -121,7 +121,7 @@ class TritonBackend(Backend):
         ``"autotune cache"`` or ``"kernel defaults"``."""
         if self.config is not None:
             return self.config, "config in the backend name"
-        from longca_triton.kernels.tuned import lookup
+        from longca_triton.kernels.core.tuned import lookup
 
         tuned = lookup(self.name, q, k, mask, v=v)
         return tuned, "autotune cache" if tuned is not None else "kernel defaults"

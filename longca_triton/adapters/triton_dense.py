@@ -23,7 +23,7 @@ class TritonDense(TritonBackend):
         return ""
 
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.dense import dense_attention
+        from longca_triton.kernels.dense.op import dense_attention
 
         return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                deterministic=deterministic)
@@ -31,13 +31,13 @@ class TritonDense(TritonBackend):
     def check_config(self, config):
         import torch
 
-        from longca_triton.kernels.dense import resolve_config
+        from longca_triton.kernels.dense.op import resolve_config
 
         resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
-        from longca_triton.kernels._runtime import config_head_dim
-        from longca_triton.kernels.dense import plans_for, resolve_config
+        from longca_triton.kernels.core.runtime import config_head_dim
+        from longca_triton.kernels.dense.op import plans_for, resolve_config
 
         cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config, mask=problem.mask)
         plans_for(problem.mask, cfg, q.device)

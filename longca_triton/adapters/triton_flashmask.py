@@ -1,4 +1,4 @@
-"""Our Triton port of FlashMask (``longca_triton/kernels/flashmask.py``) as the ``triton-flashmask``
+"""Our Triton port of FlashMask (``longca_triton/kernels/flashmask/op.py``) as the ``triton-flashmask``
 backend (old name ``flashmask-triton``, still accepted by ``get_backend``).
 
 The mask is lowered to FlashMask's column form (``flashmask_columns``: per key column the masked
@@ -31,7 +31,7 @@ class TritonFlashMask(TritonBackend):
         return ""
 
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.flashmask import flashmask_attention
+        from longca_triton.kernels.flashmask.op import flashmask_attention
 
         return flashmask_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                    deterministic=deterministic)
@@ -39,14 +39,14 @@ class TritonFlashMask(TritonBackend):
     def check_config(self, config):
         import torch
 
-        from longca_triton.kernels.flashmask import resolve_config
+        from longca_triton.kernels.flashmask.op import resolve_config
 
         resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
         """The column lowering and the device metadata (columns, per-tile min/max)."""
-        from longca_triton.kernels._runtime import config_head_dim
-        from longca_triton.kernels.flashmask import flashmask_plan, resolve_config
+        from longca_triton.kernels.core.runtime import config_head_dim
+        from longca_triton.kernels.flashmask.op import flashmask_plan, resolve_config
 
         plan = flashmask_plan(problem.mask, q.shape[1], q.device)
         cfg = resolve_config(config_head_dim(problem.head_dim, problem.d_v), problem.dtype, config)

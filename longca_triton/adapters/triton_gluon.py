@@ -43,7 +43,7 @@ class TritonGluon(TritonBackend):
             return False, f"cannot import triton.experimental.gluon ({type(e).__name__}: {e})"
         if not torch.cuda.is_available():
             return False, "needs an sm_90 (Hopper) GPU; the CPU interpreter cannot run Gluon"
-        from longca_triton.kernels.gluon.attention import device_reason
+        from longca_triton.kernels.gluon.op import device_reason
 
         why = device_reason(torch.device("cuda"))
         return (not why), why
@@ -61,7 +61,7 @@ class TritonGluon(TritonBackend):
             return ok, why
         # head dims: the base class's check (multiples of 8 up to 256, D_v may differ), then only
         # the pairs a GPU has checked (the kernels compile for all of them)
-        from longca_triton.kernels.gluon.attention import (
+        from longca_triton.kernels.gluon.op import (
             GPU_CHECKED_HEAD_DIMS,
             device_reason,
         )
@@ -79,20 +79,20 @@ class TritonGluon(TritonBackend):
     honours_deterministic = True
 
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.gluon.attention import gluon_attention
+        from longca_triton.kernels.gluon.op import gluon_attention
 
         return gluon_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                deterministic=deterministic)
 
     def check_config(self, config):
-        from longca_triton.kernels.gluon.attention import resolve_config
+        from longca_triton.kernels.gluon.op import resolve_config
 
         resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
-        from longca_triton.kernels._runtime import config_head_dim
-        from longca_triton.kernels.dense import resolve_config as dense_cfg
-        from longca_triton.kernels.gluon.attention import (
+        from longca_triton.kernels.core.runtime import config_head_dim
+        from longca_triton.kernels.dense.op import resolve_config as dense_cfg
+        from longca_triton.kernels.gluon.op import (
             plans_for_gluon,
             resolve_config,
         )

@@ -1,5 +1,5 @@
 """Our block-sparse Triton kernels as backends: ``triton-sparse`` (uniform blocks) and
-``triton-varblock`` (any block bounds). Both run ``longca_triton/kernels/block_sparse.py``: one tile grid where
+``triton-varblock`` (any block bounds). Both run ``longca_triton/kernels/block_sparse/op.py``: one tile grid where
 every block is processed in fixed-size sub-tiles carrying their valid length; for uniform
 power-of-two blocks the sub-tile is the block and the tail mask compiles away.
 
@@ -42,14 +42,14 @@ class _TritonBlockSparse(TritonBackend):
     probe_mask = ("block_sparse", dict(block=128, density=0.5))
 
     def check_config(self, config):
-        from longca_triton.kernels.block_sparse import resolve_config
+        from longca_triton.kernels.block_sparse.op import resolve_config
         from longca_triton.masks import make_mask
 
         name, params = self.probe_mask
         resolve_config(make_mask(name, 1024, patterns=2, seed=0, **params), 128, config, heads=(8, 2))
 
     def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.block_sparse import block_sparse_attention
+        from longca_triton.kernels.block_sparse.op import block_sparse_attention
 
         return block_sparse_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
                                       deterministic=deterministic)
@@ -61,7 +61,7 @@ class _TritonBlockSparse(TritonBackend):
         for Triton's own backends also matches ``longca_triton/adapters``), so this frame always
         runs eagerly and cannot tell whether it was called from a compiled region; Dynamo then
         compiles the kernel wrapper it calls as a frame of its own, and only the op path traces."""
-        from longca_triton.kernels.block_sparse import block_sparse_attention_op
+        from longca_triton.kernels.block_sparse.op import block_sparse_attention_op
 
         self.check_deterministic(deterministic)
         return block_sparse_attention_op(q, k, v, mask, softmax_scale=softmax_scale, return_lse=return_lse,
@@ -69,8 +69,8 @@ class _TritonBlockSparse(TritonBackend):
 
     def plan(self, problem: Problem, q, config):
         """The GPU tables (q->k lists and their k->q transposes), built and cached here."""
-        from longca_triton.kernels import block_sparse as BS
-        from longca_triton.kernels._runtime import config_head_dim
+        from longca_triton.kernels.block_sparse import op as BS
+        from longca_triton.kernels.core.runtime import config_head_dim
 
         cfg = BS.resolve_config(problem.mask, config_head_dim(problem.head_dim, problem.d_v), config,
                                 heads=(problem.heads_q, problem.heads_kv))
@@ -78,8 +78,8 @@ class _TritonBlockSparse(TritonBackend):
 
     def table_build_ms(self, problem: Problem, device="cuda") -> dict:
         """Median ms to build the fwd / dq / dkdv tables on ``device`` (from scratch, no cache)."""
-        from longca_triton.kernels._runtime import config_head_dim
-        from longca_triton.kernels.block_sparse import table_build_time
+        from longca_triton.kernels.core.runtime import config_head_dim
+        from longca_triton.kernels.block_sparse.op import table_build_time
 
         return table_build_time(problem.mask, config_head_dim(problem.head_dim, problem.d_v), device,
                                 problem.extra.get("config"), heads=(problem.heads_q, problem.heads_kv))

@@ -1,5 +1,5 @@
 """Autotuning our kernels' launch configs (the search; the cache the kernels read at run time is
-:mod:`longca_triton.kernels.tuned`).
+:mod:`longca_triton.kernels.core.tuned`).
 
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.tuned import (
+from longca_triton.kernels.core.tuned import (
     cache_path,
     device_key,
     load_cache,
@@ -155,12 +155,12 @@ def _one_launch_candidates(big: bool) -> list[dict]:
 
 def _dense_tunable() -> Tunable:
     def run(q, k, v, mask, config):
-        from ..kernels.dense import dense_attention
+        from longca_triton.kernels.dense.op import dense_attention
 
         return dense_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None, group=1):
-        from ..kernels.dense import default_config
+        from longca_triton.kernels.dense.op import default_config
 
         return default_config(head_dim, dtype, mask, group)
 
@@ -191,8 +191,8 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
     and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``);
     on the persistent launch with O's own buffers also ``mask_head`` 0 / 1 / 2 with ``rowsum_mma`` off
     and on (the other candidates leave both to their rules)."""
-    from ..kernels._runtime import block_head_dim
-    from ..kernels.gluon.attention import (
+    from longca_triton.kernels.core.runtime import block_head_dim
+    from longca_triton.kernels.gluon.op import (
         SMEM_LIMIT,
         bwd_reason,
         bwd_smem_bytes,
@@ -246,18 +246,18 @@ def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
 
 def _gluon_tunable() -> Tunable:
     def run(q, k, v, mask, config):
-        from ..kernels.gluon.attention import gluon_attention
+        from longca_triton.kernels.gluon.op import gluon_attention
 
         return gluon_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None, group=1):
         # what a user gets: the defaults with their mask-dependent rules (resolve_config)
-        from ..kernels.gluon.attention import resolve_config
+        from longca_triton.kernels.gluon.op import resolve_config
 
         return resolve_config(head_dim, dtype, None, mask=mask)
 
     def device_reason(device):
-        from ..kernels.gluon.attention import device_reason as why
+        from longca_triton.kernels.gluon.op import device_reason as why
 
         return why(device)
 
@@ -382,12 +382,12 @@ def _sparse_cases(mask_name: str):
 
 def _block_sparse_tunable(name: str) -> Tunable:
     def run(q, k, v, mask, config):
-        from ..kernels.block_sparse import block_sparse_attention
+        from longca_triton.kernels.block_sparse.op import block_sparse_attention
 
         return block_sparse_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None, group=1):
-        from ..kernels.block_sparse import default_config
+        from longca_triton.kernels.block_sparse.op import default_config
 
         return default_config(mask, head_dim)
 

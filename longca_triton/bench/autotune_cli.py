@@ -122,7 +122,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
       longca-triton autotune --varblock --mean-block 256
       longca-triton autotune --block 64 --dry-run
     """
-    from ..kernels import tuned
+    from longca_triton.kernels.core import tuned
     from ..masks import MASK_NAMES
     from ..output import console as make_console
     from ..runtime import INTERPRETER_BANNER, select_device

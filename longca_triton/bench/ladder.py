@@ -267,7 +267,7 @@ def run_ladder(p: LadderProblem, steps=None, log=print, timed: bool | None = Non
     flops = p.batch * mask.flops(p.heads_q, p.head_dim, p.mode)
     out = lse = None
     if p.mode == "bwd":
-        from longca_triton.kernels.dense import dense_attention
+        from longca_triton.kernels.dense.op import dense_attention
 
         with torch.no_grad():
             out, lse = dense_attention(q, k, v, mask, return_lse=True)

@@ -18,7 +18,7 @@ together call it at the end).
 Resolution of a backend name (:func:`get_step_kernel`):
 
 1. a registered backend with ``cp_forward`` / ``cp_backward`` methods: those;
-2. ``triton``: our dense kernel's launchers (``longca_triton.kernels.dense``: ``dense_fwd`` /
+2. ``triton``: our dense kernel's launchers (``longca_triton.kernels.dense.op``: ``dense_fwd`` /
    ``dense_bwd`` with ``dlse``), even before the backend is registered;
 3. ``reference`` / ``reference-chunked``: :class:`TorchStep`, plain PyTorch with the same equations;
 4. anything else: :class:`AutogradStep`, which recomputes the block under the backend's own autograd
@@ -106,12 +106,12 @@ class TorchStep(StepKernel):
 
 
 class TritonStep(StepKernel):
-    """Our Triton dense kernel (``longca_triton.kernels.dense``), plans cached on each local mask."""
+    """Our Triton dense kernel (``longca_triton.kernels.dense.op``), plans cached on each local mask."""
 
     name = "triton"
 
     def __init__(self, config: dict | None = None, float32_partials: bool = True):
-        from longca_triton.kernels import dense
+        from longca_triton.kernels.dense import op as dense
 
         self.dense = dense
         self.config = config
@@ -124,7 +124,7 @@ class TritonStep(StepKernel):
     def _setup(self, q, k, v, mask):
         """Launch config (the autotune cache's for this problem class, else the defaults) and the
         three tile plans, cached on the (local) mask."""
-        from longca_triton.kernels._runtime import config_head_dim
+        from longca_triton.kernels.core.runtime import config_head_dim
 
         key = ("cp-triton", str(q.dtype), q.shape[-1], v.shape[-1], q.shape[2] // k.shape[2], str(q.device))
         cache = mask.__dict__.setdefault("_lowering_cache", {})
@@ -132,7 +132,7 @@ class TritonStep(StepKernel):
             cfg = self.config
             if cfg is None:
                 try:
-                    from longca_triton.kernels.tuned import lookup
+                    from longca_triton.kernels.core.tuned import lookup
 
                     cfg = lookup("triton", q, k, mask, v=v)
                 except Exception:  # noqa: BLE001 - no tuning cache: defaults

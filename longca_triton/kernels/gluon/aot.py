@@ -16,7 +16,7 @@ import dataclasses
 import os
 import re
 
-from ..aot import ptxas_info
+from longca_triton.kernels.core.aot import ptxas_info
 
 __all__ = ["Compiled", "compile_fwd", "compile_bwd", "ptxas_info"]
 
@@ -77,9 +77,9 @@ def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2
     BLOCK_DQK``, piece by piece with ``split_d``)."""
     import torch
 
-    from .._runtime import head_dim_meta
-    from .attention import _regs, resolve_config
-    from .attention_fwd import gluon_fwd_kernel, o_fits_q
+    from longca_triton.kernels.core.runtime import head_dim_meta
+    from longca_triton.kernels.gluon.op import _regs, resolve_config
+    from longca_triton.kernels.gluon.fwd import gluon_fwd_kernel, o_fits_q
 
     dv = head_dim if head_dim_v is None else head_dim_v
     c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
@@ -104,9 +104,9 @@ def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_
     (``attention.CONFIG_KEYS``; the fused one reads the ``fused_*`` keys)."""
     import torch
 
-    from .attention import _regs, fused_split_d, resolve_config
-    from .attention_bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
-    from .attention_bwd_fused import gluon_bwd_fused_kernel
+    from longca_triton.kernels.gluon.op import _regs, fused_split_d, resolve_config
+    from longca_triton.kernels.gluon.bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
+    from longca_triton.kernels.gluon.bwd_fused import gluon_bwd_fused_kernel
 
     c = resolve_config(head_dim, torch.bfloat16, cfg)
     producer, maxnreg = _regs(c["bwd_consumer_regs"])
@@ -156,7 +156,7 @@ def main(argv=None) -> None:
     info = ptxas_info(c.ptx)
     import torch
 
-    from .attention import resolve_config
+    from longca_triton.kernels.gluon.op import resolve_config
 
     r = resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v)
     print(f"{a.kernel} D={a.head_dim}" + (f"/{a.head_dim_v}" if a.head_dim_v else "")

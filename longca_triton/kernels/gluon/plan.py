@@ -3,7 +3,7 @@
 The plain-Triton forward loops over a tile's *full* runs, then over its *partial* runs, in two
 loops. The warp-specialized forward cannot: its producer and its consumers must walk the same
 key tiles in the same order with a software-pipelined step that crosses run boundaries. So the
-two CSR run lists of :class:`~longca_triton.kernels.dense_tables.TilePlan` are merged per query
+two CSR run lists of :class:`~longca_triton.kernels.dense.plan.TilePlan` are merged per query
 tile (full runs first), and every partition walks the merged list with one cursor
 ``(run r, tile n, run end e)``. A run ``r`` is partial when ``r >= run_ptr[m] + run_nfull[m]``.
 
@@ -26,8 +26,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from ..dense_tables import TilePlan, get_tile_plan
-from ..plan_cache import PlanCache
+from longca_triton.kernels.dense.plan import TilePlan, get_tile_plan
+from longca_triton.kernels.core.plan_cache import PlanCache
 
 __all__ = ["WsPlan", "merge_runs", "get_ws_plan", "walk"]
 

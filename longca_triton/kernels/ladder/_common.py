@@ -28,7 +28,7 @@ import triton.language as tl
 
 # why: importing the production module applies its NumPy >= 2.4 patch to Triton's CPU
 # interpreter (loaded scalars used as loop bounds); our kernels need the same patch.
-from longca_triton.kernels import dense as _dense  # noqa: F401
+from longca_triton.kernels.dense import op as _dense  # noqa: F401
 
 LOG2E = 1.4426950408889634
 

@@ -1,7 +1,7 @@
 r"""Backward step 5 — the production backward: ``dense_attention``'s autograd, not a copy.
 
 The forward runs once, outside the timed region, through
-``longca_triton.kernels.dense.dense_attention`` (with the config the ``triton`` backend would use);
+``longca_triton.kernels.dense.op.dense_attention`` (with the config the ``triton`` backend would use);
 the timed call is ``torch.autograd.grad(out, (q, k, v), dO)``, i.e. exactly the backward a
 training step runs: ``dense_bwd.py``'s three launches.
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from longca_triton.kernels.dense import dense_attention
+from longca_triton.kernels.dense.op import dense_attention
 
 from .step7_production import production_config
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from longca_triton.kernels.dense import dense_attention
+from longca_triton.kernels.dense.op import dense_attention
 
 from .step7_production import production_config
 

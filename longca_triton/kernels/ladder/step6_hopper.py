@@ -60,8 +60,8 @@ from ._common import (
     tile_tables,
 )
 from .step5_gqa import packed_tile
-from .._runtime import descriptor_ready as _descriptor_ready
-from .._runtime import ensure_allocator as _ensure_allocator
+from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
+from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
 
 #: what happened to warp specialization on this process's first GPU call (shown by the ladder)
 STATUS = {"warp_specialize": None}

@@ -1,7 +1,7 @@
-r"""Step 7 — the production kernel: ``longca_triton.kernels.dense.dense_attention`` itself.
+r"""Step 7 — the production kernel: ``longca_triton.kernels.dense.op.dense_attention`` itself.
 
 This step is not a copy. It imports and calls the kernel behind the ``triton`` backend
-(``longca_triton/kernels/dense.py``, ``dense_fwd.py``, ``dense_tables.py``), with the launch config the
+(``longca_triton/kernels/dense/op.py``, ``dense_fwd.py``, ``dense_tables.py``), with the launch config the
 ``triton`` backend would use (the autotune cache's entry for this problem class, else the
 kernel's defaults), so its row in the ladder is the production number.
 
@@ -24,7 +24,7 @@ What it does beyond step 6
 Measured (H100, causal, S=16K)
 ------------------------------
 492.9 TFLOP/s (8.92 ms): 1.07× step 6, 84% of sdpa-cudnn (589.2 TFLOP/s in the same run); peak
-264 MiB above the inputs (the output plus the fp32 lse and the run tables). ``longca_triton/kernels/dense.py``'s
+264 MiB above the inputs (the output plus the fp32 lse and the run tables). ``longca_triton/kernels/dense/op.py``'s
 docstring says where most of the remaining gap to cuDNN goes on sm_90 with Triton 3.6.
 (B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
 ``experiments/results/h100/ladder/ladder.md``, chart ``ladder_fwd.png`` next to it.)
@@ -32,13 +32,13 @@ docstring says where most of the remaining gap to cuDNN goes on sm_90 with Trito
 
 from __future__ import annotations
 
-from longca_triton.kernels.dense import dense_attention
+from longca_triton.kernels.dense.op import dense_attention
 
 
 def production_config(q, k, mask, backend: str = "triton"):
     """The config ``backend`` would pick (its autotune cache entry), or ``None`` for defaults."""
     try:
-        from longca_triton.kernels.tuned import lookup
+        from longca_triton.kernels.core.tuned import lookup
 
         return lookup(backend, q, k, mask)
     except Exception:  # no cache, or an unreadable one: the kernel's defaults

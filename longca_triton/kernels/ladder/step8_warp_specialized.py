@@ -26,7 +26,7 @@ register split explicitly.
 
 What it takes
 -------------
-The design and the schedule are in ``longca_triton/kernels/gluon/attention_fwd.py``; the plan's
+The design and the schedule are in ``longca_triton/kernels/gluon/fwd.py``; the plan's
 full and partial runs are merged per query tile so all partitions walk one list
 (``gluon/plan.py``); ``docs/ladder.md`` explains mbarrier phases and the ping-pong in prose with
 a timeline. sm_90 only; elsewhere the ladder says ``skipped`` with the reason.
@@ -47,7 +47,7 @@ Session 19 (experiments/results/h100/session19, the harness, interleaved): causa
 
 from __future__ import annotations
 
-from longca_triton.kernels.gluon.attention import device_reason, gluon_attention
+from longca_triton.kernels.gluon.op import device_reason, gluon_attention
 
 from .step7_production import production_config
 

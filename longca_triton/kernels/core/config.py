@@ -46,7 +46,7 @@ def tuned_config(spec: ConfigSpec, q, k, mask, v=None) -> Optional[dict]:
     if spec.tuned_name is None or q is None or k is None or mask is None:
         return None
     name = spec.tuned_name(mask) if callable(spec.tuned_name) else spec.tuned_name
-    from .tuned import lookup
+    from longca_triton.kernels.core.tuned import lookup
 
     return lookup(name, q, k, mask, v=v)
 

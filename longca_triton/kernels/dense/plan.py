@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .plan_cache import PlanCache
+from longca_triton.kernels.core.plan_cache import PlanCache
 
 __all__ = ["TilePlan", "MaskArrays", "build_tile_plan", "get_tile_plan", "mask_arrays"]
 

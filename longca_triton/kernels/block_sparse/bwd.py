@@ -1,5 +1,5 @@
 """Block-sparse backward kernels: key-major dK/dV and query-major dQ (see
-``longca_triton/kernels/block_sparse.py``); delta comes from ``core.bwd_preprocess_kernel``.
+``longca_triton/kernels/block_sparse/op.py``); delta comes from ``core.bwd_preprocess_kernel``.
 Two kernels (default), or both program sets in one launch (``block_sparse_bwd_one_launch_kernel``,
 config ``one_launch``; ``core.one_launch_split`` orders them); the bodies are ``_dkdv_program`` /
 ``_dq_program`` of a program index either way. No atomics in any of them.
@@ -18,8 +18,8 @@ from the preprocess's 16-byte rows by one TMA box (``core.stats_desc``) instead 
 import triton
 import triton.language as tl
 
-from .block_sparse_fwd import _pack_program_at
-from .core import (
+from longca_triton.kernels.block_sparse.fwd import _pack_program_at
+from longca_triton.kernels.core.jit import (
     dkdv_update,
     dkdv_update_qmajor,
     dq_skewed_scores,

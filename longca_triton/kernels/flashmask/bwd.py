@@ -1,5 +1,5 @@
 """FlashMask backward kernels: key-major dK/dV and query-major dQ (see
-``longca_triton/kernels/flashmask.py``); delta comes from ``core.bwd_preprocess_kernel``.
+``longca_triton/kernels/flashmask/op.py``); delta comes from ``core.bwd_preprocess_kernel``.
 Two kernels (default), or both program sets in one launch (``flashmask_bwd_one_launch_kernel``,
 config ``one_launch``; ``core.one_launch_split`` orders them); the bodies are ``_dkdv_program`` /
 ``_dq_program`` of a program index either way. No atomics in any of them.
@@ -10,7 +10,7 @@ Head dims as in the forward: ``HEAD_DIM_QK`` / ``HEAD_DIM_V`` in descriptor tile
 import triton
 import triton.language as tl
 
-from .core import (
+from longca_triton.kernels.core.jit import (
     dkdv_update,
     dq_update,
     group_sweep_inputs,
@@ -23,7 +23,7 @@ from .core import (
     recompute_p,
     tile_desc,
 )
-from .flashmask_fwd import _allowed, _classify, _load_columns, _next_run
+from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run
 
 __all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel", "flashmask_bwd_one_launch_kernel"]
 

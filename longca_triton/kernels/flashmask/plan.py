@@ -1,5 +1,5 @@
 """FlashMask's preprocessing: the columns on the device and the per-key-tile min/max
-(``tile_bounds``), cached per mask (see ``longca_triton/kernels/flashmask.py``)."""
+(``tile_bounds``), cached per mask (see ``longca_triton/kernels/flashmask/op.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import triton
 from longca_triton.masks.ir import BlockSparseMask, RangeMask
 from longca_triton.masks.lowerings import FlashMaskColumns, NotExpressible, flashmask_columns
 
-from .flashmask_fwd import flashmask_classify_kernel
-from .plan_cache import PlanCache
+from longca_triton.kernels.flashmask.fwd import flashmask_classify_kernel
+from longca_triton.kernels.core.plan_cache import PlanCache
 
 __all__ = ["FlashMaskPlan", "flashmask_plan", "tile_bounds", "classify_tiles"]
 

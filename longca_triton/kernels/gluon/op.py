@@ -117,8 +117,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .._autograd import attention_function
-from .._runtime import (
+from longca_triton.kernels.core.autograd import attention_function
+from longca_triton.kernels.core.runtime import (
     block_head_dim,
     bsh_strides,
     check_qkv,
@@ -130,16 +130,16 @@ from .._runtime import (
     resolve_scale,
     side_stream,
 )
-from .. import config as _config_mod
-from ..config import ConfigSpec
-from ..config import resolve as _resolve
-from ..core import LOG2E
-from ..dense import _check_plan as check_plan
-from ..dense import check_deterministic as dense_check_deterministic
-from ..dense import dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
-from ..dense import resolve_config as dense_resolve_config
-from .attention_fwd import head_pieces, o_fits_q, split_pieces
-from .plan import HEAD_TILES, WsPlan, get_ws_plan
+from longca_triton.kernels.core import config as _config_mod
+from longca_triton.kernels.core.config import ConfigSpec
+from longca_triton.kernels.core.config import resolve as _resolve
+from longca_triton.kernels.core.jit import LOG2E
+from longca_triton.kernels.dense.op import _check_plan as check_plan
+from longca_triton.kernels.dense.op import check_deterministic as dense_check_deterministic
+from longca_triton.kernels.dense.op import dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
+from longca_triton.kernels.dense.op import resolve_config as dense_resolve_config
+from longca_triton.kernels.gluon.fwd import head_pieces, o_fits_q, split_pieces
+from longca_triton.kernels.gluon.plan import HEAD_TILES, WsPlan, get_ws_plan
 
 __all__ = [
     "gluon_attention", "gluon_fwd", "default_config", "resolve_config", "device_reason",
@@ -861,7 +861,7 @@ def gluon_fwd(q, k, v, plan, softmax_scale: float, cfg: dict, out_dtype=None):
 def _launch_fwd(q, k, v, out, lse, plan: WsPlan, softmax_scale: float, cfg: dict, merge: bool):
     """One launch of ``gluon_fwd_kernel`` over ``plan`` into ``out``, ``lse``; ``merge``: combine with
     what they hold (the split launch's second half)."""
-    from .attention_fwd import gluon_fwd_kernel
+    from longca_triton.kernels.gluon.fwd import gluon_fwd_kernel
 
     tiles = plan.tiles
     b, sq, hq, d = q.shape
@@ -922,7 +922,7 @@ def _bwd_regs(cfg: dict) -> dict:
 
 def launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, plan: WsPlan, softmax_scale: float, cfg: dict):
     """The Gluon dQ kernel (query-major) into ``dq``; inputs as ``_bwd_inputs`` returns them."""
-    from .attention_bwd import gluon_bwd_dq_kernel
+    from longca_triton.kernels.gluon.bwd import gluon_bwd_dq_kernel
 
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -939,7 +939,7 @@ def launch_gluon_bwd_dq(q, k, v, dout, dq, lse, delta, plan: WsPlan, softmax_sca
 
 def launch_gluon_bwd_dkdv(q, k, v, dout, dk, dv, lse, delta, plan: WsPlan, softmax_scale: float, cfg: dict):
     """The Gluon dK/dV kernel (key-major, a group's query heads walked in turn) into ``dk, dv``."""
-    from .attention_bwd import gluon_bwd_dkdv_kernel
+    from longca_triton.kernels.gluon.bwd import gluon_bwd_dkdv_kernel
 
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -992,7 +992,7 @@ def gluon_bwd_fused(dout, q, k, v, out, lse, plan: WsPlan, softmax_scale: float,
     written once, dQ added into an fp32 ``dq_accum`` by atomics: from the MMA warpgroups, or with
     ``fused_dq="writer"`` / ``"writer_keys"`` by a writer partition) and the ``dq_accum -> dQ`` cast.
     Returns ``dq, dk, dv`` in the inputs' dtype."""
-    from .attention_bwd_fused import (
+    from longca_triton.kernels.gluon.bwd_fused import (
         dq_accum_cast_kernel,
         gluon_bwd_fused_kernel,
         gluon_bwd_fused_writer_kernel,

@@ -147,27 +147,27 @@ from typing import Optional
 
 import torch
 
-from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
-from ._runtime import bsh_strides as _bsh_strides
-from ._runtime import check_qkv as _check_qkv
-from ._runtime import config_head_dim, head_dim_meta
-from ._runtime import descriptor_ready as _descriptor_ready
-from ._runtime import ensure_allocator as _ensure_allocator
-from ._runtime import interpreting as _interpreting
-from ._runtime import resolve_scale as _resolve_scale
-from ._runtime import side_stream
-from .block_sparse_bwd import (
+from longca_triton.kernels.core.autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
+from longca_triton.kernels.core.runtime import bsh_strides as _bsh_strides
+from longca_triton.kernels.core.runtime import check_qkv as _check_qkv
+from longca_triton.kernels.core.runtime import config_head_dim, head_dim_meta
+from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
+from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
+from longca_triton.kernels.core.runtime import interpreting as _interpreting
+from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
+from longca_triton.kernels.core.runtime import side_stream
+from longca_triton.kernels.block_sparse.bwd import (
     block_sparse_bwd_dkdv_kernel,
     block_sparse_bwd_dkdv_merged_kernel,
     block_sparse_bwd_dq_kernel,
     block_sparse_bwd_one_launch_kernel,
 )
-from .block_sparse_fwd import block_sparse_fwd_kernel
-from .block_sparse_tables import SideTables, get_merged_tail, get_side_tables, table_build_ms
-from . import config as _config_mod
-from .config import ConfigSpec, check_bwd_layout, check_dkdv_sweep, with_one_launch_defaults
-from .config import resolve as _resolve
-from .dense import launch_bwd_preprocess
+from longca_triton.kernels.block_sparse.fwd import block_sparse_fwd_kernel
+from longca_triton.kernels.block_sparse.plan import SideTables, get_merged_tail, get_side_tables, table_build_ms
+from longca_triton.kernels.core import config as _config_mod
+from longca_triton.kernels.core.config import ConfigSpec, check_bwd_layout, check_dkdv_sweep, with_one_launch_defaults
+from longca_triton.kernels.core.config import resolve as _resolve
+from longca_triton.kernels.dense.op import launch_bwd_preprocess
 
 __all__ = [
     "block_sparse_attention", "varblock_attention", "block_sparse_attention_op",

@@ -1,6 +1,6 @@
 r"""Backward of the dense structured-mask attention in Gluon on sm_90: dQ and dK/dV in two kernels.
 
-Math (``kernels/dense.py``; log2 domain, ``lse2 = lse * log2(e)``, ``delta = rowsum(dO * O) - dlse``)::
+Math (``kernels/dense/op.py``; log2 domain, ``lse2 = lse * log2(e)``, ``delta = rowsum(dO * O) - dlse``)::
 
     p_ij  = exp2(s_ij * qk_scale - lse2_i)        (0 where masked; a row that attends nothing has
                                                     lse = -inf and every entry masked: p = 0)
@@ -10,7 +10,7 @@ Math (``kernels/dense.py``; log2 domain, ``lse2 = lse * log2(e)``, ``delta = row
 
 Why two kernels and not FA3's one kernel with dQ by atomics: on this H100 our plain-Triton kernel
 measured the fused variant (dQ added into fp32 by TMA reduce-add) 1.3-2.8x *slower* than a
-separate dQ pass (``kernels/dense.py``), and Gluon 3.6 exposes no TMA reduce on Hopper; the
+separate dQ pass (``kernels/dense/op.py``), and Gluon 3.6 exposes no TMA reduce on Hopper; the
 separate pass costs 7 matmuls per tile pair instead of 5 but no atomics, and both kernels get
 the forward's warp-specialized structure. The fused one, in Gluon, is ``attention_bwd_fused.py``
 (config ``bwd_design="fused"``; not yet measured on a GPU).
@@ -49,8 +49,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .. import core as _core
-from .attention_fwd import (
+from longca_triton.kernels.core import jit as _core
+from longca_triton.kernels.gluon.fwd import (
     M_WG,
     _advance,
     _interval_mask,

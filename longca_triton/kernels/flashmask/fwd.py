@@ -1,11 +1,11 @@
 """FlashMask forward kernel and the tile classification it shares with the backward
-(see ``longca_triton/kernels/flashmask.py`` for the math, the column form and FlashMask's test).
+(see ``longca_triton/kernels/flashmask/op.py`` for the math, the column form and FlashMask's test).
 """
 
 import triton
 import triton.language as tl
 
-from .core import kv_descs, query_program, softmax_finish, softmax_init, softmax_step, tile_desc
+from longca_triton.kernels.core.jit import kv_descs, query_program, softmax_finish, softmax_init, softmax_step, tile_desc
 
 __all__ = ["flashmask_fwd_kernel", "flashmask_classify_kernel"]
 

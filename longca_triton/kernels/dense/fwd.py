@@ -1,4 +1,4 @@
-"""Forward kernel of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
+"""Forward kernel of the dense structured-mask attention (see ``longca_triton/kernels/dense/op.py`` for the math).
 
 One program computes one query tile ``[BLOCK_M, D_v]`` of one query head. Its key tiles come from
 the tile plan (``dense_tables.py``) as contiguous runs: first the *full* runs (no mask math at all),
@@ -11,7 +11,7 @@ log2 domain (scores pre-multiplied by ``softmax_scale * log2(e)``, then ``exp2``
 import triton
 import triton.language as tl
 
-from .core import (
+from longca_triton.kernels.core.jit import (
     LN2,
     LOG2E,
     interval_mask,

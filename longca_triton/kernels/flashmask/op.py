@@ -101,24 +101,24 @@ import triton
 
 from longca_triton.masks.ir import RangeMask
 
-from ._autograd import attention_function
-from ._runtime import bsh_strides as _bsh_strides
-from ._runtime import check_qkv as _check_qkv
-from ._runtime import config_head_dim, head_dim_meta
-from ._runtime import descriptor_ready as _descriptor_ready
-from ._runtime import ensure_allocator as _ensure_allocator
-from ._runtime import interpreting as _interpreting
-from ._runtime import resolve_scale as _resolve_scale
-from ._runtime import side_stream
-from . import config as _config_mod  # (looked up through the module: tests patch tuned_config)
-from .config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
-from .config import resolve as _resolve
-from .dense import _DKDV_TILE_KEYS
-from .dense import hopper_config as dense_hopper_config
-from .dense import launch_bwd_preprocess
-from .flashmask_bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
-from .flashmask_fwd import flashmask_classify_kernel, flashmask_fwd_kernel
-from .flashmask_plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
+from longca_triton.kernels.core.autograd import attention_function
+from longca_triton.kernels.core.runtime import bsh_strides as _bsh_strides
+from longca_triton.kernels.core.runtime import check_qkv as _check_qkv
+from longca_triton.kernels.core.runtime import config_head_dim, head_dim_meta
+from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
+from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
+from longca_triton.kernels.core.runtime import interpreting as _interpreting
+from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
+from longca_triton.kernels.core.runtime import side_stream
+from longca_triton.kernels.core import config as _config_mod  # (looked up through the module: tests patch tuned_config)
+from longca_triton.kernels.core.config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
+from longca_triton.kernels.core.config import resolve as _resolve
+from longca_triton.kernels.dense.op import _DKDV_TILE_KEYS
+from longca_triton.kernels.dense.op import hopper_config as dense_hopper_config
+from longca_triton.kernels.dense.op import launch_bwd_preprocess
+from longca_triton.kernels.flashmask.bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
+from longca_triton.kernels.flashmask.fwd import flashmask_classify_kernel, flashmask_fwd_kernel
+from longca_triton.kernels.flashmask.plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
 
 __all__ = [
     "flashmask_attention", "FlashMaskAttentionFunction", "FlashMaskPlan", "flashmask_plan",

@@ -93,28 +93,28 @@ from typing import Optional
 import torch
 import triton
 
-from ._autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
-from ._runtime import block_head_dim, config_head_dim, head_dim_meta
-from ._runtime import bsh_strides as _bsh_strides
-from ._runtime import check_qkv as _check_qkv
-from ._runtime import descriptor_ready as _descriptor_ready
-from ._runtime import ensure_allocator as _ensure_allocator
-from ._runtime import interpreting as _interpreting
-from ._runtime import resolve_scale as _resolve_scale
-from ._runtime import side_stream
-from .config import BWD_ORDERS, ConfigSpec
-from .config import check_bwd_layout as _check_bwd_layout
-from .config import check_dkdv_sweep
-from .config import resolve as _resolve
-from . import config as _config_mod
-from .dense_bwd import (
+from longca_triton.kernels.core.autograd import attention_function, fake_bwd, fake_fwd, register_op_autograd
+from longca_triton.kernels.core.runtime import block_head_dim, config_head_dim, head_dim_meta
+from longca_triton.kernels.core.runtime import bsh_strides as _bsh_strides
+from longca_triton.kernels.core.runtime import check_qkv as _check_qkv
+from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
+from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
+from longca_triton.kernels.core.runtime import interpreting as _interpreting
+from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
+from longca_triton.kernels.core.runtime import side_stream
+from longca_triton.kernels.core.config import BWD_ORDERS, ConfigSpec
+from longca_triton.kernels.core.config import check_bwd_layout as _check_bwd_layout
+from longca_triton.kernels.core.config import check_dkdv_sweep
+from longca_triton.kernels.core.config import resolve as _resolve
+from longca_triton.kernels.core import config as _config_mod
+from longca_triton.kernels.dense.bwd import (
     dense_bwd_dkdv_kernel,
     dense_bwd_dq_kernel,
     dense_bwd_one_launch_kernel,
     dense_bwd_preprocess_kernel,
 )
-from .dense_fwd import dense_fwd_kernel
-from .dense_tables import TilePlan, get_tile_plan
+from longca_triton.kernels.dense.fwd import dense_fwd_kernel
+from longca_triton.kernels.dense.plan import TilePlan, get_tile_plan
 
 __all__ = [
     "dense_attention", "dense_attention_op", "dense_attention_from_plans", "plans_for",
@@ -313,7 +313,7 @@ def hopper_config(head_dim: int, mask=None, group: int = 1) -> dict:
     key = _table_key(head_dim)
     cfg = dict(HOPPER_CONFIGS[key])
     if mask is not None and any(key in t for t in (HOPPER_FULL_MASK, HOPPER_UNEVEN_MASK, HOPPER_EVEN_MASK)):
-        from .tuned import mask_class, uneven_key_work
+        from longca_triton.kernels.core.tuned import mask_class, uneven_key_work
 
         full = mask_class(mask) == "full"
         even = full or uneven_key_work(mask) < UNEVEN_SHARE

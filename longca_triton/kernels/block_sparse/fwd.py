@@ -1,4 +1,4 @@
-"""Block-sparse forward kernel (see ``longca_triton/kernels/block_sparse.py`` for the math and
+"""Block-sparse forward kernel (see ``longca_triton/kernels/block_sparse/op.py`` for the math and
 the tiling): one program per (row tile, head pack), online softmax over the tile's key list.
 
 Head dims: q and k ``HEAD_DIM_QK``, v and out ``HEAD_DIM_V``, in tiles padded to ``BLOCK_DQK`` /
@@ -11,7 +11,7 @@ so K/V rows are gathered by pointer loads (``core.gather_rows``) instead of read
 import triton
 import triton.language as tl
 
-from .core import (
+from longca_triton.kernels.core.jit import (
     entry_at,
     entry_chunk,
     entry_pick,

@@ -87,7 +87,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .attention_bwd import (
+from longca_triton.kernels.gluon.bwd import (
     _advance_wrap,
     _dkdv_producer,
     _ds,
@@ -101,7 +101,7 @@ from .attention_bwd import (
     _run_cursor,
     _store_dkdv,
 )
-from .attention_fwd import M_WG
+from longca_triton.kernels.gluon.fwd import M_WG
 
 __all__ = ["DQ_WRITER_WARPS", "dq_accum_cast_kernel", "gluon_bwd_fused_kernel",
            "gluon_bwd_fused_writer_kernel"]

@@ -110,7 +110,7 @@ def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, ma
     """``kernel|D|dtype|G|mask class|S bucket|block``. For block-sparse masks ``block`` is the
     mask's own (``sparse_block``): a config is only ever looked up for the block it was tuned at.
     ``D`` is ``head_dim``, or ``head_dim/head_dim_v`` when the value head dim differs."""
-    from ._runtime import head_dim_label
+    from longca_triton.kernels.core.runtime import head_dim_label
 
     dt = str(dtype).replace("torch.", "")
     block = sparse_block(mask) or block

@@ -1,6 +1,6 @@
 r"""Forward of the dense structured-mask attention in Gluon, FlashAttention-3's design on sm_90.
 
-Math: the same as ``longca_triton/kernels/dense.py`` (online softmax in the log2 domain, fp32
+Math: the same as ``longca_triton/kernels/dense/op.py`` (online softmax in the log2 domain, fp32
 accumulators, natural-log lse, a fully masked row gives out 0 and lse -inf).
 
 Tiling
@@ -176,7 +176,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .. import core as _core
+from longca_triton.kernels.core import jit as _core
 
 __all__ = ["gluon_fwd_kernel", "M_WG", "qk_used", "split_pieces", "head_pieces", "o_fits_q", "MIN_PIECE"]
 

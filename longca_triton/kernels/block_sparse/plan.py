@@ -74,7 +74,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .plan_cache import PlanCache
+from longca_triton.kernels.core.plan_cache import PlanCache
 
 __all__ = ["SideTables", "build_side_tables", "get_side_tables", "get_merged_tail", "merge_tails", "table_build_ms"]
 

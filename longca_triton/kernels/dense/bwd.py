@@ -1,4 +1,4 @@
-"""Backward kernels of the dense structured-mask attention (see ``longca_triton/kernels/dense.py`` for the math).
+"""Backward kernels of the dense structured-mask attention (see ``longca_triton/kernels/dense/op.py`` for the math).
 
 Three launches (default), fp32 accumulation everywhere, no atomics:
 
@@ -64,7 +64,7 @@ are ``core.recompute_p`` / ``core.dkdv_update`` / ``core.dq_update``. Head dims:
 import triton
 import triton.language as tl
 
-from .core import (
+from longca_triton.kernels.core.jit import (
     bwd_preprocess_kernel,
     dkdv_update,
     dkdv_update_qmajor,
