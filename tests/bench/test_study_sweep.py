@@ -14,7 +14,7 @@ from longca_triton.bench.config import ConfigError, Experiment, load_experiment
 from longca_triton.bench.runner import plan_points
 from longca_triton.masks import STATIC_MASK_NAMES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KNOWN = {b.name for b in list_backends()}
 
 

@@ -239,7 +239,7 @@ def test_committed_findings_page_is_the_regenerated_one(tmp_path, monkeypatch):
     from longca_triton.study.findings_plots import make_findings_plots
     from longca_triton.study.recommend import default_results
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)
     paths = default_results()
     if not paths or not (repo / "docs" / "findings.md").exists():

@@ -178,7 +178,7 @@ def test_merged_tails_compile_for_sm90a_with_one_exponential_a_score():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # the lists walked in one part (dkdv_full_first off: the merged kernel's walk), so the main loops compare
     one = {"dkdv_full_first": False}

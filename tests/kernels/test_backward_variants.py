@@ -525,7 +525,7 @@ def test_bwd_variants_script_smoke(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
     spec = importlib.util.spec_from_file_location("bwd_variants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -553,7 +553,7 @@ def test_bwd_variants_script_picks_variants_and_splits_kernels(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
     spec = importlib.util.spec_from_file_location("bwd_variants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -578,7 +578,7 @@ def test_bwd_variants_composes_variants_and_runs_flashmask(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
     spec = importlib.util.spec_from_file_location("bwd_variants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -609,7 +609,7 @@ def test_ncu_script_cases_agree_and_configs_resolve():
     import re
     from pathlib import Path
 
-    gpu = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
+    gpu = Path(__file__).resolve().parents[2] / "experiments" / "gpu"
     spec = importlib.util.spec_from_file_location("ncu_bwd", gpu / "ncu_bwd.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -758,7 +758,7 @@ def test_ncu_source_top_reads_the_source_page(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "ncu_source_top.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "ncu_source_top.py"
     spec = importlib.util.spec_from_file_location("ncu_source_top", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -783,7 +783,7 @@ def test_bwd_variants_script_times_the_sparse_forward(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "bwd_variants.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
     spec = importlib.util.spec_from_file_location("bwd_variants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -1033,7 +1033,7 @@ def _run_gpu_script(name: str, argv: list):
     import sys
     from pathlib import Path
 
-    gpu_dir = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
+    gpu_dir = Path(__file__).resolve().parents[2] / "experiments" / "gpu"
     sys.path.insert(0, str(gpu_dir))
     try:
         spec = importlib.util.spec_from_file_location(name, gpu_dir / f"{name}.py")
@@ -1141,7 +1141,7 @@ def test_timer_verdict_reads_every_timer_and_case(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "timer_verdict.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "timer_verdict.py"
     spec = importlib.util.spec_from_file_location("timer_verdict", path)
     tv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tv)
@@ -1270,7 +1270,7 @@ def test_dense_dq_skew_compiles_for_sm90a_with_work_after_the_dq_gemm():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "experiments/cpu_aot_dense_bwd.py", "--masks", "full", "--S", "2048",
                           "--heads", "4:1", "--configs", '{"plain": {"dq_skew": false}, "skew": {"dq_skew": true}}'],
@@ -1603,7 +1603,7 @@ def test_varblock_parts_launches_split_the_backward():
     import longca_triton.kernels.block_sparse.op as BS
 
     saved = list(sys.path)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "gpu"))
     try:
         import varblock_parts as VP
     finally:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from longca_triton.bench.cli import bench, cli, doctor, plot, report
 from longca_triton.bench.store import ResultStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

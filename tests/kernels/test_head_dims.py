@@ -257,7 +257,7 @@ def test_gpu_script_targets_table():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "headdim_check.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "headdim_check.py"
     spec = importlib.util.spec_from_file_location("headdim_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -281,7 +281,7 @@ def _headdim_script():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "headdim_check.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "headdim_check.py"
     spec = importlib.util.spec_from_file_location("headdim_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -502,7 +502,7 @@ def test_default_configs_compile_without_spills_for_hopper():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", _AOT], capture_output=True, text=True, timeout=900, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
     if res.returncode != 0 and "ptxas" in res.stderr.lower() and "not found" in res.stderr.lower():

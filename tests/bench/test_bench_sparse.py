@@ -23,7 +23,7 @@ from longca_triton.bench.store import ResultStore
 from longca_triton.cli import main
 from longca_triton.masks import make_mask
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KNOWN = {b.name for b in list_backends()}
 
 

@@ -26,7 +26,7 @@ from longca_triton.bench.store import ResultStore, row_key, status_kind
 from longca_triton.masks import RangeMask
 from longca_triton.reference import naive_attention
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- config

@@ -25,7 +25,7 @@ def _aligned_varblock(S: int):
     import sys
     from pathlib import Path
 
-    gpu_dir = str(Path(__file__).resolve().parents[1] / "experiments" / "gpu")
+    gpu_dir = str(Path(__file__).resolve().parents[2] / "experiments" / "gpu")
     sys.path.insert(0, gpu_dir)
     try:
         from bwd_variants import aligned_bounds

@@ -907,7 +907,7 @@ def test_every_variant_compiles_for_sm90a():
     from pathlib import Path
 
     res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=900,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
     fused = {n: rows.pop(n) for n in [n for n in rows if n.startswith("fused")]}
@@ -1073,7 +1073,7 @@ def test_fused_writer_compiles_for_sm90a():
     loop, for contrast, adds dQ^T from the MMA warpgroups 2 floats at a time."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", _COMPILE_WRITER], capture_output=True, text=True, timeout=900,
                          cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -1534,7 +1534,7 @@ def test_gluon_shape_probe_names_the_power_of_two_limit():
     """``experiments/cpu_gluon_shape_probe.py`` (issue 17's exact-width lead): the pinned Triton's Gluon compiles a
     ``[64, 64]`` and a ``[64, 128]`` wgmma accumulator for sm_90a and refuses FA3's ``[64, 96]`` P V width with the
     frontend's power-of-two error. If a Triton ever takes it, this fails: the lead in experiments/gpu/NEXT.md opens."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "experiments/cpu_gluon_shape_probe.py", "--n", "64,96,128"],
                          capture_output=True, text=True, timeout=600, cwd=root, env=env)
@@ -1569,7 +1569,7 @@ def test_pv_sync_fits_three_register_p_consumers_at_d96():
     loaded by ptxas on the CPU), with and without the mask path (persistent: a few bytes with it); the overlapped
     loop leaves its ``P V`` groups in flight at the S wait (``wait_group 2``), pv_sync waits for everything."""
     res = subprocess.run([sys.executable, "-c", _PV_SYNC], capture_output=True, text=True, timeout=900,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
     assert rows["overlap"]["spills"] > 0 and rows["overlap"]["waits"][0] == 2, rows["overlap"]

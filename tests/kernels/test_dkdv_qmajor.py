@@ -107,7 +107,7 @@ def test_dense_qmajor_dkdv_compiles_for_sm90a_with_fewer_instructions_a_step():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tile = {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4}
     cfgs = {"km": tile, "qm": {**tile, "dkdv_qmajor": True}}

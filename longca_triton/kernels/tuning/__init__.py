@@ -1,0 +1,163 @@
+"""Shipped tuning tables: measured launch configs as data.
+
+Each kernel family ships ``tuning/<family>.toml``: a ``[defaults]`` table with every key of the
+family's config (the conservative fallback, also what the CPU interpreter is pinned to unless the
+family says otherwise) and ``[[row]]`` entries, each a partial config applied when its ``match``
+holds, with the results file that measured it::
+
+    [defaults]
+    BLOCK_M = 64
+    num_warps = 4
+
+    [[row]]
+    match = { arch = "sm90", head_dim = 128, mask = ["full"] }
+    mode = "bwd"                       # which pass the row's keys drive: fwd, bwd or fwd_bwd
+    config = { DKDV_BLOCK_M = 64, dkdv_num_warps = 8 }
+    results = "experiments/results/h100/dense-headdim/README.md"
+    note = "one sentence: what it is and why"
+
+A family's ``resolve_config`` is: explicit config > the user's autotune cache > the matching rows
+of its table, overlaid in file order on ``defaults`` > validation. :func:`table_config` does the
+table part; match fields a row leaves out match anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["MATCH_FIELDS", "MODES", "Problem", "Row", "Table", "load_table", "parse_table", "table_config",
+           "table_path"]
+
+#: what a row may match on: ``arch`` (``"sm90"``, ``"cpu"`` for the interpreter), ``head_dim`` /
+#: ``head_dim_v`` (the padded dims the family tiles by), ``mask`` (the family's mask classes),
+#: ``dtype`` (``"bfloat16"``...), ``group`` / ``density`` / ``seqlen`` as ``[lo, hi]`` (inclusive lo,
+#: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up)
+MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen")
+_RANGE_FIELDS = ("group", "density", "seqlen")
+MODES = ("fwd", "bwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a row is matched against (``None``: unknown, matched only by rows that leave it out)."""
+
+    arch: Optional[str] = None
+    head_dim: Optional[int] = None
+    head_dim_v: Optional[int] = None
+    mask: Optional[str] = None
+    dtype: Optional[str] = None
+    group: Optional[int] = None
+    density: Optional[float] = None
+    seqlen: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Row:
+    match: dict
+    config: dict
+    mode: str
+    results: str
+    note: str = ""
+
+    def matches(self, problem: Problem) -> bool:
+        for key, want in self.match.items():
+            have = getattr(problem, key)
+            if have is None:
+                return False
+            if key in _RANGE_FIELDS:
+                lo = want[0]
+                hi = want[1] if len(want) > 1 else None
+                if have < lo or (hi is not None and have >= hi):
+                    return False
+            elif isinstance(want, list):
+                if have not in want:
+                    return False
+            elif have != want:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Table:
+    family: str
+    defaults: dict
+    rows: tuple = field(default_factory=tuple)
+    path: str = ""
+
+    def matching(self, problem: Problem) -> list:
+        return [r for r in self.rows if r.matches(problem)]
+
+
+def table_path(family: str) -> Path:
+    return Path(__file__).with_name(f"{family}.toml")
+
+
+def _bad(where: str, msg: str) -> ValueError:
+    return ValueError(f"tuning table {where}: {msg}")
+
+
+def parse_table(data: dict, family: str, where: str, keys: Optional[tuple] = None) -> Table:
+    """A table from parsed TOML; every problem named in one ``ValueError`` line. ``keys``: the
+    family's config keys (rows and defaults may only set those)."""
+    if not isinstance(data.get("defaults"), dict):
+        raise _bad(where, "needs a [defaults] table with every config key")
+    defaults = dict(data["defaults"])
+    if keys is not None:
+        missing, unknown = set(keys) - set(defaults), set(defaults) - set(keys)
+        if missing or unknown:
+            raise _bad(where, f"[defaults] must set exactly the {family} keys; missing {sorted(missing)}, "
+                              f"unknown {sorted(unknown)}")
+    rows = []
+    for i, raw in enumerate(data.get("row", [])):
+        at = f"{where} row {i + 1}"
+        extra = set(raw) - {"match", "config", "mode", "results", "note"}
+        if extra:
+            raise _bad(at, f"unknown fields {sorted(extra)}")
+        match, config = raw.get("match", {}), raw.get("config")
+        if not isinstance(match, dict) or set(match) - set(MATCH_FIELDS):
+            raise _bad(at, f"match fields must be among {MATCH_FIELDS}, got {match!r}")
+        for key in _RANGE_FIELDS:
+            if key in match and not (isinstance(match[key], list) and 1 <= len(match[key]) <= 2):
+                raise _bad(at, f"match.{key} must be [lo] or [lo, hi], got {match[key]!r}")
+        if not isinstance(config, dict) or not config:
+            raise _bad(at, "needs a non-empty config")
+        if keys is not None and set(config) - set(keys):
+            raise _bad(at, f"unknown {family} config keys {sorted(set(config) - set(keys))}")
+        if raw.get("mode") not in MODES:
+            raise _bad(at, f"mode must be one of {MODES}, got {raw.get('mode')!r}")
+        if not isinstance(raw.get("results"), str) or not raw["results"]:
+            raise _bad(at, "needs results = the file that measured it")
+        rows.append(Row(match=dict(match), config=dict(config), mode=raw["mode"], results=raw["results"],
+                        note=str(raw.get("note", ""))))
+    return Table(family=family, defaults=defaults, rows=tuple(rows), path=where)
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(family: str, keys: Optional[tuple] = None) -> Table:
+    """The shipped table of ``family`` (read and checked once per process)."""
+    path = table_path(family)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no shipped tuning table for {family!r} ({path})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise _bad(str(path), f"malformed TOML: {e}") from None
+    return parse_table(data, family, str(path), keys)
+
+
+def table_config(family: str, problem: Problem, keys: Optional[tuple] = None) -> dict:
+    """``defaults`` overlaid with every row matching ``problem``, in file order."""
+    table = load_table(family, keys)
+    cfg = dict(table.defaults)
+    for row in table.matching(problem):
+        cfg.update(row.config)
+    return cfg
