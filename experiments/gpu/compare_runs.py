@@ -17,6 +17,9 @@ from pathlib import Path
 
 
 def main(paths: list[str]) -> int:
+    if not paths or paths[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if paths else 2
     tflops: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for p in paths:
         label = Path(p).name.split("_", 1)[0]

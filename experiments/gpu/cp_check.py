@@ -1,4 +1,4 @@
-"""GPU check of the context-parallel layer (issue 6), then the CP benchmark, in one command.
+"""GPU check of the context-parallel layer, then the CP benchmark, in one command.
 
 Run from the repository root on a machine with 2+ CUDA GPUs (the package need not be installed):
 

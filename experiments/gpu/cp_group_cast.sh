@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue 16 on 2 x H200 (device kind nvidia-h200-x2; 4 x H200 with nvidia-h200-x4 when lent):
+# The group_cast CP scheme on 2+ GPUs, correctness then timing (device kind nvidia-h200-x2 or -x4):
 #
 #   bash experiments/gpu/cp_group_cast.sh          # from the repository root; files land in $OUT
 #
 # 1. correctness of group_cast (bf16, 8K tokens per GPU, GQA 64:8, D = 128, our Triton kernel): every
 #    plan x the check's six masks against the single-GPU kernel and a float32 truth ($OUT/cp_check.md);
 # 2. bench cp, fwd+bwd, all six schemes x every plan on full, causal and the four document masks at
-#    8K tokens per GPU ($OUT/cp/results.jsonl, cp_report.md with the issue-16 acceptance table,
+#    8K tokens per GPU ($OUT/cp/results.jsonl, cp_report.md with the schemes' comparison table,
 #    plots/), group_cast first so a cut budget keeps it; then the forward-only points while time is
 #    left (the same results file; a rerun with the same $OUT resumes).
 # Budget: ~9.5 minutes in all (the device's 10-minute limit per command).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/cp-group-cast}
 SCHEMES=group_cast,ring_allgather,ring_p2p,ulysses,usp,loongtrain

@@ -1,4 +1,4 @@
-"""Where a CP scheme's time goes beyond half the single-GPU time (issue 16), on 2+ GPUs.
+"""Where a CP scheme's time goes beyond half the single-GPU time on 2+ GPUs.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python experiments/gpu/cp_profile.py --out $OUT [--masks causal_document,full] [--nccl-probe]
 

@@ -1,4 +1,4 @@
-"""Where the time of one CP call goes, op by op, on every rank (issue 16): a GPU timeline per call.
+"""Where the time of one CP call goes, op by op, on every rank: a GPU timeline per call.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python experiments/gpu/cp_trace.py --out $OUT [--masks causal_document] \
         [--points group_cast/balanced,group_cast@dkv_after_dq/balanced,ring_allgather/balanced]
@@ -109,7 +109,7 @@ def worker(a) -> int:
     if cuda and a.high_priority:
         # NCCL's kernels on high-priority streams: their blocks are scheduled ahead of a running
         # kernel's pending ones (otherwise the dK/dV transfer posted during the dQ kernel waits for
-        # its last wave: session 8's trace)
+        # its last wave, as a trace of it showed)
         opts = dist.ProcessGroupNCCL.Options()
         opts.is_high_priority_stream = True
         dist.init_process_group("nccl", pg_options=opts)

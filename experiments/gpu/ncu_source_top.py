@@ -1,8 +1,8 @@
 """The SASS instructions a kernel's warps stall on most, from an ncu source-page CSV
-(``experiments/gpu/ncu_stalls.sh source``): per kernel, the share of each stall reason over all samples and
+(``experiments/gpu/ncu_profile.sh``): per kernel, the share of each stall reason over all samples and
 the ``--top`` instructions by samples with their two largest reasons.
 
-    python experiments/gpu/ncu_source_top.py experiments/results/h100/bwd_session13/call1_ncu_source/sparse-ours.csv.gz
+    python experiments/gpu/ncu_source_top.py $OUT/ncu/d128-src.csv.gz
 """
 
 from __future__ import annotations

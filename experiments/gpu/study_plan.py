@@ -1,5 +1,5 @@
 """How long the full-breadth study (dense.toml, sparse.toml, varblock.toml) takes on one H100, from
-the committed results: run on any machine (CPU), prints the estimate that study_sweep.sh's header quotes.
+the committed results: run on any machine (CPU), prints the estimate for study_sweep.sh.
 
     python3 experiments/gpu/study_plan.py [--call-s 360] [--setup-s 150]
 
@@ -198,8 +198,8 @@ def main():
     calls = math.ceil(grand / args.call_s)
     device_min = (grand + calls * args.setup_s) / 60
     print(f"all: about {grand / 60:.0f} min of bench time, {calls} calls, {device_min:.0f} min of device time; "
-          f"at 30 device-minutes per session, about 5 of them spent starting the machine: "
-          f"~{math.ceil(device_min / 25)} sessions. +-40%")
+          f"at 30 device-minutes a lease, about 5 of them spent starting the machine: "
+          f"~{math.ceil(device_min / 25)} leases. +-40%")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #                                            each folder travels beside the ~20 MB working tree (64 MiB limit).
 #                                            FA4 with cuDNN-frontend: `pack fa4 fa4 cudnn` (three folders).
 # Wheels come from `env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null ../shared/scripts/vendor-wheels.sh GROUP`.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 case "${1:-}" in
   pack)
     name=${2:?usage: wheels.sh pack NAME GROUP...}

@@ -1,13 +1,15 @@
-"""Does a refactor leave the compiled kernels alone? On a CPU: the sm_90a PTX (debug info dropped) of
-the default backward dK/dV kernels of two package trees, side by side.
+"""Does a refactor leave the compiled kernels alone? On a CPU (no GPU): the sm_90a PTX, debug info dropped,
+of the default backward dK/dV kernels of two package trees, compared kernel by kernel.
 
     rm -rf /tmp/base && mkdir /tmp/base && git archive <commit> longca_triton | tar -x -C /tmp/base
-    PYTHONPATH=. python experiments/cpu_ptx_same.py /tmp/base .     (the venv's python: it needs torch)
+    PYTHONPATH=. python experiments/ptx_same.py /tmp/base .     (the venv's python: it needs torch)
 
-Prints one line per kernel and case: ``same code`` or the number of differing PTX lines. The cases:
-dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config), block-sparse
-(block 128, density 0.3, a pattern per KV head) and variable blocks (mean 256, min 128, density 0.3: the dK/dV
-main and tail launches, the dQ main launch). Each tree is compiled in its own subprocess.
+Prints one line per kernel and case: ``same code`` or the number of differing PTX lines; exits 1 if any
+differ. The cases: dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config),
+block-sparse (block 128, density 0.3, a pattern per KV head) and variable blocks (mean 256, min 128,
+density 0.3: the dK/dV main and tail launches, the dQ main launch). Each tree is compiled in its own
+subprocess. Either tree may have the package layout (``kernels/dense/op.py``, ``kernels/core/aot.py``) or
+the older flat one (``kernels/dense.py``, ``kernels/aot.py``): the child imports whichever exists.
 """
 
 from __future__ import annotations
@@ -24,9 +26,24 @@ sys.path.insert(0, sys.argv[1])
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import longca_triton.kernels.dense.op as D
-import longca_triton.kernels.block_sparse.op as BS
-from longca_triton.kernels.core import aot
+import importlib
+
+def first(*names):
+    """The first of the modules that imports: the package layout first, then the flat one."""
+    for n in names:
+        try:
+            return importlib.import_module(n)
+        except ModuleNotFoundError as e:
+            if not n.startswith(e.name or ""):
+                raise
+    raise ModuleNotFoundError(names[-1])
+
+D = first("longca_triton.kernels.dense.op", "longca_triton.kernels.dense")
+BS = first("longca_triton.kernels.block_sparse.op", "longca_triton.kernels.block_sparse")
+aot = first("longca_triton.kernels.core.aot", "longca_triton.kernels.aot")
+# the launchers look their kernels up in the module that defines them: record there
+D_LAUNCH = sys.modules[D.dense_bwd.__module__]
+BS_LAUNCH = sys.modules[BS.block_sparse_bwd.__module__]
 from longca_triton.masks import make_mask
 
 def code(launch):
@@ -51,21 +68,21 @@ for name in ("causal", "full"):
     mask = make_mask(name, S)
     cfg = D.resolve_config(128, bf, mask=mask)
     _, kp, qp = D.plans_for(mask, cfg, "cpu")
-    with aot.recorded_launches(D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel")) as rec:
+    with aot.recorded_launches(D_LAUNCH, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel")) as rec:
         D.dense_bwd(do, q, k, v, out, lse, kp, qp, 0.088, cfg)
     res[f"dense dK/dV {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dkdv_kernel"))
 # (delta, and with lse the stats rows the dK/dV steps read by TMA boxes: dkdv_stats_tma)
-BS.launch_bwd_preprocess = lambda out, dout, dlse=None, lse=None: (
+BS_LAUNCH.launch_bwd_preprocess = lambda out, dout, dlse=None, lse=None: (
     torch.empty(1, 64, S) if lse is None else (torch.empty(1, 64, S), torch.empty(1, 64, S, 4)))
 mask = make_mask("block_sparse", S, block=128, density=0.3, patterns=8, seed=0)
 cfg = BS.resolve_config(mask, 128)
-with aot.recorded_launches(BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
+with aot.recorded_launches(BS_LAUNCH, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
     BS.block_sparse_bwd(do, q, k, v, out, lse, mask, BS.tables_for(mask, cfg, "cpu"), 0.088, cfg, passes=("dkdv",))
 res["block-sparse dK/dV"] = code(next(r for r in rec if r.name == "block_sparse_bwd_dkdv_kernel"))
 # variable blocks (mean 256, min 128): the dK/dV main and tail launches, the dQ main launch
 mask = make_mask("varblock_sparse", S, block=256, min_block=128, density=0.3, patterns=8, seed=0)
 cfg = BS.resolve_config(mask, 128, q=q, k=k)
-with aot.recorded_launches(BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
+with aot.recorded_launches(BS_LAUNCH, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel")) as rec:
     BS.block_sparse_bwd(do, q, k, v, out, lse, mask, BS.tables_for(mask, cfg, "cpu"), 0.088, cfg)
 for i, r in enumerate(x for x in rec if x.name == "block_sparse_bwd_dkdv_kernel"):
     res[f"variable-block dK/dV {('main', 'tail')[i]}"] = code(r)
@@ -83,9 +100,9 @@ def compiled(root: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) != 2 or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     a, b = compiled(argv[0]), compiled(argv[1])
     same = True
     for case in a:

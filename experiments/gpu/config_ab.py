@@ -1,19 +1,19 @@
 """Backward configs of our kernels timed interleaved on a GPU, next to Flex: by default the plain-Triton
-backward with and without ``bwd_streams`` (issue 13: the dQ launches on a second CUDA stream beside the
-dK/dV ones, ``_runtime.side_stream``); ``--configs`` names others (any kernel's config keys).
+backward with and without ``bwd_streams`` (the dQ launches on a second CUDA stream beside the
+dK/dV ones, ``core.runtime.side_stream``); ``--configs`` names others (any kernel's config keys).
 
 Run from the repository root on a CUDA machine (the package need not be installed):
 
-    PYTHONUNBUFFERED=1 python experiments/gpu/bwd_configs_ab.py --out $OUT --require-equal
-    python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --sparse uniform128:32768:0.3,varblock256:32768:0.3
-    python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --gluon-masks causal --no-flex \
+    PYTHONUNBUFFERED=1 python experiments/gpu/config_ab.py --out $OUT --require-equal
+    python experiments/gpu/config_ab.py --out $OUT --dense-masks '' --sparse uniform128:32768:0.3,varblock256:32768:0.3
+    python experiments/gpu/config_ab.py --out $OUT --dense-masks '' --gluon-masks causal --no-flex \
         --configs '{"default": {}, "dq_mask_head": {"dq_mask_head": true}}'
-    python experiments/gpu/bwd_configs_ab.py --out $OUT --dense-masks '' --sparse varblock256:65536:0.3 --no-flex \
+    python experiments/gpu/config_ab.py --out $OUT --dense-masks '' --sparse varblock256:65536:0.3 --no-flex \
         --back-to-back --configs '{"default": {}, "dq8x16": {"DQ_BLOCK_M": 16, "DQ_HEADS": 8}}'
 
 Per problem (dense masks as in ``dense_check.bench_mask`` at ``--S``, GQA 64:8, D = 128, bf16, for
 ``triton``, ``--gluon-masks`` for ``triton-gluon``, ``--flashmask-masks`` for ``triton-flashmask``;
-block-sparse cases ``name:S:density`` of ``bwd_variants.SPARSE_MASKS``, a pattern per KV head):
+block-sparse cases ``name:S:density`` of ``SPARSE_MASKS``, a pattern per KV head):
 
 1. with ``--check``, each config's output, lse and gradients against float32 on one KV-head group
    (``bench.check``, the harness's check); each config's backward through autograd once: the gradients
@@ -25,11 +25,11 @@ block-sparse cases ``name:S:density`` of ``bwd_variants.SPARSE_MASKS``, a patter
    rounds.
 3. with ``--back-to-back``, each round also times every variant alone (``bench.timing.time_fn``, the harness's
    timer for a one-backend bucket), in the listed order in even rounds and reversed in odd ones; the table
-   then has a second row per problem (``[back to back]``). Why: the two timers disagreed by up to 5 % on one
-   A/B (session 21's ``timer_bias.py``; session 26: a dQ tile read +5.5 % interleaved and -1.5 % back to back),
-   and the issues' targets are read through the harness.
+   then has a second row per problem (``[back to back]``). Why: the two timers have disagreed by up to 5 % on
+   one A/B (a dQ tile read +5.5 % interleaved and -1.5 % back to back), and targets are read through the
+   harness, which times back to back.
 
-Rows go to ``<out>/bwd_configs_ab.jsonl`` as measured (``kind``: env / check / time); ``<out>/bwd_configs_ab.md``
+Rows go to ``<out>/config_ab.jsonl`` as measured (``kind``: env / check / time); ``<out>/config_ab.md``
 has the table. ``--smoke`` runs on the CPU interpreter at toy sizes (no Flex).
 """
 
@@ -50,9 +50,69 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
+from longca_triton.bench.check import compare  # noqa: E402
 from longca_triton.masks import STATIC_MASK_NAMES, make_mask  # noqa: E402
 
 T0 = time.time()
+
+
+
+def aligned_bounds(S: int, unit: int = 128, mean: int = 256, seed: int = 0) -> dict:
+    """Variable blocks whose sizes are multiples of ``unit`` (``unit`` to ``2 * mean - unit``, mean
+    ``mean``): variable blocks without ragged tiles at ``unit``-sized tiles (an experiment that tells
+    the ragged tiles' cost from the variable structure's)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < S:
+        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
+    sizes[-1] -= sum(sizes) - S
+    if sizes[-1] <= 0:
+        sizes.pop()
+        sizes[-1] += S - sum(sizes)
+    bounds = [0]
+    for x in sizes:
+        bounds.append(bounds[-1] + x)
+    return {"min_block": unit, "block_bounds": bounds}
+
+
+SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters or a function of S giving them)
+    "uniform128": ("block_sparse", 128, {}),
+    "uniform64": ("block_sparse", 64, {}),
+    "varblock256": ("varblock_sparse", 256, {"min_block": 128}),
+    "varblock128": ("varblock_sparse", 128, {"min_block": 64}),
+    "varblock512": ("varblock_sparse", 512, {"min_block": 256}),
+    "varblock256x128": ("varblock_sparse", 256, aligned_bounds),
+}
+
+
+def flex_sparse_attn(p):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from longca_triton.adapters.flex import raise_recompile_limits
+    from longca_triton.masks import flex_block_mask
+
+    raise_recompile_limits()
+    bm = flex_block_mask(p.mask, 128, device="cuda", num_heads=p.hq)
+    flex = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: flex(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), block_mask=bm,
+                                enable_gqa=True).transpose(1, 2)
+
+
+def check_autograd(emit, p, ref, attn, dtype, **row) -> bool:
+    """``attn(q, k, v) -> (out, lse)`` run forward and backward on ``p``'s inputs and compared with
+    ``ref`` (one KV group in float32); the check row emitted; False on a failure or an exception."""
+    try:
+        leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+        out, lse = attn(*leaves)
+        out.backward(p.dout)
+        res = compare(ref, out.detach(), lse, [t.grad for t in leaves], dtype)
+    except Exception as e:  # noqa: BLE001 - a variant that fails loses, the run goes on
+        emit(dict(kind="check", **row, status=f"error: {e!r}"[:400]))
+        return False
+    emit(dict(kind="check", **row, **res.as_row(), message=res.message))
+    return res.ok
 
 
 def _len(S: int) -> str:
@@ -95,7 +155,6 @@ def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: boo
 
     if args.check:
         # each config against float32 on one KV-head group, as the harness checks a backend
-        from bwd_variants import check_autograd
 
         from longca_triton.bench.check import reference_group
 
@@ -114,7 +173,6 @@ def run_problem(emit, label: str, kernel: str, p, args, configs: dict, flex: boo
     if not finite or (args.require_equal and not equal):
         return dict(problem=label, status="check failed")
     if flex:
-        from bwd_variants import flex_sparse_attn
 
         variants["flex"] = flex_sparse_attn(p)
     del grads, first
@@ -181,7 +239,7 @@ def main(argv=None):
     ap.add_argument("--S", type=int, default=16384, help="dense sequence length")
     ap.add_argument("--dense-masks", default=",".join(STATIC_MASK_NAMES))
     ap.add_argument("--flashmask-masks", default="")
-    ap.add_argument("--sparse", default="", help="comma-separated name:S:density (bwd_variants.SPARSE_MASKS names)")
+    ap.add_argument("--sparse", default="", help="comma-separated name:S:density (SPARSE_MASKS names)")
     ap.add_argument("--heads", default="64:8")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--gluon-masks", default="", help="dense masks to run the Gluon tier (triton-gluon) on")
@@ -202,7 +260,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "bwd_configs_ab.jsonl"
+    path = out / "config_ab.jsonl"
     configs = json.loads(args.configs) if args.configs else dict(STREAMS)
     if not isinstance(configs, dict) or not configs:
         raise SystemExit(f"--configs must be a JSON object of name -> config, got {args.configs!r}")
@@ -234,7 +292,6 @@ def main(argv=None):
         jobs.append((f"flashmask {m} {_len(args.S)}", "flashmask", lambda m=m: DC.bench_mask(m, args.S)))
     for spec in filter(None, args.sparse.split(",")):
         name, S, dens = spec.split(":")
-        from bwd_variants import SPARSE_MASKS
 
         kind, block, extra = SPARSE_MASKS[name]
         extra = extra(int(S)) if callable(extra) else extra
@@ -250,7 +307,7 @@ def main(argv=None):
             continue
         p = _problem(mk(), hq, hkv, args.head_dim, dtype, dev)
         rows.append(run_problem(emit, label, kernel, p, args, configs, flex))
-        (out / "bwd_configs_ab.md").write_text(table(rows, names) + "\n")
+        (out / "config_ab.md").write_text(table(rows, names) + "\n")
         del p
         if dev == "cuda":
             torch.cuda.empty_cache()

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Issue 18's GPU acceptance: the restructured tree must run every kernel within ±2% of the tree
-# before it, and pass the 32K correctness check. Both trees run on the same GPU in one call,
-# interleaved (before, after, before, after), so the comparison is not across machines.
+# A/B check of two trees on one GPU: the tree in .before/ (the base) and the working tree (the change)
+# run the same benchmark configs interleaved (before, after, before, after) on the same GPU in one
+# device call, so no comparison crosses machines; then the change's dense correctness check.
+# Use it when a change must leave every kernel's time alone (within the rounds' noise).
 #
 # Here (once):  mkdir .before && git archive <REV> | tar -x -C .before --exclude=experiments/results
 #               (.before/ is ignored through .git/info/exclude; pass it with the run tool's carry)
 # On the device:
-#   ROUNDS="1" PHASES="dense sparse accept" bash experiments/gpu/refactor_check.sh
-#   ROUNDS="2" PHASES="dense sparse" bash experiments/gpu/refactor_check.sh   (a second call: noise)
-# Each call prints and returns compare.md (before vs after per point, over every round run so far).
+#   ROUNDS="1" PHASES="dense sparse accept" bash experiments/gpu/ab_check.sh
+#   ROUNDS="2" PHASES="dense sparse" bash experiments/gpu/ab_check.sh   (a second call: noise)
+# PHASES: dense (dense_16k.toml: full, causal, causal_document), sparse (sparse_64k.toml), varblock
+# (varblock_64k.toml), accept (the change's tree only: experiments/gpu/dense_check.py's correctness phase).
+# Each call prints and returns $OUT/compare.md (before vs after per point, over every round run so far:
+# experiments/gpu/compare_runs.py) and $OUT/run_r<rounds>.tgz (rows and logs).
 set -o pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 export PYTHONUNBUFFERED=1
 REPO=$(pwd)
 T0=$(date +%s)
@@ -54,12 +59,13 @@ for round in ${ROUNDS:-1}; do
           bench $label "$round" varblock experiments/varblock_64k.toml --backends triton-varblock
         done ;;
       accept)
-        # the after tree only: S = 32K correctness of every static mask, and memory to 128K
-        (PYTHONPATH="$REPO" timeout 330 python3 experiments/gpu/dense_acceptance.py --out /tmp/r/accept \
-           --max-minutes 5) > "$OUT/accept_log.txt" 2>&1
-        echo "acceptance rc=$? at $(( $(date +%s) - T0 )) s"
-        cp /tmp/r/accept/dense_acceptance.md "$OUT/" 2>/dev/null
-        tail -n 40 /tmp/r/accept/dense_acceptance.md ;;
+        # the after tree only: correctness of every static mask against a float32 reference
+        mkdir -p /tmp/r/accept
+        (PYTHONPATH="$REPO" timeout 330 python3 experiments/gpu/dense_check.py --out /tmp/r/accept \
+           --skip sweep,masks,flex --budget 300) > "$OUT/accept_log.txt" 2>&1
+        echo "correctness rc=$? at $(( $(date +%s) - T0 )) s"
+        cp /tmp/r/accept/dense_check.md "$OUT/" 2>/dev/null
+        tail -n 40 /tmp/r/accept/dense_check.md ;;
     esac
   done
 done

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One device call that installs the carried vendor wheels and runs a benchmark config with the
-# bench writing straight into $OUT, so that every finished point is in $OUT/results.jsonl the moment
+# Run a benchmark config on the GPU host in one device call: install the carried vendor wheels, then
+# `longca-triton bench` writing straight into $OUT, so that every finished point is in $OUT/results.jsonl the moment
 # it finishes (appended and fsynced row by row): a call killed at any moment still returns them.
 #
 # Here (once):  cd <repo> && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null ../shared/scripts/vendor-wheels.sh cudnn
 #               (and fa3fwd, fa4, ...) -> .whl/<group>/<n>/ (ignored; pass them with the run tool's `carry`;
 #               a group over 64 MiB goes in two calls: the first only `bash experiments/gpu/wheels.sh stage`)
 # On the device: [BENCH_KIND=dense|sparse|varblock] [BENCH_RESUME=path/results.jsonl[.gz]] \
-#                  bash experiments/gpu/bench_check.sh [CONFIG] [EXTRA bench args...]
-#   e.g. bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --max-minutes 5
-#        bash experiments/gpu/bench_check.sh experiments/dense_quick.toml --backends flex --retry-errors
+#                  bash experiments/gpu/bench.sh [CONFIG] [EXTRA bench args...]
+#   e.g. bash experiments/gpu/bench.sh experiments/dense_quick.toml --max-minutes 5
+#        bash experiments/gpu/bench.sh experiments/dense_quick.toml --backends flex --retry-errors
 # BENCH_RESUME: an earlier run's results.jsonl, or a gzipped results.jsonl.gz (in the working tree,
 # committed or not), copied (gunzipped) to $OUT/results.jsonl first, so finished points are skipped
 # (and rows that only said a backend was not installed are retried where it is installed now); if
@@ -28,9 +28,10 @@
 # wrap this script in a shorter outer `timeout`: that kills the report and plot steps (the rows
 # in $OUT/results.jsonl survive, but report.md and plots.tgz are then missing or stale).
 set -o pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 export PYTHONUNBUFFERED=1
 CONFIG=${1:-experiments/dense_quick.toml}; shift || true
-OUTDIR=${BENCH_OUT:-$OUT}  # BENCH_OUT elsewhere: copied to $OUT only at the end (parts.sh)
+OUTDIR=${BENCH_OUT:-$OUT}  # BENCH_OUT elsewhere: copied to $OUT only at the end (a caller that collects several runs)
 T0=$(date +%s)
 mkdir -p "$OUTDIR"
 if [ -n "${BENCH_RESUME:-}" ]; then
@@ -59,6 +60,6 @@ python3 -m longca_triton.cli report "$OUTDIR/results.jsonl" --out "$OUTDIR/repor
 PLOTS=$(mktemp -d)
 timeout 90 python3 -m longca_triton.cli plot "$OUTDIR/results.jsonl" --out "$PLOTS/plots" > /dev/null \
   && tar czf "$OUT/plots.tgz" -C "$PLOTS" plots
-# BENCH_OUT elsewhere (parts.sh): the results and report still come back, at the end only
+# BENCH_OUT elsewhere (a caller that collects several runs): the results and report still come back, at the end only
 [ "$OUTDIR" -ef "$OUT" ] || cp "$OUTDIR/results.jsonl" "$OUTDIR/report.md" "$OUT/"
 echo "done: $(( $(date +%s) - T0 )) s"; ls -la "$OUT"
