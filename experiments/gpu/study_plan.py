@@ -38,11 +38,11 @@ from longca_triton.bench.runner import plan_points
 from longca_triton.bench.store import read_lines
 from longca_triton.masks import MASK_SPECS, make_mask
 
-FIT_FILES = ["experiments/results/h100/dense_16k/results.jsonl", "experiments/results/h100/dense_quick/results.jsonl",
-             "experiments/results/h100/sparse_64k/s64/results.jsonl", "experiments/results/h100/sparse_64k/v64/results.jsonl",
-             "experiments/results/h100/study/dense/results.jsonl.gz"]
+FIT_FILES = ["experiments/results/h100/dense-16k/results.jsonl", "experiments/results/h100/dense-quick/results.jsonl",
+             "experiments/results/h100/sparse-64k/s64/results.jsonl", "experiments/results/h100/sparse-64k/v64/results.jsonl",
+             "experiments/results/h100/dense-study/results.jsonl.gz"]
 #: the dense study's first slice (2026-11-23, 1K-2K complete, 4K partial, no vendor wheels carried)
-SLICE = "experiments/results/h100/study/dense/results.jsonl.gz"
+SLICE = "experiments/results/h100/dense-study/results.jsonl.gz"
 #: dense backends the offline host cannot install (ANCHORS.md): they answer `unsupported` at once
 NOT_ON_HOST = {"fa2", "fa3", "te", "flashmask"}
 #: backends that materialise the Hq x S x S scores: past 80 GB (fp32) they fail at once (oom, or the
