@@ -37,6 +37,7 @@ from longca_triton.kernels.core.tuned import (
     save_cache,
     uniform_pow2,
 )
+from longca_triton.kernels.block_sparse.tune import sparse_candidates, varblock_candidates
 from ..masks import BlockSparseMask, Mask
 from .search import geomean, halving_search, planned_measurements
 from .timing import time_fn
@@ -269,100 +270,6 @@ def _gluon_tunable() -> Tunable:
 register_tunable(_gluon_tunable())
 
 
-def _sparse_outer(block: int, head_dim: int) -> list[int]:
-    """Tiles of the side a program owns: at most the block (a row tile never spans two blocks) and
-    at most 128 rows (64 for D > 128)."""
-    cap = 64 if head_dim > 128 else 128
-    b = 1 << (max(16, block).bit_length() - 1)  # the largest power of two <= block
-    return sorted({max(16, min(b, 64)), max(16, min(b, cap))})
-
-
-#: the block-sparse passes' list reading searched: entry by entry, or in register chunks of 64
-_CHUNKS = (0, 64)
-
-
-def _sparse_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    """Uniform blocks (``triton-sparse``): the inner tile is the block itself (at most 128: larger
-    blocks are walked in 128-wide sub-tiles; either way no tile needs the tail mask), or at block
-    128 also its 64-wide halves; the outer tile, stacked GQA heads, warps, stages and the backward
-    passes' list reading (entry by entry or chunked) are searched."""
-    inner = 1 << (max(16, min(block, 128)).bit_length() - 1)
-    outer = _sparse_outer(block, head_dim)
-    warps, stages = [4, 8], [2, 3]
-    heads = [1, 2]
-    if group == "fwd":
-        return [dict(BLOCK_M=m, BLOCK_N=inner, HEADS=h, num_warps=w, num_stages=s, warp_specialize=ws, list_chunk=c)
-                for m, h, w, s, ws, c in itertools.product(outer, heads, warps, stages, [False, True], _CHUNKS)]
-    if group == "dkdv":
-        # a program owns DKDV_BLOCK_N keys and steps over DKDV_BLOCK_M query rows: the whole block, or
-        # (blocks of 128) 64-row halves of it, the default's step (a 128-row step measured 1.5x slower
-        # on an H100: experiments/results/h100/bwd_session12, call 1)
-        # each list read entry by entry or in register chunks (``dkdv_list_chunk``: the chunked loop
-        # prefetches num_stages - 1 steps ahead; bwd_session13)
-        steps = sorted({min(inner, 64), inner})
-        return with_qmajor([dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=h, dkdv_num_warps=w, dkdv_num_stages=s,
-                                 dkdv_list_chunk=c)
-                            for m, n, h, w, s, c in itertools.product(steps, outer, heads if inner <= 64 else [1],
-                                                                      warps, stages, _CHUNKS)])
-    if group == "dq":
-        # the dQ step: the block, or (blocks of 128) 64-key halves, which three stages fit beside Q and dO
-        steps = sorted({min(inner, 64), inner})
-        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=h, dq_num_warps=w, dq_num_stages=s, dq_list_chunk=c)
-                for m, n, h, w, s, c in itertools.product(outer, steps, heads, warps, stages, _CHUNKS)]
-    if group == "bwd":
-        return _one_launch_candidates(head_dim > 128)
-    raise ValueError(f"unknown key group {group!r}")
-
-
-def _varblock_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    """Variable blocks (``triton-varblock``, ``block`` = the mean block): blocks are walked in
-    sub-tiles carrying their valid length, so the inner tile is searched too (the two largest
-    powers of two up to the mean block, at most 128); one head per tile; and the variable blocks'
-    own options: tail row tiles, packed lists (backward passes), the dK/dV sweep."""
-    b = 1 << (max(16, min(block, 128)).bit_length() - 1)
-    inner = sorted({max(16, b // 2), b})
-    outer = _sparse_outer(block, head_dim)
-    warps, stages = [4, 8], [2, 3]
-    # a block's remainder in 64-row tail tiles of its own, where the owned tile is larger (``tail_rows``)
-    tails = lambda m: [0, 64] if m > 64 else [0]  # noqa: E731
-    if group == "fwd":
-        # the forward's list read entry by entry or in register chunks (the 64x64 default: chunks); its
-        # key lists stay plain (packed, its K/V gathers lost to TMA boxes: session 16)
-        return [dict(BLOCK_M=m, BLOCK_N=n, HEADS=1, num_warps=w, num_stages=s, warp_specialize=False, list_chunk=c,
-                     tail_rows=t)
-                for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS) for t in tails(m)]
-    if group == "dkdv":
-        # packed query lists (they won at every tile measured: session 16), head-major or the row-major
-        # sweep (``dkdv_sweep`` 2)
-        base = [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=n, DKDV_HEADS=1, dkdv_num_warps=w, dkdv_num_stages=s,
-                     dkdv_pack_list=True, dkdv_sweep=sw, dkdv_tail_rows=t)
-                for m, n, w, s, sw in itertools.product(inner, outer, warps, stages, [0, 2]) for t in tails(n)]
-        # the 64-key tails beside a key-major main tile on 8 warps: query-major at 64 query rows a step on their own
-        # 4 warps (``dkdv_tail_cols`` 64, the default since session 28, which the base candidates inherit), key-major
-        # (0, the default before), 128 rows on 8 warps, or 128 in the main launch beside their blocks' tiles, on its
-        # warps (``dkdv_tail_order`` 3); and the lists walked in one part (``dkdv_full_first`` off: the default before
-        # session 29)
-        tails_qm = [dict(c, **extra)
-                    for c in base if c["dkdv_tail_rows"] and c["dkdv_num_warps"] == 8 and c["dkdv_sweep"] == 0
-                    for extra in (dict(dkdv_tail_cols=0), dict(dkdv_tail_cols=128, dkdv_tail_warps=8),
-                                  dict(dkdv_tail_cols=128, dkdv_tail_order=3), dict(dkdv_full_first=False))]
-        return with_qmajor(base) + tails_qm
-    if group == "dq":
-        # plain key lists boxed by TMA (packed ones gather K/V: equal at 64 x 64, slower at 128 x 64); and
-        # 128-row tiles of 2, 4 or 8 stacked query heads (the default is 4 x 32, ``block_sparse.VARBLOCK_DQ``: a
-        # block's remainder wastes < 64, < 32 or < 16 rows; sessions 21, 26), which a call's GQA group may cap
-        one_head = [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=n, DQ_HEADS=1, dq_num_warps=w, dq_num_stages=s, dq_list_chunk=c,
-                         dq_pack_list=False, dq_tail_rows=t)
-                    for n, m, w, s, c in itertools.product(inner, outer, warps, stages, _CHUNKS) for t in tails(m)]
-        stacked = [dict(DQ_BLOCK_M=128 // h, DQ_BLOCK_N=n, DQ_HEADS=h, dq_num_warps=8, dq_num_stages=s,
-                        dq_list_chunk=c, dq_pack_list=False, dq_tail_rows=0)
-                   for n, h, s, c in itertools.product(inner, [2, 4, 8], stages, _CHUNKS) if head_dim <= 128]
-        return one_head + stacked
-    if group == "bwd":
-        return _one_launch_candidates(head_dim > 128)
-    raise ValueError(f"unknown key group {group!r}")
-
-
 def _sparse_cases(mask_name: str):
     def make(block, seqlens, head_dims, dtypes, heads, densities, seed=0) -> list[TuneCase]:
         from ..masks import make_mask
@@ -387,15 +294,15 @@ def _block_sparse_tunable(name: str) -> Tunable:
         return block_sparse_attention(q, k, v, mask, config=config)
 
     def default(head_dim, dtype, mask=None, group=1):
-        from longca_triton.kernels.block_sparse.op import default_config
+        from longca_triton.kernels.block_sparse.config import default_config
 
         return default_config(mask, head_dim)
 
     uniform = name == "triton-sparse"
     return Tunable(
         name=name,
-        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd", "bwd": "bwd"},
-        candidates=_sparse_candidates if uniform else _varblock_candidates,
+        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd"},
+        candidates=sparse_candidates if uniform else varblock_candidates,
         run=run,
         default=default,
         accepts=(lambda mask: isinstance(mask, BlockSparseMask) and bool(uniform_pow2(mask))) if uniform

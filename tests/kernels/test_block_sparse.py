@@ -12,7 +12,9 @@ import torch
 import numpy as np
 import pytest
 
-from longca_triton.kernels.block_sparse import op as BS
+from longca_triton.kernels import block_sparse as BS
+from longca_triton.kernels.block_sparse import config as BSC
+from longca_triton.kernels.block_sparse import op as BSO
 from longca_triton.kernels.block_sparse.plan import build_side_tables, get_side_tables
 from longca_triton.masks import BlockSparseMask, make_mask
 from longca_triton.reference import naive_attention
@@ -20,14 +22,14 @@ from longca_triton.reference import naive_attention
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tiles(m=32, n=32, heads=1, dq=None, dkdv=None):
-    """A pinned config: forward tiles m x n, dQ ``dq`` and dK/dV ``dkdv`` (rows, cols) pairs."""
+def tiles(m=32, n=32, heads=1, dq=None, dkdv=None, stages=2):
+    """A pinned config: forward tiles m x n, dQ ``dq`` and dK/dV ``dkdv`` (rows, cols) pairs, ``heads``
+    query heads a dQ tile; ``stages`` 3 reads every pass's lists in register chunks (``config.list_chunk``)."""
     dq = dq or (m, n)
     dkdv = dkdv or (m, n)
-    return dict(BLOCK_M=m, BLOCK_N=n, HEADS=heads, num_warps=4, num_stages=1,
-                DQ_BLOCK_M=dq[0], DQ_BLOCK_N=dq[1], DQ_HEADS=heads, dq_num_warps=4, dq_num_stages=1,
-                DKDV_BLOCK_M=dkdv[0], DKDV_BLOCK_N=dkdv[1], DKDV_HEADS=heads, dkdv_num_warps=4,
-                dkdv_num_stages=1)
+    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=4, num_stages=stages,
+                DQ_BLOCK_M=dq[0], DQ_BLOCK_N=dq[1], DQ_HEADS=heads, dq_num_warps=4, dq_num_stages=stages,
+                DKDV_BLOCK_M=dkdv[0], DKDV_BLOCK_N=dkdv[1], dkdv_num_warps=4, dkdv_num_stages=stages)
 
 
 def check(mask, hq, hkv, d=32, cfg=None, dtype=torch.float32, batch=1, seed=0, tol=None, op=False):
@@ -82,8 +84,8 @@ def test_head_layouts(layout):
 
 
 @pytest.mark.parametrize("layout", ["gqa-P=Hkv", "gqa-P=1", "gqa-P=Hq"])
-def test_stacked_heads(layout):
-    """HEADS=2: two query heads of a group in one 2 x 32-row tile (lowered to 1 where the
+def test_stacked_dq_heads(layout):
+    """DQ_HEADS=2: two query heads of a group in one 2 x 32-row dQ tile (lowered to 1 where the
     patterns differ, e.g. P = Hq)."""
     hq, hkv, P = {"gqa-P=Hkv": (8, 2, 2), "gqa-P=1": (4, 2, 1), "gqa-P=Hq": (4, 2, 4)}[layout]
     mask = make_mask("block_sparse", 150, block=32, density=0.5, patterns=P, seed=11)
@@ -126,7 +128,7 @@ def test_varblock_random_bounds(density):
 @pytest.mark.parametrize("rows,heads", [(16, 4), (32, 4), (16, 2)], ids=lambda x: str(x))
 def test_varblock_dq_stacked_heads(rows, heads):
     """The dQ pass of variable blocks with ``heads`` query heads stacked in a tile of ``rows`` positions
-    each, no tail tiles (the Hopper default's shape, ``VARBLOCK_DQ``: 32 x 4 there): blocks of 20..70
+    each, no tail tiles (the Hopper default's shape: 32 x 4 there): blocks of 20..70
     rows leave remainders in most tiles, a GQA group of 4 shares each KV head's pattern, and some rows
     keep no block."""
     rng = np.random.default_rng(rows * heads)
@@ -135,28 +137,28 @@ def test_varblock_dq_stacked_heads(rows, heads):
     bm = torch.from_numpy(rng.random((2, n, n)) < 0.4)
     bm[:, 1, :] = False  # a query block attending nothing: lse -inf, zero dq
     mask = BlockSparseMask(b, b, bm, name="varblock_sparse")
-    cfg = dict(tiles(32, 32), DQ_BLOCK_M=rows, DQ_HEADS=heads, dq_tail_rows=0)
+    cfg = dict(tiles(32, 32), DQ_BLOCK_M=rows, DQ_HEADS=heads, ragged_bwd=True)
+    assert BSC.pass_plans(BS.resolve_config(mask, 32, cfg))["dq"].tail_rows == 0  # stacked: no tail launch
     check(mask, hq=8, hkv=2, cfg=cfg)
 
 
 def test_varblock_dq_stack_follows_the_gqa_group(monkeypatch):
     """Variable blocks' Hopper default stacks as many query heads in a 128-row dQ tile as the call's GQA
-    group and heads per pattern allow (``VARBLOCK_DQ``); a config that sets the dQ row tile alone gets
-    one head (as configs written before the stack meant)."""
-    monkeypatch.setattr(BS, "_interpreting", lambda: False)
+    group and heads per pattern allow; a config that sets the dQ row tile alone gets one head."""
+    monkeypatch.setattr(BSC, "interpreting", lambda: False)
     for (hq, hkv, P), want in {(64, 8, 8): (32, 4, 0), (16, 8, 8): (64, 2, 0), (8, 8, 8): (128, 1, 64),
                                (64, 8, 1): (32, 4, 0), (12, 4, 4): (128, 1, 64)}.items():
         mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=P, seed=1)
         q, k = torch.empty(1, 1024, hq, 128), torch.empty(1, 1024, hkv, 128)
         cfg = BS.resolve_config(mask, 128, q=q, k=k)
-        assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], cfg["dq_tail_rows"]) == want, (hq, hkv, P)
-        assert cfg["DQ_BLOCK_M"] * BS._stack(cfg["DQ_HEADS"], hq // hkv, hq // P) == 128
+        assert (cfg["DQ_BLOCK_M"], cfg["DQ_HEADS"], BSC.pass_plans(cfg)["dq"].tail_rows) == want, (hq, hkv, P)
+        assert cfg["DQ_BLOCK_M"] * BSC.stack(cfg["DQ_HEADS"], hq // hkv, hq // P) == 128
         assert BS.resolve_config(mask, 128, heads=(hq, hkv)) == cfg  # the harness's planning, without tensors
     mask = make_mask("varblock_sparse", 1024, block=256, min_block=128, density=0.5, patterns=8, seed=1)
     assert (BS.default_config(mask, 128)["DQ_BLOCK_M"], BS.default_config(mask, 128)["DQ_HEADS"]) == (32, 4)
     one = BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 128})
-    assert (one["DQ_HEADS"], one["dq_tail_rows"]) == (1, 64)
-    assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64})["dq_tail_rows"] == 0
+    assert (one["DQ_HEADS"], BSC.pass_plans(one)["dq"].tail_rows) == (1, 64)
+    assert BSC.pass_plans(BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 16}))["dq"].tail_rows == 0
     assert BS.resolve_config(mask, 128, {"DQ_BLOCK_M": 64, "DQ_HEADS": 2})["DQ_HEADS"] == 2
     # uniform blocks keep one head a dQ tile
     uni = make_mask("block_sparse", 1024, block=128, density=0.5, patterns=8, seed=1)
@@ -228,8 +230,8 @@ def packed_mask(S=333, Sk=None, min_block=32, seed=0, patterns=2, density=0.4):
     return BlockSparseMask(qb, kb, bm, name="varblock_sparse")
 
 
-PACK_ALL = dict.fromkeys(BS.PACK_KEYS.values(), True)
-TAILS16 = dict.fromkeys(BS.TAIL_KEYS.values(), 16)
+#: the variable-block backward: dQ plain lists with short entries last, dK/dV whole entries first, tails
+RAGGED = {"ragged_bwd": True}
 
 
 def packed_flags(mask, cfg):
@@ -238,38 +240,33 @@ def packed_flags(mask, cfg):
 
 
 PACKED_CASES = {
-    # name: (mask kwargs, hq, hkv, config overlay)
-    "S=333-Hq=6-Hkv=2-32x32": (dict(), 6, 2, {**tiles(32, 32), **PACK_ALL}),
-    "S=333-Hq=4-Hkv=2-heads2-chunk16": (dict(seed=1), 4, 2, {**tiles(32, 32, heads=2), "list_chunk": 16,
-                                                             "dq_list_chunk": 16, "dkdv_list_chunk": 16, **PACK_ALL}),
-    "S=333-Hq=4-Hkv=2-32x16-dq16x32-dkdv32x16": (dict(seed=2), 4, 2,
-                                                 {**tiles(32, 16, dq=(16, 32), dkdv=(32, 16)), **PACK_ALL}),
-    "S=333-Hq=4-Hkv=1-P=1-one_launch-sweep": (dict(seed=3, patterns=1), 4, 1,
-                                              {**tiles(32, 32), "one_launch": True, "dkdv_sweep": 1, **PACK_ALL}),
-    "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, {**tiles(32, 32), **PACK_ALL}),
-    "S=333-Hq=6-Hkv=2-tails16": (dict(seed=7), 6, 2, {**tiles(32, 32), **PACK_ALL, **TAILS16}),
-    "S=333-Hq=4-Hkv=2-tails16-chunk16-one_launch": (dict(seed=8), 4, 2, {
-        **tiles(32, 32, heads=2), **PACK_ALL, **TAILS16, "list_chunk": 16, "dq_list_chunk": 16,
-        "dkdv_list_chunk": 16, "one_launch": True}),
-    "S=333-Hq=4-Hkv=2-sweep2-tails16": (dict(seed=10), 4, 2, {**tiles(32, 32), **PACK_ALL, **TAILS16, "dkdv_sweep": 2}),
-    "Sq=190-Sk=301-Hq=2-Hkv=1-tails16": (dict(S=190, Sk=301, seed=9, patterns=1), 2, 1,
-                                         {**tiles(32, 32), **PACK_ALL, **TAILS16}),
+    # name: (mask kwargs, hq, hkv, config overlay); 64-row tiles make the ragged treatment's tails of 32
+    "S=333-Hq=6-Hkv=2-32x32": (dict(), 6, 2, tiles(32, 32)),
+    "S=333-Hq=4-Hkv=2-dq-heads2-chunk16": (dict(seed=1), 4, 2, tiles(32, 32, heads=2, stages=3)),
+    "S=333-Hq=4-Hkv=2-32x16-dq16x32-dkdv32x16": (dict(seed=2), 4, 2, tiles(32, 16, dq=(16, 32), dkdv=(32, 16))),
+    "Sq=190-Sk=301-Hq=2-Hkv=1": (dict(S=190, Sk=301, seed=4, patterns=1), 2, 1, tiles(32, 32)),
+    "S=333-Hq=6-Hkv=2-ragged-tails32": (dict(seed=7), 6, 2, {**tiles(32, 32, dq=(64, 32), dkdv=(32, 64)), **RAGGED}),
+    "S=333-Hq=4-Hkv=2-ragged-dq-heads2": (dict(seed=8), 4, 2, {**tiles(32, 32, heads=2, dkdv=(32, 64)), **RAGGED}),
+    "Sq=190-Sk=301-Hq=2-Hkv=1-ragged-tails32": (dict(S=190, Sk=301, seed=9, patterns=1), 2, 1,
+                                                {**tiles(32, 32, dq=(64, 32), dkdv=(32, 64)), **RAGGED}),
 }
 
 
 @pytest.mark.parametrize("case", list(PACKED_CASES), ids=list(PACKED_CASES))
 def test_packed_lists_match_reference(case):
-    """Packed lists (a key / query tile crossing from one run of kept blocks into the next) in every
-    pass, against float64: GQA, stacked heads, chunked lists, one launch, the row-major sweep, Sq != Sk."""
+    """Packed lists (a key / query tile crossing from one run of kept blocks into the next) in the backward
+    passes, against float64: GQA, stacked dQ heads, chunked lists, Sq != Sk; with ``ragged_bwd`` the dK/dV
+    lists' whole entries first, the dQ lists plain with their short entries last, and the tail launches."""
     kw, hq, hkv, cfg = PACKED_CASES[case]
     mask = packed_mask(**kw)
-    assert all(packed_flags(mask, cfg).values()), "this case is meant to pack every pass"
-    if "tails16" in case:
+    ragged = "ragged" in case
+    assert packed_flags(mask, cfg) == {"fwd": False, "dq": not ragged, "dkdv": True}
+    if "tails32" in case:
         t = BS.tables_for(mask, BS.resolve_config(mask, 32, cfg), DEV)
-        assert all(t[name + "_tail"].num_tiles for name in ("fwd", "dq", "dkdv")), "this case has tail tiles"
+        assert all(t[name + "_tail"].num_tiles for name in ("dq", "dkdv")), "this case has tail tiles"
+        assert t["dkdv"].full_first and t["dq"].short_cols == 16
     check(mask, hq=hq, hkv=hkv, cfg=cfg)
-    check(mask, hq=hq, hkv=hkv, cfg={**cfg, **dict.fromkeys(BS.PACK_KEYS.values(), False)})
-    if "tails16" in case:
+    if ragged:
         check(mask, hq=hq, hkv=hkv, cfg=cfg, op=True)
 
 
@@ -280,8 +277,8 @@ def test_packed_lists_fp16_batch_empty_rows_and_columns():
     bm[:, 1] = False
     bm[:, :, 2] = False
     mask = BlockSparseMask(mask.q_block_bounds, mask.k_block_bounds, bm, name="varblock_sparse")
-    cfg = {**tiles(32, 32), **PACK_ALL}
-    assert all(packed_flags(mask, cfg).values())
+    cfg = tiles(32, 32)
+    assert packed_flags(mask, cfg) == {"fwd": False, "dq": True, "dkdv": True}
     out, lse, dq, dk, dv = check(mask, hq=4, hkv=2, d=64, dtype=torch.float16, batch=2, cfg=cfg)
     r0, r1 = mask.q_block_bounds[1], mask.q_block_bounds[2]
     c0, c1 = mask.k_block_bounds[2], mask.k_block_bounds[3]
@@ -334,8 +331,6 @@ def test_tail_row_tiles_split_the_rows(rows, tail):
     assert all(sorted(small.order[i * T:(i + 1) * T].tolist()) == list(range(T)) for i in range(1 + small.num_patterns))
     with pytest.raises(ValueError, match="tail_rows"):
         build_side_tables(b, b, mask.block_map, rows, 32, "cpu", part="tail", tail_rows=rows)
-    with pytest.raises(ValueError, match="dq_tail_rows"):
-        BS.resolve_config(mask, 32, {**tiles(32, 32), "dq_tail_rows": 32})
 
 
 def test_packing_only_where_it_applies():
@@ -347,11 +342,10 @@ def test_packing_only_where_it_applies():
         assert not t.packed
         assert torch.equal(t.col_next, t.col_start) and torch.equal(t.col_count, t.col_end - t.col_start)
     # 16-column tiles fit the 20-token blocks (dK/dV's columns are its DKDV_BLOCK_M query rows)
-    assert packed_flags(short, {**tiles(32, 16, dkdv=(16, 32)), **PACK_ALL}) == {"fwd": True, "dq": True, "dkdv": True}
-    assert packed_flags(short, {**tiles(32, 16), **PACK_ALL}) == {"fwd": True, "dq": True, "dkdv": False}
-    assert packed_flags(short, {**tiles(32, 16), "pack_list": True, "dq_pack_list": False}) == {
-        "fwd": True, "dq": False, "dkdv": False}
-    assert BS.default_config(short, 64)["pack_list"] is False  # the forward's gathers lost to its boxes
+    assert packed_flags(short, tiles(32, 16, dkdv=(16, 32))) == {"fwd": False, "dq": True, "dkdv": True}
+    assert packed_flags(short, tiles(32, 16)) == {"fwd": False, "dq": True, "dkdv": False}
+    assert packed_flags(short, {**tiles(32, 16, dkdv=(16, 32)), **RAGGED}) == {"fwd": False, "dq": False,
+                                                                              "dkdv": True}
 
 
 # ------------------------------------------------------------------------------ tables
@@ -396,8 +390,10 @@ def test_config_validation():
     with pytest.raises(ValueError, match="power of two"):
         BS.resolve_config(mask, 64, {"BLOCK_N": 48})
     with pytest.raises(ValueError, match="power of two"):
-        BS.resolve_config(mask, 64, {"HEADS": 3})
-    assert BS._stack(2, 8, 8) == 2 and BS._stack(2, 8, 1) == 1 and BS._stack(4, 4, 2) == 2
+        BS.resolve_config(mask, 64, {"DQ_HEADS": 3})
+    with pytest.raises(ValueError, match="unknown block-sparse config"):
+        BS.resolve_config(mask, 64, {"one_launch": True})
+    assert BSC.stack(2, 8, 8) == 2 and BSC.stack(2, 8, 1) == 1 and BSC.stack(4, 4, 2) == 2
 
 
 def test_input_validation():
@@ -454,9 +450,9 @@ def test_custom_op_opcheck():
     q, k, v = (torch.randn(1, 64, 2, 16, device=DEV, requires_grad=True) for _ in range(3))
     cfg = BS.resolve_config(mask, 16)
     t = BS.tables_for(mask, cfg, q.device)
-    meta = BS.op_meta(t, 2)
-    args = (q, k, v, BS._op_lists(t, "fwd"), BS._op_lists(t, "dq"), BS._op_lists(t, "dkdv"), meta, 0.25,
-            BS._cfg_to_list(cfg))
+    meta = BSO.op_meta(t, 2)
+    args = (q, k, v, BSO._op_lists(t, "fwd"), BSO._op_lists(t, "dq"), BSO._op_lists(t, "dkdv"), meta, 0.25,
+            BSO._cfg_to_list(cfg))
     res = torch.library.opcheck(torch.ops.longca_triton.block_sparse_attention_fwd.default, args)
     assert set(res.values()) == {"SUCCESS"}, res
 

@@ -1,12 +1,11 @@
-"""``dkdv_stats_tma`` and variable blocks' 128-key dK/dV tile on a GPU (``-m gpu``; session 22).
+"""``dkdv_stats_tma`` and variable blocks' 128-key dK/dV tile on a GPU (``-m gpu``).
 
 The dK/dV steps' lse / delta read from the preprocess's 16-byte rows by TMA boxes must give the pointer
 path's gradients bit for bit (the same values enter the same arithmetic): block-sparse uniform blocks (the
 default there), 128-aligned variable blocks (full entries: the boxes apply), ragged variable blocks (packed
 entries: the launcher keeps the pointer loads) and the dense kernel, whose 3-d boxes read 0 past a head's
-``Sq`` (S = 3001: the last tile is short and ``Sq * 16`` bytes is the only stride). Variable blocks' new
-dK/dV default (``block_sparse.VARBLOCK_DKDV``) against a float64 reference in bf16. The log of a run is
-committed under experiments/results/h100/session22/."""
+``Sq`` (S = 3001: the last tile is short and ``Sq * 16`` bytes is the only stride). Variable blocks'
+dK/dV default against a float64 reference in bf16."""
 
 import pytest
 import torch

@@ -84,7 +84,7 @@ def test_dkdv_pattern_order_equal_bits(patterns):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("stack", [8, 4, 2], ids=["8x16", "4x32", "2x64"])
 def test_varblock_stacked_dq_equal_bits(stack):
-    """Variable blocks' stacked dQ tile (``block_sparse.VARBLOCK_DQ``: ``stack`` query heads x 128 / stack
+    """Variable blocks' stacked dQ tile (``stack`` query heads x 128 / stack
     positions in 128 rows, no tail launch) only regroups rows: each row walks the same key tiles in the same
     order, so the gradients are one head's 128-row tiles with 64-row tails bit for bit."""
     mask = make_mask("varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0)
@@ -92,28 +92,9 @@ def test_varblock_stacked_dq_equal_bits(stack):
     q, k, v, dout = (torch.randn(1, 8192, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
                      for h in (16, 2, 2, 16))
     grads = []
-    for cfg in ({"DQ_BLOCK_M": 128, "DQ_HEADS": 1, "dq_tail_rows": 64},
-                {"DQ_BLOCK_M": 128 // stack, "DQ_HEADS": stack, "dq_tail_rows": 0}):
+    for cfg in ({"DQ_BLOCK_M": 128, "DQ_HEADS": 1}, {"DQ_BLOCK_M": 128 // stack, "DQ_HEADS": stack}):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         block_sparse_attention(*leaves, mask, config=cfg).backward(dout)
         grads.append([t.grad for t in leaves])
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
         assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs with the stacked dQ tile"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_varblock_dkdv_tail_order_equal_bits():
-    """``dkdv_tail_order`` only moves the dK/dV tail launch (after the main one, first in the dQ chain, on the side
-    stream before the main one): disjoint outputs, so the gradients are equal bit for bit in every order."""
-    mask = make_mask("varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(1, 8192, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-                     for h in (16, 2, 2, 16))
-    grads = []
-    for order in (0, 1, 2):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        block_sparse_attention(*leaves, mask, config={"dkdv_tail_order": order}).backward(dout)
-        grads.append([t.grad for t in leaves])
-    for other in grads[1:]:
-        for name, a, b in zip(("dq", "dk", "dv"), grads[0], other):
-            assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs with dkdv_tail_order"

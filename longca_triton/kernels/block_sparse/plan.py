@@ -76,7 +76,7 @@ import torch
 
 from longca_triton.kernels.core.plan_cache import PlanCache
 
-__all__ = ["SideTables", "build_side_tables", "get_side_tables", "get_merged_tail", "merge_tails", "table_build_ms"]
+__all__ = ["SideTables", "build_side_tables", "get_side_tables", "table_build_ms", "tables_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,40 +285,6 @@ def build_side_tables(row_bounds, col_bounds, block_map: torch.Tensor, tile_rows
     return dataclasses.replace(out, build_ms=(time.perf_counter() - t0) * 1e3)
 
 
-def merge_tails(main: SideTables, tail: SideTables) -> SideTables:
-    """``tail`` with its ``order`` replaced by one launch's order over both tables' row tiles (main tiles as
-    ``0 .. T_main - 1``, tail tiles as ``T_main + t``): in each of the ``1 + P`` orders (all patterns, then per
-    pattern) the main tiles keep their order and each tail tile comes right after the last main tile of its
-    block, so it runs beside the tiles that walk the same list; a tail whose block has no main tile comes after
-    every main tile, in its own order. The tables must be the two parts (``"big"``, ``"tail"``) of one mask's
-    row tiles. Module docstring: "Tail row tiles"."""
-    tm, tt, P = main.num_tiles, tail.num_tiles, main.num_patterns
-    dev = main.order.device
-    blocks = max(main.num_row_blocks, 1)
-    # a block's remainder starts where its whole pieces end
-    ends = torch.full((blocks,), -1, dtype=torch.int64, device=dev)
-    ends.scatter_reduce_(0, main.row_block.long(), main.row_end.long(), reduce="amax")
-    after_main = ends[tail.row_block.long()]
-    if tail.num_patterns != P or tail.num_row_blocks != main.num_row_blocks or bool(
-            ((after_main >= 0) & (tail.row_start.long() != after_main)).any()):
-        raise ValueError("merge_tails: the tables are not two parts of one mask's row tiles")
-    merged = []
-    for s in range(1 + P):
-        om = main.order[s * tm:(s + 1) * tm].long()
-        ot = tail.order[s * tt:(s + 1) * tt].long()
-        pos = torch.empty(tm, dtype=torch.int64, device=dev)
-        pos[om] = torch.arange(tm, device=dev)
-        last = torch.full((blocks,), -1, dtype=torch.int64, device=dev)
-        last.scatter_reduce_(0, main.row_block.long(), pos, reduce="amax")
-        after = last[tail.row_block.long()[ot]]  # [Tt] in the tail's own order
-        key_t = torch.where(after >= 0, 2 * after + 1, 2 * tm + 2 * torch.arange(tt, device=dev))
-        ids = torch.cat([om, tm + ot])
-        keys = torch.cat([2 * torch.arange(tm, device=dev), key_t])
-        merged.append(ids[torch.argsort(keys, stable=True)])
-    order = torch.cat(merged).to(torch.int32).contiguous() if merged else tail.order
-    return dataclasses.replace(tail, order=order)
-
-
 _CACHE = PlanCache(64)
 
 
@@ -347,42 +313,30 @@ def get_side_tables(mask, major: str, tile_rows: int, tile_cols: int, device, pa
     return _CACHE.get(mask, key, device, build)
 
 
-def get_merged_tail(mask, major: str, tile_rows: int, tile_cols: int, tail_cols: int, device, pack_cols: bool,
-                    tail_rows: int, short_cols: int = 0, by_steps: bool = False) -> SideTables:
-    """Cached ``merge_tails`` of ``mask``'s ``"big"`` table (``tile_cols``) and its ``"tail"`` table
-    (``tail_cols``), both as ``get_side_tables`` builds them."""
-
-    def build(dev):
-        main = get_side_tables(mask, major, tile_rows, tile_cols, dev, pack_cols, "big", tail_rows, short_cols,
-                               by_steps)
-        tail = get_side_tables(mask, major, tile_rows, tail_cols, dev, pack_cols, "tail", tail_rows, short_cols,
-                               by_steps)
-        return merge_tails(main, tail)
-
-    key = ("merged", major, int(tile_rows), int(tile_cols), int(tail_cols), bool(pack_cols), int(tail_rows),
-           int(short_cols), bool(by_steps))
-    return _CACHE.get(mask, key, device, build)
-
-
-def table_build_ms(mask, tile_sizes: dict, device, repeats: int = 5, pack: dict | None = None,
-                   short: dict | None = None, full: dict | None = None) -> dict:
-    """Median wall time (ms) of building each table from scratch (no cache), per direction.
-
-    ``tile_sizes``: ``{"fwd": (rows, cols), "dq": (rows, cols), "dkdv": (rows, cols)}`` as in a
-    resolved config (``block_sparse.tile_sizes(cfg)``); ``pack``: the same keys to ``pack_cols``
-    flags (``block_sparse.pack_flags``); ``short``: the same keys to ``short_cols``; ``full``: to ``full_first``.
-    The first build (allocator warm-up) is dropped.
-    """
+def table_build_ms(mask, plans: dict, device, repeats: int = 5) -> dict:
+    """Median wall time (ms) of building each pass's main table from scratch (no cache), per pass of
+    ``plans`` (``config.pass_plans``). The first build (allocator warm-up) is dropped."""
     out = {}
-    for name, (tr, tc) in tile_sizes.items():
+    for name, pp in plans.items():
         major = "k" if name == "dkdv" else "q"
         bm = mask.block_map if major == "q" else mask.block_map.transpose(1, 2).contiguous()
         rows, cols = ((mask.q_block_bounds, mask.k_block_bounds) if major == "q"
                       else (mask.k_block_bounds, mask.q_block_bounds))
-        packed = bool((pack or {}).get(name, False))
-        sc = int((short or {}).get(name, 0))
-        ff = bool((full or {}).get(name, False))
-        times = [build_side_tables(rows, cols, bm, tr, tc, device, packed, short_cols=sc, full_first=ff).build_ms
-                 for _ in range(repeats + 1)]
+        times = [build_side_tables(rows, cols, bm, pp.rows, pp.cols, device, pp.pack, short_cols=pp.short_cols,
+                                   full_first=pp.full_first).build_ms for _ in range(repeats + 1)]
         out[name] = float(np.median(times[1:]))
+    return out
+
+
+def tables_for(mask, plans: dict, device) -> dict:
+    """The tables one fwd+bwd needs (cached per mask, pass plan and device): ``fwd``, ``dq``, ``dkdv``, and
+    for a pass with tail tiles (``PassPlan.tail_rows``) ``dq_tail`` / ``dkdv_tail``."""
+    out = {}
+    for name, pp in plans.items():
+        major = "k" if name == "dkdv" else "q"
+        out[name] = get_side_tables(mask, major, pp.rows, pp.cols, device, pp.pack, "big" if pp.tail_rows else "all",
+                                    pp.tail_rows, pp.short_cols, pp.by_steps, pp.full_first)
+        if pp.tail_rows:
+            out[name + "_tail"] = get_side_tables(mask, major, pp.rows, pp.tail_cols, device, pp.pack, "tail",
+                                                  pp.tail_rows, pp.short_cols, pp.by_steps, pp.full_first)
     return out
