@@ -178,93 +178,12 @@ def _dense_tunable() -> Tunable:
 register_tunable(_dense_tunable())
 
 
-def _gluon_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    """The Gluon kernels' knobs. Forward: key tile = the block (64 or 128), every ring depth that
-    fits in shared memory, ping-pong on/off, and at head dims that split (80, 96, ...) the exact
-    pieces (``split_d``) against the padded tile. Backward: the dQ kernel's key tile and ring, the
-    dK/dV kernel's query tile (32 and 64 at every dim: 64 won by 15-17 % at D = 128 on the masks
-    without partial tiles, gluon/run3), ring and skew; the Gluon dQ kernel with the plain-Triton
-    dK/dV kernel (``bwd_design="mixed"``, the D = 128 default: session 18); and the plain-Triton
-    backward under the Gluon forward (``gluon_bwd=False``: ahead on share_question in the same run;
-    at head dims without a Gluon backward the only candidate). The register split stays at FA3's 240/240/24 (232/232/40
-    spills at D=128, tests/test_gluon.py), 160 a consumer with three (P through shared memory,
-    ``p_smem``, where the head-dim tile is 128 wide). Each forward candidate runs one tile a CTA
-    and persistent (``persistent``, O staged in Q's buffers or, where it fits, its own: ``o_own``);
-    on the persistent launch with O's own buffers also ``mask_head`` 0 / 1 / 2 with ``rowsum_mma`` off
-    and on (the other candidates leave both to their rules)."""
-    from longca_triton.kernels.core.runtime import block_head_dim
-    from longca_triton.kernels.gluon.op import (
-        SMEM_LIMIT,
-        bwd_reason,
-        bwd_smem_bytes,
-        smem_bytes,
-        split_d_reason,
-    )
-
-    if group == "fwd":
-        bn = block if block in (64, 128) else 128
-        splits = [False, True] if not split_d_reason(head_dim) else [False]
-        # three consumer warpgroups (160 registers each): where the head-dim tile is 64 wide with P in
-        # registers (the default there), at 128 with P through shared memory (p_smem: the default on
-        # dense masks, session 14); at 128 with P in registers they spill and measured slower
-        # (bwd_session13); and at 128-wide tiles three with P in registers, each P V finished before its S
-        # (pv_sync: they fit 160 registers then; D = 96's dense default since session 29)
-        three = {64: [(3, False, False)], 128: [(3, True, False), (3, False, True)]}.get(block_head_dim(head_dim), [])
-        # the launch: one tile a CTA, or persistent with O staged in Q's buffers or in its own (o_own:
-        # the default at D = 128 on the sparser masks, session 15)
-        launches = [(False, False), (True, False), (True, True)]
-        shapes = [dict(BLOCK_N=bn, num_stages=st, pingpong=pp, consumer_regs=240 if c == 2 else 160, split_d=sd,
-                       consumers=c, p_smem=ps, persistent=pe, o_own=oo, pv_sync=pv)
-                  for (c, ps, pv), sd, pp, st, (pe, oo) in itertools.product([(2, False, False)] + three, splits,
-                                                                             [True, False], [2, 1, 3, 4], launches)
-                  if smem_bytes(head_dim, bn, st, split_d=sd, consumers=c, p_smem=ps, o_own=oo) <= SMEM_LIMIT]
-        # the partial tiles' and the softmax's knobs (session 19), on the persistent launch with O's own
-        # buffers and the deepest ring beside them (the sparser masks' default shape): mask_head 0 / 1 / 2
-        # (the shapes above leave it to its rule) and the row sums by the tensor cores, off and on
-        # (P in registers: three consumers with P in shared memory spill with either, sm_90a)
-        deepest = {}  # per consumer count
-        for c in shapes:
-            if (c["persistent"] and c["o_own"] and not (c["split_d"] or c["pingpong"] or c["p_smem"])
-                    and smem_bytes(head_dim, bn, c["num_stages"], consumers=c["consumers"], o_own=True,
-                                   rowsum_mma=True) <= SMEM_LIMIT
-                    and c["num_stages"] > deepest.get(c["consumers"], {}).get("num_stages", 0)):
-                deepest[c["consumers"]] = c
-        knobs = [dict(c, mask_head=mh, rowsum_mma=rs)
-                 for c, mh, rs in itertools.product(deepest.values(), [0, 1, 2], [False, True])]
-        return shapes + knobs
-    if group == "bwd":
-        if bwd_reason(head_dim):  # no Gluon backward at this dim: the plain-Triton one runs
-            return [dict(gluon_bwd=False)]
-        dq = [(bn, qs) for bn, qs in itertools.product([64, 128], [2, 3])
-              if bwd_smem_bytes("dq", head_dim, bn, qs) <= SMEM_LIMIT]
-        return ([dict(bwd_design="mixed", dq_block_n=bn, dq_stages=qs) for bn, qs in dq]
-                + [dict(bwd_design="split", dq_block_n=bn, dq_stages=qs, dkdv_block_mq=m, dkdv_stages=ks,
-                        dkdv_skew=skew)
-                   for (bn, qs), m, ks, skew in itertools.product(dq, [32, 64], [3, 2, 4], [False, True])
-                   if bwd_smem_bytes("dkdv", head_dim, m, ks) <= SMEM_LIMIT] + [dict(gluon_bwd=False)])
-    raise ValueError(f"unknown key group {group!r}")
-
-
 def _gluon_tunable() -> Tunable:
-    def run(q, k, v, mask, config):
-        from longca_triton.kernels.gluon.op import gluon_attention
+    from longca_triton.kernels.gluon.tune import gluon_candidates, gluon_default, gluon_device_reason, gluon_run
 
-        return gluon_attention(q, k, v, mask, config=config)
-
-    def default(head_dim, dtype, mask=None, group=1):
-        # what a user gets: the defaults with their mask-dependent rules (resolve_config)
-        from longca_triton.kernels.gluon.op import resolve_config
-
-        return resolve_config(head_dim, dtype, None, mask=mask)
-
-    def device_reason(device):
-        from longca_triton.kernels.gluon.op import device_reason as why
-
-        return why(device)
-
-    return Tunable(name="triton-gluon", groups={"fwd": "fwd", "bwd": "bwd"}, candidates=_gluon_candidates, run=run,
-                   default=default, accepts=lambda mask: not isinstance(mask, BlockSparseMask),
-                   device_reason=device_reason)
+    return Tunable(name="triton-gluon", groups={"fwd": "fwd", "bwd": "bwd"}, candidates=gluon_candidates,
+                   run=gluon_run, default=gluon_default, accepts=lambda mask: not isinstance(mask, BlockSparseMask),
+                   device_reason=gluon_device_reason)
 
 
 register_tunable(_gluon_tunable())

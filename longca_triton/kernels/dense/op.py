@@ -716,3 +716,6 @@ def dense_attention_from_plans(q, k, v, fwd_plan, dkdv_plan, dq_plan, softmax_sc
         q, k, v, fwd_plan.q_tensors(), dkdv_plan.k_tensors(), dq_plan.q_tensors(),
         float(softmax_scale), _cfg_to_list(cfg))
     return (out, lse) if return_lse else out
+
+
+check_plan = _check_plan

@@ -1,3 +1,7 @@
-"""Gluon kernels (``triton.experimental.gluon``): explicit warp specialization, async wgmma,
-TMA and mbarriers on sm_90. They cannot run in Triton's CPU interpreter; the plain-Triton kernels
-one directory up stay the CPU-tested baseline. See ``attention_fwd.py`` for the design."""
+"""Dense structured-mask attention in Gluon, warp-specialized for sm_90 (Hopper): ``gluon_attention``
+and its launch config (``config.resolve_config``, the shipped table ``kernels/tuning/gluon.toml``)."""
+
+from longca_triton.kernels.gluon.config import CONFIG_KEYS, device_reason, resolve_config
+from longca_triton.kernels.gluon.op import gluon_attention
+
+__all__ = ["CONFIG_KEYS", "device_reason", "gluon_attention", "resolve_config"]

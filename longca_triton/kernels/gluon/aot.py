@@ -71,66 +71,57 @@ def _compile(fn, consts: dict, dtype: str, maxnreg: int) -> Compiled:
 def compile_fwd(head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
                 has_partial: bool = True, store_tma: bool = True, dtype: str = "bf16",
                 head_dim_v: int | None = None, merge: bool = False, mask_head: int = 0) -> Compiled:
-    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``attention.CONFIG_KEYS``)
+    """Compile the forward kernel for sm_90a with launch config ``cfg`` (``config.CONFIG_KEYS``)
     at D_qk = ``head_dim`` and D_v = ``head_dim_v`` (default D_qk). ``store_tma`` as the launcher
-    sets it: only where O's tiles fit in Q's buffers (``attention_fwd.o_fits_q``: ``BLOCK_DV <=
-    BLOCK_DQK``, piece by piece with ``split_d``)."""
+    sets it: only where O's tiles fit in Q's buffers (``fwd_parts.o_fits_q``) or in its own."""
     import torch
 
     from longca_triton.kernels.core.runtime import head_dim_meta
-    from longca_triton.kernels.gluon.op import _regs, resolve_config
-    from longca_triton.kernels.gluon.fwd import gluon_fwd_kernel, o_fits_q
+    from longca_triton.kernels.gluon.config import consumer_regs, regs, resolve_config
+    from longca_triton.kernels.gluon.fwd import gluon_fwd_kernel
+    from longca_triton.kernels.gluon.fwd_parts import o_fits_q
 
     dv = head_dim if head_dim_v is None else head_dim_v
     c = resolve_config(head_dim, torch.bfloat16, cfg, head_dim_v=dv)
-    producer, maxnreg = _regs(c["consumer_regs"], c["consumers"])
+    cregs = consumer_regs(c["consumers"])
+    producer, maxnreg = regs(cregs, c["consumers"])
     dims = head_dim_meta(head_dim, dv)
     o_own = store_tma and c["o_own"]
-    o_in_p = store_tma and c["o_in_p"]
-    store_tma = store_tma and (o_own or o_in_p or o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"]))
+    store_tma = store_tma and (o_own or o_fits_q(head_dim, dv, dims["BLOCK_DQK"], dims["BLOCK_DV"], c["split_d"]))
     consts = dict(**dims, BLOCK_N=c["BLOCK_N"], NUM_IV=num_iv, NUM_STAGES=c["num_stages"],
                   HAS_PARTIAL_TILES=has_partial, PINGPONG=c["pingpong"], STORE_TMA=store_tma,
-                  CONSUMER_REGS=c["consumer_regs"], PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
+                  CONSUMER_REGS=cregs, PRODUCER_REGS=producer, SPLIT_D=c["split_d"],
                   CONSUMERS=c["consumers"], P_SMEM=c["p_smem"], O_OWN=o_own,
-                  PERSISTENT=c["persistent"], O_IN_P=o_in_p, SNAKE=c["snake"],
-                  POLY_EXP=c["poly_exp"], MERGE=merge, MASK_HEAD=int(mask_head),
+                  PERSISTENT=c["persistent"], SNAKE=c["persistent"], MERGE=merge, MASK_HEAD=int(mask_head),
                   ROWSUM_MMA=c["rowsum_mma"], PV_SYNC=c["pv_sync"])
     return _compile(gluon_fwd_kernel, consts, dtype, maxnreg)
 
 
 def compile_bwd(kind: str, head_dim: int = 128, cfg: dict | None = None, *, num_iv: int = 2,
                 has_partial: bool = True, dtype: str = "bf16", mask_head: int = 0) -> Compiled:
-    """Compile the backward's ``"dq"``, ``"dkdv"`` or ``"fused"`` kernel for sm_90a
-    (``attention.CONFIG_KEYS``; the fused one reads the ``fused_*`` keys)."""
+    """Compile the backward's ``"dq"`` or ``"dkdv"`` kernel for sm_90a (``config.bwd_tiles``, and
+    ``cfg``'s ``dkdv_block_mq``)."""
     import torch
 
-    from longca_triton.kernels.gluon.op import _regs, fused_split_d, resolve_config
     from longca_triton.kernels.gluon.bwd import gluon_bwd_dkdv_kernel, gluon_bwd_dq_kernel
-    from longca_triton.kernels.gluon.bwd_fused import gluon_bwd_fused_kernel
+    from longca_triton.kernels.gluon.config import bwd_tiles, regs, resolve_config
 
     c = resolve_config(head_dim, torch.bfloat16, cfg)
-    producer, maxnreg = _regs(c["bwd_consumer_regs"])
+    t = bwd_tiles(head_dim)
+    producer, maxnreg = regs(t["bwd_consumer_regs"])
     common = dict(HEAD_DIM=head_dim, NUM_IV=num_iv, HAS_PARTIAL_TILES=has_partial,
-                  CONSUMER_REGS=c["bwd_consumer_regs"], PRODUCER_REGS=producer)
+                  CONSUMER_REGS=t["bwd_consumer_regs"], PRODUCER_REGS=producer)
     if kind == "dq":
-        return _compile(gluon_bwd_dq_kernel, dict(common, BLOCK_N=c["dq_block_n"], NUM_STAGES=c["dq_stages"],
-                                                  MASK_HEAD=int(mask_head)),
-                        dtype, maxnreg)
+        return _compile(gluon_bwd_dq_kernel, dict(common, BLOCK_N=t["dq_block_n"], NUM_STAGES=t["dq_stages"],
+                                                  MASK_HEAD=int(mask_head)), dtype, maxnreg)
     if kind == "dkdv":
-        return _compile(gluon_bwd_dkdv_kernel, dict(common, BLOCK_MQ=c["dkdv_block_mq"], NUM_STAGES=c["dkdv_stages"],
-                                                        SKEW=c["dkdv_skew"]),
+        return _compile(gluon_bwd_dkdv_kernel, dict(common, BLOCK_MQ=c["dkdv_block_mq"], NUM_STAGES=t["dkdv_stages"]),
                         dtype, maxnreg)
-    if kind == "fused":
-        return _compile(gluon_bwd_fused_kernel, dict(common, BLOCK_MQ=c["fused_block_mq"],
-                                                     NUM_STAGES=c["fused_stages"],
-                                                     DQ_SPLIT_D=fused_split_d(head_dim)),
-                        dtype, maxnreg)
-    raise ValueError(f"kind must be 'dq', 'dkdv' or 'fused', got {kind!r}")
+    raise ValueError(f"kind must be 'dq' or 'dkdv', got {kind!r}")
 
 
 #: per kernel, the config keys of its tile and of its ring (what --tile / --stages set)
-_KNOBS = {"fwd": ("BLOCK_N", "num_stages"), "dq": ("dq_block_n", "dq_stages"),
-          "dkdv": ("dkdv_block_mq", "dkdv_stages"), "fused": ("fused_block_mq", "fused_stages")}
+_KNOBS = {"fwd": ("BLOCK_N", "num_stages"), "dkdv": ("dkdv_block_mq", None), "dq": (None, None)}
 
 
 def main(argv=None) -> None:
@@ -138,9 +129,8 @@ def main(argv=None) -> None:
     ap.add_argument("--kernel", choices=tuple(_KNOBS), default="fwd")
     ap.add_argument("--head-dim", type=int, default=128, help="D_qk (and D_v unless --head-dim-v)")
     ap.add_argument("--head-dim-v", type=int, default=None, help="D_v when it differs (forward only)")
-    ap.add_argument("--tile", type=int, default=None,
-                    help="the kernel's tile key: BLOCK_N (fwd), dq_block_n, dkdv_block_mq, fused_block_mq")
-    ap.add_argument("--stages", type=int, default=None, help="the kernel's ring depth")
+    ap.add_argument("--tile", type=int, default=None, help="the kernel's tile key: BLOCK_N (fwd), dkdv_block_mq")
+    ap.add_argument("--stages", type=int, default=None, help="the forward's ring depth")
     ap.add_argument("--pingpong", action=argparse.BooleanOptionalAction, default=None, help="forward only")
     ap.add_argument("--split-d", action=argparse.BooleanOptionalAction, default=None,
                     help="forward only: a non-power-of-two head dim as two exact pieces (config split_d)")
@@ -148,7 +138,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     tile_key, stages_key = _KNOBS[a.kernel]
     cfg = {k: v for k, v in ((tile_key, a.tile), (stages_key, a.stages), ("pingpong", a.pingpong),
-                             ("split_d", a.split_d)) if v is not None}
+                             ("split_d", a.split_d)) if v is not None and k is not None}
     if a.kernel == "fwd":
         c = compile_fwd(a.head_dim, cfg or None, head_dim_v=a.head_dim_v)
     else:
@@ -156,9 +146,11 @@ def main(argv=None) -> None:
     info = ptxas_info(c.ptx)
     import torch
 
-    from longca_triton.kernels.gluon.op import resolve_config
+    from longca_triton.kernels.gluon.config import bwd_tiles, resolve_config
 
-    r = resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v)
+    r = dict(resolve_config(a.head_dim, torch.bfloat16, cfg or None, head_dim_v=a.head_dim_v), **bwd_tiles(a.head_dim))
+    tile_key = tile_key or "dq_block_n"
+    stages_key = stages_key or f"{a.kernel}_stages"
     print(f"{a.kernel} D={a.head_dim}" + (f"/{a.head_dim_v}" if a.head_dim_v else "")
           + f" {tile_key}={r[tile_key]} {stages_key}={r[stages_key]}"
           + (" split_d" if a.kernel == "fwd" and r["split_d"] else "") + ": "

@@ -8,12 +8,9 @@ Math (``kernels/dense/op.py``; log2 domain, ``lse2 = lse * log2(e)``, ``delta = 
     dQ_i  = softmax_scale * sum_j ds_ij k_j          dK_j = softmax_scale * sum_i ds_ij q_i
     dV_j  = sum_i p_ij dO_i                         (dK, dV summed over the G heads of a group)
 
-Why two kernels and not FA3's one kernel with dQ by atomics: on this H100 our plain-Triton kernel
-measured the fused variant (dQ added into fp32 by TMA reduce-add) 1.3-2.8x *slower* than a
-separate dQ pass (``kernels/dense/op.py``), and Gluon 3.6 exposes no TMA reduce on Hopper; the
-separate pass costs 7 matmuls per tile pair instead of 5 but no atomics, and both kernels get
-the forward's warp-specialized structure. The fused one, in Gluon, is ``attention_bwd_fused.py``
-(config ``bwd_design="fused"``; not yet measured on a GPU).
+Why two kernels and not FA3's one kernel with dQ by atomics: Gluon 3.6 exposes no TMA reduce on
+Hopper, and a separate dQ pass costs 7 GEMMs per tile pair instead of 5 but needs no atomics (each
+dQ, dK, dV tile is written once by one program: bitwise reproducible).
 
 ``gluon_bwd_dq_kernel``: query-major like the forward. One CTA = a 128-row query tile (two
 consumer warpgroups of 64 rows) of one query head; a producer warp loads Q and dO once and K_j,
@@ -28,11 +25,10 @@ and Q_i, dO_i into a ring; the consumer issues ``S^T = K Q_i^T``, ``dP^T = V dO_
 previous tile's ``dV += P^T dO``, ``dK += dS^T Q`` back to back and computes ``P^T, dS^T`` of
 this tile while the last two run.
 
-With ``MASK_HEAD`` (config ``dq_mask_head``, ``attention.dq_plan``) the dQ kernel walks the forward's
-head plan: each query tile's (at most two) partial key tiles first, masked without a branch (step 1
-peeled out of the loop, ``_dq_step``), so the loop is compiled without the mask path (sm_90a: 256
-instructions a step instead of 444, no spills; the forward's datapath story, session 17). Written and
-compiled in session 19, not yet timed or run on a GPU: off by default.
+With ``MASK_HEAD`` (the D = 128 default, ``config.bwd_tiles``; ``op.dq_plan``) the dQ kernel walks
+the forward's head plan: each query tile's (at most two) partial key tiles first, masked without a
+branch (step 1 peeled out of the loop, ``_dq_step``), so the loop is compiled without the mask path
+(sm_90a: 256 instructions a step instead of 444, no spills).
 
 Both use the merged run lists of ``plan.py`` (the dK/dV kernel's wrap to the next query head at
 the end of the list). Rows >= Sq and keys >= Sk are zero-filled by TMA and contribute nothing
@@ -50,15 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from longca_triton.kernels.core import jit as _core
-from longca_triton.kernels.gluon.fwd import (
-    M_WG,
-    _advance,
-    _interval_mask,
-    _load_kv_ring,
-    _program,
-    _ring,
-    _tile_desc,
-)
+from longca_triton.kernels.gluon.fwd_parts import M_WG, _advance, _load_kv_ring, _program, _ring, _tile_desc
+from longca_triton.kernels.gluon.fwd_softmax import _interval_mask
 
 __all__ = ["gluon_bwd_dq_kernel", "gluon_bwd_dkdv_kernel"]
 
@@ -361,7 +350,7 @@ def _store_dkdv(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale):
 def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc,
                    Lse, Delta, LO, HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq,
                    HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr, NUM_IV: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, SKEW: gl.constexpr):
+                   NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr):
     kv_bar, in_ready, in_empty = bars
     start_n, lse_base, r0, r_end, num_full, num_steps = plan
     dtype: gl.constexpr = k_smem.dtype
@@ -371,60 +360,25 @@ def _dkdv_consumer(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, bars, dk_d
     key0, offs_k, t_zero, dk, dv, k, v = _key_major_consumer_start(WG, k_smem, v_smem, kv_bar, start_n, t_layout,
                                                                    acc_layout, HEAD_DIM, BLOCK_MQ)
 
-    if not SKEW:
-        # one tile at a time: fewer live registers (no P^T, dS^T operands carried across steps);
-        # the two warpgroups still overlap each other's math and GEMMs
-        r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
-        for j in range(num_steps):
-            st = j % NUM_STAGES
-            mbarrier.wait(in_ready.index(st), (j // NUM_STAGES) & 1)
-            s_t = warpgroup_mma(k, q_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            dp_t = warpgroup_mma(v, do_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_t, dp_t))
-            p_t, ds_t = _dkdv_step_math(s_t, dp_t, g, m, offs_k, r >= r0 + num_full, Lse, Delta, LO,
-                                        HI, lse_base, qk_scale, Sq, t_layout, BLOCK_MQ, NUM_IV,
-                                        HAS_PARTIAL_TILES)
-            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_smem.index(st), dv,
-                               is_async=True)
-            dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), op_layout), q_smem.index(st), dk,
-                               is_async=True)
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            mbarrier.arrive(in_empty.index(st))
-            r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
-    elif num_steps > 0:
-        r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
-        mbarrier.wait(in_ready.index(0), 0)
-        s_t = warpgroup_mma(k, q_smem.index(0).permute((1, 0)), t_zero, use_acc=False, is_async=True)
-        dp_t = warpgroup_mma(v, do_smem.index(0).permute((1, 0)), t_zero, use_acc=False, is_async=True)
+    # one tile at a time: no P^T, dS^T operands carried across steps (fewer live registers);
+    # the two warpgroups overlap each other's math and GEMMs
+    r, m, e, g = _run_cursor(r0, RUN_START, RUN_END)
+    for j in range(num_steps):
+        st = j % NUM_STAGES
+        mbarrier.wait(in_ready.index(st), (j // NUM_STAGES) & 1)
+        s_t = warpgroup_mma(k, q_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v, do_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_t, dp_t))
-        p_t, ds_t = _dkdv_step_math(s_t, dp_t, g, m, offs_k, r >= r0 + num_full, Lse, Delta, LO, HI,
-                                    lse_base, qk_scale, Sq, t_layout, BLOCK_MQ, NUM_IV, HAS_PARTIAL_TILES)
-        p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-        ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-        r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
-        for j in range(1, num_steps):
-            st = j % NUM_STAGES
-            pst = (j - 1) % NUM_STAGES
-            mbarrier.wait(in_ready.index(st), (j // NUM_STAGES) & 1)
-            s_t = warpgroup_mma(k, q_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            dp_t = warpgroup_mma(v, do_smem.index(st).permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            dv = warpgroup_mma(p_op, do_smem.index(pst), dv, is_async=True)
-            dk = warpgroup_mma(ds_op, q_smem.index(pst), dk, is_async=True)
-            # S^T and dP^T of this tile are done when only the previous tile's dV, dK may run
-            s_t, dp_t = warpgroup_mma_wait(2, deps=(s_t, dp_t))
-            p_t, ds_t = _dkdv_step_math(s_t, dp_t, g, m, offs_k, r >= r0 + num_full, Lse, Delta, LO,
-                                        HI, lse_base, qk_scale, Sq, t_layout, BLOCK_MQ, NUM_IV,
-                                        HAS_PARTIAL_TILES)
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            mbarrier.arrive(in_empty.index(pst))
-            p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-            r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
-        lst = (num_steps - 1) % NUM_STAGES
-        dv = warpgroup_mma(p_op, do_smem.index(lst), dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_smem.index(lst), dk, is_async=True)
+        p_t, ds_t = _dkdv_step_math(s_t, dp_t, g, m, offs_k, r >= r0 + num_full, Lse, Delta, LO,
+                                    HI, lse_base, qk_scale, Sq, t_layout, BLOCK_MQ, NUM_IV,
+                                    HAS_PARTIAL_TILES)
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_smem.index(st), dv,
+                           is_async=True)
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), op_layout), q_smem.index(st), dk,
+                           is_async=True)
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-        mbarrier.arrive(in_empty.index(lst))
+        mbarrier.arrive(in_empty.index(st))
+        r, m, e, g = _advance_wrap(r, m, e, g, r0, r_end, RUN_START, RUN_END)
 
     _store_dkdv(dk, dv, k, v, dk_desc, dv_desc, key0, softmax_scale)
 
@@ -453,7 +407,7 @@ def _dkdv_producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_s
 
 @gluon.jit
 def _key_major_program(ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, num_bkv, num_heads_q, num_heads_kv, group_size):
-    """The key-major program ``pid`` (dK/dV and fused kernels): ``(b, h_kv, plan)``, ``plan`` the
+    """The key-major program ``pid`` (the dK/dV kernel): ``(b, h_kv, plan)``, ``plan`` the
     cursor tuple ``(start_n, lse_base, r0, r_end, n_full, steps)`` of its 128-row key tile, where
     ``steps`` counts the tile's query tiles over every query head of the KV group."""
     pid = gl.program_id(0)
@@ -526,7 +480,7 @@ def gluon_bwd_dkdv_kernel(
     qk_scale, softmax_scale,
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
     HEAD_DIM: gl.constexpr, BLOCK_MQ: gl.constexpr, NUM_IV: gl.constexpr,
-    NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr, SKEW: gl.constexpr,
+    NUM_STAGES: gl.constexpr, HAS_PARTIAL_TILES: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     b, h_kv, plan = _key_major_program(ORDER, RUN_PTR, RUN_NFULL, RUN_COUNT, num_bkv, num_heads_q,
@@ -542,10 +496,10 @@ def gluon_bwd_dkdv_kernel(
     gl.warp_specialize([
         (_dkdv_consumer, (0, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc, Lse, Delta, LO,
                           HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM,
-                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, SKEW)),
+                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
         (_dkdv_consumer, (1, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc, Lse, Delta, LO,
                           HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM,
-                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, SKEW)),
+                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
         (_dkdv_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, bars,
                           RUN_START, RUN_END, plan, HEAD_DIM, BLOCK_MQ, NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

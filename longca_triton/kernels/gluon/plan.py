@@ -84,7 +84,7 @@ def merge_runs(full: tuple, part: tuple, num_m: int):
 
 def walk(run_ptr, run_nfull, run_count, run_start, run_end, m: int) -> list[tuple[int, bool]]:
     """The key tiles query tile ``m`` visits, as ``(tile, partial)``, stepping the kernel's cursor
-    (``attention_fwd._advance``) exactly: a host mirror for tests and for reading a plan."""
+    (``fwd_parts._advance``) exactly: a host mirror for tests and for reading a plan."""
     r0 = int(run_ptr[m])
     r, n, e = r0, int(run_start[r0]), int(run_end[r0])
     out = []
