@@ -385,11 +385,10 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
           "there: not a measurement, not a loss, not a verdict on the case, and it never hides a row of another "
           "run that measured the point; which runs lacked which backends is under Coverage. Rows of "
           "different files may come from different commits and runs (Sources): a comparison across lengths "
-          "measured in different runs carries their run-to-run noise (a few percent, "
-          "experiments/results/h100/refactor_check). Rows timed *interleaved* (Sources: timing) shared the "
+          "measured in different runs carries their run-to-run noise (a few percent). Rows timed *interleaved* (Sources: timing) shared the "
           "GPU's clock with the other backends of their problem; rows timed one after the other did not, and "
           "there a backend that compiled for seconds just before its timing met a cool GPU (Flex's backward "
-          "read ~10 % faster so: experiments/results/h100/session15)."), ""]
+          "read ~10 % faster so)."), ""]
     P += ["## Sources", "",
           markdown_table(["file", "kinds", "rows used", "timing", "GPU", "torch", "triton", "CUDA", "cuDNN", "commits",
                           "measured"],

@@ -1,4 +1,4 @@
-"""Resume and supersession of `unsupported` rows: a row saying the machine lacked the backend (not
+"""Resume and replacement of `unsupported` rows: a row saying the machine lacked the backend (not
 installed, no GPU, wrong architecture) is retried once the backend is available and the new row
 supersedes it everywhere results are read (report, plots, findings, recommend); case-intrinsic
 `unsupported` rows stay done; a "not installed" row never hides an earlier measurement."""
