@@ -1,6 +1,6 @@
-"""What ``longca-triton autotune`` can tune: one :class:`Tunable` per kernel, its key groups and
-their candidate configs (the search loop and the cache rows it writes are
-:mod:`longca_triton.bench.autotune_run`; the cache the kernels read at run time is
+"""What ``longca-triton autotune`` can tune: one :class:`~longca_triton.bench.autotune_run.Tunable`
+per kernel, its key groups and their candidate configs (the search loop and the cache rows it
+writes are :mod:`longca_triton.bench.autotune_run`; the cache the kernels read at run time is
 :mod:`longca_triton.kernels.core.tuned`).
 
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
@@ -17,41 +17,16 @@ separate kernels.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import Callable
 
 from longca_triton.kernels.core.tuned import uniform_pow2
-from ..masks import BlockSparseMask, Mask
-from .autotune_run import TuneCase
+from ..masks import BlockSparseMask
+from .autotune_run import Tunable, TuneCase
 
-__all__ = ["Tunable", "TUNABLES", "register_tunable"]
+__all__ = ["TUNABLES", "register_tunable"]
 
 
 
 # ---------------------------------------------------------------------------- what can be tuned
-@dataclass
-class Tunable:
-    """A kernel family with a launch config: how to enumerate candidates and how to run one."""
-
-    name: str  # the backend name it runs under ("triton", "triton-sparse", ...)
-    #: key groups tuned one at a time, e.g. {"fwd": [...], "dkdv": [...], "dq": [...]}
-    groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
-    candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
-    run: Callable  # (q, k, v, mask, config) -> out, differentiable
-    #: (head_dim, dtype, mask, group) -> full default config (group: query heads per KV head)
-    default: Callable[..., dict]
-    accepts: Callable[[Mask], bool] = lambda mask: True
-    #: its own tuning cases ``(block, seqlens, head_dims, dtypes, heads, densities, seed)`` ->
-    #: ``[TuneCase]``; None: the command's ``--masks`` (filtered by ``accepts``)
-    make_cases: Callable | None = None
-    #: backends its summary compares against
-    vendors: tuple[str, ...] = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
-    #: what ``block`` means for it: "block" (tile = block) or "mean block" (variable blocks)
-    block_meaning: str = "block"
-    #: ``device_reason(torch.device) -> str``: why it cannot run on that device ("" if it can)
-    device_reason: Callable | None = None
-
-
 TUNABLES: dict[str, Tunable] = {}
 
 

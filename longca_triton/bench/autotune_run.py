@@ -1,8 +1,10 @@
-"""The autotune search over a set of cases: cases, timing one config, successive halving per key
-group, and the winners written as rows of the user's autotune cache.
+"""The autotune search over a set of cases: what a tunable kernel provides (:class:`Tunable`), cases,
+timing one config, successive halving per key group, and the winners written as rows of the
+user's autotune cache.
 
-What can be tuned (kernels, key groups, candidates) is :mod:`longca_triton.bench.autotune`; the cache's
-format and the lookup the kernels make are :mod:`longca_triton.kernels.core.tuned`. A problem class
+The kernels that can be tuned (key groups, candidates) are registered in
+:mod:`longca_triton.bench.autotune`; the cache's format and the lookup the kernels make are
+:mod:`longca_triton.kernels.core.tuned`. A problem class
 (kernel, head dims, dtype, GQA group, mask class, sequence bucket, block) is one cache row whose
 ``config`` is the tuned config, whose ``measured`` keeps the default's and the tuned config's TFLOP/s
 per mode, the cases and the search, so the kernels pick the best block for a class and a warm rerun
@@ -15,7 +17,7 @@ import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -32,12 +34,32 @@ from ..masks import Mask
 from .search import geomean, halving_search, planned_measurements
 from .timing import time_fn
 
-if TYPE_CHECKING:
-    from .autotune import Tunable
-
-__all__ = ["TuneCase", "measure", "search_space", "group_classes", "planned_work", "cached_row", "tune",
+__all__ = ["Tunable", "TuneCase", "measure", "search_space", "group_classes", "planned_work", "cached_row", "tune",
            "record_vendors", "build_cases", "cases_for", "vendor_tflops", "DEFAULT_MASKS", "DEFAULT_VENDORS",
            "DEFAULT_DENSITIES"]
+
+
+@dataclass
+class Tunable:
+    """A kernel family with a launch config: how to enumerate candidates and how to run one."""
+
+    name: str  # the backend name it runs under ("triton", "triton-sparse", ...)
+    #: key groups tuned one at a time, e.g. {"fwd": [...], "dkdv": [...], "dq": [...]}
+    groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
+    candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
+    run: Callable  # (q, k, v, mask, config) -> out, differentiable
+    #: (head_dim, dtype, mask, group) -> full default config (group: query heads per KV head)
+    default: Callable[..., dict]
+    accepts: Callable[[Mask], bool] = lambda mask: True
+    #: its own tuning cases ``(block, seqlens, head_dims, dtypes, heads, densities, seed)`` ->
+    #: ``[TuneCase]``; None: the command's ``--masks`` (filtered by ``accepts``)
+    make_cases: Callable | None = None
+    #: backends its summary compares against
+    vendors: tuple[str, ...] = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
+    #: what ``block`` means for it: "block" (tile = block) or "mean block" (variable blocks)
+    block_meaning: str = "block"
+    #: ``device_reason(torch.device) -> str``: why it cannot run on that device ("" if it can)
+    device_reason: Callable | None = None
 
 
 @dataclass

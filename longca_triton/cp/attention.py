@@ -42,9 +42,10 @@ import torch
 import torch.distributed as dist
 
 from .comm import SCHEMES, Comm
+from .group_cast import GroupCastAttention
 from .kernels import StepKernel, acc_dtype, default_scale, get_step_kernel
 from .mesh import CPMesh, get_mesh, resolve_dims
-from .merge import merge_, merge_into
+from .merge import merge_, merge_into, use_fused
 from .plan import CPPlan, layout_mask
 
 __all__ = ["attention", "merge_", "SCHEMES"]
@@ -75,9 +76,6 @@ def _pair_zeros(k: torch.Tensor, v: torch.Tensor, dtype) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- ring engine
 class _Ring:
     """Everything a ring call needs that is not a tensor."""
-
-    #: fused Triton merges: None = on CUDA tensors; True/False forces (tests use True with the interpreter)
-    FUSED_MERGE: bool | None = None
 
     def __init__(self, plan: CPPlan, mesh: CPMesh, kernel: StepKernel, scale: float):
         self.plan, self.mesh, self.kernel, self.scale = plan, mesh, kernel, scale
@@ -110,7 +108,7 @@ class _Ring:
         B, Lq, H, _ = q.shape
         d_qk = k.shape[-1]
         out = lse = None  # the first partial is taken as is; later ones merge in float32
-        fused = q.is_cuda if self.FUSED_MERGE is None else self.FUSED_MERGE  # the last merge writes q's dtype
+        fused = use_fused(q)  # the last merge writes q's dtype
         done = 0
         comm = m.W > 1 or m.O > 1
         outer_buf = _pack(k, v) if comm else (k, v)
@@ -452,8 +450,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
         out, lse = _AllGatherAttention.apply(q, k, v, plan, Comm(group), kernel, scale)
         return (out, lse) if return_lse else out
     if scheme == "group_cast":
-        from .group_cast import GroupCastAttention
-
         out, lse = GroupCastAttention.apply(q, k, v, plan, Comm(group), kernel, scale, True if joint is None else bool(joint))
         return (out, lse) if return_lse else out
 

@@ -44,7 +44,7 @@ import torch
 
 from .comm import Comm
 from .kernels import StepKernel, acc_dtype
-from .merge import merge_, merge_into
+from .merge import merge_, merge_into, use_fused
 from .need import need_layout
 from .plan import CPPlan
 
@@ -84,12 +84,6 @@ def _unrows(rows: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(t.transpose(0, 1).contiguous() for t in _parts(rows, dk))
 
 
-def _use_fused(q) -> bool:
-    from .attention import _Ring
-
-    return q.is_cuda if _Ring.FUSED_MERGE is None else _Ring.FUSED_MERGE
-
-
 class GroupCastAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: CPPlan, comm: Comm, kernel: StepKernel, scale: float, joint: bool = True):
@@ -122,7 +116,7 @@ class GroupCastAttention(torch.autograd.Function):
         else:
             (o1, l1), (o2, l2) = parts
             l1, l2 = l1.to(acc).contiguous(), l2.to(acc).contiguous()
-            if _use_fused(q):
+            if use_fused(q):
                 out = torch.empty_like(q)
                 lse = torch.empty_like(l1)
                 merge_into(o1, l1, o2, l2, out, lse)

@@ -9,7 +9,6 @@ import logging
 import pytest
 import torch
 
-from longca_triton.bench import autotune as at
 from longca_triton.bench import autotune_run as run
 from longca_triton.kernels.core import tuned
 from longca_triton.kernels.tuning import Problem, Row, parse_rows
@@ -26,13 +25,13 @@ def cache(tmp_path, monkeypatch):
 
 
 def fake_tunable(calls):
-    def run(q, k, v, mask, config):
+    def attend(q, k, v, mask, config):
         calls.append(dict(config))
         return q * (1.0 + config["X"])
 
-    return at.Tunable(name="fake", groups={"fwd": "fwd"},
-                      candidates=lambda group, block, head_dim: [dict(X=i) for i in range(8)],
-                      run=run, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0))
+    return run.Tunable(name="fake", groups={"fwd": "fwd"},
+                       candidates=lambda group, block, head_dim: [dict(X=i) for i in range(8)],
+                       run=attend, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0))
 
 
 def cases():

@@ -271,10 +271,10 @@ def test_cp_schemes_match_reference(world, tmp_path):
 
 def _triton_worker(rank, world, outdir):
     """Our Triton kernel as the step kernel (interpreter on CPU; conftest sets TRITON_INTERPRET)."""
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
-    _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges (interpreted here)
+    merge.FUSED_MERGE = True  # the CUDA path: Triton merges (interpreted here)
     results = []
     for mname, mask in (("causal_document", make_mask("causal_document", 128, doc_lens=[40, 30, 58])),
                         ("random", random_range_mask(128, seed=4))):
@@ -299,7 +299,7 @@ def test_cp_with_triton_kernel(tmp_path):
 def _head_dims_worker(rank, world, outdir):
     """v with its own head dim (D_qk 48, D_v 32): every scheme on the reference step, bytes against
     the model, and our Triton step (interpreter) on the ring and all-gather paths."""
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
     results = []
@@ -314,7 +314,7 @@ def _head_dims_worker(rank, world, outdir):
                     label=f"ref/group_cast/{'joint' if joint else 'split'}")
         results.append(run_case(case, prob))
     prob = make_problem(mask, 1, (4, 2), 48, torch.float32, "cpu", seed=5, head_dim_v=32)
-    _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
+    merge.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
     for scheme in ("ring_p2p", "ring_allgather"):
         results.append(run_case(Case(scheme, cp.make_plan(mask, world, "zigzag"), "triton", label=f"triton/{scheme}"),
                                 prob, tol=1e-4))

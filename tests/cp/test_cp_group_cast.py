@@ -290,10 +290,10 @@ def test_group_cast_matches_reference(world, tmp_path):
 
 
 def _triton_worker(rank, world, outdir):
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
-    _Ring.FUSED_MERGE = True  # the CUDA path's fused merge, interpreted
+    merge.FUSED_MERGE = True  # the CUDA path's fused merge, interpreted
     mask = doc_prefix_mask(128, [40, 30, 58], 6)
     prob = make_problem(mask, 1, (4, 2), 16, torch.float32, "cpu", seed=1)
     res = [run_case(Case("group_cast", cp.make_plan(mask, world, kind), "triton", count_bytes=True, joint=joint,
