@@ -20,7 +20,8 @@ from longca_triton.bench.store import (
     status_kind,
 )
 from longca_triton.reference import naive_attention
-from longca_triton.study.findings import compute, load_results, render_markdown
+from longca_triton.study.findings import compute, load_results
+from longca_triton.study.findings_report import render_markdown
 from longca_triton.study.recommend import recommend
 
 

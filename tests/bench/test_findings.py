@@ -14,12 +14,8 @@ from click.testing import CliRunner
 from longca_triton.bench.store import ResultStore
 from longca_triton.cli import main
 from longca_triton.masks import STATIC_MASK_NAMES
-from longca_triton.study.findings import (
-    collect_paths,
-    compute,
-    load_results,
-    render_markdown,
-)
+from longca_triton.study.findings import collect_paths, compute, load_results
+from longca_triton.study.findings_report import render_markdown
 
 ENV = {"gpu": "GPU-X", "torch": "9.9", "triton": "3.6.0", "cuda": "13.0", "cudnn": 91900, "git_commit": "abcdef0123",
        "vendors": {"flash-attn-4": "4.0"}}
