@@ -103,6 +103,11 @@ class _Ring:
         for w in works:
             w.wait()
 
+    def _land(self, works, recv, own, d_qk):
+        """A travelling dK/dV partial arrived home (``works`` done): ``recv`` plus this rank's ``own``."""
+        self._wait(works)
+        return _add_into(recv, own, d_qk)
+
     def forward(self, q, k, v):
         m, acc = self.mesh, acc_dtype(q.dtype)
         B, Lq, H, _ = q.shape
@@ -189,8 +194,7 @@ class _Ring:
                 self._wait(works)
                 cur = nxt
             if m.W > 1:
-                self._wait(trav_works)
-                own = _add_into(trav_recv, own, d_qk)
+                own = self._land(trav_works, trav_recv, own, d_qk)
             if to == 0:
                 outer_own = own
             else:
@@ -201,8 +205,7 @@ class _Ring:
             self._wait(outer_works)
             outer_buf = outer_next
         if m.O > 1:
-            self._wait(otrav_works)
-            outer_own = _add_into(otrav_recv, outer_own, d_qk)
+            outer_own = self._land(otrav_works, otrav_recv, outer_own, d_qk)
         if dq is None:
             dq = torch.zeros_like(q)
         if outer_own is None:

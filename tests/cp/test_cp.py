@@ -254,16 +254,9 @@ WORLDS = [2, 3, 4] + ([8] if os.environ.get("LONGCA_CP_WORLD8") == "1" else [])
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_cp_schemes_match_reference(world, tmp_path):
-    from longca_triton.cp.check import spawn
-
-    spawn(_cases_worker, world, str(tmp_path))
-    failures, n = [], 0
-    for r in range(world):
-        for res in json.loads((tmp_path / f"rank{r}.json").read_text()):
-            n += 1
-            if not res["ok"]:
-                failures.append((r, res))
+def test_cp_schemes_match_reference(world, spawn_ranks):
+    res = spawn_ranks(_cases_worker, world)
+    failures, n = [r for r in res if not r["ok"]], len(res)
     expected = len(test_masks()) * len(cp.PLAN_KINDS) * len(scheme_configs(world)) + 3 + 2 + (3 if world == 4 else 0)
     assert n == world * expected
     assert not failures, f"{len(failures)} of {n} rank-cases failed, first: {failures[:3]}"
@@ -286,13 +279,8 @@ def _triton_worker(rank, world, outdir):
         json.dump(results, f)
 
 
-def test_cp_with_triton_kernel(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_triton_worker, 3, str(tmp_path))  # 3 ranks: merges of 3 partials (float32 accumulator, then q's dtype)
-    res = [r for k in range(3) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_cp_with_triton_kernel(triton_runs, spawn_ranks):
+    res = spawn_ranks(_triton_worker, 3)  # 3 ranks: merges of 3 partials (float32 accumulator, then q's dtype)
     assert len(res) == 24 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
 
 
@@ -322,13 +310,8 @@ def _head_dims_worker(rank, world, outdir):
         json.dump(results, f)
 
 
-def test_cp_value_head_dim_of_its_own(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_head_dims_worker, 2, str(tmp_path))
-    res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_cp_value_head_dim_of_its_own(triton_runs, spawn_ranks):
+    res = spawn_ranks(_head_dims_worker, 2)
     assert len(res) == 2 * 9 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
     assert all(r["bytes_ok"] for r in res if r["label"].startswith("ref/"))
 
@@ -360,9 +343,7 @@ def test_bench_cp_smoke(tmp_path):
     assert len(after) == len(rows) + 1 and after[-1]["scheme"] == "ring_p2p" and after[-1]["status"] == "ok"
 
 
-def test_fused_merge_matches_torch_merge():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
+def test_fused_merge_matches_torch_merge(triton_runs):
     from longca_triton.cp.merge import merge_into
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

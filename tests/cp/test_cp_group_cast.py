@@ -278,11 +278,8 @@ def _worker(rank, world, outdir):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_group_cast_matches_reference(world, tmp_path):
-    from longca_triton.cp.check import spawn
-
-    spawn(_worker, world, str(tmp_path))
-    res = [r for k in range(world) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_group_cast_matches_reference(world, spawn_ranks):
+    res = spawn_ranks(_worker, world)
     assert len(res) == world * (2 * 9 * len(cp.PLAN_KINDS) + 1 + (2 if world == 4 else 0))
     bad = [r for r in res if not r["ok"]]
     assert not bad, f"{len(bad)} of {len(res)} rank-cases failed, first: {bad[:2]}"
@@ -303,13 +300,8 @@ def _triton_worker(rank, world, outdir):
         json.dump(res, f)
 
 
-def test_group_cast_with_triton_kernel(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_triton_worker, 2, str(tmp_path))
-    res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_group_cast_with_triton_kernel(triton_runs, spawn_ranks):
+    res = spawn_ranks(_triton_worker, 2)
     assert len(res) == 8 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
 
 
