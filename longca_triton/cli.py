@@ -168,7 +168,8 @@ def findings_command(results, out, plots_dir, mode, no_plots):
     import os
     import shlex
 
-    from .study.findings import collect_paths, compute, load_results, render_markdown
+    from .study.findings import collect_paths, compute, load_results
+    from .study.findings_report import render_markdown
     from .study.recommend import default_results
 
     paths = collect_paths(results) if results else default_results()

@@ -24,6 +24,7 @@ backends do.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import torch
 
 from longca_triton.masks import BlockSparseMask, Mask
 
-__all__ = ["ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "config_name", "get_backend",
+__all__ = ["ADAPTER_MODULES", "ALIASES", "BACKENDS", "Backend", "Problem", "Unsupported", "canonical_name", "config_name", "get_backend",
            "list_backends", "register", "split_backend_list", "split_config_name"]
 
 MODES = ("fwd", "bwd", "fwd_bwd")
@@ -243,6 +244,21 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
+#: adapter modules, imported on first use of the registry (each registers its backends on import)
+ADAPTER_MODULES = ("reference", "triton_dense", "sdpa", "varlen", "flex", "cudnn", "flash", "te", "flashmask",
+                   "triton_flashmask", "triton_sparse", "triton_gluon", "vsa", "flashinfer")
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in ADAPTER_MODULES:
+        importlib.import_module(f"longca_triton.adapters.{mod}")
+
+
 #: backends with a launch config (``config_name`` -> the backend), made on first use
 CONFIGURED: dict[str, Backend] = {}
 
@@ -250,8 +266,6 @@ CONFIGURED: dict[str, Backend] = {}
 def get_backend(name: str) -> Backend:
     """The registered backend ``name`` (current or old name), or one of ours run with the launch config its
     name carries (``config_name``: the config checked here, before anything runs)."""
-    from . import _load_all  # noqa: F401 - registration happens on import of the adapters
-
     _load_all()
     key = canonical_name(name)
     base, config = split_config_name(key)
@@ -269,7 +283,5 @@ def get_backend(name: str) -> Backend:
 
 
 def list_backends() -> list[Backend]:
-    from . import _load_all
-
     _load_all()
     return [BACKENDS[n] for n in sorted(BACKENDS)]

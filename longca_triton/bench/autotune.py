@@ -1,4 +1,6 @@
-"""Autotuning our kernels' launch configs (the search; the cache the kernels read at run time is
+"""What ``longca-triton autotune`` can tune: one :class:`~longca_triton.bench.autotune_run.Tunable`
+per kernel, its key groups and their candidate configs (the search loop and the cache rows it
+writes are :mod:`longca_triton.bench.autotune_run`; the cache the kernels read at run time is
 :mod:`longca_triton.kernels.core.tuned`).
 
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
@@ -10,67 +12,23 @@ launch, as a last group). ``--varblock`` tunes ``triton-varblock`` on
 variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
 keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
 separate kernels.
-
-The cache is JSON, keyed by ``GPU name | Triton version`` and then by *problem class*
-(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block; for block-sparse masks
-the mask's own block, or the power of two nearest its mean block). Entries keep the
-measured TFLOP/s of the default and tuned configs, so the kernels pick the best block for a class
-and ``autotune`` can print what it found. No cache means defaults: nothing here probes hardware at
-import time.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import time
-from dataclasses import dataclass, field
-from typing import Callable
 
-import torch
+from longca_triton.kernels.core.tuned import uniform_pow2
+from ..masks import BlockSparseMask
+from .autotune_run import Tunable, TuneCase
 
-from longca_triton.kernels.core.tuned import (
-    cache_path,
-    device_key,
-    load_cache,
-    problem_class,
-    save_cache,
-    uniform_pow2,
-)
 from longca_triton.kernels.block_sparse.tune import sparse_candidates, varblock_candidates
-from ..masks import BlockSparseMask, Mask
-from .search import geomean, halving_search, planned_measurements
-from .timing import time_fn
 
-__all__ = ["Tunable", "TUNABLES", "register_tunable", "TuneCase", "tune", "cases_for", "build_cases",
-           "vendor_tflops", "record_vendors", "planned_work", "group_classes", "cached_entry"]
+__all__ = ["TUNABLES", "register_tunable"]
 
 
 
 # ---------------------------------------------------------------------------- what can be tuned
-@dataclass
-class Tunable:
-    """A kernel family with a launch config: how to enumerate candidates and how to run one."""
-
-    name: str  # the backend name it runs under ("triton", "triton-sparse", ...)
-    #: key groups tuned one at a time, e.g. {"fwd": [...], "dkdv": [...], "dq": [...]}
-    groups: dict[str, str]  # group -> mode whose timing decides it ("fwd" or "bwd")
-    candidates: Callable[[str, int, int], list[dict]]  # (group, block, head_dim) -> partial configs
-    run: Callable  # (q, k, v, mask, config) -> out, differentiable
-    #: (head_dim, dtype, mask, group) -> full default config (group: query heads per KV head)
-    default: Callable[..., dict]
-    accepts: Callable[[Mask], bool] = lambda mask: True
-    #: its own tuning cases ``(block, seqlens, head_dims, dtypes, heads, densities, seed)`` ->
-    #: ``[TuneCase]``; None: the command's ``--masks`` (filtered by ``accepts``)
-    make_cases: Callable | None = None
-    #: backends its summary compares against
-    vendors: tuple[str, ...] = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
-    #: what ``block`` means for it: "block" (tile = block) or "mean block" (variable blocks)
-    block_meaning: str = "block"
-    #: ``device_reason(torch.device) -> str``: why it cannot run on that device ("" if it can)
-    device_reason: Callable | None = None
-
-
 TUNABLES: dict[str, Tunable] = {}
 
 
@@ -237,261 +195,3 @@ register_tunable(_block_sparse_tunable("triton-sparse"))
 register_tunable(_block_sparse_tunable("triton-varblock"))
 
 
-
-# ---------------------------------------------------------------------------- tuning
-@dataclass
-class TuneCase:
-    mask: Mask
-    heads_q: int = 64
-    heads_kv: int = 8
-    head_dim: int = 128
-    dtype: torch.dtype = torch.bfloat16
-    batch: int = 1
-    label: str = ""
-    _inputs: tuple | None = field(default=None, repr=False)
-
-    def inputs(self, device):
-        if self._inputs is None:
-            g = torch.Generator(device=device).manual_seed(0)
-            S = self.mask.seqlen_q
-            shape_q = (self.batch, S, self.heads_q, self.head_dim)
-            shape_k = (self.batch, self.mask.seqlen_k, self.heads_kv, self.head_dim)
-            q = torch.randn(shape_q, device=device, dtype=self.dtype, generator=g).requires_grad_()
-            k = torch.randn(shape_k, device=device, dtype=self.dtype, generator=g).requires_grad_()
-            v = torch.randn(shape_k, device=device, dtype=self.dtype, generator=g).requires_grad_()
-            self._inputs = (q, k, v, torch.randn(shape_q, device=device, dtype=self.dtype, generator=g))
-        return self._inputs
-
-    def flops(self, mode: str) -> float:
-        return self.batch * self.mask.flops(self.heads_q, self.head_dim, mode)
-
-
-def _time(fn, device, quick: bool = False) -> float:
-    """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter).
-    ``quick``: the screening round's short timing (a few repetitions: ranks, not measures)."""
-    if torch.device(device).type == "cuda":
-        return time_fn(fn, warmup_ms=10, rep=5)["median_ms"] if quick else time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
-    return time_fn(fn, rep=1, flush_l2=False, device=device, warmup_calls=0)["median_ms"]  # one call, host clock
-
-
-def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device, quick: bool = False) -> float:
-    """TFLOP/s of one config on one case (``mode`` fwd: forward; bwd: backward alone)."""
-    q, k, v, do = case.inputs(device)
-    if mode == "fwd":
-        with torch.no_grad():
-            ms = _time(lambda: tunable.run(q, k, v, case.mask, config), device, quick)
-    else:
-        out = tunable.run(q, k, v, case.mask, config)
-        ms = _time(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), device, quick)
-    return case.flops(mode) / (ms * 1e-3) / 1e12
-
-
-def search_space(tunable: Tunable, group: str, block: int, head_dim: int, switches: bool = False) -> list[dict]:
-    """The candidates searched for one key group. ``switches=False`` leaves out
-    ``warp_specialize=True``: on sm_90 with Triton 3.6 it changes nothing (the pass does not apply
-    to these loops), no tuned class ever chose it, and some of its configs fail to compile
-    (experiments/results/h100/autotune_search/). ``--search-switches`` puts them back."""
-    cands = tunable.candidates(group, block, head_dim)
-    return cands if switches else [c for c in cands if not c.get("warp_specialize")]
-
-
-def group_classes(tunable: Tunable, cases: list[TuneCase], block: int) -> dict[str, list[TuneCase]]:
-    """The cases by problem class (what one cache entry serves)."""
-    by_class: dict[str, list[TuneCase]] = {}
-    for c in cases:
-        cls = problem_class(tunable.name, c.head_dim, c.dtype, c.heads_q // c.heads_kv, c.mask, block)
-        by_class.setdefault(cls, []).append(c)
-    return by_class
-
-
-def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive: bool = False,
-                 switches: bool = False) -> int:
-    """How many timed runs :func:`tune` makes for these cases (a progress bar's total; classes
-    reused from the cache make fewer)."""
-    total = 0
-    for members in group_classes(tunable, cases, block).values():
-        n, modes = len(members), len(set(tunable.groups.values()))
-        total += 2 * modes * n  # the default before, the tuned combination after
-        for group in tunable.groups:
-            total += planned_measurements(len(search_space(tunable, group, block, members[0].head_dim, switches)), n,
-                                          exhaustive=exhaustive)
-    return total
-
-
-def cached_entry(tunable: Tunable, cls: str, members: list[TuneCase], device) -> dict | None:
-    """This class's cache entry when it was tuned on exactly these cases on this GPU, else None."""
-    entry = load_cache().get(device_key(device), {}).get(cls)
-    if entry and entry.get("cases") == [c.label for c in members] and "search" in entry:
-        return entry
-    return None
-
-
-def tune(
-    tunable: Tunable,
-    cases: list[TuneCase],
-    block: int,
-    device="cuda",
-    groups: list[str] | None = None,
-    *,
-    exhaustive: bool = False,
-    deadline: float | None = None,
-    force: bool = False,
-    switches: bool = False,
-    on_measure: Callable | None = None,
-    write: bool = True,
-) -> list[dict]:
-    """Tune every problem class the cases fall in; return one summary per class.
-
-    Each key group (forward, dK/dV, dQ) is searched by successive halving (``bench/search.py``:
-    every candidate screened on the heaviest case with a short timing, the best quarter timed on
-    every case; ``exhaustive=True`` times all of them on all cases), candidates scored by the
-    geometric mean of TFLOP/s over the class's cases; a candidate that fails to compile or run is
-    recorded and skipped. A class already in the cache, tuned on the same cases on this GPU, is
-    reused as it is (``force=True`` tunes it again). ``deadline`` (``time.monotonic()``) caps the
-    search: past it every group decides among what it measured. ``switches``: search the kernels'
-    on/off switches too (:func:`search_space`).
-    """
-    groups = groups or list(tunable.groups)
-    summaries = []
-    path = cache_path()
-    for cls, members in group_classes(tunable, cases, block).items():
-        labels = [c.label for c in members]
-        entry = None if force else cached_entry(tunable, cls, members, device)
-        if entry is not None:
-            summaries.append(dict(problem_class=cls, cases=labels, default=entry.get("default", {}),
-                                  tuned=entry["config"], default_tflops=entry["default_tflops"],
-                                  tuned_tflops=entry["tuned_tflops"], failures=[], reused=True,
-                                  search=entry["search"], vendors=entry.get("vendors", {})))
-            continue
-        t0 = time.monotonic()
-        head_dim, dtype = members[0].head_dim, members[0].dtype
-        default = tunable.default(head_dim, dtype, members[0].mask, group=members[0].heads_q // members[0].heads_kv)
-        tuned = dict(default)
-        default_scores, tuned_scores, failures, measured = {}, {}, [], 0
-
-        def note(round_, cand, case, tf, err, cls=cls):
-            if on_measure:
-                on_measure(cls, round_, cand, case, tf, err)
-
-        for group in groups:
-            mode = tunable.groups[group]
-            if mode not in default_scores:
-                default_scores[mode] = geomean([measure(tunable, c, default, mode, device) for c in members])
-                measured += len(members)
-                for c in members:
-                    note("default", {}, c, None, "")
-            res = halving_search(
-                search_space(tunable, group, block, head_dim, switches), members,
-                lambda cand, case, quick, mode=mode: measure(tunable, case, {**tuned, **cand}, mode, device, quick),
-                weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
-                on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
-            measured += res.measurements
-            failures += res.failures
-            if res.best is not None:
-                tuned.update(res.best)
-                tuned_scores[mode] = res.score
-        for mode in sorted(set(tunable.groups.values())):
-            if mode not in tuned_scores:
-                continue
-            # re-measure the final combination; where it does not beat the default, keep the default
-            tuned_scores[mode] = geomean([measure(tunable, c, tuned, mode, device) for c in members])
-            measured += len(members)
-            if tuned_scores[mode] <= default_scores[mode]:
-                for group, m in tunable.groups.items():
-                    if m == mode:
-                        for key in tunable.candidates(group, block, head_dim)[0]:
-                            tuned[key] = default[key]
-                tuned_scores[mode] = default_scores[mode]
-        search = dict(method="exhaustive" if exhaustive else "successive halving", measurements=measured,
-                      seconds=round(time.monotonic() - t0, 1),
-                      stopped_by_deadline=bool(deadline is not None and time.monotonic() > deadline))
-        summaries.append(dict(problem_class=cls, cases=labels, default=default, tuned=tuned,
-                              default_tflops=default_scores, tuned_tflops=tuned_scores, failures=failures,
-                              reused=False, search=search, vendors={}))
-        if write:  # keyed by the device: interpreter timings never serve a GPU
-            data = json.loads(json.dumps(load_cache(path)))  # a private copy
-            score = geomean([tuned_scores.get(m, 0.0) for m in tuned_scores]) if tuned_scores else 0.0
-            data.setdefault(device_key(device), {})[cls] = dict(
-                config=tuned, default=default, score=score, default_tflops=default_scores,
-                tuned_tflops=tuned_scores, cases=labels, search=search,
-                when=time.strftime("%Y-%m-%dT%H:%M:%S"),
-            )
-            save_cache(data, path)
-    return summaries
-
-
-def record_vendors(summary: dict, vendors: dict, device) -> None:
-    """Keep a class's vendor numbers in its cache entry (a warm rerun prints them without timing)."""
-    summary["vendors"] = vendors
-    path = cache_path()
-    data = json.loads(json.dumps(load_cache(path)))
-    entry = data.get(device_key(device), {}).get(summary["problem_class"])
-    if entry is not None:
-        entry["vendors"] = vendors
-        save_cache(data, path)
-
-
-# ---------------------------------------------------------------------------- the command's work
-DEFAULT_MASKS = ("full", "causal", "causal_document", "share_question", "sliding_window_causal")
-DEFAULT_VENDORS = ("sdpa-cudnn", "fa4", "flex-fa4", "flex")
-
-
-def build_cases(masks, seqlens, head_dims, dtypes, heads, seed=0) -> list[TuneCase]:
-    from ..masks import make_mask
-
-    hq, hkv = heads
-    return [
-        TuneCase(make_mask(m, S, seed=seed), hq, hkv, D, dt, label=f"{m} S={S} D={D} {str(dt).replace('torch.', '')}")
-        for m, S, D, dt in itertools.product(masks, seqlens, head_dims, dtypes)
-    ]
-
-
-DEFAULT_DENSITIES = (0.2, 0.5, 0.8)
-
-
-def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, heads, densities=DEFAULT_DENSITIES,
-              seed=0) -> list[TuneCase]:
-    """The cases ``tunable`` is tuned on: its own (block-sparse kernels: masks at ``block`` and
-    each density, one pattern per KV head), or the range masks ``masks`` it accepts."""
-    if tunable.make_cases is not None:
-        return tunable.make_cases(block, seqlens, head_dims, dtypes, heads, densities, seed)
-    return [c for c in build_cases(masks, seqlens, head_dims, dtypes, heads, seed) if tunable.accepts(c.mask)]
-
-
-def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device) -> dict[str, float | str]:
-    """Each vendor backend on the same cases: the geometric mean of its TFLOP/s, or why not
-    (``unsupported: ...`` when it cannot run one of them, ``error: ...`` when it failed)."""
-    from ..adapters import Problem, get_backend
-
-    out: dict[str, float | str] = {}
-    for name in vendors:
-        try:
-            backend = get_backend(name)
-        except ValueError as e:
-            out[name] = f"unknown: {e}"
-            continue
-        scores = []
-        for case in cases:
-            q, k, v, do = case.inputs(device)
-            problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
-                              head_dim=case.head_dim, dtype=case.dtype, mode=mode,
-                              device=torch.device(device).type)
-            ok, why = backend.check(problem)
-            if not ok:
-                out[name] = f"unsupported: {why}"
-                break
-            try:
-                fn = backend.prepare(problem, q, k, v)
-                if mode == "fwd":
-                    with torch.no_grad():
-                        ms = _time(fn, device)
-                else:
-                    res = fn()[0]
-                    ms = _time(lambda: torch.autograd.grad(res, (q, k, v), do, retain_graph=True), device)
-            except Exception as e:  # a vendor failing here is reported, not fatal
-                out[name] = f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"
-                break
-            scores.append(case.flops(mode) / (ms * 1e-3) / 1e12)
-        else:
-            out[name] = geomean(scores)
-    return out

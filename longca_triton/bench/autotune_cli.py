@@ -109,9 +109,11 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     `--varblock` tunes triton-varblock on variable-block masks of mean block --mean-block.
     Each key group (forward, dK/dV, dQ) is searched by successive halving: every candidate timed
     briefly on the heaviest case, the best quarter on every case. Prints, per problem class and
-    mode, default vs tuned vs each vendor on the same cases. The kernels read the cache at run
-    time (LONGCA_TRITON_AUTOTUNE_CACHE, default ~/.cache/longca-triton/autotune.json); a rerun
-    reuses what the cache holds for the same cases unless --force.
+    mode, default vs tuned vs each vendor on the same cases. The cache
+    (LONGCA_TRITON_AUTOTUNE_CACHE, default ~/.cache/longca-triton/autotune.json) holds one
+    tuning-table row per problem class, which the kernels read at run time before their shipped
+    tables; a rerun reuses what the cache holds for the same cases unless --force, which also
+    rebuilds a cache of an older format.
 
     \b
     Examples:
@@ -127,6 +129,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     from ..output import console as make_console
     from ..runtime import INTERPRETER_BANNER, select_device
     from . import autotune as at
+    from . import autotune_run as run
 
     device, interpreted = select_device()
     con = make_console(click.get_text_stream("stderr") if fmt != "table" else None)
@@ -140,7 +143,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     for name in kernels:
         if name not in at.TUNABLES:
             raise click.BadParameter(f"unknown kernel {name!r}; tunable: {', '.join(at.TUNABLES)}", param_hint="--kernel")
-    masks = masks or list(at.DEFAULT_MASKS)
+    masks = masks or list(run.DEFAULT_MASKS)
     for m in masks:
         if m not in MASK_NAMES:
             raise click.BadParameter(f"unknown mask {m!r}; valid masks: {', '.join(MASK_NAMES)}", param_hint="--masks")
@@ -164,7 +167,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     for name in kernels:
         tunable = at.TUNABLES[name]
         tblock = mean_block if tunable.block_meaning == "mean block" else block
-        mine = at.cases_for(tunable, tblock, masks, seqlens, head_dims, dts, heads, densities)
+        mine = run.cases_for(tunable, tblock, masks, seqlens, head_dims, dts, heads, densities)
         if not mine:
             con.print(f"[yellow]{name}: none of the masks {', '.join(masks)} runs on it; skipped[/yellow]")
             continue
@@ -184,7 +187,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} "
                   f"({len(mine)} cases) -> {tuned.cache_path()}")
         t0 = time.monotonic()
-        summaries = _tune_with_progress(con, at, tunable, mine, tblock, device, exhaustive, deadline, force,
+        summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, deadline, force,
                                         no_write, verbose, switches)
         t_search = time.monotonic() - t0
         reused = [s for s in summaries if s.get("reused")]
@@ -192,7 +195,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
             con.print(f"reused the cache for {len(reused)} of {len(summaries)} problem classes "
                       f"(tuned on these cases before; --force tunes them again)")
         t0 = time.monotonic()
-        _measure_vendors(con, at, summaries, mine, vendor_names, device)
+        _measure_vendors(con, tunable, tblock, summaries, mine, vendor_names, device, write=not no_write)
         con.print(f"{name}: search {t_search:.0f} s, vendors {time.monotonic() - t0:.0f} s")
         table["rows"] += summary_rows(summaries, vendor_names)
         table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
@@ -209,13 +212,14 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         con.print(f"autotune done in {time.monotonic() - t_start:.0f} s")
 
 
-def _tune_with_progress(con, at, tunable, cases, block, device, exhaustive, deadline, force, no_write, verbose,
+def _tune_with_progress(con, tunable, cases, block, device, exhaustive, deadline, force, no_write, verbose,
                         switches):
+    from . import autotune_run as run
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    todo = {cls: m for cls, m in at.group_classes(tunable, cases, block).items()
-            if force or at.cached_entry(tunable, cls, m, device) is None}
-    total = sum(at.planned_work(tunable, m, block, exhaustive, switches) for m in todo.values())
+    todo = {cls: m for cls, m in run.group_classes(tunable, cases, block).items()
+            if force or run.cached_row(tunable, m, block, device) is None}
+    total = sum(run.planned_work(tunable, m, block, exhaustive, switches) for m in todo.values())
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("timed runs"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=con, transient=False, disable=total == 0) as bar:
@@ -227,12 +231,14 @@ def _tune_with_progress(con, at, tunable, cases, block, device, exhaustive, dead
                 result = f"{tf:.1f} TFLOP/s" if tf is not None else err
                 bar.console.print(f"  {round_:<14} {case.label:<40} {_fmt_cfg(cand)} -> {result}")
 
-        return at.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=deadline, force=force,
+        return run.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=deadline, force=force,
                        switches=switches, on_measure=on_measure, write=not no_write)
 
 
-def _measure_vendors(con, at, summaries, cases, vendor_names, device):
+def _measure_vendors(con, tunable, block, summaries, cases, vendor_names, device, write=True):
     """Every vendor on every case of each class (reused classes keep the numbers the cache holds)."""
+    from . import autotune_run as run
+
     if not vendor_names:
         return
     by_label = {c.label: c for c in cases}
@@ -242,17 +248,17 @@ def _measure_vendors(con, at, summaries, cases, vendor_names, device):
             continue
         members = [by_label[label] for label in s["cases"]]
         with con.status(f"measuring {', '.join(vendor_names)} on {len(members)} cases of {s['problem_class']}"):
-            got = {mode: at.vendor_tflops(members, mode, vendor_names, device) for mode in s["tuned_tflops"]}
-        at.record_vendors(s, got, device)
+            got = {mode: run.vendor_tflops(members, mode, vendor_names, device) for mode in s["tuned_tflops"]}
+        run.record_vendors(tunable, s, members, block, got, device, write=write)
 
 
 def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs, switches):
-    from . import autotune as at
+    from . import autotune_run as run
     from .search import planned_measurements
 
-    for cls, members in at.group_classes(tunable, cases, block).items():
+    for cls, members in run.group_classes(tunable, cases, block).items():
         for group, mode in tunable.groups.items():
-            cands = at.search_space(tunable, group, block, members[0].head_dim, switches)
+            cands = run.search_space(tunable, group, block, members[0].head_dim, switches)
             table["rows"].append(dict(
                 problem_class=cls, cases="; ".join(c.label for c in members), group=group, timed_on=mode,
                 candidates=len(cands), timed_runs=planned_measurements(len(cands), len(members), exhaustive=exhaustive),

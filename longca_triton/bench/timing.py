@@ -17,8 +17,7 @@ timed together, repetition by repetition: round ``r`` times each function once (
 each), starting with function ``r mod n``, so every backend sees the same stretch of the GPU's clock
 and power state. Why: under an attention backward's load an H100 draws 600-700 W and its SM clock
 moves between 1470 and 1980 MHz; timing all of A's repetitions and then all of B's measured the
-same kernels up to 7-9 % apart (experiments/results/h100/session14, calls 13-14), which is more than
-several of the ratios the issues judge. Each function keeps its own repetition count (``max_ms``
+same kernels up to 7-9 % apart, more than several of the ratios a comparison judges. Each function keeps its own repetition count (``max_ms``
 caps slow ones); a function with fewer repetitions drops out of the later rounds.
 
 ``ClockSampler(device)``: a context manager sampling the GPU's SM clock and power draw every
@@ -209,9 +208,8 @@ class ClockSampler:
     "sm_clock_max_mhz", "power_w", "power_limit_w", "clock_samples", "clock_source"}``, or ``{}`` when
     nothing could be sampled (a CPU, no NVML and no nvidia-smi, or the run was too short for one
     sample). ``power_limit_w`` is the board's power limit (absent where it cannot be read): a long
-    attention kernel on an H100 can draw up to it and run well below the maximum clock
-    (experiments/results/h100/session24: 695 of 700 W at 1515-1590 MHz, max 1980; also 1500-1605 MHz
-    at 506-538 W, so the limit is not the only thing that sets the clock)."""
+    attention kernel on an H100 can draw up to it and run well below the maximum clock (the limit
+    is not the only thing that sets the clock)."""
 
     def __init__(self, device=None, period_s: float = 0.02):
         self.device = torch.device(device) if device is not None else None

@@ -42,9 +42,10 @@ import torch
 import torch.distributed as dist
 
 from .comm import SCHEMES, Comm
+from .group_cast import GroupCastAttention
 from .kernels import StepKernel, acc_dtype, default_scale, get_step_kernel
 from .mesh import CPMesh, get_mesh, resolve_dims
-from .merge import merge_, merge_into
+from .merge import merge_, merge_into, use_fused
 from .plan import CPPlan, layout_mask
 
 __all__ = ["attention", "merge_", "SCHEMES"]
@@ -76,9 +77,6 @@ def _pair_zeros(k: torch.Tensor, v: torch.Tensor, dtype) -> torch.Tensor:
 class _Ring:
     """Everything a ring call needs that is not a tensor."""
 
-    #: fused Triton merges: None = on CUDA tensors; True/False forces (tests use True with the interpreter)
-    FUSED_MERGE: bool | None = None
-
     def __init__(self, plan: CPPlan, mesh: CPMesh, kernel: StepKernel, scale: float):
         self.plan, self.mesh, self.kernel, self.scale = plan, mesh, kernel, scale
         self.inner = Comm(mesh.inner_group) if mesh.W > 1 else None
@@ -105,12 +103,17 @@ class _Ring:
         for w in works:
             w.wait()
 
+    def _land(self, works, recv, own, d_qk):
+        """A travelling dK/dV partial arrived home (``works`` done): ``recv`` plus this rank's ``own``."""
+        self._wait(works)
+        return _add_into(recv, own, d_qk)
+
     def forward(self, q, k, v):
         m, acc = self.mesh, acc_dtype(q.dtype)
         B, Lq, H, _ = q.shape
         d_qk = k.shape[-1]
         out = lse = None  # the first partial is taken as is; later ones merge in float32
-        fused = q.is_cuda if self.FUSED_MERGE is None else self.FUSED_MERGE  # the last merge writes q's dtype
+        fused = use_fused(q)  # the last merge writes q's dtype
         done = 0
         comm = m.W > 1 or m.O > 1
         outer_buf = _pack(k, v) if comm else (k, v)
@@ -191,8 +194,7 @@ class _Ring:
                 self._wait(works)
                 cur = nxt
             if m.W > 1:
-                self._wait(trav_works)
-                own = _add_into(trav_recv, own, d_qk)
+                own = self._land(trav_works, trav_recv, own, d_qk)
             if to == 0:
                 outer_own = own
             else:
@@ -203,8 +205,7 @@ class _Ring:
             self._wait(outer_works)
             outer_buf = outer_next
         if m.O > 1:
-            self._wait(otrav_works)
-            outer_own = _add_into(otrav_recv, outer_own, d_qk)
+            outer_own = self._land(otrav_works, otrav_recv, outer_own, d_qk)
         if dq is None:
             dq = torch.zeros_like(q)
         if outer_own is None:
@@ -452,8 +453,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CPPlan, s
         out, lse = _AllGatherAttention.apply(q, k, v, plan, Comm(group), kernel, scale)
         return (out, lse) if return_lse else out
     if scheme == "group_cast":
-        from .group_cast import GroupCastAttention
-
         out, lse = GroupCastAttention.apply(q, k, v, plan, Comm(group), kernel, scale, True if joint is None else bool(joint))
         return (out, lse) if return_lse else out
 

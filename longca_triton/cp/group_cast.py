@@ -13,10 +13,9 @@ Two modes. **Joint** (the default, ``joint=True``), on rank ``r``:
    received keys' dK/dV partials (float32) go back to their owners by the **reverse all-to-all**,
    overlapping the dQ kernel, and each owner adds them into its dK/dV (``index_add_``).
 
-Why joint by default: on 2 x H200 at 8K tokens per GPU the split mode's two calls per query tile
-cost 20 % more kernel time than one (each query tile's prologue, epilogue and float32 partial
-twice, then a merge and a dQ sum), more than the forward transfer it hides
-(``experiments/results/h200x2/group_cast/profile_split/``).
+Why joint by default: the split mode's two calls per query tile run each query tile's prologue,
+epilogue and float32 partial twice, then a merge and a dQ sum, which costs more kernel time than
+the forward transfer it hides.
 
 **Split** (``joint=False``), forward, on rank ``r``:
 
@@ -45,7 +44,7 @@ import torch
 
 from .comm import Comm
 from .kernels import StepKernel, acc_dtype
-from .merge import merge_, merge_into
+from .merge import merge_, merge_into, use_fused
 from .need import need_layout
 from .plan import CPPlan
 
@@ -64,7 +63,7 @@ def _take_rows(k: torch.Tensor, v: torch.Tensor, runs) -> torch.Tensor:
     all-to-all rows ``[n, B, H, D_qk + D_v]`` (K then V on the last dim, so ``D_v != D_qk`` travels
     too), copied straight into place: one copy per run and tensor (a cat per tensor and a stack
     cost one more pass over the rows and ~3x the host ops, which sit before the forward kernel on
-    the GPU's critical path: experiments/results/h200x2/group_cast/trace/)."""
+    the GPU's critical path)."""
     n, dk = sum(b - a for a, b in runs), k.shape[-1]
     rows = k.new_empty((n,) + tuple(k.shape[:1]) + tuple(k.shape[2:3]) + (dk + v.shape[-1],))
     o = 0
@@ -83,12 +82,6 @@ def _parts(rows: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _unrows(rows: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``[n, B, H, D_qk + D_v]`` -> ``k [B, n, H, D_qk]``, ``v [B, n, H, D_v]`` contiguous."""
     return tuple(t.transpose(0, 1).contiguous() for t in _parts(rows, dk))
-
-
-def _use_fused(q) -> bool:
-    from .attention import _Ring
-
-    return q.is_cuda if _Ring.FUSED_MERGE is None else _Ring.FUSED_MERGE
 
 
 class GroupCastAttention(torch.autograd.Function):
@@ -123,7 +116,7 @@ class GroupCastAttention(torch.autograd.Function):
         else:
             (o1, l1), (o2, l2) = parts
             l1, l2 = l1.to(acc).contiguous(), l2.to(acc).contiguous()
-            if _use_fused(q):
+            if use_fused(q):
                 out = torch.empty_like(q)
                 lse = torch.empty_like(l1)
                 merge_into(o1, l1, o2, l2, out, lse)

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["merge_", "merge_into"]
+__all__ = ["FUSED_MERGE", "merge_", "merge_into", "use_fused"]
+
+#: whether the CP schemes merge by :func:`merge_into` (None: on CUDA tensors; True / False forces it,
+#: tests use True with the interpreter)
+FUSED_MERGE: bool | None = None
+
+
+def use_fused(t: torch.Tensor) -> bool:
+    """Whether merges of partials of ``t``'s device take the fused Triton pass (``FUSED_MERGE``)."""
+    return t.is_cuda if FUSED_MERGE is None else FUSED_MERGE
 
 
 def merge_(out: torch.Tensor, lse: torch.Tensor, out_i: torch.Tensor, lse_i: torch.Tensor) -> None:

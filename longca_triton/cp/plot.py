@@ -2,7 +2,7 @@
 
 * ``cp_efficiency_<mode>_N<N>.png``: one panel per mask, grouped bars: a group per scheme (and
   per peer row), a bar per plan, height = efficiency (single-GPU time of the same kernel on the
-  whole sequence / (N x the slowest rank's time)); the 0.85 line is issue 6's target.
+  whole sequence / (N x the slowest rank's time)); the 0.85 line is the CP target.
 * ``cp_scaling_<mode>.png`` (when more than one world size is present): per-GPU TFLOP/s of each
   scheme's best plan against N, one panel per mask, with the single-GPU TFLOP/s at N = 1, and
   below it the efficiency and the bytes per device the closed-form ``comm`` model predicts for

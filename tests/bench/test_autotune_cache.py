@@ -1,12 +1,17 @@
 """autotune's search over a made-up kernel on the CPU: it searches by successive halving, writes the
-cache, and a second run over the same cases reuses the cache without timing anything (--force
-tunes again). Timings are wall-clock here; only the bookkeeping is under test."""
+cache as tuning-table rows, and a second run over the same cases reuses the cache without timing
+anything (--force tunes again); an old-format cache is no entry and one warning. Timings are
+wall-clock here; only the bookkeeping is under test."""
+
+import json
+import logging
 
 import pytest
 import torch
 
-from longca_triton.bench import autotune as at
+from longca_triton.bench import autotune_run as run
 from longca_triton.kernels.core import tuned
+from longca_triton.kernels.tuning import Problem, Row, parse_rows
 from longca_triton.masks import make_mask
 
 
@@ -20,23 +25,23 @@ def cache(tmp_path, monkeypatch):
 
 
 def fake_tunable(calls):
-    def run(q, k, v, mask, config):
+    def attend(q, k, v, mask, config):
         calls.append(dict(config))
         return q * (1.0 + config["X"])
 
-    return at.Tunable(name="fake", groups={"fwd": "fwd"},
-                      candidates=lambda group, block, head_dim: [dict(X=i) for i in range(8)],
-                      run=run, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0))
+    return run.Tunable(name="fake", groups={"fwd": "fwd"},
+                       candidates=lambda group, block, head_dim: [dict(X=i) for i in range(8)],
+                       run=attend, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0))
 
 
 def cases():
-    return [at.TuneCase(make_mask(m, 64), 2, 1, 16, torch.float32, label=f"{m} S=64") for m in ("causal", "full")]
+    return [run.TuneCase(make_mask(m, 64), 2, 1, 16, torch.float32, label=f"{m} S=64") for m in ("causal", "full")]
 
 
 def test_tune_writes_then_reuses_the_cache(cache):
     calls = []
     t, cs = fake_tunable(calls), cases()
-    first = at.tune(t, cs, 64, device="cpu")
+    first = run.tune(t, cs, 64, device="cpu")
     assert {s["reused"] for s in first} == {False}
     assert {s["search"]["method"] for s in first} == {"successive halving"}
     n_first = len(calls)
@@ -44,32 +49,37 @@ def test_tune_writes_then_reuses_the_cache(cache):
     assert n_first == len(first) * (1 + 8 + 3 + 1)
     assert all(s["search"]["measurements"] == 13 for s in first)
     assert cache.exists()
-    entries = tuned.load_cache()[tuned.device_key("cpu")]
-    assert set(entries) == {s["problem_class"] for s in first}
+    rows = tuned.device_rows(tuned.device_key("cpu"), "fake")
+    assert len(rows) == len(first) and {r.mode for r in rows} == {"fwd"}
+    assert sorted(r.match["mask"] for r in rows) == ["full", "masked"]
+    for r, s in zip(rows, first):
+        assert r.config == s["tuned"] and r.measured["cases"] == s["cases"]
+        assert r.measured["tflops"]["fwd"]["tuned"] == s["tuned_tflops"]["fwd"]
+        assert str(cache) in r.results and "TFLOP/s tuned vs default: fwd" in r.note
 
-    again = at.tune(t, cs, 64, device="cpu")
+    again = run.tune(t, cs, 64, device="cpu")
     assert len(calls) == n_first, "a warm cache must not time anything"
     assert {s["reused"] for s in again} == {True}
     assert [s["tuned"] for s in again] == [s["tuned"] for s in first]
 
-    forced = at.tune(t, cs, 64, device="cpu", force=True)
+    forced = run.tune(t, cs, 64, device="cpu", force=True)
     assert len(calls) == 2 * n_first and {s["reused"] for s in forced} == {False}
 
 
 def test_other_cases_are_not_served_from_the_cache(cache):
     calls = []
     t = fake_tunable(calls)
-    at.tune(t, cases(), 64, device="cpu")
+    run.tune(t, cases(), 64, device="cpu")
     n = len(calls)
-    other = [at.TuneCase(make_mask("causal_document", 64, doc_lens=[20, 44]), 2, 1, 16, torch.float32,
+    other = [run.TuneCase(make_mask("causal_document", 64, doc_lens=[20, 44]), 2, 1, 16, torch.float32,
                          label="causal_document S=64")]
-    res = at.tune(t, other, 64, device="cpu")
+    res = run.tune(t, other, 64, device="cpu")
     assert res[0]["reused"] is False and len(calls) > n
 
 
 def test_exhaustive_times_everything(cache):
     calls = []
-    res = at.tune(fake_tunable(calls), cases()[:1], 64, device="cpu", exhaustive=True, write=False)
+    res = run.tune(fake_tunable(calls), cases()[:1], 64, device="cpu", exhaustive=True, write=False)
     assert res[0]["search"]["measurements"] == 1 + 8 + 1
     assert not cache.exists()
 
@@ -77,7 +87,59 @@ def test_exhaustive_times_everything(cache):
 def test_planned_work_matches_what_tune_does(cache):
     calls = []
     t, cs = fake_tunable(calls), cases()
-    planned = at.planned_work(t, cs, 64)
-    at.tune(t, cs, 64, device="cpu", write=False)
+    planned = run.planned_work(t, cs, 64)
+    run.tune(t, cs, 64, device="cpu", write=False)
     # planned counts the default and the final re-measure per mode and case, as tune does
     assert planned == len(calls)
+
+
+def test_the_cache_file_is_tuning_table_rows(cache):
+    """The file holds one section per device and kernel whose rows parse as the shipped tables' rows,
+    and ``best_row`` picks among them by problem class as ``lookup`` does on a GPU."""
+    run.tune(fake_tunable([]), cases(), 64, device="cpu")
+    data = json.loads(cache.read_text())
+    assert data["format"] == tuned.CACHE_FORMAT == 2
+    (sec,) = data["sections"]
+    assert (sec["device"], sec["kernel"]) == (tuned.device_key("cpu"), "fake")
+    rows = parse_rows(sec["rows"], "fake", str(cache), keys=("X",))
+    causal = make_mask("causal", 64)
+    assert rows[0].matches(Problem(head_dim=16, head_dim_v=16, dtype="float32", group=2, mask="masked", seqlen=64,
+                                   block=64))
+    best = tuned.best_row(rows, 16, torch.float32, 2, causal)
+    assert best is not None and best.match["mask"] == "masked"
+    assert tuned.best_row(rows, 16, torch.float32, 1, causal) is None  # another GQA group
+    assert tuned.best_row(rows, 32, torch.float32, 2, causal) is None  # another head dim
+    assert tuned.best_row(rows, 16, torch.float32, 2, make_mask("causal", 8192)) is None  # another S bucket
+
+
+def test_rewriting_a_class_replaces_its_row(cache):
+    t, cs = fake_tunable([]), cases()[:1]
+    run.tune(t, cs, 64, device="cpu")
+    run.tune(t, cs, 64, device="cpu", force=True)
+    assert len(json.loads(cache.read_text())["sections"][0]["rows"]) == 1
+
+
+def test_an_old_format_cache_is_no_entry_and_one_warning(cache, caplog):
+    old = {tuned.device_key("cpu"): {"fake|D=16|float32|G=2|masked|S<=4K|block=64": {"config": {"X": 3}, "score": 1}}}
+    cache.write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="longca_triton.kernels.core.tuned"):
+        assert tuned.load_cache() == {}
+        assert tuned.load_cache() == {} and tuned.device_rows(tuned.device_key("cpu"), "fake") == ()
+    (rec,) = caplog.records
+    assert str(cache) in rec.getMessage() and "autotune --force" in rec.getMessage()
+    # the tuner then rewrites the file in the current format
+    calls = []
+    res = run.tune(fake_tunable(calls), cases()[:1], 64, device="cpu")
+    assert res[0]["reused"] is False and calls
+    assert json.loads(cache.read_text())["format"] == 2
+
+
+def test_rows_may_carry_block_and_measured_and_nothing_else():
+    base = {"match": {"block": 64}, "mode": "fwd", "config": {"X": 1}, "results": "r"}
+    (row,) = parse_rows([dict(base, measured={"tflops": {"fwd": {"tuned": 9.0}}})], "fake", "t")
+    assert row.matches(Problem(block=64)) and not row.matches(Problem(block=128)) and not row.matches(Problem())
+    assert tuned.row_score(row) == pytest.approx(9.0) and tuned.row_score(Row({}, {"X": 1}, "fwd", "r")) == 0.0
+    with pytest.raises(ValueError, match="measured must be a table"):
+        parse_rows([dict(base, measured=3)], "fake", "t")
+    with pytest.raises(ValueError, match="unknown fields"):
+        parse_rows([dict(base, score=3)], "fake", "t")

@@ -51,7 +51,7 @@ def test_parsers():
 def test_experiment_files_load_and_match_the_study():
     e = load_experiment(REPO / "experiments" / "dense.toml").validate()
     assert set(e.masks) == set(lt.masks.STATIC_MASK_NAMES) and len(e.masks) == 12
-    # issue 14: 1K..48K for every backend, 64K and 128K for those that fit ([backend_max_seqlen])
+    # 1K..48K for every backend, 64K and 128K for those that fit ([backend_max_seqlen])
     assert e.seqlens[0] == 1024 and e.seqlens[-1] == 128 * 1024 and e.backend_max_seqlen["sdpa-cudnn"] == 48 * 1024
     assert (64, 8) in e.heads and (64, 64) in e.heads and e.head_dims == [128, 64] and e.dtypes == ["bfloat16"]
     assert {"fwd", "bwd"} <= set(e.modes)
@@ -326,7 +326,7 @@ def test_sigint_subprocess_then_resume(tmp_path):
            "causal,full,causal_document,sliding_window_causal", "--seqlens", "256,384", "--backends",
            "reference-chunked,reference", "--rep", "6", "--out", str(out), "--no-plots"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
     results = out / "results.jsonl"
     deadline = time.time() + 90
     while time.time() < deadline:

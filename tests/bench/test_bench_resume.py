@@ -1,4 +1,4 @@
-"""Resume and supersession of `unsupported` rows: a row saying the machine lacked the backend (not
+"""Resume and replacement of `unsupported` rows: a row saying the machine lacked the backend (not
 installed, no GPU, wrong architecture) is retried once the backend is available and the new row
 supersedes it everywhere results are read (report, plots, findings, recommend); case-intrinsic
 `unsupported` rows stay done; a "not installed" row never hides an earlier measurement."""
@@ -20,7 +20,8 @@ from longca_triton.bench.store import (
     status_kind,
 )
 from longca_triton.reference import naive_attention
-from longca_triton.study.findings import compute, load_results, render_markdown
+from longca_triton.study.findings import compute, load_results
+from longca_triton.study.findings_report import render_markdown
 from longca_triton.study.recommend import recommend
 
 

@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from longca_triton.bench import autotune as at
+from longca_triton.bench import autotune_run as run
 from longca_triton.kernels.core import tuned
 from longca_triton.adapters import list_backends
 from longca_triton.bench.cli import bench
@@ -200,15 +201,16 @@ def test_report_keeps_variants_apart():
 # ---------------------------------------------------------------------------- autotune
 def test_block_sparse_tunables_registered():
     assert {"triton", "triton-sparse", "triton-varblock"} <= set(at.TUNABLES)
+    cands = at.TUNABLES["triton-sparse"].candidates
     for block in (64, 128):
-        assert {c["BLOCK_N"] for c in at._sparse_candidates("fwd", block, 128)} == {block}  # inner tile = block
+        assert {c["BLOCK_N"] for c in cands("fwd", block, 128)} == {block}  # inner tile = block
         # the backward passes step over the block, or over 64-wide halves of a 128 block (the
         # defaults' steps), reading their lists entry by entry or in register chunks of 64
-        assert {c["DQ_BLOCK_N"] for c in at._sparse_candidates("dq", block, 128)} == {64, block}
-        assert {c["DKDV_BLOCK_M"] for c in at._sparse_candidates("dkdv", block, 128)} == {64, block}
+        assert {c["DQ_BLOCK_N"] for c in cands("dq", block, 128)} == {64, block}
+        assert {c["DKDV_BLOCK_M"] for c in cands("dkdv", block, 128)} == {64, block}
         for group, key in (("fwd", "list_chunk"), ("dkdv", "dkdv_list_chunk"), ("dq", "dq_list_chunk")):
-            assert {c[key] for c in at._sparse_candidates(group, block, 128)} == {0, 64}
-        assert all(c["BLOCK_M"] <= block for c in at._sparse_candidates("fwd", block, 128))
+            assert {c[key] for c in cands(group, block, 128)} == {0, 64}
+        assert all(c["BLOCK_M"] <= block for c in cands("fwd", block, 128))
     from longca_triton.kernels.block_sparse.op import CONFIG_KEYS
 
     for name in ("triton-sparse", "triton-varblock"):
@@ -251,9 +253,9 @@ def test_tiny_interpreter_tune(name, block, S):
               "bwd": dict(one_launch=True, bwd_order=2, bwd_num_warps=4, bwd_num_stages=1)}
     assert set(pinned) == set(base.groups)
     tunable = dataclasses.replace(base, candidates=lambda group, blk, d: [pinned[group]])
-    cases = at.cases_for(tunable, block, None, [S], [16], [torch.float16], (2, 1), [0.5])
+    cases = run.cases_for(tunable, block, None, [S], [16], [torch.float16], (2, 1), [0.5])
     assert len(cases) == 1 and tunable.accepts(cases[0].mask)
-    (s,) = at.tune(tunable, cases, block, device="cpu", write=False)
+    (s,) = run.tune(tunable, cases, block, device="cpu", write=False)
     kind = "uniform-sparse" if name == "triton-sparse" else "varblock-sparse"
     assert s["problem_class"].startswith(f"{name}|D=16|float16|G=2|{kind}|S<=4K|block=")
     assert not s["failures"] and set(s["tuned_tflops"]) == {"fwd", "bwd"}
@@ -262,34 +264,36 @@ def test_tiny_interpreter_tune(name, block, S):
 
 
 def test_cache_lookup_for_block_sparse_masks():
-    def entry(score, tag):
-        return {"config": {"tag": tag}, "score": score}
+    from longca_triton.kernels.tuning import Row
+
+    bf = torch.bfloat16
+
+    def row(mask, block, score, tag):
+        return Row(match=tuned.class_match(128, bf, 8, mask, block), config={"tag": tag}, mode="fwd", results="r",
+                   measured={"tflops": {"fwd": {"default": 1.0, "tuned": score}}})
 
     m64 = make_mask("block_sparse", 4096, block=64, density=0.5, patterns=8)
     m128 = make_mask("block_sparse", 4096, block=128, density=0.5, patterns=8)
     var = make_mask("varblock_sparse", 4096, block=250, min_block=125, density=0.5, patterns=8)
     dense = make_mask("causal", 4096)
-    bf = torch.bfloat16
-    entries = {
-        tuned.problem_class("triton-sparse", 128, bf, 8, m64, 64): entry(1.0, "s64"),
-        tuned.problem_class("triton-sparse", 128, bf, 8, m128, 128): entry(9.0, "s128"),
-        tuned.problem_class("triton-varblock", 128, bf, 8, var, 256): entry(1.0, "v256"),
-        tuned.problem_class("triton", 128, bf, 8, dense, 64): entry(1.0, "d64"),
-        tuned.problem_class("triton", 128, bf, 8, dense, 128): entry(2.0, "d128"),
-    }
+    sparse = [row(m64, 64, 1.0, "s64"), row(m128, 128, 9.0, "s128")]
+    varblock = [row(var, 256, 1.0, "v256")]
+    ranged = [row(dense, 64, 1.0, "d64"), row(dense, 128, 2.0, "d128")]
+
+    def tag(rows, mask, group=8):
+        r = tuned.best_row(rows, 128, bf, group, mask)
+        return r and r.config["tag"]
+
     assert tuned.sparse_block(m64) == 64 and tuned.sparse_block(var) == 256 and tuned.sparse_block(dense) is None
-    # block-sparse: only the entry of the mask's own block, never a better-scoring other block
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m128) == {"tag": "s128"}
-    assert tuned.best_entry(entries, "triton-varblock", 128, bf, 8, var) == {"tag": "v256"}
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 1, m64) is None  # another GQA group
-    assert tuned.best_entry(entries, "triton", 128, bf, 8, dense) == {"tag": "d128"}  # range masks: best block
-    # no entry at S<=64K: the nearest tuned bucket (S<=4K here), same block only
+    # block-sparse: only the row of the mask's own block, never a better-scoring other block
+    assert tag(sparse, m64) == "s64" and tag(sparse, m128) == "s128" and tag(varblock, var) == "v256"
+    assert tag(sparse, m64, group=1) is None  # another GQA group
+    assert tag(ranged, dense) == "d128"  # range masks: the best block
+    # no row at S<=64K: the nearest tuned bucket (S<=4K here), same block only
     m64_long = make_mask("block_sparse", 32768, block=64, density=0.5, patterns=8)
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64"}
-    entries[tuned.problem_class("triton-sparse", 128, bf, 8, make_mask("block_sparse", 16384, block=64), 64)] = entry(0.5, "s64-16K")
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64_long) == {"tag": "s64-16K"}
-    assert tuned.best_entry(entries, "triton-sparse", 128, bf, 8, m64) == {"tag": "s64"}
+    assert tag(sparse, m64_long) == "s64"
+    sparse.append(row(make_mask("block_sparse", 16384, block=64), 64, 0.5, "s64-16K"))
+    assert tag(sparse, m64_long) == "s64-16K" and tag(sparse, m64) == "s64"
     q = torch.zeros(1, 4096, 8, 128, dtype=bf)
     assert tuned.lookup("triton-sparse", q, q[:, :, :1], m64) is None  # no cache off the GPU
 
@@ -304,6 +308,6 @@ def test_interpreted_autotune_command_checks_the_sparse_kernels(runner):
 def test_autotune_json_summary_shape(tmp_path):
     """``tune`` summaries are JSON-serialisable (the command appends them to --out)."""
     tunable = dataclasses.replace(at.TUNABLES["triton-sparse"], candidates=lambda g, b, d: [], groups={"fwd": "fwd"})
-    cases = at.cases_for(tunable, 16, None, [48], [16], [torch.float16], (1, 1), [1.0])
-    (s,) = at.tune(tunable, cases, 16, device="cpu", write=False)
+    cases = run.cases_for(tunable, 16, None, [48], [16], [torch.float16], (1, 1), [1.0])
+    (s,) = run.tune(tunable, cases, 16, device="cpu", write=False)
     assert json.loads(json.dumps(s, default=str))["tuned"] == s["default"]

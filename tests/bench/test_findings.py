@@ -1,8 +1,7 @@
 """findings on small results files written through the real ResultStore: winner and margin,
 crossovers (and changes of winner that are not crossovers), memory walls, the support matrix with
 reasons, missing / failed / NaN rows, block-sparse density, CP efficiency, the CLI end to end; and
-`recommend` answering for every static mask, 4K-1M tokens, 1-64 GPUs on the committed results
-(issue 14)."""
+`recommend` answering for every static mask, 4K-1M tokens, 1-64 GPUs on the committed results."""
 
 import json
 import math
@@ -15,12 +14,8 @@ from click.testing import CliRunner
 from longca_triton.bench.store import ResultStore
 from longca_triton.cli import main
 from longca_triton.masks import STATIC_MASK_NAMES
-from longca_triton.study.findings import (
-    collect_paths,
-    compute,
-    load_results,
-    render_markdown,
-)
+from longca_triton.study.findings import collect_paths, compute, load_results
+from longca_triton.study.findings_report import render_markdown
 
 ENV = {"gpu": "GPU-X", "torch": "9.9", "triton": "3.6.0", "cuda": "13.0", "cudnn": 91900, "git_commit": "abcdef0123",
        "vendors": {"flash-attn-4": "4.0"}}
@@ -257,8 +252,8 @@ def test_committed_findings_page_is_the_regenerated_one(tmp_path, monkeypatch):
             "machine (not installed)") in text
     assert not [d for d in f.losses if "not installed" in str(d)]
     # 32K and 48K ran for GQA 64:8 / D = 128 only (plus fa3-fwd on every layout): a slice, said so
-    # (test_coverage_calls_a_slice_of_the_grid_partial pins the wording; since session 10's runs no
-    # length has a backend missing on part of its problems, test_partly_absent_backends_are_said_per_length
+    # (test_coverage_calls_a_slice_of_the_grid_partial pins the wording; no length of the committed runs
+    # has a backend missing on part of its problems, test_partly_absent_backends_are_said_per_length
     # pins that wording)
     assert re.search(r"32K \(\d+ problems, \d+ points, \*\*partial\*\*: \d+ of them with \d+ backends", text)
 

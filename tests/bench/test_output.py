@@ -1,4 +1,4 @@
-"""Tables printed into a pipe keep every identifier whole; json and csv parse (issue 15)."""
+"""Tables printed into a pipe keep every identifier whole; json and csv parse."""
 
 import csv
 import io

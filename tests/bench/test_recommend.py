@@ -1,6 +1,6 @@
 """recommend on small results files: the measured answer, the nearest length said to be an
 extrapolation, failed and unsupported rows named, CP measured or modelled (and said so), every
-static mask at 4K-1M tokens and 1-64 GPUs without a traceback (issue 14)."""
+static mask at 4K-1M tokens and 1-64 GPUs without a traceback."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""CLI mistakes are one line on stderr, never a traceback (issue 15)."""
+"""CLI mistakes are one line on stderr, never a traceback."""
 
 import click
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 15: tables printed into a pipe keep every identifier whole at 80 columns, every table
+"""Tables printed into a pipe keep every identifier whole at 80 columns, every table
 command has --format json|csv that parses, and a mistake on the command line is one line."""
 
 import csv

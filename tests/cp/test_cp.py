@@ -254,16 +254,9 @@ WORLDS = [2, 3, 4] + ([8] if os.environ.get("LONGCA_CP_WORLD8") == "1" else [])
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_cp_schemes_match_reference(world, tmp_path):
-    from longca_triton.cp.check import spawn
-
-    spawn(_cases_worker, world, str(tmp_path))
-    failures, n = [], 0
-    for r in range(world):
-        for res in json.loads((tmp_path / f"rank{r}.json").read_text()):
-            n += 1
-            if not res["ok"]:
-                failures.append((r, res))
+def test_cp_schemes_match_reference(world, spawn_ranks):
+    res = spawn_ranks(_cases_worker, world)
+    failures, n = [r for r in res if not r["ok"]], len(res)
     expected = len(test_masks()) * len(cp.PLAN_KINDS) * len(scheme_configs(world)) + 3 + 2 + (3 if world == 4 else 0)
     assert n == world * expected
     assert not failures, f"{len(failures)} of {n} rank-cases failed, first: {failures[:3]}"
@@ -271,10 +264,10 @@ def test_cp_schemes_match_reference(world, tmp_path):
 
 def _triton_worker(rank, world, outdir):
     """Our Triton kernel as the step kernel (interpreter on CPU; conftest sets TRITON_INTERPRET)."""
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
-    _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges (interpreted here)
+    merge.FUSED_MERGE = True  # the CUDA path: Triton merges (interpreted here)
     results = []
     for mname, mask in (("causal_document", make_mask("causal_document", 128, doc_lens=[40, 30, 58])),
                         ("random", random_range_mask(128, seed=4))):
@@ -286,20 +279,15 @@ def _triton_worker(rank, world, outdir):
         json.dump(results, f)
 
 
-def test_cp_with_triton_kernel(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_triton_worker, 3, str(tmp_path))  # 3 ranks: merges of 3 partials (float32 accumulator, then q's dtype)
-    res = [r for k in range(3) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_cp_with_triton_kernel(triton_runs, spawn_ranks):
+    res = spawn_ranks(_triton_worker, 3)  # 3 ranks: merges of 3 partials (float32 accumulator, then q's dtype)
     assert len(res) == 24 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
 
 
 def _head_dims_worker(rank, world, outdir):
     """v with its own head dim (D_qk 48, D_v 32): every scheme on the reference step, bytes against
     the model, and our Triton step (interpreter) on the ring and all-gather paths."""
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
     results = []
@@ -314,7 +302,7 @@ def _head_dims_worker(rank, world, outdir):
                     label=f"ref/group_cast/{'joint' if joint else 'split'}")
         results.append(run_case(case, prob))
     prob = make_problem(mask, 1, (4, 2), 48, torch.float32, "cpu", seed=5, head_dim_v=32)
-    _Ring.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
+    merge.FUSED_MERGE = True  # the CUDA path: Triton merges of D_v-wide partials (interpreted here)
     for scheme in ("ring_p2p", "ring_allgather"):
         results.append(run_case(Case(scheme, cp.make_plan(mask, world, "zigzag"), "triton", label=f"triton/{scheme}"),
                                 prob, tol=1e-4))
@@ -322,13 +310,8 @@ def _head_dims_worker(rank, world, outdir):
         json.dump(results, f)
 
 
-def test_cp_value_head_dim_of_its_own(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_head_dims_worker, 2, str(tmp_path))
-    res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_cp_value_head_dim_of_its_own(triton_runs, spawn_ranks):
+    res = spawn_ranks(_head_dims_worker, 2)
     assert len(res) == 2 * 9 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
     assert all(r["bytes_ok"] for r in res if r["label"].startswith("ref/"))
 
@@ -360,9 +343,7 @@ def test_bench_cp_smoke(tmp_path):
     assert len(after) == len(rows) + 1 and after[-1]["scheme"] == "ring_p2p" and after[-1]["status"] == "ok"
 
 
-def test_fused_merge_matches_torch_merge():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
+def test_fused_merge_matches_torch_merge(triton_runs):
     from longca_triton.cp.merge import merge_into
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""The group_cast CP scheme (issue 16) on CPU: the need layout exactly, its bytes against
+"""The group_cast CP scheme on CPU: the need layout exactly, its bytes against
 ring_allgather's, the locality-aware balanced plan, and the scheme itself on 2, 3 and 4 gloo
 processes against the single-process reference (float64; one case through the Triton kernel)."""
 
@@ -19,7 +19,7 @@ from longca_triton.masks import MASK_SPECS, RangeMask, make_mask
 
 
 def doc_prefix_mask(S: int, doc_lens, prefix: int) -> RangeMask:
-    """Causal documents plus a global prefix every query attends (the issue's document layout)."""
+    """Causal documents plus a global prefix every query attends (a long-context training layout)."""
     bounds = np.concatenate([[0], np.cumsum(doc_lens)])
     slices = [(int(a), int(b), int(a), int(b), "causal") for a, b in itertools.pairwise(bounds)]
     slices.append((prefix, S, 0, prefix, "full"))
@@ -35,8 +35,8 @@ def sparse_need_mask(S: int, world: int) -> RangeMask:
     return RangeMask(S, S, slices, name="sparse_need")
 
 
-def issue_doc_lens(S: int, seed: int) -> list[int]:
-    """Documents of 500-6000 tokens (the layout of issue 16)."""
+def training_doc_lens(S: int, seed: int) -> list[int]:
+    """Documents of 500-6000 tokens (a long-context training layout)."""
     rng = np.random.default_rng(seed)
     out: list[int] = []
     while sum(out) < S:
@@ -135,10 +135,10 @@ def test_group_cast_bytes_at_scale():
     kw = {"seqlen": S_, "heads": (64, 8), "head_dim": 128, "dtype_bytes": 2}
     ag = _bytes(cp.comm_model("ring_allgather", N, mask=make_mask("causal", S_), plan="balanced", **kw))
     for name in ("causal_document", "share_question"):
-        m = make_mask(name, S_, doc_lens=issue_doc_lens(S_, 1))
+        m = make_mask(name, S_, doc_lens=training_doc_lens(S_, 1))
         gc = _bytes(cp.comm_model("group_cast", N, mask=m, plan="balanced", **kw))  # busiest rank
         assert gc <= 0.30 * ag, (name, gc / ag)
-    m = doc_prefix_mask(S_, issue_doc_lens(S_ - 128, 2), 128)
+    m = doc_prefix_mask(S_, training_doc_lens(S_ - 128, 2), 128)
     assert _bytes(cp.comm_model("group_cast", N, mask=m, plan="balanced", **kw)) <= 0.30 * ag
     gc = _bytes(cp.comm_model("group_cast", N, mask=make_mask("causal", S_), plan="zigzag", **kw))
     assert gc < ag
@@ -153,13 +153,13 @@ def test_balanced_plan_keeps_documents_whole():
     # documents: fewer remote keys than the area-only plan, area within the stated tolerance
     for name in ("causal_document", "full_document", "share_question", "block_causal_document"):
         for S_, N in ((16384, 2), (32768, 4)):
-            m = make_mask(name, S_, seed=0) if name == "block_causal_document" else make_mask(name, S_, doc_lens=issue_doc_lens(S_, 3))
+            m = make_mask(name, S_, seed=0) if name == "block_causal_document" else make_mask(name, S_, doc_lens=training_doc_lens(S_, 3))
             loc = cp.make_plan(m, N, "balanced")
             area = cp.make_plan(m, N, "balanced", locality=False)
             got, base = need_layout(loc).counts.sum(), need_layout(area).counts.sum()
             assert got <= base, (name, N, got, base)
             assert loc.rank_areas().max() <= max(area.rank_areas().max(), loc.rank_areas().mean() * (1 + cp.plan.BALANCE_TOL))
-    m = make_mask("causal_document", 32768, doc_lens=issue_doc_lens(32768, 3))
+    m = make_mask("causal_document", 32768, doc_lens=training_doc_lens(32768, 3))
     assert need_layout(cp.make_plan(m, 4, "balanced")).counts.sum() < 0.7 * need_layout(
         cp.make_plan(m, 4, "balanced", locality=False)).counts.sum()
     with pytest.raises(ValueError, match="balance_tol"):
@@ -174,7 +174,7 @@ def test_two_rank_balanced_plan_is_the_exact_optimum(name):
     from longca_triton.cp import plan as P
 
     S_ = 4096
-    m = make_mask(name, S_, doc_lens=issue_doc_lens(S_, 5) if name != "full_document" else [300, 2500, 700, 596])
+    m = make_mask(name, S_, doc_lens=training_doc_lens(S_, 5) if name != "full_document" else [300, 2500, 700, 596])
     plan = cp.make_plan(m, 2, "balanced")
     C, per = plan.num_chunks, len(plan.chunks[0])
     areas = P._chunk_areas(m, plan.chunk_size, C)
@@ -278,11 +278,8 @@ def _worker(rank, world, outdir):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_group_cast_matches_reference(world, tmp_path):
-    from longca_triton.cp.check import spawn
-
-    spawn(_worker, world, str(tmp_path))
-    res = [r for k in range(world) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_group_cast_matches_reference(world, spawn_ranks):
+    res = spawn_ranks(_worker, world)
     assert len(res) == world * (2 * 9 * len(cp.PLAN_KINDS) + 1 + (2 if world == 4 else 0))
     bad = [r for r in res if not r["ok"]]
     assert not bad, f"{len(bad)} of {len(res)} rank-cases failed, first: {bad[:2]}"
@@ -290,10 +287,10 @@ def test_group_cast_matches_reference(world, tmp_path):
 
 
 def _triton_worker(rank, world, outdir):
-    from longca_triton.cp.attention import _Ring
+    from longca_triton.cp import merge
     from longca_triton.cp.check import Case, make_problem, run_case
 
-    _Ring.FUSED_MERGE = True  # the CUDA path's fused merge, interpreted
+    merge.FUSED_MERGE = True  # the CUDA path's fused merge, interpreted
     mask = doc_prefix_mask(128, [40, 30, 58], 6)
     prob = make_problem(mask, 1, (4, 2), 16, torch.float32, "cpu", seed=1)
     res = [run_case(Case("group_cast", cp.make_plan(mask, world, kind), "triton", count_bytes=True, joint=joint,
@@ -303,17 +300,12 @@ def _triton_worker(rank, world, outdir):
         json.dump(res, f)
 
 
-def test_group_cast_with_triton_kernel(tmp_path):
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or the Triton interpreter")
-    from longca_triton.cp.check import spawn
-
-    spawn(_triton_worker, 2, str(tmp_path))
-    res = [r for k in range(2) for r in json.loads((tmp_path / f"rank{k}.json").read_text())]
+def test_group_cast_with_triton_kernel(triton_runs, spawn_ranks):
+    res = spawn_ranks(_triton_worker, 2)
     assert len(res) == 8 and all(r["ok"] for r in res), [r for r in res if not r["ok"]][:2]
 
 
-def test_bench_report_issue16_table(tmp_path):
+def test_bench_report_group_cast_checks(tmp_path):
     """The report's group_cast checks read the rows: efficiency on the document masks, against the
     best other scheme on full / causal, and the counted bytes against ring_allgather's."""
     from longca_triton.cp.bench_report import write_report

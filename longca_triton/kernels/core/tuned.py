@@ -1,20 +1,39 @@
-"""The autotune cache as the kernels read it: path, keys, problem classes, lookup.
+"""The user's autotune cache: tuning-table rows the kernels read before the shipped tables.
 
 ``longca-triton autotune`` (``longca_triton.bench.autotune``, the search) writes the cache; the kernels'
-``resolve_config`` reads it through :func:`lookup`. The file is read once per process (and again
-only after :func:`reload`, which the tuner calls after writing), so a launch never stats the file.
-No hardware is probed at import; :func:`device_key` asks the GPU's name once per device.
+``resolve_config`` reads it through :func:`lookup`, and a config found there wins over the shipped
+table (``kernels/tuning``). The file is read once per process (and again only after :func:`reload`,
+which the tuner calls after writing), so a launch never stats the file. No hardware is probed at
+import; :func:`device_key` asks the GPU's name once per device.
 
-The cache is JSON keyed by ``GPU name | Triton version`` and then by *problem class*
-(kernel, head dim, dtype, GQA group, mask class, sequence bucket, block). The head dim reads
-``D=128``, or ``D=192/128`` when v's head dim differs from q's and k's (``D_qk/D_v``): any int, so
-80 or 96 have classes of their own.
+The file (``$LONGCA_TRITON_AUTOTUNE_CACHE``, default ``~/.cache/longca-triton/autotune.json``) is JSON,
+one section per device and kernel, each holding rows in the shipped tables' format
+(:func:`longca_triton.kernels.tuning.parse_rows`)::
+
+    {"format": 2,
+     "sections": [{"device": "NVIDIA H100 80GB HBM3|triton-3.6.0", "kernel": "triton",
+                   "rows": [{"match": {"head_dim": 128, "head_dim_v": 128, "dtype": "bfloat16",
+                                       "group": [8, 9], "mask": "masked", "seqlen": [4097, 16385],
+                                       "block": 64},
+                             "mode": "fwd_bwd", "config": {...the full tuned config...},
+                             "results": "autotune run of 2025-06-01T12:00:00 into /home/me/.cache/...",
+                             "note": "TFLOP/s tuned vs default: fwd 512.3 vs 480.1; ...",
+                             "measured": {"tflops": {"fwd": {"default": 480.1, "tuned": 512.3}},
+                                          "cases": [...], "search": {...}, "default": {...},
+                                          "vendors": {...}}}]}]}
+
+A row's ``match`` is its *problem class*: exact head dims, dtype, GQA group, mask class
+(:func:`mask_class`), sequence bucket (:data:`SEQ_BUCKETS` as a ``seqlen`` range) and the block it
+was tuned at. A file without ``"format": 2`` (the older keyed layout) is read as no entry, with
+one logged warning saying to rerun ``longca-triton autotune --force``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -22,15 +41,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from longca_triton.kernels.tuning import Problem, Row, parse_rows
 from longca_triton.masks import BlockSparseMask, Mask
 
 __all__ = [
-    "CACHE_ENV", "SEQ_BUCKETS", "cache_path", "device_key", "mask_class", "seq_bucket", "sparse_block",
-    "problem_class", "load_cache", "save_cache", "reload", "lookup", "best_entry", "uniform_pow2",
-    "measured_tflops",
+    "CACHE_ENV", "CACHE_FORMAT", "SEQ_BUCKETS", "cache_path", "device_key", "mask_class", "seq_bucket",
+    "sparse_block", "problem_class", "class_match", "load_cache", "device_rows", "save_row", "reload", "lookup",
+    "best_row", "row_score", "uniform_pow2", "measured_tflops",
 ]
 
 CACHE_ENV = "LONGCA_TRITON_AUTOTUNE_CACHE"
+#: the cache file's layout version (rows in the shipped tables' format)
+CACHE_FORMAT = 2
+_log = logging.getLogger(__name__)
 
 
 def cache_path() -> Path:
@@ -85,6 +108,8 @@ def uneven_key_work(mask: Mask, block_n: int = 64, tol: float = 0.25) -> float:
 
 
 SEQ_BUCKETS = ("S<=4K", "S<=16K", "S<=64K", "S>64K")
+#: each bucket as a row's ``seqlen`` range (inclusive lo, exclusive hi)
+_BUCKET_RANGES = ([1, 4097], [4097, 16385], [16385, 65537], [65537])
 
 
 def seq_bucket(seqlen: int) -> str:
@@ -118,18 +143,64 @@ def problem_class(kernel: str, head_dim: int, dtype: torch.dtype, group: int, ma
     return f"{kernel}|D={d}|{dt}|G={group}|{mask_class(mask)}|{seq_bucket(mask.seqlen_q)}|block={block}"
 
 
+def class_match(head_dim: int, dtype: torch.dtype, group: int, mask: Mask, block: int,
+                head_dim_v: int | None = None) -> dict:
+    """A cache row's ``match``: the problem class of (head dims, dtype, group, mask, block), the
+    block being the mask's own for block-sparse masks (``sparse_block``)."""
+    return dict(head_dim=int(head_dim), head_dim_v=int(head_dim_v or head_dim), dtype=str(dtype).replace("torch.", ""),
+                group=[int(group), int(group) + 1], mask=mask_class(mask),
+                seqlen=list(_BUCKET_RANGES[SEQ_BUCKETS.index(seq_bucket(mask.seqlen_q))]),
+                block=int(sparse_block(mask) or block))
+
+
+def _call_problem(head_dim: int, dtype: torch.dtype, group: int, mask: Mask, head_dim_v: int | None) -> Problem:
+    return Problem(head_dim=int(head_dim), head_dim_v=int(head_dim_v or head_dim),
+                   dtype=str(dtype).replace("torch.", ""), group=int(group), mask=mask_class(mask),
+                   seqlen=int(mask.seqlen_q), block=sparse_block(mask))
+
+
 _LOADED: dict[str, dict] = {}
 
 
+def _read_sections(path: Path) -> list:
+    """The file's sections (``[]`` when missing; when unreadable or of another format, with one
+    logged warning)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, json.JSONDecodeError) as e:
+        _log.warning("autotune cache %s is unreadable (%s); its entries are ignored: rerun "
+                     "`longca-triton autotune --force` to rebuild it", path, e)
+        return []
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        _log.warning("autotune cache %s is in an older format (not {\"format\": %d, \"sections\": [...]}); its "
+                     "entries are ignored: rerun `longca-triton autotune --force` to rebuild it", path, CACHE_FORMAT)
+        return []
+    return [s for s in data.get("sections", []) if isinstance(s, dict)]
+
+
 def load_cache(path: Path | None = None) -> dict:
-    """The cache's contents (``{}`` when missing or unreadable), read once per process and path."""
-    key = str(path or cache_path())
+    """``{(device key, kernel): (Row, ...)}`` of the cache file, read once per process and path; a
+    section whose rows do not parse is left out with a logged warning."""
+    path = Path(path or cache_path())
+    key = str(path)
     if key not in _LOADED:
-        try:
-            _LOADED[key] = json.loads(Path(key).read_text())
-        except (OSError, json.JSONDecodeError):
-            _LOADED[key] = {}
+        out = {}
+        for sec in _read_sections(path):
+            where = f"{path} [{sec.get('device')} / {sec.get('kernel')}]"
+            try:
+                out[(str(sec["device"]), str(sec["kernel"]))] = parse_rows(sec.get("rows", []), str(sec["kernel"]),
+                                                                           where)
+            except (KeyError, TypeError, ValueError) as e:
+                _log.warning("autotune cache %s: section left out (%s); rerun `longca-triton autotune --force`", where, e)
+        _LOADED[key] = out
     return _LOADED[key]
+
+
+def device_rows(device: str, kernel: str, path: Path | None = None) -> tuple:
+    """The cache's rows of ``kernel`` on the device keyed ``device`` (``device_key``)."""
+    return load_cache(path).get((device, kernel), ())
 
 
 def reload(path: Path | None = None) -> None:
@@ -140,69 +211,80 @@ def reload(path: Path | None = None) -> None:
         _LOADED.pop(str(path), None)
 
 
-def save_cache(data: dict, path: Path) -> None:
+def save_row(device: str, kernel: str, row: Row, path: Path | None = None) -> None:
+    """Put ``row`` in the cache file, in place of the row of the same ``match`` in its section.
+
+    Sections of an older format are dropped (their entries were already ignored)."""
+    path = Path(path or cache_path())
+    sections = _read_sections(path)
+    sec = next((s for s in sections if s.get("device") == device and s.get("kernel") == kernel), None)
+    if sec is None:
+        sec = dict(device=device, kernel=kernel, rows=[])
+        sections.append(sec)
+    sec["rows"] = [r for r in sec.get("rows", []) if r.get("match") != row.match] + [dataclasses.asdict(row)]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(dict(format=CACHE_FORMAT, sections=sections), indent=1, sort_keys=True))
     os.replace(tmp, path)  # atomic: a reader never sees half a file
     reload(path)
 
 
-def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None = None) -> dict | None:
-    """The tuned config for this call's problem class, or None (use the kernel's defaults).
+def row_score(row: Row) -> float:
+    """The geometric mean over modes of the TFLOP/s a row's tuned config measured (0 when none)."""
+    tf = [v.get("tuned", 0.0) for v in row.measured.get("tflops", {}).values()]
+    tf = [float(x) for x in tf if isinstance(x, (int, float)) and x > 0]
+    return math.exp(sum(math.log(x) for x in tf) / len(tf)) if tf else 0.0
 
-    Range masks: the best over the tuned blocks. Block-sparse masks: the entry tuned at the mask's
-    own block only (``sparse_block``), at its sequence bucket or else the nearest tuned one."""
+
+def best_row(rows, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
+             head_dim_v: int | None = None) -> Row | None:
+    """The row whose config ``lookup`` returns among one kernel's rows on one device, or None.
+
+    Range masks: the best-scoring row over the tuned blocks. Block-sparse masks: a row tuned at the
+    mask's own block only (``sparse_block``), at its sequence bucket or else at the nearest tuned one
+    (the longer on a tie): block-sparse tiles see the same block structure at every S, and the
+    sparse study (32K-128K) is too slow to tune at full length."""
+    problem = _call_problem(head_dim, dtype, group, mask, head_dim_v)
+    if isinstance(mask, BlockSparseMask):
+        exact = [r for r in rows if r.matches(problem)]
+        if exact:
+            return exact[-1]
+        target = SEQ_BUCKETS.index(seq_bucket(mask.seqlen_q))
+        near = []
+        for r in rows:
+            lo = r.match.get("seqlen", [None])[0]
+            if lo is not None and r.matches(dataclasses.replace(problem, seqlen=lo)):
+                i = SEQ_BUCKETS.index(seq_bucket(lo))
+                near.append((abs(i - target), -i, r))
+        return min(near, key=lambda t: t[:2])[2] if near else None
+    best = None
+    for r in rows:
+        if r.matches(dataclasses.replace(problem, block=r.match.get("block"))) and (
+                best is None or row_score(r) > row_score(best)):
+            best = r
+    return best
+
+
+def _call_row(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None) -> Row | None:
     if q.device.type != "cuda":
         return None
-    data = load_cache()
-    if not data:
+    rows = device_rows(device_key(q.device), kernel)
+    if not rows:
         return None
-    d_v = None if v is None else v.shape[-1]
-    return best_entry(data.get(device_key(q.device), {}), kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask,
-                      head_dim_v=d_v)
+    return best_row(rows, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, None if v is None else v.shape[-1])
 
 
-def best_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
-               head_dim_v: int | None = None) -> dict | None:
-    """``lookup``'s choice among one device's cache entries (a copy of the config, or None)."""
-    entry = _chosen_entry(entries, kernel, head_dim, dtype, group, mask, head_dim_v)
-    return dict(entry["config"]) if entry else None
-
-
-def _chosen_entry(entries: dict, kernel: str, head_dim: int, dtype: torch.dtype, group: int, mask: Mask,
-                  head_dim_v: int | None = None) -> dict | None:
-    """The cache entry whose config ``lookup`` returns (the entry itself, or None)."""
-    cls = problem_class(kernel, head_dim, dtype, group, mask, 0, head_dim_v)
-    if isinstance(mask, BlockSparseMask):
-        entry = entries.get(cls)
-        if entry is None:
-            # no entry at this sequence bucket: the one tuned at the nearest bucket (the longer on a
-            # tie). Block-sparse tiles see the same block structure at every S, and the sparse study
-            # (32K-128K) is too slow to tune at full length.
-            head, bucket, tail = cls.split("|")[:5], cls.split("|")[5], cls.split("|")[6:]
-            target = SEQ_BUCKETS.index(bucket)
-            near = [(abs(i - target), -i, b) for i, b in enumerate(SEQ_BUCKETS)
-                    if "|".join(head + [b] + tail) in entries]
-            if near:
-                entry = entries["|".join(head + [min(near)[2]] + tail)]
-        return entry
-    prefix = cls.rsplit("|block=", 1)[0]
-    best = None
-    for c, entry in entries.items():
-        if c.startswith(prefix + "|block=") and (best is None or entry["score"] > best["score"]):
-            best = entry
-    return best
+def lookup(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None = None) -> dict | None:
+    """The tuned config for this call's problem class (a copy, see :func:`best_row`), or None: the
+    kernel's shipped table then decides."""
+    row = _call_row(kernel, q, k, mask, v)
+    return dict(row.config) if row else None
 
 
 def measured_tflops(kernel: str, q: torch.Tensor, k: torch.Tensor, mask: Mask, v: torch.Tensor | None = None,
                     mode: str = "fwd") -> float | None:
     """The TFLOP/s the cache recorded in ``mode`` for the config ``lookup`` would give ``kernel``
     on this call, or None when it was never tuned here."""
-    if q.device.type != "cuda":
-        return None
-    entries = load_cache().get(device_key(q.device), {})
-    d_v = None if v is None else v.shape[-1]
-    entry = _chosen_entry(entries, kernel, q.shape[-1], q.dtype, q.shape[2] // k.shape[2], mask, d_v)
-    tf = (entry or {}).get("tuned_tflops", {}).get(mode)
+    row = _call_row(kernel, q, k, mask, v)
+    tf = (row.measured.get("tflops", {}).get(mode, {}) if row else {}).get("tuned")
     return float(tf) if isinstance(tf, (int, float)) and tf > 0 else None

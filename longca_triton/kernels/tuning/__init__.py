@@ -19,6 +19,10 @@ holds, with the results file that measured it::
 A family's ``resolve_config`` is: explicit config > the user's autotune cache > the matching rows
 of its table, overlaid in file order on ``defaults`` > validation. :func:`table_config` does the
 table part; match fields a row leaves out match anything.
+
+A row may also carry ``measured``, a table of what the run that chose it measured (TFLOP/s per
+mode, the cases, the search); the autotune cache (``kernels/core/tuned.py``) writes its rows in
+this format through :func:`parse_rows`, with ``measured`` filled in and ``block`` in ``match``.
 """
 
 from __future__ import annotations
@@ -34,14 +38,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["MATCH_FIELDS", "MODES", "Problem", "Row", "Table", "load_table", "parse_table", "table_config",
-           "table_path"]
+__all__ = ["MATCH_FIELDS", "MODES", "ROW_FIELDS", "Problem", "Row", "Table", "load_table", "parse_rows",
+           "parse_table", "table_config", "table_path"]
 
 #: what a row may match on: ``arch`` (``"sm90"``, ``"cpu"`` for the interpreter), ``head_dim`` /
 #: ``head_dim_v`` (the padded dims the family tiles by), ``mask`` (the family's mask classes),
 #: ``dtype`` (``"bfloat16"``...), ``group`` / ``density`` / ``seqlen`` as ``[lo, hi]`` (inclusive lo,
-#: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up)
-MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen")
+#: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up), ``block`` (the inner tile or sparse
+#: block a row was tuned at)
+MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen", "block")
+ROW_FIELDS = ("match", "config", "mode", "results", "note", "measured")
 _RANGE_FIELDS = ("group", "density", "seqlen")
 MODES = ("fwd", "bwd", "fwd_bwd")
 
@@ -58,6 +64,7 @@ class Problem:
     group: Optional[int] = None
     density: Optional[float] = None
     seqlen: Optional[int] = None
+    block: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class Row:
     mode: str
     results: str
     note: str = ""
+    measured: dict = field(default_factory=dict)
 
     def matches(self, problem: Problem) -> bool:
         for key, want in self.match.items():
@@ -116,10 +124,19 @@ def parse_table(data: dict, family: str, where: str, keys: Optional[tuple] = Non
         if missing or unknown:
             raise _bad(where, f"[defaults] must set exactly the {family} keys; missing {sorted(missing)}, "
                               f"unknown {sorted(unknown)}")
+    rows = parse_rows(data.get("row", []), family, where, keys)
+    return Table(family=family, defaults=defaults, rows=rows, path=where)
+
+
+def parse_rows(raw_rows: list, family: str, where: str, keys: Optional[tuple] = None) -> tuple:
+    """``[[row]]`` entries as :class:`Row` s, every problem named in one ``ValueError`` line (shared by
+    the shipped tables and the autotune cache). ``keys``: the config keys rows may set (None: any)."""
     rows = []
-    for i, raw in enumerate(data.get("row", [])):
+    for i, raw in enumerate(raw_rows):
         at = f"{where} row {i + 1}"
-        extra = set(raw) - {"match", "config", "mode", "results", "note"}
+        if not isinstance(raw, dict):
+            raise _bad(at, f"a row is a table, got {raw!r}")
+        extra = set(raw) - set(ROW_FIELDS)
         if extra:
             raise _bad(at, f"unknown fields {sorted(extra)}")
         match, config = raw.get("match", {}), raw.get("config")
@@ -136,9 +153,11 @@ def parse_table(data: dict, family: str, where: str, keys: Optional[tuple] = Non
             raise _bad(at, f"mode must be one of {MODES}, got {raw.get('mode')!r}")
         if not isinstance(raw.get("results"), str) or not raw["results"]:
             raise _bad(at, "needs results = the file that measured it")
+        if not isinstance(raw.get("measured", {}), dict):
+            raise _bad(at, f"measured must be a table, got {raw['measured']!r}")
         rows.append(Row(match=dict(match), config=dict(config), mode=raw["mode"], results=raw["results"],
-                        note=str(raw.get("note", ""))))
-    return Table(family=family, defaults=defaults, rows=tuple(rows), path=where)
+                        note=str(raw.get("note", "")), measured=dict(raw.get("measured", {}))))
+    return tuple(rows)
 
 
 @functools.lru_cache(maxsize=None)
