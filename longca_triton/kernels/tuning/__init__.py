@@ -40,8 +40,9 @@ __all__ = ["MATCH_FIELDS", "MODES", "Problem", "Row", "Table", "load_table", "pa
 #: what a row may match on: ``arch`` (``"sm90"``, ``"cpu"`` for the interpreter), ``head_dim`` /
 #: ``head_dim_v`` (the padded dims the family tiles by), ``mask`` (the family's mask classes),
 #: ``dtype`` (``"bfloat16"``...), ``group`` / ``density`` / ``seqlen`` as ``[lo, hi]`` (inclusive lo,
-#: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up)
-MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen")
+#: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up), ``exact_dims`` (bool: the true head dims fill
+#: the padded tile, as 64 and 128 do and 96 does not)
+MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen", "exact_dims")
 _RANGE_FIELDS = ("group", "density", "seqlen")
 MODES = ("fwd", "bwd", "fwd_bwd")
 
@@ -58,6 +59,7 @@ class Problem:
     group: Optional[int] = None
     density: Optional[float] = None
     seqlen: Optional[int] = None
+    exact_dims: Optional[bool] = None
 
 
 @dataclass(frozen=True)
