@@ -291,8 +291,8 @@ def launch_bwd_dkdv(q, k, v, dout, lse, delta, dk, dv, plan: TilePlan, softmax_s
     b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     dense_bwd_dkdv_kernel[(plan.num_n * b * hkv,)](
-        q, k, v, dout, lse, delta, dk, dv,
-        *_bsh_strides(q, k, v, dout, dk, dv),
+        q, k, v, dout, lse, delta, dk, dv, delta,  # (the second delta: the kernel's Unused)
+        *_bsh_strides(q, k, v, dout, dk, dv), 0, 0, 0,
         plan.lo, plan.hi, plan.k_order, *plan.k_full, *plan.k_part,
         softmax_scale, softmax_scale * LOG2E,
         sq, sk, b * hkv, hq, hkv, hq // hkv,
