@@ -10,7 +10,6 @@ import torch
 from utils import assert_grads_near_float64
 
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.kernels.dense.op import dense_attention
 from longca_triton.masks import make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -43,11 +42,6 @@ CASES = {
         {"DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_tail_rows": 0, "dkdv_qmajor": True}),
     "block_sparse-64-qmajor-S=4096": (block_sparse_attention, lambda S: make_mask(
         "block_sparse", S, block=64, density=0.4, patterns=2, seed=0), 4096, {"dkdv_qmajor": True}),
-    "dense-full-qmajor-S=3001": (dense_attention, lambda S: make_mask("full", S), 3001,
-                                 {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_qmajor": True}),
-    "dense-causal_document-qmajor-S=3001": (dense_attention, lambda S: make_mask("causal_document", S, seed=1), 3001,
-                                            {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4,
-                                             "dkdv_qmajor": True}),
 }
 
 

@@ -3,8 +3,7 @@
 The dK/dV steps' lse / delta read from the preprocess's 16-byte rows by TMA boxes must give the pointer
 path's gradients bit for bit (the same values enter the same arithmetic): block-sparse uniform blocks (the
 default there), 128-aligned variable blocks (full entries: the boxes apply), ragged variable blocks (packed
-entries: the launcher keeps the pointer loads) and the dense kernel, whose 3-d boxes read 0 past a head's
-``Sq`` (S = 3001: the last tile is short and ``Sq * 16`` bytes is the only stride). Variable blocks' new
+entries: the launcher keeps the pointer loads). Variable blocks' new
 dK/dV default (``block_sparse.VARBLOCK_DKDV``) against a float64 reference in bf16. The log of a run is
 committed under experiments/results/h100/session22/."""
 
@@ -13,7 +12,6 @@ import torch
 from utils import assert_grads_near_float64
 
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.kernels.dense.op import dense_attention
 from longca_triton.masks import make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -40,9 +38,6 @@ CASES = {
     "varblock-aligned128-S=8192-GQA16:2": (block_sparse_attention, lambda: _aligned_varblock(8192), 8192, 16, 2),
     "varblock-ragged-S=8192-GQA16:2": (block_sparse_attention, lambda: make_mask(
         "varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
-    "dense-causal_document-S=3001-GQA8:2": (dense_attention, lambda: make_mask("causal_document", 3001, seed=1),
-                                            3001, 8, 2),
-    "dense-full-S=4096-GQA16:2": (dense_attention, lambda: make_mask("full", 4096), 4096, 16, 2),
 }
 
 

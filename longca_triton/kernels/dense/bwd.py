@@ -32,6 +32,7 @@ import triton.language as tl
 from longca_triton.kernels.core.jit import (
     dkdv_update,
     dq_skewed_scores,
+    dq_tile_setup,
     dq_update,
     group_sweep_inputs,
     head_inputs,
@@ -230,14 +231,10 @@ def dq_program(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     b64 = b.to(tl.int64)
 
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
-    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)
-    dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
+    q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
+        Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m, stride_qb, stride_qs, stride_qh, stride_kb,
+        stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
+        BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     # SKEW: the step before the first adds dS = 0 (with key tile 0, any tile would do), the last
     # step's dS K is added after the runs
     ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)

@@ -14,13 +14,11 @@ import triton.language as tl
 from longca_triton.kernels.core.jit import (
     LN2,
     LOG2E,
+    fwd_tile_setup,
     interval_mask,
-    kv_descs,
     query_program,
     softmax_finish,
-    softmax_init,
     softmax_step,
-    tile_desc,
 )
 
 __all__ = ["dense_fwd_kernel", "LOG2E", "LN2"]
@@ -74,17 +72,10 @@ def dense_fwd_kernel(
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
 
-    b64 = b.to(tl.int64)
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
-    # rows >= Sq (and columns >= HEAD_DIM_QK) are zero-filled by the descriptor load: finite
-    # scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
+        Q, K, V, Out, b.to(tl.int64), h, h_kv, start_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+        stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
+        BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
         acc, m_i, l_i = _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc,

@@ -133,7 +133,7 @@ __all__ = [
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
 #: the dense family's config spec under this kernel's name in the autotune cache
-FLASHMASK_SPEC = dataclasses.replace(CONFIG_SPEC, what="flashmask attention", tuned_name="triton-flashmask")
+FLASHMASK_SPEC = dataclasses.replace(CONFIG_SPEC, what="flashmask", tuned_name="triton-flashmask")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,

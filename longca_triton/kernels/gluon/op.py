@@ -134,7 +134,7 @@ from longca_triton.kernels.core import config as _config_mod
 from longca_triton.kernels.core.config import ConfigSpec
 from longca_triton.kernels.core.config import resolve as _resolve
 from longca_triton.kernels.core.jit import LOG2E
-from longca_triton.kernels.dense.op import _check_plan as check_plan
+from longca_triton.kernels.dense.op import check_plan
 from longca_triton.kernels.dense.op import check_deterministic as dense_check_deterministic
 from longca_triton.kernels.dense.op import dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
 from longca_triton.kernels.dense.op import resolve_config as dense_resolve_config
@@ -1131,8 +1131,6 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
                              "(dQ by fp32 atomics, not bitwise reproducible); use bwd_design='split' "
                              "or drop deterministic")
     if deterministic and not cfg["gluon_bwd"]:
-        if bwd_config is None and bwd_cfg["fused_dq"]:
-            bwd_cfg["fused_dq"] = False
         dense_check_deterministic(bwd_cfg, True, "the Gluon attention's plain-Triton backward")
     plan, bwd_a, bwd_b = plans_for_gluon(mask, cfg, bwd_cfg, q.device)
     out, lse = GluonAttentionFunction.apply(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)
