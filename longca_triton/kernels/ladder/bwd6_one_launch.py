@@ -17,9 +17,13 @@ the two bodies'. Here the sets share the dQ kernel's 8 warps and the smaller of 
 counts. The ``delta`` preprocess stays a launch of its own: both sets read delta from their first
 tile, and a grid has no barrier to wait for a part of itself.
 
-Measured on an H100 (``experiments/results/h100/bwd_variants/``): slower than step 5, by 8-11 % at
-best: what it removes (one launch, the tail between the kernels) is smaller than what the shared
-budget costs, which is why the production backward keeps two kernels.
+Measured (H100, causal, S=16K)
+------------------------------
+Slower, by 8-11 % at best (``experiments/results/h100/bwd_variants/``; GQA 64:8, D=128, bf16,
+S=16K): causal 30.5 ms vs step 5's 27.6 (361 vs 399 TFLOP/s), full 59.5 vs 56.9,
+causal_document 8.97 vs 8.31, share_question 10.6 vs 10.2, and that only with the dQ set kept on
+step 5's 64x64 tiles. What it removes (one launch, the tail between the kernels) is smaller than
+what the shared budget costs, which is why the production backward keeps two kernels.
 """
 
 from __future__ import annotations
