@@ -88,8 +88,7 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
 
     ``deterministic=True``: gradients bitwise identical run to run (what FlashAttention users ask
     for). Our ``triton``, ``triton-flashmask``, ``triton-sparse`` and ``triton-varblock`` backends
-    honour it at no cost (their backward has no atomics; a ``triton`` config with ``fused_dq``, the
-    one atomic variant, is refused); ``fa2`` / ``fa3`` pass it to FlashAttention where the installed
+    honour it at no cost (their backward has no atomics); ``fa2`` / ``fa3`` pass it to FlashAttention where the installed
     build takes it; ``triton-gluon`` honours it too (no atomics in its backward); every other
     backend raises ``ValueError`` naming itself.
     """

@@ -43,8 +43,7 @@ class TritonBackend(Backend):
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
     #: an explicit launch config (None: autotune cache, else the kernel's defaults)
     config: dict | None = None
-    #: our kernels' backward has no atomics unless a config asks for them (dense ``fused_dq``,
-    #: which ``deterministic=True`` refuses): see ``kernels/dense/op.py``
+    #: our kernels' backward has no atomics (each gradient tile has one owner summing in a fixed order)
     honours_deterministic = True
 
     def available(self):

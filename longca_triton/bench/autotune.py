@@ -7,8 +7,8 @@ writes are :mod:`longca_triton.bench.autotune_run`; the cache the kernels read a
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
 block-sparse kernel ``triton-sparse`` the block itself, on uniform block-sparse masks of that
 block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the
-kernels' switches (warp specialisation; for ``triton`` the backward's layout, two kernels or one
-launch, as a last group). ``--varblock`` tunes ``triton-varblock`` on
+kernels' switches (warp specialisation; for the block-sparse kernels the backward's layout, two
+kernels or one launch, as a last group; the dense search space is ``kernels/dense/tune.py``). ``--varblock`` tunes ``triton-varblock`` on
 variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
 keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
 separate kernels.
@@ -23,6 +23,7 @@ from ..masks import BlockSparseMask
 from .autotune_run import Tunable, TuneCase
 
 from longca_triton.kernels.block_sparse.tune import sparse_candidates, varblock_candidates
+from longca_triton.kernels.dense import tune as dense_tune
 
 __all__ = ["TUNABLES", "register_tunable"]
 
@@ -41,59 +42,8 @@ def _pow2_choices(block: int, options=(64, 128)) -> list[int]:
     return sorted({o for o in options} | {block})
 
 
-def _dense_candidates(group: str, block: int, head_dim: int) -> list[dict]:
-    if head_dim > 128:
-        return _dense_candidates_big(group, block)
-    outer = [64, 128]
-    warps = [4, 8]
-    if group == "fwd":
-        return [
-            dict(BLOCK_M=m, BLOCK_N=block, num_warps=w, num_stages=s, warp_specialize=ws)
-            for m, w, s, ws in itertools.product(outer, warps, [2, 3, 4], [False, True])
-        ]
-    if group == "dkdv":
-        # each tile head-major and with the row-major descending sweep: the sweep pays on one tile
-        # only (64x64 / 4 warps / 2 stages on H100, dense.HOPPER_UNEVEN_MASK), so the two are searched
-        # together rather than the sweep on whatever tile won head-major
-        return with_qmajor([
-            dict(DKDV_BLOCK_M=block, DKDV_BLOCK_N=n, dkdv_num_warps=w, dkdv_num_stages=s, dkdv_sweep=sw)
-            for sw, n, w, s in itertools.product([0, 2], outer, warps, [2, 3])
-        ])
-    if group == "dq":
-        return [
-            dict(DQ_BLOCK_M=m, DQ_BLOCK_N=block, dq_num_warps=w, dq_num_stages=s)
-            for m, w, s in itertools.product(outer, warps, [2, 3])
-        ]
-    if group == "bwd":
-        return _one_launch_candidates(False)
-    raise ValueError(f"unknown key group {group!r}")
-
-
-def _dense_candidates_big(group: str, block: int) -> list[dict]:
-    """Head dims above 128 (tiles of 256, incl. 192/128): the tiles that compile for sm_90a without
-    spills and within shared memory (``experiments/results/cpu-aot/headdim_configs.md``), so the
-    search does not spend its time on configs that cannot win. There a 128-row tile needs 8 warps
-    (4 spill kilobytes), key tiles of 128 overflow shared memory, and dK/dV fits only 16 or 32 query
-    rows per step (64 spills at 256), so ``block`` caps the key tile at 64 instead of setting it.
-    The first candidate of each group is the default's tile."""
-    n = min(block, 64)
-    if group == "fwd":
-        cands = [dict(BLOCK_M=m, BLOCK_N=bn, num_warps=8, num_stages=s, warp_specialize=ws)
-                 for m, bn, s, ws in itertools.product([128, 64], sorted({n, 32}, reverse=True), [2, 3], [False, True])]
-        return cands + [dict(BLOCK_M=64, BLOCK_N=n, num_warps=4, num_stages=2, warp_specialize=False)]
-    if group == "dkdv":
-        return [dict(DKDV_BLOCK_M=m, DKDV_BLOCK_N=64, dkdv_num_warps=8, dkdv_num_stages=s)
-                for m, s in itertools.product([16, 32], [2, 3])]
-    if group == "dq":
-        return [dict(DQ_BLOCK_M=m, DQ_BLOCK_N=bn, dq_num_warps=w, dq_num_stages=2)
-                for m, bn, w in ((64, n, 8), (64, 32, 8), (128, 32, 8), (64, 32, 4))]
-    if group == "bwd":
-        return _one_launch_candidates(True)
-    raise ValueError(f"unknown key group {group!r}")
-
-
 def with_qmajor(cands: list[dict]) -> list[dict]:
-    """dK/dV candidates, each also with query-major scores (``dkdv_qmajor``) where its step keeps one
+    """Block-sparse dK/dV candidates, each also with query-major scores (``dkdv_qmajor``) where its step keeps one
     exponential a score: at least 64 query rows a warpgroup (the head-major loop only)."""
     def fits(c):
         rows = c["DKDV_BLOCK_M"] * c.get("DKDV_HEADS", 1)
@@ -103,7 +53,7 @@ def with_qmajor(cands: list[dict]) -> list[dict]:
 
 
 def _one_launch_candidates(big: bool) -> list[dict]:
-    """The ``bwd`` group of ``triton``, ``triton-sparse``, ``triton-varblock``, tuned after dkdv and
+    """The ``bwd`` group of ``triton-sparse``, ``triton-varblock``, tuned after dkdv and
     dq (their tiles stay): two kernels first (so its keys are the group's, the ones reset to the
     default when nothing wins), then one launch of both program sets per program order (dK/dV
     first, interleaved), warps and stages."""
@@ -125,8 +75,8 @@ def _dense_tunable() -> Tunable:
 
     return Tunable(
         name="triton",
-        groups={"fwd": "fwd", "dkdv": "bwd", "dq": "bwd", "bwd": "bwd"},
-        candidates=_dense_candidates,
+        groups=dict(dense_tune.GROUPS),
+        candidates=dense_tune.candidates,
         run=run,
         default=default,
         accepts=lambda mask: not isinstance(mask, BlockSparseMask),

@@ -1,7 +1,7 @@
-"""The backward variants of issue 13 on the CPU (Triton interpreter): the dense one-launch backward
-(dK/dV and dQ program sets in one grid) against the float64 reference, and ``deterministic=True``
-(bitwise-equal gradients on two runs for every kernel of ours; refusing the atomic ``fused_dq``;
-reaching the kernel from ``longca_triton.attention``)."""
+"""Backward variants on the CPU (Triton interpreter): the block-sparse kernels' one-launch backward, sweeps,
+streams, tails and list layouts against the float64 reference, and ``deterministic=True`` (bitwise-equal
+gradients on two runs; reaching the kernel from ``longca_triton.attention``). The dense and FlashMask
+variants are in ``test_dense.py`` / ``test_flashmask.py``."""
 
 import json
 
@@ -9,161 +9,21 @@ import pytest
 import torch
 from utils import (
     DEVICE,
-    ODD_CONFIG,
     compare_to_reference,
     fake_side_stream,
     needs_triton,
-    random_range_mask,
     small_mask,
-    spy_launches,
 )
 
 import longca_triton as lt
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.kernels.dense.op import (
-    BWD_ORDERS,
-    dense_attention,
-    dense_attention_op,
-    resolve_config,
-)
-from longca_triton.kernels.flashmask.op import flashmask_attention
-from longca_triton.masks import RangeMask, make_mask
+from longca_triton.kernels.core.config import BWD_ORDERS
+from longca_triton.masks import make_mask
 
 pytestmark = needs_triton
 
-ORDER_NAMES = {0: "dkdv-first", 1: "dq-first", 2: "interleaved"}
-
-
 def one_launch(order, **extra):
     return dict(one_launch=True, bwd_order=order, **extra)
-
-
-def compare(mask, Hq, Hkv, D, dtype, config, *, dlse=False, dv=None, use_op=False):
-    fn = dense_attention_op if use_op else dense_attention
-    return compare_to_reference(lambda q, k, v: fn(q, k, v, mask, return_lse=True, config=config), mask,
-                                mask.seqlen_q, mask.seqlen_k, 1, Hq, Hkv, D, dtype, dlse=dlse, dv=dv)
-
-
-# ------------------------------------------------------------------ one launch vs the reference
-STATIC = [
-    # (S, Hq, Hkv, D, dtype, mask, bwd_order)
-    (1, 4, 1, 32, torch.float32, "full", 0),
-    (17, 4, 1, 32, torch.float32, "causal", 0),
-    (17, 4, 4, 32, torch.float32, "sliding_window", 1),
-    (239, 4, 1, 32, torch.float32, "causal_document", 2),
-    (150, 2, 2, 64, torch.float16, "share_question", 0),
-    (150, 4, 1, 32, torch.float16, "global_sliding_window", 2),
-]
-
-
-def static_params(cases, variant_names) -> list:
-    """``pytest.param``s of ``(S, Hq, Hkv, D, dtype, mask, variant)`` cases with ids that read."""
-    return [pytest.param(*c, id=f"{c[5]}-S={c[0]}-GQA{c[1]}:{c[2]}-D={c[3]}-{str(c[4])[6:]}-{variant_names[c[6]]}")
-            for c in cases]
-
-
-@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,order", static_params(STATIC, ORDER_NAMES))
-def test_one_launch_static_masks(S, Hq, Hkv, D, dtype, name, order):
-    compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, one_launch(order))
-
-
-@pytest.mark.parametrize("sq,sk,seed,order", [(100, 37, 1, 1), (45, 130, 2, 2), (64, 64, 0, 0)],
-                         ids=lambda x: str(x))
-def test_one_launch_random_masks_with_empty_rows(sq, sk, seed, order):
-    """Sq != Sk, fully masked rows (lse = -inf, out = 0, dq = 0)."""
-    mask = random_range_mask(sq, sk, seed)
-    empty = ~mask.to_dense().any(1)
-    assert empty.any(), "the test wants fully masked rows"
-    out, lse = compare(mask, 4, 2, 32, torch.float32, one_launch(order))
-    assert torch.all(out[:, empty] == 0) and torch.all(lse[:, :, empty] == float("-inf"))
-
-
-def test_one_launch_empty_columns_get_zero_dk_dv():
-    """Keys no row attends (columns 0-9 and 50-79) must get dK = dV = 0 exactly, as must the dq of
-    rows that attend nothing (rows 40-59)."""
-    mask = RangeMask(60, 80, [(0, 40, 10, 50, "FULL")], name="columns")
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, s, h, 32, device=DEVICE, requires_grad=True) for s, h in ((60, 4), (80, 2), (80, 2)))
-    out = dense_attention(q, k, v, mask, config=one_launch(2))
-    out.backward(torch.randn_like(out))
-    dead = torch.ones(80, dtype=torch.bool)
-    dead[10:50] = False
-    assert torch.all(k.grad[:, dead] == 0) and torch.all(v.grad[:, dead] == 0)
-    assert torch.all(q.grad[:, 40:] == 0)
-    assert k.grad[:, ~dead].abs().sum() > 0 and v.grad[:, ~dead].abs().sum() > 0
-
-
-def test_one_launch_empty_mask():
-    out, lse = compare(RangeMask(40, 40, [], name="empty"), 2, 1, 32, torch.float32, one_launch(0))
-    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
-
-
-def test_one_launch_uneven_tiles_lse_grad_and_padded_head_dim():
-    """Different tiles in the two program sets (dK/dV 16x64, dQ 64x16), an lse gradient, D_qk 40
-    and D_v 24 (padded to 64 / 32 in the tiles)."""
-    compare(small_mask("causal_document", 150, seed=4), 4, 2, 40, torch.float32, one_launch(2, **ODD_CONFIG),
-            dlse=True, dv=24)
-
-
-def test_one_launch_through_the_custom_op():
-    compare(small_mask("causal", 70), 4, 2, 32, torch.float32, one_launch(1), use_op=True)
-
-
-def test_one_launch_matches_two_kernels_bitwise():
-    """Same tiles, same plans, same per-tile order of sums: one launch must give the two-kernel bits."""
-    mask = small_mask("share_question", 120, seed=3)
-    torch.manual_seed(1)
-    q, k, v = (torch.randn(1, 120, h, 32, device=DEVICE) for h in (4, 2, 2))
-    grads = [_grads(dense_attention, q, k, v, mask, config=c) for c in (None, one_launch(2))]
-    for name, a, b in zip("qkv", *grads):
-        assert torch.equal(a, b), f"d{name} differs between two kernels and one launch"
-
-
-# ------------------------------------------------------------------ row-major dK/dV sweeps
-SWEEP_NAMES = {1: "rows-ascending", 2: "rows-descending"}
-SWEEP_CASES = [
-    # (S, Hq, Hkv, D, dtype, mask, dkdv_sweep): GQA groups of 1, 2 and 4 heads, tiles cut by S
-    (17, 4, 1, 32, torch.float32, "causal", 2),
-    (239, 4, 1, 32, torch.float32, "causal_document", 1),
-    (239, 4, 2, 32, torch.float32, "causal_document", 2),
-    (150, 2, 2, 64, torch.float16, "share_question", 2),
-    (150, 4, 1, 32, torch.float16, "global_sliding_window", 1),
-    (130, 4, 2, 64, torch.float32, "full", 2),
-]
-
-
-@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,sweep", static_params(SWEEP_CASES, SWEEP_NAMES))
-def test_dkdv_sweep_static_masks(S, Hq, Hkv, D, dtype, name, sweep):
-    compare(small_mask(name, S, seed=S), Hq, Hkv, D, dtype, dict(dkdv_sweep=sweep))
-
-
-@pytest.mark.parametrize("name,S,Hq,Hkv,cfg", [
-    ("causal", 239, 4, 2, dict(dkdv_head_outer=True)),
-    ("causal_document", 150, 4, 1, dict(dkdv_head_outer=True, dkdv_sweep=2)),
-    ("share_question", 133, 2, 2, one_launch(0, dkdv_head_outer=True)),
-], ids=["causal-S=239-Hq=4-Hkv=2", "causal_document-S=150-Hq=4-Hkv=1-sweep2", "share_question-S=133-MHA-one-launch"])
-def test_dkdv_head_outer(name, S, Hq, Hkv, cfg):
-    """The dK/dV grid with the KV head slowest (``dkdv_head_outer``) computes the same gradients."""
-    compare(small_mask(name, S, seed=S), Hq, Hkv, 32, torch.float32, cfg)
-
-
-@pytest.mark.parametrize("sweep", [1, 2], ids=SWEEP_NAMES.get)
-def test_dkdv_sweep_empty_rows_columns_and_padded_dims(sweep):
-    """Sq != Sk with fully masked rows, uneven tiles, an lse gradient, D_qk 40 / D_v 24 (the 3-d
-    descriptors' padded head-dim columns must read zero, not the next head's)."""
-    mask = random_range_mask(100, 37, 1)
-    assert (~mask.to_dense().any(1)).any()
-    compare(mask, 4, 2, 40, torch.float32, dict(dkdv_sweep=sweep, **ODD_CONFIG), dlse=True, dv=24)
-
-
-def test_dkdv_sweep_through_one_launch_and_deterministic():
-    """The sweep in the one-launch kernel too, and bitwise-equal gradients on two runs."""
-    mask = small_mask("causal_document", 130, seed=2)
-    compare(mask, 4, 2, 32, torch.float32, one_launch(2, dkdv_sweep=2))
-    torch.manual_seed(1)
-    q, k, v = (torch.randn(1, 130, h, 32, device=DEVICE) for h in (4, 2, 2))
-    a, b = (_grads(dense_attention, q, k, v, mask, config=dict(dkdv_sweep=2), deterministic=True) for _ in range(2))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def _record_launches(monkeypatch, module, names) -> list:
@@ -180,45 +40,7 @@ def _record_launches(monkeypatch, module, names) -> list:
     return launches
 
 
-@pytest.mark.parametrize("sweep", [0, 1, 2])
-def test_dkdv_sweep_reaches_the_kernel(sweep, monkeypatch):
-    import longca_triton.kernels.dense.op as D
-
-    launches = _record_launches(monkeypatch, D, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"))
-    mask = small_mask("causal", 64)
-    cfg = resolve_config(32, torch.float32, {"dkdv_sweep": sweep})
-    _, kplan, qplan = D.plans_for(mask, cfg, "cpu")
-    q, k, v, out, do = (torch.randn(1, 64, h, 32) for h in (4, 2, 2, 4, 4))
-    D.dense_bwd(do, q, k, v, out, torch.zeros(1, 4, 64), kplan, qplan, 32 ** -0.5, cfg)
-    assert [kw["SWEEP"] for kw in launches if "SWEEP" in kw] == [sweep]
-
-
-def test_dkdv_sweep_bad_values_are_refused():
-    for bad in (3, -1, 1.5, True, "rows"):
-        with pytest.raises(ValueError, match="dkdv_sweep"):
-            resolve_config(32, torch.float32, {"dkdv_sweep": bad})
-    with pytest.raises(ValueError, match="fused_dq"):
-        resolve_config(32, torch.float32, {"dkdv_sweep": 2, "fused_dq": True})
-    assert resolve_config(32, torch.float32, {"dkdv_sweep": 2})["dkdv_sweep"] == 2
-    assert resolve_config(32, torch.float32)["dkdv_sweep"] == 0
-
-
 # ------------------------------------------------------------------ FlashMask, one launch
-FM_TILES = dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=64, DQ_BLOCK_M=64, DQ_BLOCK_N=16)
-
-
-@pytest.mark.parametrize("name,S,Hq,Hkv,dtype,order", [
-    ("causal_document", 150, 4, 2, torch.float32, 0),
-    ("share_question", 133, 4, 1, torch.float32, 2),
-    ("sliding_window_causal", 100, 2, 2, torch.float16, 1),
-], ids=lambda x: str(x).replace("torch.", ""))
-def test_flashmask_one_launch(name, S, Hq, Hkv, dtype, order):
-    mask = small_mask(name, S, seed=S)
-    cfg = one_launch(order, **FM_TILES)
-    compare_to_reference(lambda q, k, v: flashmask_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
-                         S, S, 1, Hq, Hkv, 32, dtype, dlse=order == 2)
-
-
 # ------------------------------------------------------------------ block-sparse, one launch
 BS_CASES = {
     "uniform32-S=200-GQA4:2-dkdv-first": (lambda: make_mask("block_sparse", 200, block=32, density=0.5, patterns=2,
@@ -312,21 +134,13 @@ def test_block_sparse_dkdv_sweep_bad_value():
 
 
 # ------------------------------------------------------------------ config checks
-def test_config_rejects_one_launch_with_fused_dq():
-    with pytest.raises(ValueError, match="one_launch.*fused_dq"):
-        resolve_config(32, torch.float32, dict(one_launch=True, fused_dq=True))
-
-
-@pytest.mark.parametrize("kernel", ["dense", "flashmask", "block-sparse"])
+@pytest.mark.parametrize("kernel", ["block-sparse"])
 def test_config_rejects_unknown_bwd_order(kernel):
     import longca_triton.kernels.block_sparse.op as BS
-    import longca_triton.kernels.flashmask.op as FM
 
     assert set(BWD_ORDERS) == {0, 1, 2}
     bad = dict(one_launch=True, bwd_order=3)
-    resolve = {"dense": lambda: resolve_config(32, torch.float32, bad),
-               "flashmask": lambda: FM.resolve_config(32, torch.float32, bad),
-               "block-sparse": lambda: BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, bad)}[kernel]
+    resolve = {"block-sparse": lambda: BS.resolve_config(make_mask("block_sparse", 64, block=32), 32, bad)}[kernel]
     with pytest.raises(ValueError, match=f"{kernel}.*bwd_order"):
         resolve()
 
@@ -342,10 +156,6 @@ def _grads(fn, q, k, v, mask, **kw):
 
 
 DETERMINISTIC = {
-    "dense-two-kernels": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), None),
-    "dense-one-launch": (dense_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
-    "flashmask": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), None),
-    "flashmask-one-launch": (flashmask_attention, lambda: small_mask("causal_document", 130, seed=2), one_launch(2)),
     "block-sparse": (block_sparse_attention,
                      lambda: make_mask("block_sparse", 128, block=32, density=0.5, patterns=2, seed=1), None),
     "block-sparse-one-launch": (block_sparse_attention,
@@ -371,52 +181,6 @@ def test_deterministic_gives_equal_bits_twice(kernel):
         assert torch.equal(a, b), f"d{name} differs between two deterministic runs"
 
 
-def test_deterministic_refuses_fused_dq():
-    mask = small_mask("causal", 40)
-    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
-    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
-        dense_attention(q, k, v, mask, config=dict(fused_dq=True), deterministic=True)
-    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
-        dense_attention_op(q, k, v, mask, config=dict(fused_dq=True), deterministic=True)
-    dense_attention(q, k, v, mask, config=dict(fused_dq=True))  # without the flag: allowed
-
-
-def test_deterministic_drops_an_autotuned_fused_dq(monkeypatch):
-    """No explicit config: a cached fused_dq gives way to the two-kernel backward, no error."""
-    import longca_triton.kernels.core.config as C
-
-    monkeypatch.setattr(C, "tuned_config", lambda *a, **kw: dict(fused_dq=True))
-    mask = small_mask("causal", 40)
-    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
-    seen = []
-    import longca_triton.kernels.dense.op as D
-
-    real = D.dense_bwd
-    monkeypatch.setattr(D, "dense_bwd", lambda *a, **kw: seen.append(a[-1]["fused_dq"]) or real(*a, **kw))
-    _grads(dense_attention, q, k, v, mask, deterministic=True)
-    _grads(dense_attention, q, k, v, mask)
-    assert seen == [False, True]
-
-
-def test_api_passes_deterministic_to_the_kernel(monkeypatch):
-    import longca_triton.kernels.dense.op as D
-
-    seen = []
-    real = D.dense_attention
-
-    def spy(*a, deterministic=False, **kw):
-        seen.append(deterministic)
-        return real(*a, deterministic=deterministic, **kw)
-
-    monkeypatch.setattr(D, "dense_attention", spy)
-    mask = small_mask("causal", 40)
-    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
-    lt.attention(q, k, v, mask, backend="triton", deterministic=True)
-    lt.attention(q, k, v, mask, backend="triton")
-    lt.attention(q, k, v, mask, deterministic=True)  # no backend named: triton for range masks
-    assert seen == [True, False, True]
-
-
 def test_api_deterministic_error_paths(monkeypatch):
     from longca_triton.adapters import get_backend
 
@@ -424,9 +188,6 @@ def test_api_deterministic_error_paths(monkeypatch):
     q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
     with pytest.raises(ValueError, match="'reference' cannot promise deterministic"):
         lt.attention(q, k, v, mask, backend="reference", deterministic=True)
-    monkeypatch.setattr(get_backend("triton"), "config", dict(fused_dq=True))
-    with pytest.raises(ValueError, match="deterministic.*fused_dq"):
-        lt.attention(q, k, v, mask, backend="triton", deterministic=True)
 
 
 def test_flash_adapter_asks_flashattention_for_determinism():
@@ -452,7 +213,7 @@ def test_flash_adapter_asks_flashattention_for_determinism():
 
 
 # ------------------------------------------------------------------ autotune
-@pytest.mark.parametrize("tunable", ["triton", "triton-sparse", "triton-varblock"])
+@pytest.mark.parametrize("tunable", ["triton-sparse", "triton-varblock"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_autotune_searches_the_backward_layout(tunable, head_dim):
     """The ``bwd`` group: two kernels first (its keys are the group's, the ones reset to the
@@ -467,7 +228,7 @@ def test_autotune_searches_the_backward_layout(tunable, head_dim):
     assert {c["bwd_order"] for c in cands if c["one_launch"]} == {0, 2}
     mask = make_mask("block_sparse", 256, block=128)
     for c in cands:
-        cfg = resolve_config(head_dim, torch.bfloat16, c) if tunable == "triton" else BS.resolve_config(mask, head_dim, c)
+        cfg = BS.resolve_config(mask, head_dim, c)
         assert cfg["one_launch"] == c["one_launch"] and not cfg.get("fused_dq", False)
 
 
@@ -497,132 +258,7 @@ def test_autotune_varblock_dkdv_group_searches_query_major_tails(monkeypatch):
     assert len(cands) == len({json.dumps(c, sort_keys=True) for c in cands})
 
 
-def test_autotune_dense_dkdv_group_searches_each_tile_with_and_without_the_sweep():
-    """The dense ``dkdv`` group: every tile head-major (first: what the group resets to) and with the
-    row-major descending sweep, the measured pair (64x64 / 4 warps / 2 stages, sweep 2) among them, and
-    head-major tiles of >= 64 rows a warpgroup also with query-major scores (``dkdv_qmajor``); the ``bwd``
-    group leaves the sweep to it."""
-    from longca_triton.bench import autotune as at
-
-    t = at.TUNABLES["triton"]
-    cands = t.candidates("dkdv", 64, 128)
-    head_major = [c for c in cands if c["dkdv_sweep"] == 0 and not c.get("dkdv_qmajor")]
-    qmajor = [c for c in cands if c.get("dkdv_qmajor")]
-    assert cands[0]["dkdv_sweep"] == 0 and len(cands) == 2 * len(head_major) + len(qmajor)
-    assert qmajor and all({**c, "dkdv_qmajor": True} in qmajor for c in head_major
-                          if c["DKDV_BLOCK_M"] >= 16 * c["dkdv_num_warps"])
-    assert all({k: v for k, v in c.items() if k != "dkdv_qmajor"} in head_major for c in qmajor)
-    assert [{**c, "dkdv_sweep": 2} for c in head_major] == [c for c in cands if c["dkdv_sweep"] == 2]
-    assert dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4, dkdv_num_stages=2, dkdv_sweep=2) in cands
-    assert not any("dkdv_sweep" in c for c in t.candidates("bwd", 64, 128))
-
-
 # ------------------------------------------------------------------ the GPU script, at toy size
-def test_bwd_variants_script_smoke(tmp_path):
-    """experiments/gpu/bwd_variants.py --smoke: every variant passes the bench check, the
-    deterministic ones give equal bits twice, and the table is written."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
-    spec = importlib.util.spec_from_file_location("bwd_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rows, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document"])
-    assert set(rows[0]["times"]) == set(mod.variants(True))
-    assert [r["mask"] for r in srows] == ["uniform128", "varblock256"]
-    assert all(set(r["times"]) == set(mod.sparse_variants(True)) for r in srows)
-    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
-    checks = [r for r in lines if r["kind"] == "check"]
-    assert checks and all(r["ok"] for r in checks), checks
-    assert all(r["equal"] for r in lines if r["kind"] == "bitwise" and r["deterministic"])
-    # every two-kernel variant, dense and block-sparse, has its kernels timed apart
-    splits = {(r["mask"], r["variant"]) for r in lines if r["kind"] == "split"}
-    assert {(m, "two-kernels") for m in ("causal_document", "uniform128", "varblock256")} <= splits
-    assert not any(v.startswith("one-launch") for _, v in splits)
-    md = (tmp_path / "bwd_variants.md").read_text()
-    assert "| causal_document |" in md and "| uniform128 |" in md and "variable / uniform" in md
-
-
-def test_bwd_variants_script_picks_variants_and_splits_kernels(tmp_path):
-    """``--variants`` runs exactly the named variants (tile candidates included), each two-kernel
-    variant gets a ``split`` row (dK/dV and dQ timed alone, both positive), ``--no-vendors`` and an
-    empty ``--sparse-masks`` run nothing else; an unknown name stops before any kernel runs."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
-    spec = importlib.util.spec_from_file_location("bwd_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.TILE_VARIANTS["dkdv64x64w4s2"] == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=64, dkdv_num_warps=4,
-                                                       dkdv_num_stages=2)
-    with pytest.raises(SystemExit, match="dkdv7x7"):
-        mod.main(["--smoke", "--out", str(tmp_path / "bad"), "--variants", "two-kernels,dkdv7x7"])
-    rows, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "causal_document", "--variants",
-                            "two-kernels,dkdv64x64w4s2", "--sparse-masks", "", "--no-vendors"])
-    assert set(rows[0]["times"]) == {"two-kernels", "dkdv64x64w4s2"} and srows == []
-    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
-    splits = {r["variant"]: r for r in lines if r["kind"] == "split"}
-    assert set(splits) == {"two-kernels", "dkdv64x64w4s2"}
-    assert all(r["dkdv_ms"] > 0 and r["dq_ms"] > 0 for r in splits.values())
-    assert all(r["ok"] for r in lines if r["kind"] == "check")
-
-
-def test_bwd_variants_composes_variants_and_runs_flashmask(tmp_path):
-    """A variant may be spelled out (tiles, one launch, switches joined by '+'); the FlashMask port's
-    variants run checked (``--flashmask-masks``), and no ``split`` rows come with ``--no-split``."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
-    spec = importlib.util.spec_from_file_location("bwd_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.compose("dkdv64x128w8s3+outer") == dict(DKDV_BLOCK_M=64, DKDV_BLOCK_N=128, dkdv_num_warps=8,
-                                                       dkdv_num_stages=3, dkdv_head_outer=True)
-    assert mod.compose("one2w8s2+dq128x128w8s2+sweep2") == dict(
-        one_launch=True, bwd_order=2, bwd_num_warps=8, bwd_num_stages=2, DQ_BLOCK_M=128, DQ_BLOCK_N=128,
-        dq_num_warps=8, dq_num_stages=2, dkdv_sweep=2)
-    assert mod.compose("chunk64+dq128x64w8s3") == dict(list_chunk=64, dkdv_list_chunk=64, dq_list_chunk=64,
-                                                       DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_num_warps=8, dq_num_stages=3)
-    assert mod.compose("fwd128x64w8s3") == dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
-    assert mod.compose("dkdv64x64w4s2+nonsense") is None
-    with pytest.raises(SystemExit, match="nonsense"):
-        mod.pick({"two-kernels": {}}, "two-kernels,dq64x64w4s2+nonsense")
-    mod.main(["--smoke", "--out", str(tmp_path), "--masks", "", "--sparse-masks", "", "--no-split",
-              "--flashmask-masks", "causal_document", "--flashmask-variants", "two-kernels,sweep1"])
-    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
-    checks = [r for r in lines if r["kind"] == "check"]
-    assert [r["variant"] for r in checks] == ["two-kernels", "sweep1"] and all(r["ok"] for r in checks)
-    assert not [r for r in lines if r["kind"] == "split"]
-
-
-def test_ncu_script_cases_agree_and_configs_resolve():
-    """experiments/gpu/ncu_bwd.{py,sh}: the shell script's default cases are the Python script's, and
-    each dense case's dK/dV overlay is a valid config naming its sweep (so the profile compares what
-    the README says it compares)."""
-    import importlib.util
-    import re
-    from pathlib import Path
-
-    gpu = Path(__file__).resolve().parents[2] / "experiments" / "gpu"
-    spec = importlib.util.spec_from_file_location("ncu_bwd", gpu / "ncu_bwd.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sh = (gpu / "ncu_bwd.sh").read_text()
-    default = re.search(r'CASES=\$\{CASES:-([^}]*)\}', sh).group(1).split()
-    assert default == list(mod.CASES)
-    for name, overlay in mod.DENSE.items():
-        cfg = resolve_config(128, torch.bfloat16, overlay)
-        assert cfg["dkdv_sweep"] == overlay["dkdv_sweep"] and cfg["DKDV_BLOCK_M"] == overlay["DKDV_BLOCK_M"], name
-    with pytest.raises(SystemExit):
-        mod.main(["--case", "no-such-case"])
-
-
 @pytest.mark.parametrize("block,head_dim,want", [(128, 128, (128, 64, 3, 64)), (256, 64, (128, 64, 3, 64)),
                                                  (128, 256, (64, 64, 2, 0)), (64, 128, (64, 64, 2, 0)),
                                                  (32, 128, (32, 32, 2, 0))],
@@ -776,26 +412,6 @@ def test_ncu_source_top_reads_the_source_page(tmp_path):
     assert "LDG.E R1, [R2]" in out and "HGMMA" not in out  # --top 1: the instruction with most samples
 
 
-def test_bwd_variants_script_times_the_sparse_forward(tmp_path):
-    """``--sparse-fwd``: the block-sparse variants are still checked forward and backward, and timed
-    forward only (rows say ``mode: fwd``); ``chunk16`` composes both list-chunk keys."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "gpu" / "bwd_variants.py"
-    spec = importlib.util.spec_from_file_location("bwd_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    _, srows = mod.main(["--smoke", "--out", str(tmp_path), "--masks", "", "--sparse-masks", "uniform128",
-                         "--sparse-fwd", "--no-split", "--sparse-variants", "two-kernels,chunk16"])
-    assert srows[0]["mode"] == "fwd" and set(srows[0]["times"]) == {"two-kernels", "chunk16"}
-    lines = [json.loads(x) for x in (tmp_path / "bwd_variants.jsonl").read_text().splitlines()]
-    assert all(r["ok"] for r in lines if r["kind"] == "check")
-    timed = [r for r in lines if r["kind"] == "bwd"]
-    assert timed and all(r["mode"] == "fwd" and r["ms"] > 0 for r in timed)
-
-
 def test_block_sparse_configs_without_a_list_key_read_entry_by_entry(monkeypatch):
     """A config (explicit or from the autotune cache) that sets a pass's tile, warps or stages but not
     its list key gets that pass's list read entry by entry (such configs predate the key; chunks at
@@ -830,8 +446,6 @@ class _RecordBeside:
 
 
 _STREAM_KERNELS = {
-    "dense": ("longca_triton.kernels.dense.op", "dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"),
-    "flashmask": ("longca_triton.kernels.flashmask.op", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"),
     "block-sparse": ("longca_triton.kernels.block_sparse.op", "block_sparse_bwd_dkdv_kernel",
                      "block_sparse_bwd_dq_kernel"),
 }
@@ -844,23 +458,10 @@ def _stream_backward(kernel, cfg_extra):
     mod = importlib.import_module(_STREAM_KERNELS[kernel][0])
     q, k, v, out, do = (torch.randn(1, 96, h, 32) for h in (4, 2, 2, 4, 4))
     lse = torch.zeros(1, 4, 96)
-    if kernel == "dense":
-        mask = small_mask("causal", 96)
-        cfg = resolve_config(32, torch.float32, cfg_extra)
-        plans = mod.plans_for(mask, cfg, "cpu")
-        mod.dense_bwd(do, q, k, v, out, lse, plans[1], plans[2], 32 ** -0.5, cfg)
-    elif kernel == "flashmask":
-        from longca_triton.kernels.flashmask.plan import flashmask_plan
-
-        mask = small_mask("causal", 96)
-        cfg = mod.resolve_config(32, torch.float32, cfg_extra)
-        plan = flashmask_plan(mask, 96, "cpu")
-        mod.flashmask_bwd(do, q, k, v, out, lse, plan, 32 ** -0.5, cfg)
-    else:
-        # variable blocks with tail row tiles in both passes: four launches, two per chain
-        mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
-        cfg = mod.resolve_config(mask, 32, {"dq_tail_rows": 16, "dkdv_tail_rows": 16, **cfg_extra})
-        mod.block_sparse_bwd(do, q, k, v, out, lse, mask, mod.tables_for(mask, cfg, "cpu"), 32 ** -0.5, cfg)
+    # variable blocks with tail row tiles in both passes: four launches, two per chain
+    mask = make_mask("varblock_sparse", 96, block=40, min_block=20, density=0.6, patterns=2, seed=5)
+    cfg = mod.resolve_config(mask, 32, {"dq_tail_rows": 16, "dkdv_tail_rows": 16, **cfg_extra})
+    mod.block_sparse_bwd(do, q, k, v, out, lse, mask, mod.tables_for(mask, cfg, "cpu"), 32 ** -0.5, cfg)
 
 
 @pytest.mark.parametrize("kernel", list(_STREAM_KERNELS))
@@ -994,12 +595,9 @@ def test_dkdv_tail_warps_gradients_match_the_reference():
 
 def test_bwd_streams_defaults_off_and_is_a_bool():
     from longca_triton.kernels.block_sparse import op as BS
-    from longca_triton.kernels.flashmask import op as FM
 
     mask = make_mask("block_sparse", 64, block=32, density=0.5, patterns=1, seed=1)
-    cfgs = [resolve_config(32, torch.float32), FM.resolve_config(32, torch.float32), BS.resolve_config(mask, 32)]
-    assert [c["bwd_streams"] for c in cfgs] == [False] * 3
-    assert resolve_config(32, torch.float32, {"bwd_streams": 1})["bwd_streams"] is True
+    assert BS.resolve_config(mask, 32)["bwd_streams"] is False
 
 
 def test_side_stream_off_cuda_keeps_launches_in_order():
@@ -1014,12 +612,9 @@ def test_side_stream_off_cuda_keeps_launches_in_order():
     assert order == ["dkdv", "dq"]
 
 
-@pytest.mark.parametrize("kernel", ["dense", "varblock"])
+@pytest.mark.parametrize("kernel", ["varblock"])
 def test_bwd_streams_gradients_match_the_reference(kernel):
     """The whole backward with ``bwd_streams`` on (in order on the CPU) against float64."""
-    if kernel == "dense":
-        compare(small_mask("causal_document", 150, seed=4), 4, 2, 32, torch.float32, {"bwd_streams": True})
-        return
     mask = make_mask("varblock_sparse", 150, block=48, min_block=20, density=0.4, patterns=2, seed=2)
     cfg = {"bwd_streams": True, "dq_tail_rows": 16, "dkdv_tail_rows": 16}
     compare_to_reference(lambda q, k, v: block_sparse_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
@@ -1042,42 +637,6 @@ def _run_gpu_script(name: str, argv: list):
         return mod.main(argv)
     finally:
         sys.path.remove(str(gpu_dir))
-
-
-def test_bwd_configs_ab_script_smoke(tmp_path):
-    """experiments/gpu/bwd_configs_ab.py --smoke: dense and block-sparse backward with ``bwd_streams`` off
-    and on give equal bits, every variant is timed in every round, and the table is written."""
-    import json
-
-    rows = _run_gpu_script("bwd_configs_ab", ["--smoke", "--require-equal", "--check", "--out", str(tmp_path),
-                                              "--dense-masks", "causal_document",
-                                              "--sparse", "uniform128:96:0.5,varblock256:96:0.5"])
-    assert [r["problem"] for r in rows] == ["dense causal_document 96", "uniform128 96 d=0.5",
-                                            "varblock256 96 d=0.5"]
-    lines = [json.loads(x) for x in (tmp_path / "bwd_configs_ab.jsonl").read_text().splitlines()]
-    checks = [r for r in lines if r["kind"] == "check"]
-    assert len(checks) == 3 + 6 and all(r.get("bitwise_equal", True) and r.get("finite", True) for r in checks), checks
-    assert all(r["ok"] for r in checks if "ok" in r) and sum("ok" in r for r in checks) == 6  # 3 problems x 2 configs
-    times = [(r["problem"], r["variant"], r["round"]) for r in lines if r["kind"] == "time"]
-    assert len(times) == len(set(times)) == 3 * 2 * 2  # problems x variants x rounds
-    md = (tmp_path / "bwd_configs_ab.md").read_text()
-    assert "| uniform128 96 d=0.5 |" in md and "bwd_streams / one-stream" in md
-
-
-def test_bwd_configs_ab_back_to_back_rows(tmp_path):
-    """``--back-to-back``: every variant is also timed alone in every round (the harness's timer), the rounds
-    alternate the order, and the table gets a ``[back to back]`` row per problem."""
-    import json
-
-    rows = _run_gpu_script("bwd_configs_ab", ["--smoke", "--back-to-back", "--out", str(tmp_path),
-                                              "--dense-masks", "", "--sparse", "varblock256:96:0.5",
-                                              "--configs", '{"a": {}, "steps": {"order_by_steps": true}}'])
-    assert set(rows[0]["back_to_back"]) == {"a", "steps"} and all(v > 0 for v in rows[0]["back_to_back"].values())
-    lines = [json.loads(x) for x in (tmp_path / "bwd_configs_ab.jsonl").read_text().splitlines()]
-    b2b = [(r["round"], r["variant"]) for r in lines if r.get("timer") == "back_to_back"]
-    assert b2b == [(0, "a"), (0, "steps"), (1, "steps"), (1, "a")]
-    md = (tmp_path / "bwd_configs_ab.md").read_text()
-    assert "| varblock256 96 d=0.5 |" in md and "| varblock256 96 d=0.5 [back to back] |" in md
 
 
 # ------------------------------------------------------------------ dK/dV programs in their own pattern's order
@@ -1205,85 +764,7 @@ def test_block_sparse_stats_tma_reaches_the_kernel_only_on_full_unpacked_entries
     assert [kw["STATS"] for kw in pre] == [want]  # the 16-byte stats rows are written only when read
 
 
-@pytest.mark.parametrize("name,S,cfgx", [("causal_document", 150, {}), ("sliding_window", 137, {"dkdv_sweep": 2}),
-                                         ("full", 96, {"fused_dq": True})], ids=["causal_document-S=150",
-                                                                                 "sliding_window-sweep2-S=137",
-                                                                                 "full-fused_dq-S=96"])
-def test_dense_stats_tma_gradients(name, S, cfgx):
-    """The dense dK/dV kernel with ``dkdv_stats_tma`` (3-d boxes: rows past a head's Sq read 0, as by pointers)
-    against float64, head-major, row-major and with dQ fused."""
-    from longca_triton.kernels.dense.op import dense_attention
-
-    mask = make_mask(name, S, seed=1)
-    cfg = {"dkdv_stats_tma": True, **cfgx}
-    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config=cfg), mask,
-                         S, S, 1, 4, 2, 32, torch.float32, dlse=True)
-
-
 # ------------------------------------------------------------------ dQ GEMM one step late (dq_skew)
-@pytest.mark.parametrize("name,S,Hq,Hkv,dtype", [
-    ("causal_document", 150, 4, 2, torch.float32), ("sliding_window", 137, 4, 1, torch.float16),
-    ("full", 70, 2, 2, torch.float32), ("prefix_lm_causal", 96, 4, 2, torch.float16)],
-    ids=["causal_document-S=150-fp32", "sliding_window-S=137-fp16-Hkv=1", "full-S=70-fp32",
-         "prefix_lm_causal-S=96-fp16"])
-def test_dense_dq_skew_gradients(name, S, Hq, Hkv, dtype):
-    """``dq_skew``: every dQ step adds the previous step's ``dS K`` (its runs chained: full runs, then
-    partial runs), the last one after the runs; against float64, with an lse gradient."""
-    from longca_triton.kernels.dense.op import dense_attention
-
-    mask = make_mask(name, S, seed=1)
-    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config={"dq_skew": True}),
-                         mask, S, S, 1, Hq, Hkv, 32, dtype, dlse=True)
-
-
-def test_dense_dq_skew_same_bits_and_rows_that_see_nothing(monkeypatch):
-    """The skewed dQ adds the same products in the same order (plus one ``0 * K``): the plain loop's bits;
-    query rows that see no key get dQ = 0, not a carried step's ``dS K``; the flag reaches the kernel."""
-    import longca_triton.kernels.dense.op as D
-    from longca_triton.kernels.dense.op import dense_attention
-
-    seen = spy_launches(monkeypatch, D, "dense_bwd_dq_kernel", "SKEW")
-    S = 100
-    # rows [0, 60) see keys [0, 40) (one partial 32-key tile: the partial run follows a full one), rows
-    # [60, 100) see nothing
-    mask = RangeMask(S, S, [(0, 60, 0, 40, "full")], name="first_rows_only")
-    g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, S, h, 32, generator=g) for h in (4, 2, 2, 4))
-    grads = []
-    for skew in (False, True):
-        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        dense_attention(qq, kk, vv, mask, config={"dq_skew": skew}).backward(do)
-        grads.append([t.grad for t in (qq, kk, vv)])
-    assert seen == [False, True]
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
-    assert torch.count_nonzero(grads[1][0][:, 60:]) == 0 and torch.count_nonzero(grads[1][0][:, :60]) > 0
-
-
-@pytest.mark.slow
-def test_dense_dq_skew_compiles_for_sm90a_with_work_after_the_dq_gemm():
-    """``experiments/cpu_aot_dense_bwd.py`` (the launcher's real dQ launch, compiled for sm_90a on the CPU, S = 2K,
-    GQA 4:1, D = 128, full): with ``dq_skew`` the loop issues float work (the step's dS) after its last HGMMA (the
-    previous step's dS K), in one CTA's shared memory without spills; the plain loop issues none there."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "experiments/cpu_aot_dense_bwd.py", "--masks", "full", "--S", "2048",
-                          "--heads", "4:1", "--configs", '{"plain": {"dq_skew": false}, "skew": {"dq_skew": true}}'],
-                         capture_output=True, text=True, timeout=900, cwd=root, env={**env, "PYTHONPATH": str(root)})
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = {r["config"]: r for r in map(json.loads, res.stdout.strip().splitlines())}
-    plain, skew = rows["full-plain"], rows["full-skew"]
-    assert (plain["SKEW"], skew["SKEW"]) == (False, True)
-    assert skew["spills"] == 0 and skew["shared"] <= 227 * 1024
-    assert plain["float_ops_after_last_hgmma"] == [0]
-    assert skew["float_ops_after_last_hgmma"][0] >= 16
-
-
 @pytest.mark.parametrize("kind,S,extra,cfgx", [
     ("block_sparse", 150, {"block": 32}, {}),
     ("block_sparse", 150, {"block": 48}, {"dq_list_chunk": 0}),

@@ -1,14 +1,27 @@
-"""Correctness of the dense structured-mask Triton kernels (``longca_triton/kernels/dense/op.py``) on the CPU.
+"""Correctness of the dense structured-mask Triton kernels (``longca_triton/kernels/dense``) on the CPU.
 
-Runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set below before triton is
-imported) in float32 and float16, and compares out, lse, dq, dk, dv with the float64 naive
-reference for all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head dims 32/64, fully
-masked rows, random ``RangeMask``s, non-contiguous inputs, an lse gradient and the custom op.
+Runs the kernels in Triton's interpreter in float32 and float16, and compares out, lse, dq, dk, dv with
+the float64 naive reference for all 12 static masks at awkward sizes, GQA 4:1 and 1:1, head dims 32/64,
+fully masked rows, random ``RangeMask``s, non-contiguous inputs, an lse gradient and the custom op; the
+backward's variants (row-major dK/dV sweeps, the skewed dQ, dQ on a second stream) and
+``deterministic=True``. The configs themselves: ``test_dense_config.py``.
 """
 
 import pytest
 import torch
-from utils import DEVICE, compare_to_reference, needs_triton, random_range_mask, small_mask
+from utils import (
+    DEVICE,
+    ODD_CONFIG,
+    compare_to_reference,
+    fake_side_stream,
+    needs_triton,
+    random_range_mask,
+    small_mask,
+    spy_launches,
+)
+
+import longca_triton as lt
+import longca_triton.kernels.dense.op as D
 
 from longca_triton.kernels.dense.op import (
     CONFIG_KEYS,
@@ -17,7 +30,7 @@ from longca_triton.kernels.dense.op import (
     default_config,
     resolve_config,
 )
-from longca_triton.masks import STATIC_MASK_NAMES, make_mask
+from longca_triton.masks import STATIC_MASK_NAMES, RangeMask, make_mask
 from longca_triton.reference.naive import naive_attention
 
 pytestmark = needs_triton
@@ -56,23 +69,8 @@ def test_random_range_masks(sq, sk, seed):
 
 
 
-# ------------------------------------------------------------------ configs, layouts, lse grad
 
-
-
-FUSED_CONFIG = dict(fused_dq=True, DKDV_BLOCK_M=16, DKDV_BLOCK_N=32)
-
-
-@pytest.mark.parametrize("name", ["causal", "causal_document", "global_sliding_window", "prefix_lm_document"])
-def test_fused_dq(name):
-    run_and_compare(small_mask(name, 130, seed=9), 1, 4, 1, 32, torch.float32, config=FUSED_CONFIG)
-
-
-def test_fused_dq_random_mask_fp16():
-    run_and_compare(random_range_mask(90, 70, seed=10), 2, 2, 2, 64, torch.float16,
-                    config=FUSED_CONFIG, dlse=True)
-
-
+# ------------------------------------------------------------------ layouts, lse grad, the custom op
 def test_non_contiguous_and_batch():
     run_and_compare(small_mask("prefix_lm_document", 77, seed=5), 2, 4, 1, 64, torch.float16,
                     layout="bhsd")
@@ -166,3 +164,147 @@ def test_float32_partials_for_context_parallelism():
     for a, b in zip(g16, g32):
         assert a.dtype == torch.float16 and b.dtype == torch.float32
         assert torch.equal(b.to(torch.float16), a)
+
+
+# ------------------------------------------------------------------ row-major dK/dV sweeps
+SWEEPS = [
+    # (S, Hq, Hkv, D, dtype, mask, dkdv_sweep): GQA groups of 1, 2 and 4 heads, tiles cut by S
+    (17, 4, 1, 32, torch.float32, "causal", 2),
+    (239, 4, 1, 32, torch.float32, "causal_document", 1),
+    (239, 4, 2, 32, torch.float32, "causal_document", 2),
+    (150, 2, 2, 64, torch.float16, "share_question", 2),
+    (150, 4, 1, 32, torch.float16, "global_sliding_window", 1),
+    (130, 4, 2, 64, torch.float32, "full", 2),
+]
+
+
+@pytest.mark.parametrize("S,Hq,Hkv,D,dtype,name,sweep", [
+    pytest.param(*c, id=f"S={c[0]}-Hq={c[1]}-Hkv={c[2]}-D={c[3]}-{str(c[4])[6:]}-{c[5]}-sweep{c[6]}") for c in SWEEPS])
+def test_dkdv_sweep_static_masks(S, Hq, Hkv, D, dtype, name, sweep):
+    run_and_compare(small_mask(name, S, seed=S), 1, Hq, Hkv, D, dtype, config=dict(dkdv_sweep=sweep))
+
+
+@pytest.mark.parametrize("sweep", [1, 2], ids=["sweep1", "sweep2"])
+def test_dkdv_sweep_empty_rows_and_padded_dims(sweep):
+    """Sq != Sk with fully masked rows, uneven tiles, an lse gradient, D_qk 40 / D_v 24 (the 3-d
+    descriptors' padded head-dim columns must read zero, not the next head's)."""
+    mask = random_range_mask(100, 37, 1)
+    assert (~mask.to_dense().any(1)).any()
+    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True,
+                                                         config=dict(dkdv_sweep=sweep, **ODD_CONFIG)),
+                         mask, 100, 37, 1, 4, 2, 40, torch.float32, dlse=True, dv=24)
+
+
+@pytest.mark.parametrize("sweep", [0, 1, 2])
+def test_dkdv_sweep_reaches_the_kernel(sweep, monkeypatch):
+    seen = spy_launches(monkeypatch, D, "dense_bwd_dkdv_kernel", "SWEEP")
+    mask = small_mask("causal", 64)
+    q, k, v = (torch.randn(1, 64, h, 32, requires_grad=True) for h in (4, 2, 2))
+    dense_attention(q, k, v, mask, config={"dkdv_sweep": sweep}).sum().backward()
+    assert seen == [sweep]
+
+
+# ------------------------------------------------------------------ dQ GEMM one step late (dq_skew)
+@pytest.mark.parametrize("name,S,Hq,Hkv,dtype", [
+    ("causal_document", 150, 4, 2, torch.float32), ("sliding_window", 137, 4, 1, torch.float16),
+    ("full", 70, 2, 2, torch.float32), ("prefix_lm_causal", 96, 4, 2, torch.float16)],
+    ids=["S=150-Hq=4-Hkv=2-fp32-causal_document", "S=137-Hq=4-Hkv=1-fp16-sliding_window", "S=70-Hq=2-Hkv=2-fp32-full",
+         "S=96-Hq=4-Hkv=2-fp16-prefix_lm_causal"])
+def test_dq_skew_gradients(name, S, Hq, Hkv, dtype):
+    """``dq_skew``: every dQ step adds the previous step's ``dS K`` (its runs chained: full runs, then
+    partial runs), the last one after the runs; against float64, with an lse gradient."""
+    mask = make_mask(name, S, seed=1)
+    compare_to_reference(lambda q, k, v: dense_attention(q, k, v, mask, return_lse=True, config={"dq_skew": True}),
+                         mask, S, S, 1, Hq, Hkv, 32, dtype, dlse=True)
+
+
+def test_dq_skew_same_bits_and_rows_that_see_nothing(monkeypatch):
+    """The skewed dQ adds the same products in the same order (plus one ``0 * K``): the plain loop's bits;
+    query rows that see no key get dQ = 0, not a carried step's ``dS K``; the flag reaches the kernel."""
+    seen = spy_launches(monkeypatch, D, "dense_bwd_dq_kernel", "SKEW")
+    S = 100
+    # rows [0, 60) see keys [0, 40) (one partial 32-key tile: the partial run follows a full one), rows
+    # [60, 100) see nothing
+    mask = RangeMask(S, S, [(0, 60, 0, 40, "full")], name="first_rows_only")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, S, h, 32, generator=g) for h in (4, 2, 2, 4))
+    grads = []
+    for skew in (False, True):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        dense_attention(qq, kk, vv, mask, config={"dq_skew": skew}).backward(do)
+        grads.append([t.grad for t in (qq, kk, vv)])
+    assert seen == [False, True]
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    assert torch.count_nonzero(grads[1][0][:, 60:]) == 0 and torch.count_nonzero(grads[1][0][:, :60]) > 0
+
+
+# ------------------------------------------------------------------ bwd_streams: dQ beside dK/dV
+class _RecordBeside:
+    """A kernel stand-in appending ``(name, launched beside)`` to ``events`` (``utils.fake_side_stream``)."""
+
+    def __init__(self, name, events, state):
+        self.name, self.events, self.state = name, events, state
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.events.append((self.name, self.state["beside"]))
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["one-stream", "bwd_streams"])
+def test_bwd_streams_puts_the_dq_launch_beside_dkdv(on, monkeypatch):
+    events: list = []
+    fake, state = fake_side_stream(events)
+    monkeypatch.setattr(D, "side_stream", fake)
+    monkeypatch.setattr(D, "dense_bwd_dkdv_kernel", _RecordBeside("dkdv", events, state))
+    monkeypatch.setattr(D, "dense_bwd_dq_kernel", _RecordBeside("dq", events, state))
+    q, k, v, out, do = (torch.randn(1, 96, h, 32) for h in (4, 2, 2, 4, 4))
+    mask = small_mask("causal", 96)
+    cfg = resolve_config(32, torch.float32, {"bwd_streams": on})
+    plans = D.plans_for(mask, cfg, "cpu")
+    D.dense_bwd(do, q, k, v, out, torch.zeros(1, 4, 96), plans[1], plans[2], 32 ** -0.5, cfg)
+    assert events == [("side_stream", on), ("dkdv", False), ("dq", True)]
+
+
+def test_bwd_streams_gradients_match_the_reference():
+    """The whole backward with ``bwd_streams`` on (in order on the CPU) against float64."""
+    run_and_compare(small_mask("causal_document", 150, seed=4), 1, 4, 2, 32, torch.float32,
+                    config={"bwd_streams": True})
+
+
+# ------------------------------------------------------------------ deterministic
+def _grads(q, k, v, mask, **kw):
+    """dq, dk, dv of one fresh forward + backward (new leaves, same values)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = dense_attention(q, k, v, mask, **kw)
+    g = torch.Generator(device=out.device).manual_seed(7)
+    out.backward(torch.randn(out.shape, generator=g, device=out.device, dtype=out.dtype))
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("config", [None, {"dkdv_sweep": 2, "dq_skew": True}], ids=["defaults", "sweep2-dq_skew"])
+def test_deterministic_gives_equal_bits_twice(config):
+    mask = small_mask("causal_document", 130, seed=2)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 130, h, 32, device=DEVICE) for h in (4, 2, 2))
+    first = _grads(q, k, v, mask, config=config, deterministic=True)
+    second = _grads(q, k, v, mask, config=config, deterministic=True)
+    for name, a, b in zip("qkv", first, second):
+        assert a.abs().sum() > 0, f"d{name} is all zero: nothing was checked"
+        assert torch.equal(a, b), f"d{name} differs between two deterministic runs"
+
+
+def test_api_passes_deterministic_to_the_kernel(monkeypatch):
+    seen = []
+    real = D.dense_attention
+
+    def spy(*a, deterministic=False, **kw):
+        seen.append(deterministic)
+        return real(*a, deterministic=deterministic, **kw)
+
+    monkeypatch.setattr(D, "dense_attention", spy)
+    mask = small_mask("causal", 40)
+    q, k, v = (torch.randn(1, 40, h, 32, device=DEVICE) for h in (2, 1, 1))
+    lt.attention(q, k, v, mask, backend="triton", deterministic=True)
+    lt.attention(q, k, v, mask, backend="triton")
+    lt.attention(q, k, v, mask, deterministic=True)  # no backend named: triton for range masks
+    assert seen == [True, False, True]

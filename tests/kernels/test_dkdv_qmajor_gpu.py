@@ -1,13 +1,11 @@
-"""Query-major dK/dV scores on a GPU (``-m gpu``): the dense kernel's ``dkdv_qmajor`` and the variable-block
-dK/dV tails (query-major by default), each variant's bf16 gradients at real sizes against float64 on one KV
-group, within 2x the error of the same computation by PyTorch in bf16."""
+"""The variable-block dK/dV tails (query-major scores) on a GPU (``-m gpu``): bf16 gradients at real sizes
+against float64 on one KV group, within 2x the error of the same computation by PyTorch in bf16."""
 
 import pytest
 import torch
 from utils import assert_grads_near_float64
 
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.kernels.dense.op import dense_attention
 from longca_triton.masks import make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -27,11 +25,6 @@ CASES = {
     # id: (attention, mask factory, S, config)
     "varblock-default-tails-S=4096": (block_sparse_attention, lambda S: make_mask(
         "varblock_sparse", S, block=256, min_block=128, density=0.4, patterns=2, seed=3), 4096, None),
-    "dense-full-qmajor-S=3001": (dense_attention, lambda S: make_mask("full", S), 3001,
-                                 {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4, "dkdv_qmajor": True}),
-    "dense-causal_document-qmajor-S=3001": (dense_attention, lambda S: make_mask("causal_document", S, seed=1), 3001,
-                                            {"DKDV_BLOCK_M": 64, "DKDV_BLOCK_N": 64, "dkdv_num_warps": 4,
-                                             "dkdv_qmajor": True}),
 }
 
 

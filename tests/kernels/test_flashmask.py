@@ -22,9 +22,9 @@ from longca_triton.kernels.flashmask.op import (
     FULL,
     PARTIAL,
     classify_tiles,
-    default_config,
     flashmask_attention,
     flashmask_plan,
+    resolve_config,
     tile_bounds,
 )
 from longca_triton.masks import (
@@ -303,45 +303,40 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="RangeMask or FlashMaskColumns"):
         flashmask_attention(q, k, k, "causal")
     for d in (32, 64, 128, 256):
-        assert set(default_config(d, torch.bfloat16)) == set(CONFIG_KEYS)
+        assert set(resolve_config(d, torch.bfloat16)) == set(CONFIG_KEYS)
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
-def test_hopper_defaults_are_the_dense_table(monkeypatch, d):
-    """FlashMask and the dense kernel are compared on equal tiling: its Hopper tiles, warps and
-    stages are read from ``dense.HOPPER_CONFIGS``, never a second copy."""
+def test_configs_are_the_dense_ones(monkeypatch, d):
+    """FlashMask and the dense kernel are compared on equal tiling: the same keys, resolved from the same
+    table with the same mask rules (``test_dense_config.py`` checks the whole grid)."""
     from longca_triton.kernels.dense import op as dense
-    from longca_triton.kernels.flashmask import op as FM
 
-    monkeypatch.setattr(FM, "_interpreting", lambda: False)
-    cfg = FM.default_config(d)
-    table = dense.hopper_config(d)
-    assert {k: cfg[k] for k in FM._TILE_KEYS} == {k: table[k] for k in FM._TILE_KEYS}
-    assert cfg["one_launch"] is False and cfg["dkdv_sweep"] == 0
-    # with a mask, the dense kernel's mask rules (its descending sweep is this kernel's ascending one)
-    for name, group in (("full", 8), ("causal", 8), ("causal", 1), ("sliding_window", 8)):
+    monkeypatch.setattr(dense, "_interpreting", lambda: False)
+    assert resolve_config(d, torch.bfloat16) == dense.resolve_config(d, torch.bfloat16)
+    q, k = torch.zeros(1, 8, 16, d), torch.zeros(1, 8, 2, d)
+    for name in ("full", "causal", "sliding_window"):
         mask = make_mask(name, 4096)
-        cfg = FM.default_config(d, mask=mask, group=group)
-        table = dense.hopper_config(d, mask, group)
-        assert {k: cfg[k] for k in FM._TILE_KEYS} == {k: table[k] for k in FM._TILE_KEYS}, (name, group)
-        assert cfg["dkdv_sweep"] == min(table.get("dkdv_sweep", 0), 1)
-        if d == 128 and name != "sliding_window":  # (the window's share of uneven tiles depends on S)
-            assert cfg["dkdv_sweep"] == (name == "causal" and group == 8)
+        assert resolve_config(d, torch.bfloat16, q=q, k=k, mask=mask) == dense.resolve_config(
+            d, torch.bfloat16, q=q, k=k, mask=mask), name
 
 
 def test_resolve_config_takes_the_group_and_a_named_tile_goes_head_major(monkeypatch):
-    from longca_triton.kernels.flashmask import op as FM
+    """The dense table's descending sweep (2) runs here as this kernel's row-major sweep, ascending."""
+    from longca_triton.kernels.dense import op as dense
 
-    monkeypatch.setattr(FM, "_interpreting", lambda: False)
+    monkeypatch.setattr(dense, "_interpreting", lambda: False)
     mask = make_mask("causal", 4096)
     q, k = torch.zeros(1, 8, 16, 128), torch.zeros(1, 8, 2, 128)
-    assert FM.resolve_config(128, torch.bfloat16, None, q=q, k=k, mask=mask)["dkdv_sweep"] == 1
-    assert FM.resolve_config(128, torch.bfloat16, None, q=q, k=k[:, :, :1].expand(1, 8, 16, 128),
-                             mask=mask)["dkdv_sweep"] == 0, "MHA: no sweep"
-    cfg = FM.resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32), q=q, k=k, mask=mask)
+    assert resolve_config(128, torch.bfloat16, None, q=q, k=k, mask=mask)["dkdv_sweep"] == 2
+    assert resolve_config(128, torch.bfloat16, None, q=q, k=k[:, :, :1].expand(1, 8, 16, 128),
+                          mask=mask)["dkdv_sweep"] == 0, "MHA: no sweep"
+    cfg = resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32), q=q, k=k, mask=mask)
     assert cfg["dkdv_sweep"] == 0 and cfg["DKDV_BLOCK_M"] == 32
-    assert FM.resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32, dkdv_sweep=1), q=q, k=k,
-                             mask=mask)["dkdv_sweep"] == 1
+    assert resolve_config(128, torch.bfloat16, dict(DKDV_BLOCK_M=32, dkdv_sweep=1), q=q, k=k,
+                          mask=mask)["dkdv_sweep"] == 1
+    # FlashMask columns carry no mask class: the table's rows without one
+    assert resolve_config(128, torch.bfloat16, None, q=q, k=k, mask=flashmask_columns(mask))["dkdv_sweep"] == 0
 
 
 @pytest.mark.parametrize("table_dim", [64, 128, 256], ids=lambda d: f"tiles-of-D={d}")
@@ -350,8 +345,10 @@ def test_hopper_tiles_are_correct_in_the_interpreter(table_dim):
     each entry's tile combination here (at D = 64, fp32, sizes off every tile, GQA) against the
     reference: the tiles' numerics, not their speed."""
     from longca_triton.kernels.dense import op as dense
+    from longca_triton.kernels.tuning import Problem as TableProblem
+    from longca_triton.kernels.tuning import table_config
 
-    tiles = {k: v for k, v in dense.hopper_config(table_dim).items()
+    tiles = {k: v for k, v in table_config("dense", TableProblem(head_dim=table_dim), dense.CONFIG_KEYS).items()
              if k.endswith(("BLOCK_M", "BLOCK_N"))}
     run_and_compare(small_mask("causal_document", 211), 1, 4, 2, 64, torch.float32,
                     config=dict(tiles, num_stages=1, dkdv_num_stages=1, dq_num_stages=1))
@@ -359,15 +356,14 @@ def test_hopper_tiles_are_correct_in_the_interpreter(table_dim):
 
 # ------------------------------------------------------------------ the row-major dK/dV sweep
 SWEEP_CASES = [(239, 8, 2, "causal_document", None), (150, 4, 1, "share_question", BIG),
-               (97, 6, 3, "sliding_window_causal", dict(MIXED, one_launch=True, bwd_order=1))]
+               (97, 6, 3, "sliding_window_causal", MIXED)]
 
 
 @pytest.mark.parametrize("S,Hq,Hkv,name,tiles", SWEEP_CASES,
-                         ids=[f"S={s}-Hq={a}-Hkv={b}-{n}{'-one-launch' if t and t.get('one_launch') else ''}"
-                              for s, a, b, n, t in SWEEP_CASES])
+                         ids=[f"S={s}-Hq={a}-Hkv={b}-{n}" for s, a, b, n, t in SWEEP_CASES])
 def test_dkdv_sweep(S, Hq, Hkv, name, tiles):
-    """``dkdv_sweep=1``: per query tile every head of the GQA group (one flat loop per run), in two
-    kernels and in one launch, against the reference; fully masked rows stay 0 / -inf."""
+    """``dkdv_sweep=1``: per query tile every head of the GQA group (one flat loop per run), against the
+    reference; fully masked rows stay 0 / -inf."""
     mask = small_mask(name, S, seed=S)
     run_and_compare(mask, 1, Hq, Hkv, 32, torch.float32, config={**(tiles or {}), "dkdv_sweep": 1})
 
@@ -379,10 +375,51 @@ def test_dkdv_sweep_reaches_the_kernel_and_bad_values_are_refused(monkeypatch):
     mask = make_mask("causal", 40)
     q = torch.randn(1, 40, 4, 32, requires_grad=True)
     k = torch.randn(1, 40, 2, 32, requires_grad=True)
-    for sweep in (0, 1):
+    for sweep in (0, 1, 2):
         flashmask_attention(q, k, k, mask, config={"dkdv_sweep": sweep}).sum().backward()
-    assert launched == [0, 1]
-    assert default_config(128)["dkdv_sweep"] == 0
-    for bad in (2, True, "1", -1):
-        with pytest.raises(ValueError, match=r"dkdv_sweep.*must be one of \(0, 1\)"):
+    assert launched == [0, 1, 1]  # the dense kernel's descending 2 runs ascending here
+    assert resolve_config(128, torch.bfloat16)["dkdv_sweep"] == 0
+    for bad in (3, True, "1", -1):
+        with pytest.raises(ValueError, match="dkdv_sweep.*must be one of"):
             flashmask_attention(q, k, k, mask, config={"dkdv_sweep": bad})
+
+
+# ------------------------------------------------------------------ dQ beside dK/dV, deterministic
+@pytest.mark.parametrize("on", [False, True], ids=["one-stream", "bwd_streams"])
+def test_bwd_streams_puts_the_dq_launch_beside_dkdv(on, monkeypatch):
+    import longca_triton.kernels.flashmask.op as FM
+    from utils import fake_side_stream
+
+    events: list = []
+    fake, state = fake_side_stream(events)
+
+    class Record:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: events.append((self.name, state["beside"]))
+
+    monkeypatch.setattr(FM, "side_stream", fake)
+    monkeypatch.setattr(FM, "flashmask_bwd_dkdv_kernel", Record("dkdv"))
+    monkeypatch.setattr(FM, "flashmask_bwd_dq_kernel", Record("dq"))
+    q, k, v, out, do = (torch.randn(1, 96, h, 32) for h in (4, 2, 2, 4, 4))
+    mask = small_mask("causal", 96)
+    cfg = resolve_config(32, torch.float32, {"bwd_streams": on})
+    FM.flashmask_bwd(do, q, k, v, out, torch.zeros(1, 4, 96), flashmask_plan(mask, 96, "cpu"), 32 ** -0.5, cfg)
+    assert events == [("side_stream", on), ("dkdv", False), ("dq", True)]
+
+
+def test_deterministic_gives_equal_bits_twice():
+    mask = small_mask("causal_document", 130, seed=2)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 130, h, 32, device=DEVICE) for h in (4, 2, 2))
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flashmask_attention(*leaves, mask, config={"dkdv_sweep": 1}, deterministic=True)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)))
+        grads.append([t.grad for t in leaves])
+    for name, a, b in zip("qkv", *grads):
+        assert a.abs().sum() > 0, f"d{name} is all zero: nothing was checked"
+        assert torch.equal(a, b), f"d{name} differs between two deterministic runs"

@@ -2,35 +2,38 @@
 
 The dK/dV steps' lse / delta read from the preprocess's 16-byte rows by TMA boxes must give the pointer
 path's gradients bit for bit (the same values enter the same arithmetic): block-sparse uniform blocks (the
-default there), 128-aligned variable blocks (full entries: the boxes apply), ragged variable blocks (packed
-entries: the launcher keeps the pointer loads) and the dense kernel, whose 3-d boxes read 0 past a head's
-``Sq`` (S = 3001: the last tile is short and ``Sq * 16`` bytes is the only stride). Variable blocks'
-dK/dV default against a float64 reference in bf16."""
+default there), 128-aligned variable blocks (full entries: the boxes apply) and ragged variable blocks
+(packed entries: the launcher keeps the pointer loads). Variable blocks' dK/dV default against a float64
+reference in bf16."""
 
 import pytest
 import torch
 from utils import assert_grads_near_float64
 
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.kernels.dense.op import dense_attention
 from longca_triton.masks import make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _aligned_varblock(S: int):
-    """Variable blocks whose sizes are multiples of 128 (``bwd_variants.aligned_bounds``, the experiments'
-    ``varblock256x128``): full entries at the 128-key tile, so the stats boxes apply."""
-    import sys
-    from pathlib import Path
+def _aligned_varblock(S: int, unit: int = 128, mean: int = 256, seed: int = 0):
+    """Variable blocks whose sizes are multiples of ``unit`` (``unit`` to ``2 * mean - unit``, mean
+    ``mean``): full entries at the 128-key tile, so the stats boxes apply."""
+    import numpy as np
 
-    gpu_dir = str(Path(__file__).resolve().parents[2] / "experiments" / "gpu")
-    sys.path.insert(0, gpu_dir)
-    try:
-        from bwd_variants import aligned_bounds
-    finally:
-        sys.path.remove(gpu_dir)
-    return make_mask("varblock_sparse", S, block=256, density=0.3, patterns=2, seed=0, **aligned_bounds(S))
+    rng = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < S:
+        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
+    sizes[-1] -= sum(sizes) - S
+    if sizes[-1] <= 0:
+        sizes.pop()
+        sizes[-1] += S - sum(sizes)
+    bounds = [0]
+    for x in sizes:
+        bounds.append(bounds[-1] + x)
+    return make_mask("varblock_sparse", S, block=mean, density=0.3, patterns=2, seed=0, min_block=unit,
+                     block_bounds=bounds)
 
 
 CASES = {
@@ -39,9 +42,6 @@ CASES = {
     "varblock-aligned128-S=8192-GQA16:2": (block_sparse_attention, lambda: _aligned_varblock(8192), 8192, 16, 2),
     "varblock-ragged-S=8192-GQA16:2": (block_sparse_attention, lambda: make_mask(
         "varblock_sparse", 8192, block=256, min_block=128, density=0.3, patterns=2, seed=0), 8192, 16, 2),
-    "dense-causal_document-S=3001-GQA8:2": (dense_attention, lambda: make_mask("causal_document", 3001, seed=1),
-                                            3001, 8, 2),
-    "dense-full-S=4096-GQA16:2": (dense_attention, lambda: make_mask("full", 4096), 4096, 16, 2),
 }
 
 

@@ -4,11 +4,11 @@ Triton inlines ``@triton.jit`` helper calls, so a kernel built from these compil
 code as one that spells them out: each helper is one stretch of a kernel's loop body, in the
 kernels' order of operations. Variants are switched by ``tl.constexpr`` arguments.
 
-Conventions (see ``dense.py`` for the math): scores in the log2 domain (``qk_scale =
+Conventions (the math: ``kernels/dense/op.py``): scores in the log2 domain (``qk_scale =
 softmax_scale * log2(e)``, ``exp2``), fp32 accumulators, natural-log lse ``[B, Hq, Sq]``.
 
 Head dims: q and k share ``HEAD_DIM_QK``, v (and out) have ``HEAD_DIM_V``; tiles are padded on the
-head-dim axis to powers of two ``BLOCK_DQK`` / ``BLOCK_DV`` (``_runtime.head_dim_meta``). Tensor
+head-dim axis to powers of two ``BLOCK_DQK`` / ``BLOCK_DV`` (``core.runtime.head_dim_meta``). Tensor
 descriptors carry the true dim as their shape and the padded one as their block: padded columns
 load as zeros (they add nothing to ``q . k`` nor to ``P @ V``) and are never stored. Where a
 power-of-two dim makes the two equal, the code is what it was before padding existed.
@@ -132,8 +132,8 @@ def key_program_outer(pid, num_key_tiles, num_heads_kv):
 
 @triton.jit
 def one_launch_split(pid, n_dkdv, n_dq, ORDER: tl.constexpr):
-    """``(is_dkdv, index within its set)`` of program ``pid`` of a one-launch backward (dense,
-    FlashMask, block-sparse: a dK/dV program set of ``n_dkdv`` and a dQ set of ``n_dq``).
+    """``(is_dkdv, index within its set)`` of program ``pid`` of a one-launch backward (block-sparse: a
+    dK/dV program set of ``n_dkdv`` and a dQ set of ``n_dq``).
 
     ``ORDER`` 0: the dK/dV set first (its programs are the heaviest: each sweeps ``G`` query heads),
     then dQ; 1: dQ first; 2: the two sets interleaved one to one while both last, then the rest of
@@ -544,3 +544,42 @@ def dq_skewed_scores(dq, ds_prev, k_prev, q, do, k, v, lse2, qk_scale):
     dq = tl.dot(ds_prev.to(k_prev.dtype), k_prev, dq)  # [BLOCK_M, BLOCK_DQK]
     p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # [BLOCK_M, BLOCK_N]
     return dq, p, dp
+
+
+@triton.jit
+def fwd_tile_setup(Q, K, V, Out, b64, h, h_kv, start_m,
+                   stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                   stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                   BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a forward program over query tile ``start_m`` of query head ``h`` (KV head ``h_kv``, batch ``b64``)
+    starts from (dense and FlashMask): ``(q [BLOCK_M, BLOCK_DQK], k_desc, v_desc, o_desc, offs_m, acc, m_i,
+    l_i)``, the softmax state empty. Rows >= Sq (and columns >= HEAD_DIM_QK) of q load as zeros: finite
+    scores, never stored."""
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    return q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i
+
+
+@triton.jit
+def dq_tile_setup(Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m,
+                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                  stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                  BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a dQ program over query tile ``start_m`` of query head ``h`` (row ``bh`` of the stats) starts from
+    (dense and FlashMask): ``(q, do, k_desc, v_desc, lse2, delta, dq)`` with ``dq [BLOCK_M, BLOCK_DQK]`` zero."""
+    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
+    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
+    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
+    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
+    return q, do, k_desc, v_desc, lse2, delta, dq

@@ -1,7 +1,7 @@
-"""Forward kernel of the dense structured-mask attention (see ``longca_triton/kernels/dense/op.py`` for the math).
+"""Forward kernel of the dense structured-mask attention (the math: ``kernels/dense/op.py``).
 
 One program computes one query tile ``[BLOCK_M, D_v]`` of one query head. Its key tiles come from
-the tile plan (``dense_tables.py``) as contiguous runs: first the *full* runs (no mask math at all),
+the tile plan (``kernels/dense/plan.py``) as contiguous runs: first the *full* runs (no mask math at all),
 then the *partial* runs (element mask from the per-row intervals). Online softmax in fp32 in the
 log2 domain (scores pre-multiplied by ``softmax_scale * log2(e)``, then ``exp2``). Head dims:
 ``HEAD_DIM_QK`` for q and k, ``HEAD_DIM_V`` for v and out, in tiles padded to ``BLOCK_DQK`` /
@@ -14,25 +14,20 @@ import triton.language as tl
 from longca_triton.kernels.core.jit import (
     LN2,
     LOG2E,
+    fwd_tile_setup,
     interval_mask,
-    kv_descs,
     query_program,
     softmax_finish,
-    softmax_init,
     softmax_step,
-    tile_desc,
 )
-
-_interval_mask = interval_mask  # old name, kept importable
 
 __all__ = ["dense_fwd_kernel", "LOG2E", "LN2"]
 
 
 @triton.jit
-def _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale,
-                  BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr):
+def _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc, n_lo, n_hi, qk_scale, BLOCK_N: tl.constexpr):
     """Key tiles ``[n_lo, n_hi)``, all fully allowed: the plain flash-attention step."""
-    for n in tl.range(n_lo, n_hi, warp_specialize=WARP_SPEC):
+    for n in tl.range(n_lo, n_hi):
         start_n = n * BLOCK_N
         k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
         qk = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N]
@@ -68,7 +63,7 @@ def dense_fwd_kernel(
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, WARP_SPEC: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr,
 ):
     # why: batch*head is the fastest-varying index, so the programs running at the same time
     # share a query-tile rank (heaviest first) and the query heads of one GQA group sit next to
@@ -77,22 +72,14 @@ def dense_fwd_kernel(
     tile_m = tl.load(ORDER + rank)
     start_m = tile_m * BLOCK_M
 
-    b64 = b.to(tl.int64)
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
-    # rows >= Sq (and columns >= HEAD_DIM_QK) are zero-filled by the descriptor load: finite
-    # scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
+        Q, K, V, Out, b.to(tl.int64), h, h_kv, start_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+        stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
+        BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     for r in range(tl.load(FULL_PTR + tile_m), tl.load(FULL_PTR + tile_m + 1)):
         acc, m_i, l_i = _fwd_full_run(acc, m_i, l_i, q, k_desc, v_desc,
-                                      tl.load(FULL_START + r), tl.load(FULL_END + r), qk_scale,
-                                      BLOCK_N, WARP_SPEC)
+                                      tl.load(FULL_START + r), tl.load(FULL_END + r), qk_scale, BLOCK_N)
     # why a constexpr switch: a plan without partial tiles (full mask, tile-aligned documents)
     # compiles without the masked loop, whose code and registers otherwise stay in the kernel
     if HAS_PARTIAL_TILES:

@@ -1,8 +1,5 @@
-"""FlashMask backward kernels: key-major dK/dV and query-major dQ (see
-``longca_triton/kernels/flashmask/op.py``); delta comes from ``core.bwd_preprocess_kernel``.
-Two kernels (default), or both program sets in one launch (``flashmask_bwd_one_launch_kernel``,
-config ``one_launch``; ``core.one_launch_split`` orders them); the bodies are ``_dkdv_program`` /
-``_dq_program`` of a program index either way. No atomics in any of them.
+"""FlashMask backward kernels: key-major dK/dV and query-major dQ (the math and the tile classification:
+``kernels/flashmask/op.py``); delta comes from ``core.bwd_preprocess_kernel``. No atomics in either.
 Head dims as in the forward: ``HEAD_DIM_QK`` / ``HEAD_DIM_V`` in descriptor tiles padded to
 ``BLOCK_DQK`` / ``BLOCK_DV``.
 """
@@ -12,20 +9,20 @@ import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
     dkdv_update,
+    dq_tile_setup,
     dq_update,
     group_sweep_inputs,
     head_inputs,
     key_program_at,
     kv_descs,
     load_row_stats,
-    one_launch_split,
     query_program_at,
     recompute_p,
     tile_desc,
 )
 from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run
 
-__all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel", "flashmask_bwd_one_launch_kernel"]
+__all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"]
 
 
 @triton.jit
@@ -42,8 +39,7 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, masked, col_ok, lts, lt
 
 
 @triton.jit
-def _dkdv_program(
-    pid,
+def flashmask_bwd_dkdv_kernel(
     Q, K, V, DOut, Lse, Delta, DK, DV, Cols, Bounds,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -57,13 +53,14 @@ def _dkdv_program(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, SWEEP: tl.constexpr,
 ):
-    """dK/dV program ``pid`` (one key tile of one KV head; ``Bounds`` for ``BLOCK_N``-wide key tiles).
+    """Key-major dK/dV (grid: key tiles x B x Hkv): one program per key tile of one KV head (``Bounds`` for
+    ``BLOCK_N``-wide key tiles).
 
     ``SWEEP`` (config ``dkdv_sweep``) orders the GQA group's (query head, query tile) steps: 0
     head-major (each head walks the runs in turn), 1 row-major (per query tile every head of the
-    group, one flat pipelined loop per run: the dense kernel's sweep, ``dense_bwd._dkdv_run_rows``,
+    group, one flat pipelined loop per run: the dense kernel's sweep (``kernels/dense/bwd.py``),
     ascending; a FlashMask column mask is the same for every head, so the group always shares it)."""
-    tile_n, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
+    tile_n, b, h_kv = key_program_at(tl.program_id(0), num_bkv, num_heads_kv)
     start_n = tile_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     num_m = tl.cdiv(Sq, BLOCK_M)
@@ -139,8 +136,7 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_program(
-    pid,
+def flashmask_bwd_dq_kernel(
     Q, K, V, DOut, Lse, Delta, DQ, Cols, Bounds,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -153,8 +149,9 @@ def _dq_program(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
 ):
-    """dQ program ``pid`` (one query tile of one query head; ``Bounds`` for ``BLOCK_N``-wide key tiles)."""
-    rank, bh, b, h, h_kv = query_program_at(pid, num_bh, num_heads_q, group_size)
+    """Query-major dQ (grid: query tiles x B x Hq): one program per query tile of one query head (``Bounds``
+    for ``BLOCK_N``-wide key tiles)."""
+    rank, bh, b, h, h_kv = query_program_at(tl.program_id(0), num_bh, num_heads_q, group_size)
     num_m = tl.cdiv(Sq, BLOCK_M)
     num_n = tl.cdiv(Sk, BLOCK_N)
     tile_m = num_m - 1 - rank  # heaviest (last) query tiles first, as in the forward
@@ -162,14 +159,10 @@ def _dq_program(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     b64 = b.to(tl.int64)
 
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-    do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
-    do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
-    lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
-    dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
+    q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
+        Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m, stride_qb, stride_qs, stride_qh, stride_kb,
+        stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
+        BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     # runs of non-EMPTY key tiles, as in the forward
     n_next = tl.full([], 0, tl.int32)
@@ -193,90 +186,3 @@ def _dq_program(
 
     dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
-
-
-# ----------------------------------------------------------------------------------------------
-# The launches: two kernels (default), or one launch running both program sets
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def flashmask_bwd_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, Cols, Bounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, SWEEP: tl.constexpr,
-):
-    """Key-major dK/dV (grid: key tiles x B x Hkv)."""
-    _dkdv_program(
-        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV, Cols, Bounds,
-        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-        softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT, SWEEP)
-
-
-@triton.jit
-def flashmask_bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, Cols, Bounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dqb, stride_dqs, stride_dqh,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr,
-):
-    """Query-major dQ (grid: query tiles x B x Hq)."""
-    _dq_program(
-        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ, Cols, Bounds,
-        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-        softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LT, HAS_UT)
-
-
-@triton.jit
-def flashmask_bwd_one_launch_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Cols, KBounds, QBounds,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    stride_dqb, stride_dqs, stride_dqh,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bkv, num_bh, num_heads_q, num_heads_kv, group_size, n_dkdv, n_dq,
-    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DKDV_BLOCK_M: tl.constexpr, DKDV_BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
-    HAS_LT: tl.constexpr, HAS_UT: tl.constexpr, ORDER: tl.constexpr, SWEEP: tl.constexpr,
-):
-    """dK/dV (``n_dkdv`` programs, tile bounds ``KBounds``) and dQ (``n_dq``, ``QBounds``) in one
-    launch; the bodies of the two kernels above, unchanged, so no atomics and the same bits."""
-    is_dkdv, idx = one_launch_split(tl.program_id(0), n_dkdv, n_dq, ORDER)
-    if is_dkdv:
-        _dkdv_program(
-            idx, Q, K, V, DOut, Lse, Delta, DK, DV, Cols, KBounds,
-            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-            softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, HAS_LT, HAS_UT, SWEEP)
-    else:
-        _dq_program(
-            idx, Q, K, V, DOut, Lse, Delta, DQ, Cols, QBounds,
-            stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-            softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, HAS_LT, HAS_UT)

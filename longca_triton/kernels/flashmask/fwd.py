@@ -5,7 +5,7 @@
 import triton
 import triton.language as tl
 
-from longca_triton.kernels.core.jit import kv_descs, query_program, softmax_finish, softmax_init, softmax_step, tile_desc
+from longca_triton.kernels.core.jit import fwd_tile_setup, query_program, softmax_finish, softmax_step
 
 __all__ = ["flashmask_fwd_kernel", "flashmask_classify_kernel"]
 
@@ -127,17 +127,11 @@ def flashmask_fwd_kernel(
     tile_m = num_m - 1 - rank
     start_m = tile_m * BLOCK_M
 
-    b64 = b.to(tl.int64)
     # head-dim tiles padded to BLOCK_DQK / BLOCK_DV: the descriptors zero-fill and clip the padding
-    q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
-    k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                              stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    o_desc = tile_desc(Out + b64 * stride_ob + h * stride_oh, Sq, stride_os, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
-    # rows >= Sq are zero-filled by the descriptor load: finite scores, never stored
-    q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
+    q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
+        Q, K, V, Out, b.to(tl.int64), h, h_kv, start_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+        stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
+        BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
     # every key tile is classified; EMPTY ones are skipped, the others come in runs of
     # consecutive tiles

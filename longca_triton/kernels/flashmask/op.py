@@ -3,11 +3,11 @@ r"""FlashMask in Triton: attention under column-interval masks, forward and back
 A port of the algorithm of *FlashMask: Efficient and Rich Mask Extension of FlashAttention*
 (Wang et al., 2024) onto our Triton tiling, so that FlashMask's way of masking can be measured on
 the same GPU, with the same online softmax and tensor-descriptor loads, as our ``triton`` kernel
-(``longca_triton/kernels/dense*.py``, which classifies tiles from block tables of per-*row* intervals instead).
+(``kernels/dense``, which classifies tiles from block tables of per-*row* intervals instead).
 
 Math
 ----
-The same as ``dense.py``'s docstring (forward, lse, backward with ``delta = rowsum(dO * O) - dlse``,
+The same as ``kernels/dense/op.py``'s docstring (forward, lse, backward with ``delta = rowsum(dO * O) - dlse``,
 dK/dV summed over a GQA group, fully masked rows giving out 0 and lse ``-inf``); only *which*
 pairs ``(i, j)`` are allowed is described differently. Scores are multiplied by
 ``softmax_scale * log2(e)`` and exponentiated with ``exp2``; the stored lse is the natural log.
@@ -30,7 +30,7 @@ Preprocessing (``tile_bounds``, torch ops on the device, ``O(Sk)``): for each ke
 ``BLOCK_N`` columns, the min and max of each vector: 8 int32 per tile
 ``[LTS_min, LTS_max, LTE_min, LTE_max, UTS_min, UTS_max, UTE_min, UTE_max]``.
 
-At run time (``_classify``, ``flashmask_fwd.py``), a query tile with rows ``[m0, m1)`` (``m1``
+At run time (``_classify``, ``fwd.py``), a query tile with rows ``[m0, m1)`` (``m1``
 clipped to ``Sq``) against a key tile is
 
 * **EMPTY** (skipped: no load, no matmul) when one interval covers the rows in every column:
@@ -71,34 +71,41 @@ Tiling
   (``flashmask_bwd_dkdv_kernel``), one program per (key tile, KV head) looping over the ``G``
   query heads of the group and over all query tiles, so dK/dV accumulate in registers (no
   atomics); the program's column vectors are loaded once; query-major dQ
-  (``flashmask_bwd_dq_kernel``), one program per (query tile, query head). Opt-in
-  ``one_launch``: both program sets in one launch (``flashmask_bwd_one_launch_kernel``), as in
-  ``dense.py``; measured: not yet.
+  (``flashmask_bwd_dq_kernel``), one program per (query tile, query head), on a second CUDA stream
+  beside dK/dV where the config's ``bwd_streams`` says so.
 
 All tile loads and stores go through tensor descriptors (TMA on Hopper), which zero-fill
 out-of-range rows and clip out-of-range stores. Query rows past ``Sq`` (zero ``q`` and ``dO``,
 lse read as 0) contribute nothing to dK/dV; key columns past ``Sk`` are masked in every kernel.
 
 Head dims: ``q, k`` share ``D_qk``, ``v`` may have its own ``D_v`` (multiples of 8 up to 256), in
-tiles padded to powers of two by the tensor descriptors, as in ``dense.py``.
+tiles padded to powers of two by the tensor descriptors, as in the dense kernels.
+
+Configs: the dense family's (``dense.op.CONFIG_KEYS``, resolved from the same table,
+``kernels/tuning/dense.toml``, under this kernel's autotune name ``triton-flashmask``), so the two
+masking schemes are compared on equal tiling. Two keys read differently here: ``dkdv_sweep`` 1 and 2
+both run this kernel's row-major sweep ascending (the descending order is not ported), and
+``dq_skew`` is not read (this dQ kernel has no skewed form).
 
 Entry point: ``flashmask_attention(q, k, v, mask_or_columns, softmax_scale=None,
 return_lse=False, config=None)`` with a ``RangeMask`` (lowered by ``flashmask_columns``) or a
 ``FlashMaskColumns``. Shapes: ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``,
 ``v [B, Sk, Hkv, D_v]``.
 
-Files: ``flashmask_fwd.py`` (forward kernel, tile classification), ``flashmask_bwd.py`` (dK/dV,
-dQ), ``flashmask_plan.py`` (columns on the device, tile bounds, cache); shared pieces in
-``core.py``; this file: configs, launchers, autograd and the public function.
+Files: ``fwd.py`` (forward kernel, tile classification), ``bwd.py`` (dK/dV, dQ), ``plan.py`` (columns on
+the device, tile bounds, cache); shared pieces in ``kernels/core/jit.py``; this file: configs,
+launchers, autograd and the public function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 import triton
 
+from longca_triton.kernels.core.jit import LOG2E
 from longca_triton.masks.ir import RangeMask
 
 from longca_triton.kernels.core.autograd import attention_function
@@ -107,124 +114,34 @@ from longca_triton.kernels.core.runtime import check_qkv as _check_qkv
 from longca_triton.kernels.core.runtime import config_head_dim, head_dim_meta
 from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
 from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
-from longca_triton.kernels.core.runtime import interpreting as _interpreting
 from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
 from longca_triton.kernels.core.runtime import side_stream
-from longca_triton.kernels.core import config as _config_mod  # (looked up through the module: tests patch tuned_config)
-from longca_triton.kernels.core.config import ConfigSpec, check_bwd_layout, with_one_launch_defaults
-from longca_triton.kernels.core.config import resolve as _resolve
-from longca_triton.kernels.dense.op import _DKDV_TILE_KEYS
-from longca_triton.kernels.dense.op import hopper_config as dense_hopper_config
-from longca_triton.kernels.dense.op import launch_bwd_preprocess
-from longca_triton.kernels.flashmask.bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel, flashmask_bwd_one_launch_kernel
+from longca_triton.kernels.dense.op import CONFIG_KEYS, CONFIG_SPEC, DQ_NUM_WARPS, launch_bwd_preprocess
+from longca_triton.kernels.dense.op import resolve_config as dense_resolve_config
+from longca_triton.kernels.flashmask.bwd import flashmask_bwd_dkdv_kernel, flashmask_bwd_dq_kernel
 from longca_triton.kernels.flashmask.fwd import flashmask_classify_kernel, flashmask_fwd_kernel
 from longca_triton.kernels.flashmask.plan import FlashMaskPlan, _columns_of, classify_tiles, flashmask_plan, tile_bounds
 
 __all__ = [
     "flashmask_attention", "FlashMaskAttentionFunction", "FlashMaskPlan", "flashmask_plan",
-    "default_config", "resolve_config", "tile_bounds", "classify_tiles", "flashmask_fwd",
-    "flashmask_bwd", "CONFIG_KEYS", "EMPTY", "PARTIAL", "FULL",
-    "flashmask_fwd_kernel", "flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel",
-    "flashmask_classify_kernel", "flashmask_bwd_one_launch_kernel",
+    "resolve_config", "tile_bounds", "classify_tiles", "flashmask_fwd", "flashmask_bwd", "CONFIG_KEYS",
+    "CONFIG_SPEC", "EMPTY", "PARTIAL", "FULL", "flashmask_fwd_kernel", "flashmask_bwd_dkdv_kernel",
+    "flashmask_bwd_dq_kernel", "flashmask_classify_kernel",
 ]
-
-LOG2E = 1.4426950408889634
 
 #: tile classes as ``classify_tiles`` reports them
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
-# ----------------------------------------------------------------------------------------------
-# Launch configs
-# ----------------------------------------------------------------------------------------------
-
-#: every key a ``config`` dict may carry: the forward tiles ``BLOCK_M x BLOCK_N``, dK/dV
-#: ``DKDV_BLOCK_M x DKDV_BLOCK_N`` (a program owns a key tile of DKDV_BLOCK_N), dQ
-#: ``DQ_BLOCK_M x DQ_BLOCK_N`` (a program owns a query tile), warps and pipeline stages;
-#: ``one_launch``: the dK/dV and dQ program sets in one launch (``bwd_order``, ``bwd_num_warps``,
-#: ``bwd_num_stages``: as in ``dense.py``), off until measured; ``dkdv_sweep``: the order of a GQA
-#: group's (query head, query tile) dK/dV steps, 0 head-major, 1 row-major (``flashmask_bwd._dkdv_program``);
-#: ``bwd_streams``: dQ on a second CUDA stream beside dK/dV (``dense.py``'s key, its default from there: measured
-#: on the dense kernel, whose tiles these kernels share; not timed on this one).
-CONFIG_KEYS = (
-    "BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
-    "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
-    "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages",
-    "one_launch", "bwd_order", "bwd_num_warps", "bwd_num_stages", "dkdv_sweep", "bwd_streams",
-)
-#: the dK/dV orders this kernel has (the dense kernel's descending sweep 2 is not ported)
-FLASHMASK_SWEEPS = (0, 1)
-
-
-def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16, mask=None, group: int = 1) -> dict:
-    """Launch parameters: the dense kernel's Hopper defaults (``dense.hopper_config``: the same
-    tiles, warps and stages, read from that one table, with its mask rules when ``mask`` is a
-    ``RangeMask``: ``HOPPER_FULL_MASK``, and ``HOPPER_UNEVEN_MASK`` for GQA ``group`` >= 2, whose
-    descending sweep runs here as the ascending ``dkdv_sweep=1``), so the two masking schemes are
-    compared on equal tiling; a small pinned config in the interpreter. The backward runs as two
-    kernels (``one_launch`` off, ``config.with_one_launch_defaults``).
-
-    Those rules measured on this kernel too (experiments/results/h100/bwd_session12/call10_flashmask,
-    16K, GQA 64:8, D = 128, backward ms, 32x64/4/3 head-major / 64x64/4/2 / 64x64/4/2 + sweep 1 / Flex):
-    full 57.2 / **53.1** / 53.6 / 58.2; causal 31.9 / 30.4 / **31.1** / 28.7; causal_document 11.3 /
-    11.2 / **10.7** / 9.1; share_question 13.0 / 13.2 / **12.8** / 14.4; prefix_lm_causal 34.7 / 34.5 /
-    **33.9** / 32.8; causal_blockwise 26.2 / 28.0 / **26.6** / 22.1; sliding_window (even: no rule)
-    **11.2** / 11.0 / 9.9 / 7.6 (bold: what the rule gives).
-
-    The table was timed for the dense kernel (its comments carry the H100 numbers); these kernels
-    compile to the same footprint for sm_90a (Triton 3.6 on a CPU host, causal, 16K, GQA 64:8):
-    no register spills at D = 64, 128, 192/128, and at D = 256 the dK/dV kernel spills 32/44 bytes
-    (dense's 16/36, which still ran 1.36x the spill-free 16x64 tile there).
-    """
-    return with_one_launch_defaults(_tile_config(head_dim, mask, group))
-
-
-def _tile_config(head_dim: int, mask=None, group: int = 1) -> dict:
-    if _interpreting():
-        # the interpreter cannot autotune, and small tiles keep it quick
-        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
-                    DKDV_BLOCK_M=32, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1,
-                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_num_warps=4, dq_num_stages=1, dkdv_sweep=0,
-                    bwd_streams=False)
-    table = dense_hopper_config(head_dim, mask if isinstance(mask, RangeMask) else None, group)
-    # the dense kernel's sweeps (1 ascending, 2 descending) are both this kernel's row-major 1
-    return {**{k: table[k] for k in _TILE_KEYS}, "dkdv_sweep": min(int(table.get("dkdv_sweep", 0)), 1),
-            "bwd_streams": bool(table["bwd_streams"])}
-
-
-#: the keys this kernel shares with the dense table (its own one-launch keys come from
-#: ``with_one_launch_defaults``)
-_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages",
-              "DKDV_BLOCK_M", "DKDV_BLOCK_N", "dkdv_num_warps", "dkdv_num_stages",
-              "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_num_warps", "dq_num_stages")
-
-
-_SPEC = ConfigSpec("flashmask", CONFIG_KEYS,
-                   tile_keys=("BLOCK_M", "BLOCK_N", "DKDV_BLOCK_M", "DKDV_BLOCK_N", "DQ_BLOCK_M", "DQ_BLOCK_N"),
-                   bool_keys=("one_launch", "bwd_streams"), tuned_name="triton-flashmask")
+#: the dense family's config spec under this kernel's name in the autotune cache
+FLASHMASK_SPEC = dataclasses.replace(CONFIG_SPEC, what="flashmask", tuned_name="triton-flashmask")
 
 
 def resolve_config(head_dim: int, dtype: torch.dtype, config: Optional[dict] = None, *, q=None, k=None,
                    mask=None, v=None) -> dict:
-    """``config``, else (given ``q, k, mask``; ``v`` when its head dim differs) the autotune cache's
-    entry, overlaid on ``default_config`` (for ``mask`` and the GQA group of ``q`` / ``k``); unknown
-    keys and bad tiles raise ValueError (``config.resolve``), as do a ``bwd_order`` outside
-    ``config.BWD_ORDERS`` and a ``dkdv_sweep`` outside ``FLASHMASK_SWEEPS``. A config naming a dK/dV
-    tile key but not ``dkdv_sweep`` gets head-major. ``head_dim``: the padded dim configs are chosen
-    by (``config_head_dim``)."""
-    group = q.shape[2] // k.shape[2] if q is not None and k is not None else 1
-    if config is None:
-        config = _config_mod.tuned_config(_SPEC, q, k, mask, v)
-    base = default_config(head_dim, dtype, mask, group)
-    if config and "dkdv_sweep" not in config and any(key in config for key in _DKDV_TILE_KEYS):
-        # as in the dense kernel: the sweep was measured with its own tile only
-        base["dkdv_sweep"] = 0
-    cfg = check_bwd_layout(_resolve(_SPEC, base, config or {}), "flashmask attention")
-    sweep = cfg["dkdv_sweep"]
-    if isinstance(sweep, bool) or sweep not in FLASHMASK_SWEEPS:
-        raise ValueError(f"flashmask attention: config['dkdv_sweep'] must be one of {FLASHMASK_SWEEPS} (0 head-major, "
-                         f"1 row-major; the dense kernel's descending 2 is not ported), got {sweep!r}")
-    cfg["dkdv_sweep"] = int(sweep)
-    return cfg
+    """The dense family's ``resolve_config`` (same keys, same table, the same rules for a ``RangeMask``;
+    none for ``FlashMaskColumns``) under this kernel's autotune name."""
+    return dense_resolve_config(head_dim, dtype, config, q=q, k=k, v=v, spec=FLASHMASK_SPEC,
+                                mask=mask if isinstance(mask, RangeMask) else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,28 +197,14 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
     _ensure_allocator(q.device)
     lse = lse.contiguous()
     delta = launch_bwd_preprocess(out, dout, dlse)  # [B, Hq, Sq] float32
-    if cfg["one_launch"]:
-        n_dkdv, n_dq = triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv, triton.cdiv(sq, cfg["DQ_BLOCK_M"]) * b * hq
-        flashmask_bwd_one_launch_kernel[(n_dkdv + n_dq,)](
-            q, k, v, dout, lse, delta, dk, dv, dq, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
-            plan.bounds_for(cfg["DQ_BLOCK_N"]),
-            *_bsh_strides(q, k, v, dout, dk, dv, dq),
-            softmax_scale, softmax_scale * LOG2E,
-            sq, sk, b * hkv, b * hq, hq, hkv, hq // hkv, n_dkdv, n_dq,
-            **head_dim_meta(d, v.shape[3]), DKDV_BLOCK_M=cfg["DKDV_BLOCK_M"], DKDV_BLOCK_N=cfg["DKDV_BLOCK_N"],
-            DQ_BLOCK_M=cfg["DQ_BLOCK_M"], DQ_BLOCK_N=cfg["DQ_BLOCK_N"],
-            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, ORDER=cfg["bwd_order"], SWEEP=cfg["dkdv_sweep"],
-            num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"],
-        )
-        return dq, dk, dv
-    with side_stream(q.device, cfg.get("bwd_streams", False)) as beside:
+    with side_stream(q.device, cfg["bwd_streams"]) as beside:
         flashmask_bwd_dkdv_kernel[(triton.cdiv(sk, cfg["DKDV_BLOCK_N"]) * b * hkv,)](
             q, k, v, dout, lse, delta, dk, dv, plan.cols, plan.bounds_for(cfg["DKDV_BLOCK_N"]),
             *_bsh_strides(q, k, v, dout, dk, dv),
             softmax_scale, softmax_scale * LOG2E,
             sq, sk, b * hkv, hq, hkv, hq // hkv,
             **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"],
-            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, SWEEP=cfg["dkdv_sweep"],
+            HAS_LT=plan.has_lt, HAS_UT=plan.has_ut, SWEEP=min(cfg["dkdv_sweep"], 1),
             num_warps=cfg["dkdv_num_warps"], num_stages=cfg["dkdv_num_stages"],
         )
         with beside():
@@ -312,7 +215,7 @@ def flashmask_bwd(dout, q, k, v, out, lse, plan: FlashMaskPlan, softmax_scale: f
                 sq, sk, b * hq, hq, hq // hkv,
                 **head_dim_meta(d, v.shape[3]), BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"],
                 HAS_LT=plan.has_lt, HAS_UT=plan.has_ut,
-                num_warps=cfg["dq_num_warps"], num_stages=cfg["dq_num_stages"],
+                num_warps=DQ_NUM_WARPS, num_stages=cfg["dq_num_stages"],
             )
     return dq, dk, dv
 

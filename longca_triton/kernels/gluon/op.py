@@ -305,7 +305,7 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     ``config`` sets the launch (``config.CONFIG_KEYS``), ``bwd_config`` the dense backward's (the dense
     kernel's keys: all of them with ``"plain"``, its dK/dV keys with ``"mixed"``).
     ``deterministic=True``: bitwise-identical gradients run to run (no Gluon design has atomics; the
-    dense backward's ``fused_dq`` is refused when explicit, dropped when from the autotune cache).
+    dense backward has no atomics, so every config of it is).
     Returns ``out`` or ``(out, lse)`` like ``dense_attention``.
     """
     check_inputs(q, k, v, mask)
@@ -315,8 +315,6 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     bwd_cfg = dense_resolve_config(config_head_dim(d, dv), q.dtype, bwd_config, q=q, k=k, mask=mask,
                                    v=v if dv != d else None)
     if deterministic and cfg["bwd_design"] == "plain":
-        if bwd_config is None and bwd_cfg["fused_dq"]:
-            bwd_cfg["fused_dq"] = False
         dense_check_deterministic(bwd_cfg, True, "the Gluon attention's dense backward")
     plan, bwd_a, bwd_b = plans_for_gluon(mask, d, cfg, bwd_cfg, q.device)
     out, lse = GluonAttentionFunction.apply(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)

@@ -3,7 +3,7 @@ r"""Backward step 5 — the production backward: ``dense_attention``'s autograd,
 The forward runs once, outside the timed region, through
 ``longca_triton.kernels.dense.op.dense_attention`` (with the config the ``triton`` backend would use);
 the timed call is ``torch.autograd.grad(out, (q, k, v), dO)``, i.e. exactly the backward a
-training step runs: ``dense_bwd.py``'s three launches.
+training step runs: ``kernels/dense/bwd.py``'s three launches.
 
 What it does beyond backward step 4
 -----------------------------------
@@ -13,7 +13,7 @@ What it does beyond backward step 4
 * **Runs instead of tile lists** and **heaviest tiles first**, as in forward step 7.
 * **A row-major sweep of the GQA group** in the dK/dV program on masks whose programs have
   unequal work (causal): per query tile every head of the group, tiles descending, on a 64x64
-  tile (``dense.HOPPER_UNEVEN_MASK``; session 11).
+  tile (the ``uneven`` row of ``kernels/tuning/dense.toml``).
 * The same structure as step 4 otherwise: ``delta`` preprocess, key-major dK/dV looping over the
   ``G`` heads of its group (no atomics, no partial buffers), query-major dQ. It also accepts a
   gradient on ``lse`` (``delta -= dlse``), which context parallelism needs.

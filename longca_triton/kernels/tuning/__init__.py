@@ -45,8 +45,10 @@ __all__ = ["MATCH_FIELDS", "MODES", "ROW_FIELDS", "Problem", "Row", "Table", "lo
 #: ``head_dim_v`` (the padded dims the family tiles by), ``mask`` (the family's mask classes),
 #: ``dtype`` (``"bfloat16"``...), ``group`` / ``density`` / ``seqlen`` as ``[lo, hi]`` (inclusive lo,
 #: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up), ``block`` (the inner tile or sparse
-#: block a row was tuned at)
-MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen", "block")
+#: block a row was tuned at), ``exact_dims`` (bool: the true head dims fill the padded tile, as 64
+#: and 128 do and 96 does not)
+MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen", "block",
+                "exact_dims")
 ROW_FIELDS = ("match", "config", "mode", "results", "note", "measured")
 _RANGE_FIELDS = ("group", "density", "seqlen")
 MODES = ("fwd", "bwd", "fwd_bwd")
@@ -65,6 +67,7 @@ class Problem:
     density: Optional[float] = None
     seqlen: Optional[int] = None
     block: Optional[int] = None
+    exact_dims: Optional[bool] = None
 
 
 @dataclass(frozen=True)
