@@ -40,7 +40,7 @@ def _parse_params(items: tuple[str, ...]) -> dict:
 
 @main.group()
 def masks():
-    """List the 14 masks of MASKS.md and show any of them."""
+    """List the 14 masks of docs/masks.md and show any of them."""
 
 
 @masks.command("list")
@@ -60,7 +60,7 @@ def masks_list(fmt):
         if "docs" in spec.defaults:
             params = ("docs=hist|long, " + params).rstrip(", —")
         rows.append({"#": n, "name": name, "kind": spec.kind, "parameters": params, "allowed": spec.summary})
-    emit(rows, ["#", "name", "kind", "parameters", "allowed"], fmt=fmt, title="masks (MASKS.md §3)",
+    emit(rows, ["#", "name", "kind", "parameters", "allowed"], fmt=fmt, title="masks (docs/masks.md §3)",
          headers={"parameters": "parameters (defaults)", "allowed": "allowed(i, j)"})
 
 
@@ -94,7 +94,7 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 
 
 @main.command("recommend")
-@click.option("--mask", required=True, type=click.Choice(MASK_NAMES), help="the mask of MASKS.md")
+@click.option("--mask", required=True, type=click.Choice(MASK_NAMES), help="the mask of docs/masks.md")
 @click.option("--seqlen", "-S", required=True, help="sequence length, e.g. 131072 or 128K or 1M")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs the sequence is spread over")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
@@ -162,7 +162,7 @@ def findings_command(results, out, plots_dir, mode, no_plots):
     \b
     Examples:
       longca-triton findings --out docs/findings.md
-      longca-triton findings experiments/results/h100/dense_16k experiments/results/h200x2 --out /tmp/f.md
+      longca-triton findings experiments/results/h100/dense-16k experiments/results/h200x2 --out /tmp/f.md
       longca-triton findings results/dense-h100/results.jsonl --out f.md --mode bwd --no-plots
     """
     import os

@@ -12,7 +12,7 @@ they are measured, and a markdown summary goes to <out>/dense_check.md):
    (SDPA with the boolean mask) against the same reference sets the bar (ours <= 2x its error).
 2. config sweep on full and causal (S=16K, GQA 64:8, D=128): forward, dK/dV and dQ kernels timed
    separately over a few launch configs; the fastest of each is kept.
-3. every static mask at S=16K with the kept configs: fwd and bwd TFLOP/s (MASKS.md §5), and
+3. every static mask at S=16K with the kept configs: fwd and bwd TFLOP/s (docs/masks.md §5), and
    cuDNN SDPA (full, causal) and compiled FlexAttention (a few masks) in the same process.
 """
 
@@ -87,7 +87,7 @@ def time_variant(out_dir: Path, kind: str, time_one, flops: float, **row) -> flo
 
 
 def bench_mask(name: str, S: int):
-    """Masks as in ANCHORS.md (S=16K): docs from the histogram, window 1024, prefix S/3 / 512.
+    """Masks as in docs/anchors.md (S=16K): docs from the histogram, window 1024, prefix S/3 / 512.
 
     ``"<document mask>/<n>"`` (e.g. ``full_document/2``) is that mask with ``n`` equal documents: a
     diagnostic with the area of ``causal`` (n = 2) in full tiles only, every loop half as long as full's.
@@ -329,7 +329,7 @@ def explore(out_dir: Path, S: int, base: dict, budget: float):
     print("\n".join(lines), flush=True)
 
 
-ANCHOR_FLEX = {  # ANCHORS.md, same card, S=16K, GQA 64:8 (fwd, bwd TFLOP/s), for the ratio column
+ANCHOR_FLEX = {  # docs/anchors.md, same card, S=16K, GQA 64:8 (fwd, bwd TFLOP/s), for the ratio column
     "full": (496, 425), "causal": (430, 386), "full_document": (382, 340),
     "causal_document": (333, 274), "sliding_window_causal": (330, 286), "share_question": (354, 259),
     "causal_blockwise": (365, 328), "prefix_lm_causal": (435, 393), "prefix_lm_document": (321, 265),

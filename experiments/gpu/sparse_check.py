@@ -11,7 +11,7 @@ measured; <out>/sparse_check.md gets a summary):
    reference on the dense mask, for uniform blocks 128 / 64, variable blocks (mean 256) and
    pattern layouts P = Hkv, Hq, 1; plus the table build time.
 2. speed, S=64K, density 0.5, D=128, bf16: uniform block 128, 64 and variable mean 256, forward
-   and backward TFLOP/s over the kept area (MASKS.md §5), a few launch configs each (the best is
+   and backward TFLOP/s over the kept area (docs/masks.md §5), a few launch configs each (the best is
    reported); our kernel on a density-1 block-128 map and our dense kernel on the full mask as
    the dense baselines; compiled FlexAttention block-sparse as the peer.
 """

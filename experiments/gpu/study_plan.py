@@ -43,7 +43,7 @@ FIT_FILES = ["experiments/results/h100/dense-16k/results.jsonl", "experiments/re
              "experiments/results/h100/dense-study/results.jsonl.gz"]
 #: the dense study's first slice (2026-11-23, 1K-2K complete, 4K partial, no vendor wheels carried)
 SLICE = "experiments/results/h100/dense-study/results.jsonl.gz"
-#: dense backends the offline host cannot install (ANCHORS.md): they answer `unsupported` at once
+#: dense backends the offline host cannot install (docs/anchors.md): they answer `unsupported` at once
 NOT_ON_HOST = {"fa2", "fa3", "te", "flashmask"}
 #: backends that materialise the Hq x S x S scores: past 80 GB (fp32) they fail at once (oom, or the
 #: reference's refusal), costing only the fixed part

@@ -97,7 +97,7 @@ class Problem:
         return isinstance(self.mask, BlockSparseMask)
 
     def flops(self) -> float:
-        """MASKS.md §5 with separate head dims: ``2 (D_qk + D_v)`` per allowed pair and query head."""
+        """docs/masks.md §5 with separate head dims: ``2 (D_qk + D_v)`` per allowed pair and query head."""
         return self.batch * self.mask.flops(self.heads_q, self.head_dim, self.mode, head_dim_v=self.d_v)
 
     @classmethod

@@ -9,7 +9,7 @@ Compilation: on CUDA every (backend, grad mode) pair has its *own* compiled func
 code object and dynamo cache, so forward-only runs (grad off) and training runs (grad on) never
 evict each other's graphs, and ``torch._dynamo.config.recompile_limit`` is raised so a sweep over
 many masks and sequence lengths does not fall back to the eager path (which materialises the
-scores: ANCHORS.md saw it ask for 256 GiB at 32K). On the CPU flex runs eagerly (for tests).
+scores: docs/anchors.md saw it ask for 256 GiB at 32K). On the CPU flex runs eagerly (for tests).
 The log-sum-exp comes from ``return_aux=AuxRequest(lse=True)`` (or ``return_lse=True`` on older torch).
 """
 

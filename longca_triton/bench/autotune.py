@@ -105,7 +105,7 @@ def _sparse_cases(mask_name: str):
         extra = dict(min_block=max(1, block // 2)) if mask_name == "varblock_sparse" else {}
         out = []
         for S, dens, D, dt in itertools.product(seqlens, densities, head_dims, dtypes):
-            # one pattern per KV head (MASKS.md §2's default), as in experiments/sparse.toml
+            # one pattern per KV head (docs/masks.md §2's default), as in experiments/sparse.toml
             m = make_mask(mask_name, S, seed=seed, block=block, density=float(dens), patterns=hkv, **extra)
             out.append(TuneCase(m, hq, hkv, D, dt, label=f"{mask_name} block={block} density={dens} S={S} D={D} "
                                                          f"{str(dt).replace('torch.', '')}"))

@@ -200,7 +200,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         table["rows"] += summary_rows(summaries, vendor_names)
         table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
                                               + ["source", "tuned_config"]))
-        table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (MASKS.md §5), default vs tuned, "
+        table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs tuned, "
                                                              "vendors on the same cases")
         if out:
             with open(out, "a") as f:

@@ -124,11 +124,11 @@ def bench_dense(**opts):
 @_grid_options("sparse", "experiments/sparse.toml")
 def bench_sparse(**opts):
     """Uniform block-sparse sweep: block size × density (swept mask parameters) × S × heads ×
-    head dim × dtype × mode × backends, on the block_sparse mask (MASKS.md §3 #13).
+    head dim × dtype × mode × backends, on the block_sparse mask (docs/masks.md §3 #13).
 
     List-valued mask parameters in the file are swept (`block = [64, 128]`), and "Hkv" / "Hq"
     stand for the point's head counts (`patterns = "Hkv"`: one pattern per KV head). TFLOP/s
-    count the kept blocks only (MASKS.md §5). Plots get a panel per (block, density). Without a
+    count the kept blocks only (docs/masks.md §5). Plots get a panel per (block, density). Without a
     GPU the 'smoke' preset runs instead (tiny sizes, the Triton interpreter); --dry-run always
     shows the file's grid.
 
@@ -146,7 +146,7 @@ def bench_sparse(**opts):
 @_grid_options("varblock", "experiments/varblock.toml")
 def bench_varblock(**opts):
     """Variable-block sparse sweep: mean block × density (swept) × S × heads × head dim × dtype ×
-    mode × backends, on the varblock_sparse mask (MASKS.md §3 #14).
+    mode × backends, on the varblock_sparse mask (docs/masks.md §3 #14).
 
     Parameters may refer to each other (`min_block = "block/2"`) and to the heads
     (`patterns = "Hkv"`). Without a GPU the 'smoke' preset runs instead; --dry-run always shows

@@ -15,7 +15,7 @@ For each step of one mode (``fwd`` or ``bwd``):
 
 Steps that would not fit or would take minutes at the size asked for are skipped with the reason
 (e.g. the naive step's ``O(S²)`` memory). ``sdpa-cudnn`` is timed in the same run for the
-"% of cuDNN" column. TFLOP/s count only allowed pairs (MASKS.md §5).
+"% of cuDNN" column. TFLOP/s count only allowed pairs (docs/masks.md §5).
 
 Outputs (``--out DIR``): ``ladder.jsonl`` (one row per step, with the environment; rows of the
 same problem are replaced on a re-run), ``ladder.md`` (the tables of every problem in the file) and
@@ -368,7 +368,7 @@ def _env() -> dict:
 # ----------------------------------------------------------------------------------------------
 @click.command("ladder")
 @format_option
-@click.option("--mask", default="causal", show_default=True, help="a static mask of MASKS.md (causal, causal_document, ...)")
+@click.option("--mask", default="causal", show_default=True, help="a static mask of docs/masks.md (causal, causal_document, ...)")
 @click.option("-S", "--seqlen", type=click.IntRange(min=1), default=16384, show_default=True)
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "all"]), default="fwd", show_default=True,
               help="forward steps, backward steps, or both (one table each)")

@@ -83,7 +83,7 @@ def render_markdown(rows: list[dict], command: str | None = None) -> str:
         groups.setdefault(_group_key(r), []).append(r)
     lines = ["# Kernel ladder", "",
              "Produced by `longca-triton ladder` (`longca_triton/bench/ladder.py`); steps in `longca_triton/kernels/ladder/`.",
-             "TFLOP/s count allowed pairs only (MASKS.md §5). `check`: max error at the check size, relative",
+             "TFLOP/s count allowed pairs only (docs/masks.md §5). `check`: max error at the check size, relative",
              f"to max(1, |ref|), against an fp32 reference; tolerance = max({TOL_MULT:g} × PyTorch's own error",
              "in the same dtype, a floor). `Δ vs prod @S`: the same error against the production step at full size.",
              ""]
@@ -151,7 +151,7 @@ def plot_chart(rows: list[dict], path: Path, title: str) -> bool:
                 ha="right", va="bottom", fontsize=8)
     ax.set_xticks(range(len(steps)))
     ax.set_xticklabels([r["step"].replace("_", "\n", 1) for r in steps], fontsize=8)
-    ax.set_ylabel("TFLOP/s (allowed pairs, MASKS.md §5)")
+    ax.set_ylabel("TFLOP/s (allowed pairs, docs/masks.md §5)")
     if log:
         ax.set_yscale("log")
         ax.set_ylim(floor, top * 3)

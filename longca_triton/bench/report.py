@@ -209,7 +209,7 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
     for r in rows:
         counts[status_kind(r)] += 1
     parts += ["Points: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), ""]
-    parts += ["TFLOP/s count only the allowed (mask) area (MASKS.md §5); `bwd` is the backward pass alone "
+    parts += ["TFLOP/s count only the allowed (mask) area (docs/masks.md §5); `bwd` is the backward pass alone "
               "(2.5× the forward count), `fwd_bwd` both (3.5×). Cells: TFLOP/s, or `unsup` (unsupported), "
               "`OOM`, `ERR` (error), `WRONG` (failed the correctness check, not timed), blank (not run).", ""]
     for note in (_clock_note([r for r in rows if status_kind(r) == "ok"]),

@@ -11,7 +11,7 @@ each backend and mode:
 4. peak memory of one call, absolute and above what was allocated before it;
 5. timing: ``fwd`` times the call under ``no_grad``; ``bwd`` times ``torch.autograd.grad`` of the
    output only (graph retained, forward outside the timer); ``fwd_bwd`` times both; TFLOP/s from
-   the mask's FLOP count (MASKS.md §5). By default (``[timing] interleave = true``) the backends of
+   the mask's FLOP count (docs/masks.md §5). By default (``[timing] interleave = true``) the backends of
    one problem and mode are timed together, repetition by repetition (``timing.time_interleaved``),
    so each sees the same stretch of the GPU's clock; should that fail (one backend raising, their
    graphs not fitting together), each is timed on its own. ``interleave = false``: one point after

@@ -9,7 +9,7 @@ Worker (:func:`.bench_worker.worker`; report: :mod:`.bench_report`), per mask an
 the whole sequence (rank 0; row ``scheme="single", world_size=1``), then every scheme x plan:
 local inputs, warm-up, ``rep`` timed repetitions each started together (barrier + synchronize) and
 timed with CUDA events on every rank; the point's time is the median over repetitions of the
-slowest rank. Per-GPU TFLOP/s = MASKS.md §5 work of the whole mask / N / time; efficiency =
+slowest rank. Per-GPU TFLOP/s = docs/masks.md §5 work of the whole mask / N / time; efficiency =
 ``T1 / (N * time)`` (= per-GPU TFLOP/s over single-GPU TFLOP/s); peak memory is the largest over
 ranks. A failing point becomes a status row (``unsupported: ...``, ``oom``, ``error: ...``).
 

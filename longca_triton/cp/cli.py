@@ -50,7 +50,7 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, 
 @click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v when v has its own (e.g. 192/128)")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bfloat16", show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--mask", default=None, help="mask name (MASKS.md); adds the fraction of ring transfers some pair uses (group_cast: required)")
+@click.option("--mask", default=None, help="mask name (docs/masks.md); adds the fraction of ring transfers some pair uses (group_cast: required)")
 @click.option("--plan", type=click.Choice(["contiguous", "zigzag", "balanced"]), default="zigzag", show_default=True)
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="group_cast: the device to show (default: the busiest)")
 @click.option("--return-lse", is_flag=True, help="count the lse all-to-all of the Ulysses schemes")
@@ -165,7 +165,7 @@ def cp_bench_command(config, preset, worlds, masks, schemes, plans, modes, backe
     """Context-parallel sweep: scheme x plan x mask x world size (launches torchrun per world size).
 
     Per point: the max-rank time (median over repetitions of the slowest rank), per-GPU TFLOP/s
-    (MASKS.md §5 work of the whole mask / N / time), peak memory (max over ranks), and efficiency
+    (docs/masks.md §5 work of the whole mask / N / time), peak memory (max over ranks), and efficiency
     against the single-GPU time of the same backend on the whole sequence divided by N. Rows go to
     OUT/results.jsonl through the bench results store (resumable).
 

@@ -1,4 +1,4 @@
-"""The mask IR shared by our kernels and every vendor adapter (MASKS.md is the normative spec)."""
+"""The mask IR shared by our kernels and every vendor adapter (docs/masks.md is the normative spec)."""
 
 from .generators import MASK_NAMES, MASK_SPECS, STATIC_MASK_NAMES, histogram_for, load_histogram, make_mask, sample_doc_lengths
 from .ir import FLOP_MODES, BlockSparseMask, BlockTables, Mask, RangeMask, SliceKind, merge_intervals

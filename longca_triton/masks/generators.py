@@ -1,4 +1,4 @@
-"""The 14 masks of MASKS.md §3, each reproducible from ``(name, S, params, seed)``.
+"""The 14 masks of docs/masks.md §3, each reproducible from ``(name, S, params, seed)``.
 
 Static masks (1–12) are built as ``RangeMask`` slices; dynamic ones (13–14) as ``BlockSparseMask``.
 Every drawn value (document bounds, prefix, block bounds...) is recorded in ``mask.params``.
@@ -40,7 +40,7 @@ def load_histogram(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def histogram_for(seqlen: int) -> str:
-    """MASKS.md §4: pile up to 12K, prolong64k up to 64K, prolong512k above."""
+    """docs/masks.md §4: pile up to 12K, prolong64k up to 64K, prolong512k above."""
     if seqlen <= 12 * 1024:
         return "pile"
     if seqlen <= 64 * 1024:
@@ -61,7 +61,7 @@ def _sample_hist(total: int, rng: np.random.Generator, distribution: str) -> lis
 
 
 def sample_doc_lengths(seqlen: int, rng: np.random.Generator, docs: str = "hist", distribution: str | None = None) -> list[int]:
-    """Document lengths summing to ``seqlen`` (MASKS.md §4, and the ``docs="long"`` variant of §3)."""
+    """Document lengths summing to ``seqlen`` (docs/masks.md §4, and the ``docs="long"`` variant of §3)."""
     distribution = distribution or histogram_for(seqlen)
     if docs == "hist":
         return _sample_hist(seqlen, rng, distribution)
@@ -303,7 +303,7 @@ STATIC_MASK_NAMES: tuple[str, ...] = tuple(n for n, s in MASK_SPECS.items() if s
 
 
 def make_mask(name: str, seqlen: int, *, seed: int = 0, **params: Any) -> Mask:
-    """Build mask ``name`` (MASKS.md §3) for a sequence of ``seqlen`` tokens.
+    """Build mask ``name`` (docs/masks.md §3) for a sequence of ``seqlen`` tokens.
 
     >>> m = make_mask("causal_document", 8192, seed=1)
     >>> m.params["doc_bounds"][:3], m.area

@@ -1,4 +1,4 @@
-"""The mask IR (MASKS.md §1–2) and its lowerings.
+"""The mask IR (docs/masks.md §1–2) and its lowerings.
 
 Two representations, both immutable:
 
@@ -211,7 +211,7 @@ class Mask:
         raise NotImplementedError
 
     def flops(self, num_heads_q: int, head_dim: int, mode: str = "fwd", head_dim_v: int | None = None) -> float:
-        """MASKS.md §5: ``2 · (D_qk + D_v) · Σ_heads area_h`` (``4 · D · Σ area`` when ``head_dim_v``
+        """docs/masks.md §5: ``2 · (D_qk + D_v) · Σ_heads area_h`` (``4 · D · Σ area`` when ``head_dim_v``
         is None or equal: ``q . k`` costs ``2 D_qk`` per allowed pair, ``P V`` ``2 D_v``); bwd is
         2.5×, fwd_bwd 3.5× the forward count. True head dims count, never padded tiles."""
         if mode not in FLOP_MODES:
@@ -231,7 +231,7 @@ class Mask:
 
 
 class RangeMask(Mask):
-    """Union of ``(q_start, q_end, k_start, k_end, kind)`` slices (MASKS.md §1)."""
+    """Union of ``(q_start, q_end, k_start, k_end, kind)`` slices (docs/masks.md §1)."""
 
     def __init__(self, seqlen_q: int, seqlen_k: int, slices: Iterable[Sequence[Any]], *, name: str = "range", params: dict | None = None):
         self.seqlen_q = _check_block_size("seqlen_q", seqlen_q)
@@ -271,7 +271,7 @@ class RangeMask(Mask):
     # ------------------------------------------------------------------ semantics
     @staticmethod
     def slice_allows(kind: SliceKind, r, c, sq: int, sk: int):
-        """The predicate of MASKS.md §1 on in-slice coordinates (works on ints, numpy and torch)."""
+        """The predicate of docs/masks.md §1 on in-slice coordinates (works on ints, numpy and torch)."""
         if kind == SliceKind.FULL:
             return (r >= 0) & (c >= 0)
         if kind == SliceKind.CAUSAL:
@@ -416,7 +416,7 @@ class RangeMask(Mask):
 
 
 class BlockSparseMask(Mask):
-    """Per-pattern block map over query/key blocks with explicit bounds (MASKS.md §2)."""
+    """Per-pattern block map over query/key blocks with explicit bounds (docs/masks.md §2)."""
 
     def __init__(self, q_block_bounds, k_block_bounds, block_map, *, name: str = "block_sparse", params: dict | None = None):
         self.q_block_bounds = self._check_bounds("q_block_bounds", q_block_bounds)

@@ -205,13 +205,11 @@ def test_block_sparse_tunables_registered():
     for block in (64, 128):
         assert {c["BLOCK_N"] for c in cands("fwd", block, 128)} == {block}  # inner tile = block
         # the backward passes step over the block, or over 64-wide halves of a 128 block (the
-        # defaults' steps), reading their lists entry by entry or in register chunks of 64
+        # defaults' steps)
         assert {c["DQ_BLOCK_N"] for c in cands("dq", block, 128)} == {64, block}
         assert {c["DKDV_BLOCK_M"] for c in cands("dkdv", block, 128)} == {64, block}
-        for group, key in (("fwd", "list_chunk"), ("dkdv", "dkdv_list_chunk"), ("dq", "dq_list_chunk")):
-            assert {c[key] for c in cands(group, block, 128)} == {0, 64}
         assert all(c["BLOCK_M"] <= block for c in cands("fwd", block, 128))
-    from longca_triton.kernels.block_sparse.op import CONFIG_KEYS
+    from longca_triton.kernels.block_sparse import CONFIG_KEYS
 
     for name in ("triton-sparse", "triton-varblock"):
         t = at.TUNABLES[name]
@@ -247,10 +245,9 @@ def test_autotune_bad_density(runner):
 def test_tiny_interpreter_tune(name, block, S):
     """``tune`` end to end in the interpreter with one pinned candidate per group (no cache write)."""
     base = at.TUNABLES[name]
-    pinned = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, HEADS=1, num_warps=4, num_stages=1, warp_specialize=False),
-              "dkdv": dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=32, DKDV_HEADS=1, dkdv_num_warps=4, dkdv_num_stages=1),
-              "dq": dict(DQ_BLOCK_M=32, DQ_BLOCK_N=16, DQ_HEADS=1, dq_num_warps=4, dq_num_stages=1),
-              "bwd": dict(one_launch=True, bwd_order=2, bwd_num_warps=4, bwd_num_stages=1)}
+    pinned = {"fwd": dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
+              "dkdv": dict(DKDV_BLOCK_M=16, DKDV_BLOCK_N=32, dkdv_num_warps=4, dkdv_num_stages=1),
+              "dq": dict(DQ_BLOCK_M=32, DQ_BLOCK_N=16, DQ_HEADS=1, dq_num_warps=4, dq_num_stages=1)}
     assert set(pinned) == set(base.groups)
     tunable = dataclasses.replace(base, candidates=lambda group, blk, d: [pinned[group]])
     cases = run.cases_for(tunable, block, None, [S], [16], [torch.float16], (2, 1), [0.5])

@@ -248,7 +248,7 @@ def test_committed_findings_page_is_the_regenerated_one(tmp_path, monkeypatch):
         sorted(p.name for p in (repo / "docs" / "findings").glob("*.png"))
     # the dense study's 1K-4K, its not-installed rows retried with the vendor wheels: the backends
     # still missing there are absent, not losing
-    assert ("`experiments/results/h100/study/dense/results.jsonl.gz` ran without fa2, fa3, flashmask, te on its "
+    assert ("`experiments/results/h100/dense-study/results.jsonl.gz` ran without fa2, fa3, flashmask, te on its "
             "machine (not installed)") in text
     assert not [d for d in f.losses if "not installed" in str(d)]
     # 32K and 48K ran for GQA 64:8 / D = 128 only (plus fa3-fwd on every layout): a slice, said so

@@ -168,12 +168,12 @@ def test_gzipped_results_recommend_the_same(results, tmp_path, monkeypatch):
     other.mkdir(parents=True)
     (study / "results.jsonl.gz").write_bytes(gz.read_bytes())
     (other / "results.jsonl").write_bytes(results.read_bytes())
-    assert [str(p) for p in default_results()] == ["experiments/results/h100/dense_16k/results.jsonl",
-                                                    "experiments/results/h100/study/dense/results.jsonl.gz"]
+    assert [str(p) for p in default_results()] == ["experiments/results/h100/dense-16k/results.jsonl",
+                                                    "experiments/results/h100/dense-study/results.jsonl.gz"]
     (study / "results.jsonl").write_bytes(results.read_bytes())
     with pytest.warns(BothResultsWarning, match="reading results.jsonl, not results.jsonl.gz"):
-        assert [str(p) for p in default_results()] == ["experiments/results/h100/dense_16k/results.jsonl",
-                                                        "experiments/results/h100/study/dense/results.jsonl"]
+        assert [str(p) for p in default_results()] == ["experiments/results/h100/dense-16k/results.jsonl",
+                                                        "experiments/results/h100/dense-study/results.jsonl"]
     r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K"])
     assert r.exit_code == 0 and "kernel: fa4" in r.output
-    assert "warning: both experiments/results/h100/study/dense/results.jsonl and results.jsonl.gz" in r.output
+    assert "warning: both experiments/results/h100/dense-study/results.jsonl and results.jsonl.gz" in r.output

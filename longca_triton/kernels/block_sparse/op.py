@@ -59,7 +59,7 @@ from typing import Optional
 
 import torch
 
-from longca_triton.kernels.block_sparse import plan as _plan
+import longca_triton.kernels.block_sparse.plan as _plan
 from longca_triton.kernels.block_sparse.bwd import block_sparse_bwd_dkdv_kernel, block_sparse_bwd_dq_kernel
 from longca_triton.kernels.block_sparse.config import CONFIG_KEYS, _SPEC, pass_plans, resolve_config, stack
 from longca_triton.kernels.block_sparse.fwd import block_sparse_fwd_kernel

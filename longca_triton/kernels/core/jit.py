@@ -481,7 +481,7 @@ def dkdv_update(dk, dv, p_t, q, do, v, delta):
     issued first its wgmma runs while the warps compute ``exp2`` for ``P^T`` (sm_90a SASS: the
     MUFU.EX2 sit between its HGMMAs; in the other order they ran between two waits with the tensor
     cores idle). H100, S = 16K, GQA 64:8, D = 128, full: dK/dV kernel 35.1 -> 32.0 ms, backward
-    399 -> 418 TFLOP/s; causal and document masks unchanged (``experiments/results/h100/bwd_order/``).
+    399 -> 418 TFLOP/s; causal and document masks unchanged (``experiments/results/h100/bwd-order/``).
     Only at 128-wide head-dim tiles (D = 128, and 80 / 96 padded to 128), the case measured: at the
     other dims' default tiles the early ``dP^T`` accumulator makes the dK/dV kernel spill (sm_90a:
     D = 64 causal 0 -> 60 bytes, D = 256 16 -> 76), so there the order stays dV first."""

@@ -21,7 +21,7 @@ FlashMask describes a mask by four int32 vectors over the *key* columns
                                    or  UTS[j] <= i < UTE[j]   (upper-triangle interval, "UT")
 
 e.g. causal is ``UT = [0, j)``, ``LT`` empty; causal documents add ``LT = [end(doc(j)), Sq)``.
-All twelve static masks of MASKS.md fit; a column with more than one allowed gap does not.
+All twelve static masks of docs/masks.md fit; a column with more than one allowed gap does not.
 Metadata is ``4 * Sk`` int32, whatever the mask.
 
 Tile classification (FlashMask's Algorithm 1)

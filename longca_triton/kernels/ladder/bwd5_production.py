@@ -26,7 +26,7 @@ takes the production defaults: dK/dV 32 x 64, dQ 128 x 64), so the gain is the l
 TMA, 3-stage pipelining, runs and heavy-first order.
 (B=1, Hq:Hkv=64:8, D=128, bf16; H100 80GB HBM3, torch 2.11.0+cu130, Triton 3.6.0;
 ``experiments/results/h100/ladder/ladder.md``, chart ``ladder_bwd.png`` next to it.)
-With the row-major sweep (session 11, ``experiments/results/h100/ladder/bwd_session11/``): 426.6
+With the row-major sweep (``experiments/results/h100/ladder/bwd-row-major/``): 426.6
 TFLOP/s (25.77 ms), 1.45x bwd4 (293.7 in that run), 79 % of sdpa-cudnn (537.9).
 """
 

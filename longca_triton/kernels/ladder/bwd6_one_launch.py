@@ -19,7 +19,7 @@ tile, and a grid has no barrier to wait for a part of itself.
 
 Measured (H100, causal, S=16K)
 ------------------------------
-Slower, by 8-11 % at best (``experiments/results/h100/bwd_variants/``; GQA 64:8, D=128, bf16,
+Slower, by 8-11 % at best (``experiments/results/h100/bwd-variants/``; GQA 64:8, D=128, bf16,
 S=16K): causal 30.5 ms vs step 5's 27.6 (361 vs 399 TFLOP/s), full 59.5 vs 56.9,
 causal_document 8.97 vs 8.31, share_question 10.6 vs 10.2, and that only with the dQ set kept on
 step 5's 64x64 tiles. What it removes (one launch, the tail between the kernels) is smaller than

@@ -33,7 +33,7 @@ a timeline. sm_90 only; elsewhere the ladder says ``skipped`` with the reason.
 
 Measured (H100, causal, S=16K)
 ------------------------------
-585-598 TFLOP/s (B=1, Hq:Hkv=64:8, D=128, bf16; experiments/results/h100/gluon/gluon_configs.md,
+585-598 TFLOP/s (B=1, Hq:Hkv=64:8, D=128, bf16; experiments/results/h100/gluon-first-runs/gluon_configs.md,
 2026-11-23): 1.17-1.19x step 7 (501 in the same run) and 0.96-1.03x cuDNN. The ring carries it
 (1 stage: 492, no better than step 7); ping-pong between the consumers measured -3 % to +1 %,
 so it is off by default. The ladder command itself has not yet run this step.
@@ -41,13 +41,13 @@ so it is off by default. The ladder command itself has not yet run this step.
 What came after (the kernel this step calls grew; ``docs/ladder.md`` has each idea): three consumers
 with P through shared memory on dense masks, a persistent launch on the sparser ones, the split launch
 and the branch-free masked head steps (``mask_head``) that keep the mask path out of the key loop.
-Session 19 (experiments/results/h100/session19, the harness, interleaved): causal 706-716 TFLOP/s
+Measured later (experiments/results/h100/gluon-fwd-mask-head-rowsum, the harness, interleaved): causal 706-716 TFLOP/s
 (1.14-1.16x cuDNN, 1.05x Flex's FA4 backend), full 722-723 (1.11-1.12x cuDNN).
 """
 
 from __future__ import annotations
 
-from longca_triton.kernels.gluon.op import device_reason, gluon_attention
+from longca_triton.kernels.gluon import device_reason, gluon_attention
 
 from .step7_production import production_config
 
