@@ -1,4 +1,4 @@
-"""MASKS.md §3 written out directly, element by element, from a mask's ``.params``.
+"""docs/masks.md §3 written out directly, element by element, from a mask's ``.params``.
 
 This is the test oracle: it never looks at slices or lowerings, only at the definition table.
 """

@@ -140,7 +140,7 @@ def test_chunked_reference_matches_naive_with_own_value_dim():
 
 
 def test_flops_count_each_head_dim_once():
-    """MASKS.md §5: ``2 (D_qk + D_v)`` per allowed pair and query head; equal dims give ``4 D``."""
+    """docs/masks.md §5: ``2 (D_qk + D_v)`` per allowed pair and query head; equal dims give ``4 D``."""
     mask = make_mask("causal", 64)
     assert mask.flops(8, 192, "fwd", head_dim_v=128) == 2 * (192 + 128) * 8 * mask.area
     assert mask.flops(8, 96, "fwd", head_dim_v=96) == mask.flops(8, 96, "fwd") == 4 * 96 * 8 * mask.area
@@ -214,7 +214,7 @@ def test_bench_grid_takes_head_dims(tmp_path):
 
 
 def test_bench_rows_record_both_head_dims(tmp_path):
-    """A sweep at ``"24/16"``: rows carry head_dim = d_qk = 24 and d_v = 16, the FLOPs of MASKS.md §5
+    """A sweep at ``"24/16"``: rows carry head_dim = d_qk = 24 and d_v = 16, the FLOPs of docs/masks.md §5
     with both dims, a passing check of our kernel; the report and row keys tell 24/16 from 24."""
     from longca_triton.bench.config import Experiment
     from longca_triton.bench.report import markdown_report

@@ -1,4 +1,4 @@
-"""The mask IR against MASKS.md: every mask, every lowering, random RangeMasks, bad input."""
+"""The mask IR against docs/masks.md: every mask, every lowering, random RangeMasks, bad input."""
 
 import time
 
@@ -102,7 +102,7 @@ def test_mask_matches_definition_and_lowerings(name, S, seed, params):
         assert dense.shape == (p["patterns"], S, S)
         assert mask.area == [int(x) for x in dense.sum((1, 2))]
     else:
-        assert torch.equal(dense, definition(name, S, mask.params)), "to_dense() differs from MASKS.md"
+        assert torch.equal(dense, definition(name, S, mask.params)), "to_dense() differs from docs/masks.md"
         assert mask.area == int(dense.sum())
         lo, hi = mask.row_intervals()
         j = torch.arange(S)
