@@ -51,30 +51,10 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 from longca_triton.bench.check import compare  # noqa: E402
-from longca_triton.masks import STATIC_MASK_NAMES, make_mask  # noqa: E402
+from longca_triton.masks import STATIC_MASK_NAMES, aligned_block_bounds, make_mask  # noqa: E402
 
 T0 = time.time()
 
-
-
-def aligned_bounds(S: int, unit: int = 128, mean: int = 256, seed: int = 0) -> dict:
-    """Variable blocks whose sizes are multiples of ``unit`` (``unit`` to ``2 * mean - unit``, mean
-    ``mean``): variable blocks without ragged tiles at ``unit``-sized tiles (an experiment that tells
-    the ragged tiles' cost from the variable structure's)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    sizes = []
-    while sum(sizes) < S:
-        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
-    sizes[-1] -= sum(sizes) - S
-    if sizes[-1] <= 0:
-        sizes.pop()
-        sizes[-1] += S - sum(sizes)
-    bounds = [0]
-    for x in sizes:
-        bounds.append(bounds[-1] + x)
-    return {"min_block": unit, "block_bounds": bounds}
 
 
 SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters or a function of S giving them)
@@ -83,7 +63,7 @@ SPARSE_MASKS = {  # name -> (make_mask name, block, extra parameters or a functi
     "varblock256": ("varblock_sparse", 256, {"min_block": 128}),
     "varblock128": ("varblock_sparse", 128, {"min_block": 64}),
     "varblock512": ("varblock_sparse", 512, {"min_block": 256}),
-    "varblock256x128": ("varblock_sparse", 256, aligned_bounds),
+    "varblock256x128": ("varblock_sparse", 256, aligned_block_bounds),
 }
 
 

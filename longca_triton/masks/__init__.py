@@ -1,6 +1,6 @@
 """The mask IR shared by our kernels and every vendor adapter (docs/masks.md is the normative spec)."""
 
-from .generators import MASK_NAMES, MASK_SPECS, STATIC_MASK_NAMES, histogram_for, load_histogram, make_mask, sample_doc_lengths
+from .generators import MASK_NAMES, MASK_SPECS, STATIC_MASK_NAMES, aligned_block_bounds, histogram_for, load_histogram, make_mask, sample_doc_lengths
 from .ir import FLOP_MODES, BlockSparseMask, BlockTables, Mask, RangeMask, SliceKind, merge_intervals
 from .lowerings import (
     FlashMaskColumns,
@@ -16,6 +16,7 @@ __all__ = [
     "MASK_NAMES",
     "MASK_SPECS",
     "STATIC_MASK_NAMES",
+    "aligned_block_bounds",
     "FLOP_MODES",
     "BlockSparseMask",
     "BlockTables",

@@ -16,7 +16,8 @@ import torch
 
 from .ir import BlockSparseMask, Mask, RangeMask, SliceKind
 
-__all__ = ["MASK_NAMES", "MASK_SPECS", "make_mask", "sample_doc_lengths", "load_histogram", "histogram_for"]
+__all__ = ["MASK_NAMES", "MASK_SPECS", "aligned_block_bounds", "make_mask", "sample_doc_lengths", "load_histogram",
+           "histogram_for"]
 
 FULL, CAUSAL, INVCAUSAL, BICAUSAL = SliceKind.FULL, SliceKind.CAUSAL, SliceKind.INVCAUSAL, SliceKind.BICAUSAL
 
@@ -80,6 +81,21 @@ def sample_doc_lengths(seqlen: int, rng: np.random.Generator, docs: str = "hist"
 
 def _bounds(lengths) -> list[int]:
     return [0] + [int(x) for x in np.cumsum(lengths)]
+
+
+def aligned_block_bounds(seqlen: int, unit: int = 128, mean: int = 256, seed: int = 0) -> dict:
+    """``make_mask("varblock_sparse", ...)`` parameters for variable blocks whose sizes are multiples of
+    ``unit`` (``unit`` to ``2 * mean - unit``, mean about ``mean``): variable structure without ragged
+    tiles at ``unit``-sized tiles, which tells the ragged tiles' cost from the variable structure's."""
+    rng = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < seqlen:
+        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
+    sizes[-1] -= sum(sizes) - seqlen
+    if sizes[-1] <= 0:
+        sizes.pop()
+        sizes[-1] += seqlen - sum(sizes)
+    return {"min_block": unit, "block_bounds": _bounds(sizes)}
 
 
 def _doc_bounds(S: int, rng, p: dict) -> list[int]:

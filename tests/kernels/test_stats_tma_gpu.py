@@ -11,29 +11,15 @@ import torch
 from utils import assert_grads_near_float64
 
 from longca_triton.kernels.block_sparse.op import block_sparse_attention
-from longca_triton.masks import make_mask
+from longca_triton.masks import aligned_block_bounds, make_mask
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _aligned_varblock(S: int, unit: int = 128, mean: int = 256, seed: int = 0):
-    """Variable blocks whose sizes are multiples of ``unit`` (``unit`` to ``2 * mean - unit``, mean
-    ``mean``): full entries at the 128-key tile, so the stats boxes apply."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    sizes = []
-    while sum(sizes) < S:
-        sizes.append(unit * int(rng.integers(1, 2 * mean // unit)))
-    sizes[-1] -= sum(sizes) - S
-    if sizes[-1] <= 0:
-        sizes.pop()
-        sizes[-1] += S - sum(sizes)
-    bounds = [0]
-    for x in sizes:
-        bounds.append(bounds[-1] + x)
-    return make_mask("varblock_sparse", S, block=mean, density=0.3, patterns=2, seed=0, min_block=unit,
-                     block_bounds=bounds)
+def _aligned_varblock(S: int):
+    """Variable blocks whose sizes are multiples of 128: full entries at the 128-key tile, so the stats
+    boxes apply."""
+    return make_mask("varblock_sparse", S, block=256, density=0.3, patterns=2, seed=0, **aligned_block_bounds(S))
 
 
 CASES = {
