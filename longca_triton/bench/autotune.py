@@ -6,9 +6,8 @@ writes are :mod:`longca_triton.bench.autotune_run`; the cache the kernels read a
 ``longca-triton autotune --block 64`` fixes the *inner-loop tile* of every kernel to the block
 size (the key tile of the forward and dQ passes, the query tile of the dK/dV pass; for the
 block-sparse kernel ``triton-sparse`` the block itself, on uniform block-sparse masks of that
-block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the
-kernels' switches (warp specialisation; for the block-sparse kernels the backward's layout, two
-kernels or one launch, as a last group; the dense search space is ``kernels/dense/tune.py``). ``--varblock`` tunes ``triton-varblock`` on
+block) and searches the rest: outer tile, warps, pipeline stages, stacked GQA heads and the kernels'
+switches. Each family declares its search space in ``kernels/<family>/tune.py``. ``--varblock`` tunes ``triton-varblock`` on
 variable-block masks of a mean block (256 by default), searching the inner tile too. Each group of
 keys (forward, dK/dV, dQ) is tuned with the others at their defaults, because the passes are
 separate kernels.
@@ -18,16 +17,14 @@ from __future__ import annotations
 
 import itertools
 
+from longca_triton.kernels.block_sparse.tune import sparse_candidates, varblock_candidates
 from longca_triton.kernels.core.tuned import uniform_pow2
+from longca_triton.kernels.dense import tune as dense_tune
+
 from ..masks import BlockSparseMask
 from .autotune_run import Tunable, TuneCase
 
-from longca_triton.kernels.block_sparse.tune import sparse_candidates, varblock_candidates
-from longca_triton.kernels.dense import tune as dense_tune
-
 __all__ = ["TUNABLES", "register_tunable"]
-
-
 
 # ---------------------------------------------------------------------------- what can be tuned
 TUNABLES: dict[str, Tunable] = {}
@@ -36,30 +33,6 @@ TUNABLES: dict[str, Tunable] = {}
 def register_tunable(t: Tunable) -> Tunable:
     TUNABLES[t.name] = t
     return t
-
-
-def _pow2_choices(block: int, options=(64, 128)) -> list[int]:
-    return sorted({o for o in options} | {block})
-
-
-def with_qmajor(cands: list[dict]) -> list[dict]:
-    """Block-sparse dK/dV candidates, each also with query-major scores (``dkdv_qmajor``) where its step keeps one
-    exponential a score: at least 64 query rows a warpgroup (the head-major loop only)."""
-    def fits(c):
-        rows = c["DKDV_BLOCK_M"] * c.get("DKDV_HEADS", 1)
-        return c.get("dkdv_sweep", 0) == 0 and rows >= 16 * c["dkdv_num_warps"]
-
-    return cands + [dict(c, dkdv_qmajor=True) for c in cands if fits(c)]
-
-
-def _one_launch_candidates(big: bool) -> list[dict]:
-    """The ``bwd`` group of ``triton-sparse``, ``triton-varblock``, tuned after dkdv and
-    dq (their tiles stay): two kernels first (so its keys are the group's, the ones reset to the
-    default when nothing wins), then one launch of both program sets per program order (dK/dV
-    first, interleaved), warps and stages."""
-    off = dict(one_launch=False, bwd_order=0, bwd_num_warps=8, bwd_num_stages=2 if big else 3)
-    return [off] + [dict(one_launch=True, bwd_order=o, bwd_num_warps=w, bwd_num_stages=s)
-                    for o, w, s in itertools.product([0, 2], [4, 8], [2] if big else [2, 3])]
 
 
 def _dense_tunable() -> Tunable:
