@@ -753,7 +753,7 @@ def test_block_sparse_stats_tma_reaches_the_kernel_only_on_full_unpacked_entries
     import longca_triton.kernels.dense.op as D
 
     launches = _record_launches(monkeypatch, BS, ("block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"))
-    pre = _record_launches(monkeypatch, D, ("dense_bwd_preprocess_kernel",))
+    pre = _record_launches(monkeypatch, D, ("bwd_preprocess_kernel",))
     extra = {"min_block": 20} if kind == "varblock_sparse" else {}
     mask = make_mask(kind, 192, block=block, density=0.5, patterns=2, seed=1, **extra)
     q, k, v, out, do = (torch.randn(1, 192, h, 32) for h in (4, 2, 2, 4, 4))

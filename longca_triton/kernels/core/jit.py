@@ -475,16 +475,14 @@ def recompute_p(a, b, lse2, qk_scale, KEY_MAJOR: tl.constexpr, LSE_NATURAL: tl.c
 @triton.jit
 def dkdv_update(dk, dv, p_t, q, do, v, delta):
     """Add one query tile into ``dk [BLOCK_N, BLOCK_DQK]`` (unscaled) and ``dv [BLOCK_N, BLOCK_DV]``
-    from the masked ``P^T``; returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a fused dQ.
+    from the masked ``P^T``; returns ``dS^T [BLOCK_N, BLOCK_M]`` (q's dtype) too, for a caller that forms dQ.
 
     why dP^T before dV (128-wide head-dim tiles): ``dP^T = V dO^T`` does not need ``P^T``, so
     issued first its wgmma runs while the warps compute ``exp2`` for ``P^T`` (sm_90a SASS: the
     MUFU.EX2 sit between its HGMMAs; in the other order they ran between two waits with the tensor
-    cores idle). H100, S = 16K, GQA 64:8, D = 128, full: dK/dV kernel 35.1 -> 32.0 ms, backward
-    399 -> 418 TFLOP/s; causal and document masks unchanged (``experiments/results/h100/bwd-order/``).
-    Only at 128-wide head-dim tiles (D = 128, and 80 / 96 padded to 128), the case measured: at the
-    other dims' default tiles the early ``dP^T`` accumulator makes the dK/dV kernel spill (sm_90a:
-    D = 64 causal 0 -> 60 bytes, D = 256 16 -> 76), so there the order stays dV first."""
+    cores idle). Only at 128-wide head-dim tiles (D = 128, and 80 / 96 padded to 128): at the other
+    dims' default tiles the early ``dP^T`` accumulator makes the dK/dV kernel spill, so there the order
+    stays dV first."""
     DP_FIRST: tl.constexpr = (q.shape[1] == 128) and (do.shape[1] == 128)
     if DP_FIRST:
         dp_t = tl.dot(v, do.T)  # [BLOCK_N, BLOCK_M]
@@ -535,7 +533,7 @@ def dq_skewed_scores(dq, ds_prev, k_prev, q, do, k, v, lse2, qk_scale):
     overlap ``dP``'s HGMMAs). Issued one step late, after this step's ``S`` and ``dP``, the GEMM runs
     while this step's ``dS`` is formed (sm_90a SASS of the full-mask kernel: the ``dS`` FADD / FMUL
     interleave with its HGMMAs; in the causal kernel ptxas schedules them ahead of the HGMMAs and
-    the gain is gone: ``experiments/cpu_aot_dense_bwd.py``). ``ds_prev`` is carried in float32 (the
+    the gain is gone). ``ds_prev`` is carried in float32 (the
     accumulator layout) and rounded here: carried already rounded, the compiler staged it in shared
     memory, which makes the GEMM wait at once (``dotCanBeProperlyAsync``: a shared operand must be
     multi-buffered). ``k_prev`` is reloaded by the caller (one more TMA tile a step, from L2)."""

@@ -36,7 +36,7 @@ def candidates(group: str, block: int, head_dim: int) -> list[dict]:
 
 def _big_candidates(group: str, block: int) -> list[dict]:
     """Head dims above 128 (tiles of 256, incl. 192/128): the tiles that compile for sm_90a without spills
-    and within shared memory (``experiments/results/cpu/aot-dense-headdim-configs/headdim_configs.md``). A 128-row tile needs 8
+    and within shared memory (compiled for sm_90a on a CPU, ``core.aot``). A 128-row tile needs 8
     warps, key tiles of 128 overflow shared memory, and dK/dV fits only 16 or 32 query rows a step, so
     ``block`` caps the key tile at 64 instead of setting it. The first candidate of each group is the
     default's tile."""
