@@ -320,7 +320,7 @@ def test_mask_head_forward(name, D, config):
     launch: the same checks (random masks give several partial tiles a query tile, causal one)."""
     mask = (random_range_mask(1500, 1700, seed=5, n_slices=6) if name == "random"
             else small_mask(name, 3001, seed=7))
-    _check(mask, 8, 2, D, config=dict(mask_head=True, **config), B=2)
+    _check(mask, 8, 2, D, config=dict(mask_head=1, **config), B=2)
 
 
 def _head_case(name):

@@ -212,6 +212,17 @@ def test_dq_mask_head_plan(name, want):
             assert sorted(h) == sorted(n for n, _ in w)
 
 
+@pytest.mark.parametrize("sq,sk", [(3001, 3001), (1023, 1024), (113, 211), (127, 513)])
+def test_dq_plan_of_a_full_mask_with_ragged_ends(sq, sk):
+    """A full mask whose lengths leave a ragged last tile: its only partial tiles are the sequence's end
+    (no query tile has a partial key tile in the mask's block tables), so the dQ plan is the merged one,
+    never a head plan of zero tiles."""
+    mask = lt.RangeMask(sq, sk, [(0, sq, 0, sk, "full")])
+    plan = G.dq_plan(mask, 128, "cpu")
+    assert plan.mask_head == 0
+    assert plan is get_ws_plan(mask, GC.BLOCK_M, GC.bwd_tiles(128)["dq_block_n"], "cpu")
+
+
 @pytest.mark.parametrize("design", ["mixed", "split", "plain"])
 def test_backward_plans_per_design(design):
     """Each backward design gets the plans its kernels walk: the mixed one the Gluon dQ kernel's merged

@@ -256,7 +256,8 @@ def dq_plan(mask, head_dim: int, device):
         return plan
     bt = mask.block_tables(BLOCK_M, tiles["dq_block_n"])
     most = int(np.diff(np.asarray(bt.q_part_ptr)).max())
-    if most > max(HEAD_TILES):
+    # most == 0: the only partial tiles are the sequence's ragged end, which the merged plan masks
+    if most == 0 or most > max(HEAD_TILES):
         return plan
     return get_ws_plan(mask, BLOCK_M, tiles["dq_block_n"], device, "q", part="head", head=most)
 
