@@ -8,8 +8,9 @@ may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an e
 (passed to the kernels; ``problem.extra["deterministic"]`` in ``prepare``), and a ``prepare`` that
 does the mask lowering / planning before returning the timed call.
 
-A subclass overrides ``mask_reason`` (which masks it takes), ``launch`` (the kernel call) and
-``plan`` (the device metadata built outside the timer).
+A subclass overrides ``mask_reason`` (which masks it takes), ``launch`` (the kernel call; or names it
+in ``attention_op``, with ``config_module`` for ``check_config``) and ``plan`` (the device metadata
+built outside the timer).
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class TritonBackend(Backend):
             return False, "needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)"
         return True, ""
 
+    #: ``(module, name)`` of the kernel family's attention call, ``name(q, k, v, mask, softmax_scale=,
+    #: return_lse=, config=, deterministic=)``: the default ``launch`` (None: the subclass overrides it)
+    attention_op: tuple[str, str] | None = None
+    #: the module whose ``resolve_config`` checks a config at D = 128 in ``check_config`` (None: the
+    #: ``attention_op`` module's; neither: no check)
+    config_module: str | None = None
+
     # -- to override
     def mask_reason(self, problem: Problem) -> str:
         """Why this backend cannot take ``problem.mask`` (empty when it can)."""
@@ -63,7 +71,11 @@ class TritonBackend(Backend):
     def launch(self, q, k, v, mask, scale, return_lse: bool, config: dict | None, deterministic: bool = False):
         """The kernel call (differentiable); returns ``out`` or ``(out, lse)``. ``deterministic``:
         bitwise-identical gradients run to run (the kernel raises ValueError if ``config`` forbids it)."""
-        raise NotImplementedError
+        if self.attention_op is None:
+            raise NotImplementedError
+        module, name = self.attention_op
+        fn = getattr(importlib.import_module(module), name)
+        return fn(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config, deterministic=deterministic)
 
     def plan(self, problem: Problem, q, config: dict | None) -> None:
         """Build (and cache) the device metadata for ``problem`` now, outside any timer."""
@@ -92,6 +104,9 @@ class TritonBackend(Backend):
     def check_config(self, config: dict) -> None:
         """Raise ``ValueError`` naming the problem where ``config`` is no valid overlay for this kernel (unknown
         keys, bad tiles): the kernel's own ``resolve_config`` on a representative case, so before any launch."""
+        module = self.config_module or (self.attention_op[0] if self.attention_op else None)
+        if module is not None:
+            importlib.import_module(module).resolve_config(128, torch.bfloat16, config)
 
     def with_config(self, config: dict) -> "TritonBackend":
         """This backend run with launch config ``config`` (checked here), named ``config_name(self.name, config)``."""

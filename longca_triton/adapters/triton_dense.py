@@ -16,24 +16,12 @@ from .triton_base import TritonBackend
 class TritonDense(TritonBackend):
     name = "triton"
     description = "longca-triton's dense Triton kernel: block tables, full/partial tiles, GQA, fwd+bwd"
+    attention_op = ("longca_triton.kernels.dense.op", "dense_attention")
 
     def mask_reason(self, problem: Problem) -> str:
         if isinstance(problem.mask, BlockSparseMask):
             return "block-sparse masks run on triton-sparse / triton-varblock"
         return ""
-
-    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.dense.op import dense_attention
-
-        return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
-                               deterministic=deterministic)
-
-    def check_config(self, config):
-        import torch
-
-        from longca_triton.kernels.dense.op import resolve_config
-
-        resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
         from longca_triton.kernels.core.runtime import config_head_dim

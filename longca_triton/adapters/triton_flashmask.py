@@ -20,6 +20,7 @@ class TritonFlashMask(TritonBackend):
     name = "triton-flashmask"
     description = ("our Triton port of FlashMask's column-interval algorithm (LTS/LTE/UTS/UTE, "
                    "per-tile min/max classification), GQA, fwd+bwd")
+    attention_op = ("longca_triton.kernels.flashmask.op", "flashmask_attention")
 
     def mask_reason(self, problem: Problem) -> str:
         if isinstance(problem.mask, BlockSparseMask):
@@ -29,19 +30,6 @@ class TritonFlashMask(TritonBackend):
         except NotExpressible as e:
             return f"not expressible as FlashMask columns: {e}"
         return ""
-
-    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.flashmask.op import flashmask_attention
-
-        return flashmask_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
-                                   deterministic=deterministic)
-
-    def check_config(self, config):
-        import torch
-
-        from longca_triton.kernels.flashmask.op import resolve_config
-
-        resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
         """The column lowering and the device metadata (columns, per-tile min/max)."""

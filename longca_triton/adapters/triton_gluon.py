@@ -34,6 +34,8 @@ class TritonGluon(TritonBackend):
                    "partial key tiles masked without a branch), elsewhere our plain-Triton backward "
                    "(each measured fastest there); bwd_design='split' asks for warp-specialized Gluon dQ + dK/dV "
                    "kernels)")
+    attention_op = ("longca_triton.kernels.gluon.op", "gluon_attention")
+    config_module = "longca_triton.kernels.gluon.config"
 
     def available(self):
         try:
@@ -72,17 +74,6 @@ class TritonGluon(TritonBackend):
 
     #: every backward design writes each gradient tile once (no atomics; ``gluon_attention``'s docstring)
     honours_deterministic = True
-
-    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
-        from longca_triton.kernels.gluon.op import gluon_attention
-
-        return gluon_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse, config=config,
-                               deterministic=deterministic)
-
-    def check_config(self, config):
-        from longca_triton.kernels.gluon.config import resolve_config
-
-        resolve_config(128, torch.bfloat16, config)
 
     def plan(self, problem: Problem, q, config):
         from longca_triton.kernels.core.runtime import config_head_dim

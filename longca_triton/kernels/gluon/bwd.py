@@ -46,7 +46,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from longca_triton.kernels.core import jit as _core
-from longca_triton.kernels.gluon.fwd_parts import M_WG, _advance, _load_kv_ring, _program, _ring, _tile_desc
+from longca_triton.kernels.gluon.fwd_parts import (
+    M_WG,
+    _a_layout,
+    _acc_layout,
+    _advance,
+    _load_kv_ring,
+    _program,
+    _ring,
+    _tile_desc,
+)
 from longca_triton.kernels.gluon.fwd_softmax import _interval_mask
 
 __all__ = ["gluon_bwd_dq_kernel", "gluon_bwd_dkdv_kernel"]
@@ -118,11 +127,9 @@ def _dq_consumer(WG: gl.constexpr, q_smem, do_smem, k_smem, v_smem, bars, dq_des
     in_bar, k_ready, k_empty, v_ready, v_empty = bars
     start_m, bh, r0, num_full, num_tiles = plan
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(HEAD_DIM)
+    op_layout: gl.constexpr = _a_layout(o_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     row0 = start_m + WG * M_WG
@@ -237,15 +244,14 @@ def gluon_bwd_dq_kernel(
     v_ready, v_empty = _ring(NUM_STAGES, 2)
     bars = (in_bar, k_ready, k_empty, v_ready, v_empty)
 
+    # the two consumers (warpgroup index first), then the producer: one comprehension, as the forward's
     gl.warp_specialize([
-        (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta, LO, HI,
+        (_dq_consumer, (wg, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta, LO, HI,
                         RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM, BLOCK_N,
-                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, MASK_HEAD)),
-        (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, bars, dq_desc, Lse, Delta, LO, HI,
-                        RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM, BLOCK_N,
-                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, MASK_HEAD)),
+                        NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, MASK_HEAD)) if wg < 2 else
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, bars,
-                        RUN_START, RUN_END, plan, BLOCK_N, NUM_STAGES)),
+                        RUN_START, RUN_END, plan, BLOCK_N, NUM_STAGES))
+        for wg in (0, 1, 2)
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -302,10 +308,8 @@ def _dkdv_step_math(s_t, dp_t, g, m, offs_k, partial, Lse, Delta, LO, HI, lse_ba
 def _key_major_layouts(block_mq, head_dim):
     """``(t_layout, acc_layout, op_layout)`` of a key-major consumer warpgroup: S^T, dP^T
     ``[64 keys, BLOCK_MQ queries]``; dK, dV ``[64 keys, D]``; P^T / dS^T as a register A operand."""
-    t_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_mq, 16])
-    acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 16])
-    op_layout = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    return t_layout, acc_layout, op_layout
+    acc_layout = _acc_layout(head_dim)
+    return _acc_layout(block_mq), acc_layout, _a_layout(acc_layout)
 
 
 @gluon.jit
@@ -494,12 +498,10 @@ def gluon_bwd_dkdv_kernel(
     bars = (kv_bar, in_ready, in_empty)
 
     gl.warp_specialize([
-        (_dkdv_consumer, (0, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc, Lse, Delta, LO,
+        (_dkdv_consumer, (wg, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc, Lse, Delta, LO,
                           HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM,
-                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
-        (_dkdv_consumer, (1, k_smem, v_smem, q_smem, do_smem, bars, dk_desc, dv_desc, Lse, Delta, LO,
-                          HI, RUN_START, RUN_END, plan, qk_scale, softmax_scale, Sq, HEAD_DIM,
-                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)),
+                          BLOCK_MQ, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES)) if wg < 2 else
         (_dkdv_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, bars,
-                          RUN_START, RUN_END, plan, HEAD_DIM, BLOCK_MQ, NUM_STAGES)),
+                          RUN_START, RUN_END, plan, HEAD_DIM, BLOCK_MQ, NUM_STAGES))
+        for wg in (0, 1, 2)
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

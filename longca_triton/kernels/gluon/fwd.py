@@ -368,41 +368,16 @@ def gluon_fwd_kernel(
         mbarrier.init(sched.index(w), count=1)
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched)
 
-    # the consumers' arguments after their warpgroup index, and the producer's, spelled out per
-    # partition: the list is built at compile time, one entry per warpgroup (Gluon 3.6 neither
-    # concatenates argument tuples here nor keeps constexprs constexpr inside a passed tuple)
-    if CONSUMERS == 3:
-        gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
-                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
-                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD,
-                             ROWSUM_MMA, PV_SYNC)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
-                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
-                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD,
-                             ROWSUM_MMA, PV_SYNC)),
-            (_fwd_consumer, (2, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
-                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
-                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD,
-                             ROWSUM_MMA, PV_SYNC)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_fwd_consumer, (0, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
-                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
-                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD,
-                             ROWSUM_MMA, PV_SYNC)),
-            (_fwd_consumer, (1, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
-                             RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
-                             DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
-                             STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD,
-                             ROWSUM_MMA, PV_SYNC)),
-            (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
-                             BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # one partition per consumer warpgroup (its index first), then the producer's: one comprehension,
+    # so that every constexpr stays one (a list assigned to a name, or a list added to another,
+    # would have its constants turned into tensors or ints)
+    gl.warp_specialize([
+        (_fwd_consumer, (wg, q_smem, k_smem, v_smem, p_smem, o_smem, ones_smem, bars, o_desc, Out, Lse, LO, HI,
+                         RUN_START, RUN_END, work, qk_scale, Sq, stride_ob, stride_os, stride_oh, HEAD_DIM_V, DQK0,
+                         DQK1, QK_USED, DV0, DV1, BLOCK_N, NUM_IV, NUM_STAGES, HAS_PARTIAL_TILES, PINGPONG,
+                         STORE_TMA, CONSUMERS, P_SMEM, O_OWN, PERSISTENT, SNAKE, MERGE, MASK_HEAD, ROWSUM_MMA,
+                         PV_SYNC)) if wg < CONSUMERS else
+        (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, RUN_START, RUN_END, work,
+                         BLOCK_N, NUM_STAGES, DQK0, DQK1, DV0, DV1, CONSUMERS, PERSISTENT, SNAKE))
+        for wg in (0, 1, 2, 3)[:CONSUMERS + 1]
+    ], [4] * (CONSUMERS - 1) + [1], [CONSUMER_REGS] * (CONSUMERS - 1) + [PRODUCER_REGS])

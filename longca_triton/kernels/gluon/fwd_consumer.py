@@ -16,6 +16,8 @@ from longca_triton.kernels.gluon.fwd_parts import (
     LN2,
     M_WG,
     ROWSUM_N,
+    _a_layout,
+    _acc_layout,
     _advance,
     _index,
     _sched_pass,
@@ -186,24 +188,20 @@ def _consume_tile(WG: gl.constexpr, item, bh, num_heads_q, g, sk, it, q_smem, k_
     dtype: gl.constexpr = q_smem[0].dtype
     # Q's buffer is free once the tile's last S is computed, unless it stages O for the TMA store
     Q_EARLY: gl.constexpr = O_OWN or not STORE_TMA
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, DV0, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(DV0)
     # P goes to the second GEMM from registers: the accumulator of S and the A operand of P V
     # hold the same elements in the same threads (k_width = 2 bf16 per 32-bit register)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    p_layout: gl.constexpr = _a_layout(o_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # the second V piece's accumulator (unused without one: DV1 == 0 never reads these)
-    o1_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, max(DV1, 8), 16])
-    p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout, k_width=2)
+    o1_layout: gl.constexpr = _acc_layout(max(DV1, 8))
+    p1_layout: gl.constexpr = _a_layout(o1_layout)
     row_o1: gl.constexpr = gl.SliceLayout(1, o1_layout)
     # the row sums' accumulator (ROWSUM_MMA; unused without)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, ROWSUM_N, 16])
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
+    l_layout: gl.constexpr = _acc_layout(ROWSUM_N)
+    pl_layout: gl.constexpr = _a_layout(l_layout)
     row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
 
     start_m, r0, num_full, num_tiles = item

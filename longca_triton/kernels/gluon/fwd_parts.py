@@ -31,6 +31,19 @@ def qk_used(head_dim_qk: int, block_dqk: int) -> int:
 
 _qk_used = gluon.constexpr_function(qk_used)
 
+@gluon.constexpr_function
+def _acc_layout(n):
+    """The accumulator layout of one warpgroup's ``[M_WG, n]`` wgmma (4 warps, instruction N = ``n``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _a_layout(acc):
+    """The register A operand of a wgmma accumulating in ``acc``: an accumulator of the same rows
+    feeds it without moving (k_width = 2 bf16 per 32-bit register)."""
+    return gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
 #: the narrowest head-dim piece: wgmma's K step (``Q K^T`` runs over the head dim as its K)
 MIN_PIECE = 16
 
