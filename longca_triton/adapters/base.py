@@ -17,7 +17,7 @@ cannot run:
 Names follow one pattern: our own kernels start with ``triton`` (``triton``, ``triton-flashmask``,
 ``triton-sparse``, ``triton-varblock``); vendor kernels start with the vendor (``sdpa-cudnn``,
 ``flex-fa4``, ``vsa-triton``...). Old names stay valid through ``ALIASES`` (``canonical_name``). One of ours
-named with a launch config, ``triton-varblock{"dkdv_tail_order":3}`` (``config_name``), runs that config (an
+named with a launch config, ``triton-varblock{"ragged_bwd":false}`` (``config_name``), runs that config (an
 overlay on the kernel's defaults) and is recorded under that name: configs compare through the harness as
 backends do.
 """
@@ -198,7 +198,7 @@ def canonical_name(name: str) -> str:
 
 def config_name(base: str, config: dict) -> str:
     """The name of ``base`` run with launch config ``config`` (one of our kernels' overlays):
-    ``triton-varblock{"dkdv_tail_order":3}``, the config as compact JSON with sorted keys, so one config has one
+    ``triton-varblock{"ragged_bwd":false}``, the config as compact JSON with sorted keys, so one config has one
     name (rows, resume and reports key on it)."""
     return base + json.dumps(config, sort_keys=True, separators=(",", ":"))
 

@@ -69,7 +69,7 @@ def _grid_options(kind: str, example_config: str):
         click.option("--seqlens", help="Comma-separated sequence lengths, e.g. 4K,16K or 4096,16384."),
         click.option("--backends", help="Comma-separated backend names (see `longca-triton doctor`); one of ours may carry "
                                         "a launch config over its defaults, compared like a backend: "
-                                        "'triton-varblock,triton-varblock{\"dkdv_tail_order\":3}'."),
+                                        "'triton-varblock,triton-varblock{\"ragged_bwd\":false}'."),
         click.option("--mode", "modes", help="Comma-separated modes: fwd, bwd, fwd_bwd."),
         click.option("--heads", help="Comma-separated query:kv head counts, e.g. 64:8 or 64:8,64:64."),
         click.option("--head-dim", "head_dims", help="Comma-separated head dims, D or D_qk/D_v, e.g. 64,96,128,192/128."),
@@ -158,7 +158,7 @@ def bench_varblock(**opts):
       longca-triton bench varblock --config experiments/varblock.toml --out experiments/results/h100/varblock
       longca-triton bench varblock --preset smoke --out /tmp/varblock-smoke
       longca-triton bench varblock --config experiments/varblock.toml --param block=256 --mode bwd \\
-          --backends 'triton-varblock,triton-varblock{"dkdv_tail_order":3}'   # a launch config beside the default
+          --backends 'triton-varblock,triton-varblock{"ragged_bwd":false}'   # a launch config beside the default
     """
     _run_bench("varblock", **opts)
 

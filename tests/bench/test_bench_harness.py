@@ -234,10 +234,10 @@ def test_backend_names_carry_launch_configs():
     from longca_triton.adapters import get_backend
     from longca_triton.adapters.base import canonical_name, config_name, split_backend_list, split_config_name
 
-    b = get_backend('triton-varblock{ "dkdv_tail_order": 3, "dkdv_tail_cols": 128 }')
-    assert b.name == 'triton-varblock{"dkdv_tail_cols":128,"dkdv_tail_order":3}' == config_name(
-        "triton-varblock", {"dkdv_tail_order": 3, "dkdv_tail_cols": 128})
-    assert b.config == {"dkdv_tail_order": 3, "dkdv_tail_cols": 128} and "launch config" in b.description
+    b = get_backend('triton-varblock{ "ragged_bwd": false, "DQ_HEADS": 2 }')
+    assert b.name == 'triton-varblock{"DQ_HEADS":2,"ragged_bwd":false}' == config_name(
+        "triton-varblock", {"ragged_bwd": False, "DQ_HEADS": 2})
+    assert b.config == {"ragged_bwd": False, "DQ_HEADS": 2} and "launch config" in b.description
     assert get_backend("triton-varblock").config is None  # the registered one is untouched
     assert get_backend(b.name) is b
     assert canonical_name('flashmask-triton{"BLOCK_M": 64}') == 'triton-flashmask{"BLOCK_M":64}'
@@ -246,7 +246,7 @@ def test_backend_names_carry_launch_configs():
         "triton", 'triton{"BLOCK_M":64,"num_warps":4}', "flex"]
     for name, words in (('triton{"BLOK_M":64}', "unknown dense-attention config keys ['BLOK_M']"),
                         ('triton{"BLOCK_M":48}', "power of two"),
-                        ('triton-varblock{"dkdv_tail_cols":48}', "dkdv_tail_cols"),
+                        ('triton-varblock{"DQ_HEADS":3}', "DQ_HEADS"),
                         ('sdpa-cudnn{"BLOCK_M":64}', "takes no launch config"),
                         ("triton{BLOCK_M:64}", "must be a JSON object"),
                         ("triton{}", "non-empty"),
