@@ -545,15 +545,17 @@ def dq_skewed_scores(dq, ds_prev, k_prev, q, do, k, v, lse2, qk_scale):
 
 
 @triton.jit
-def fwd_tile_setup(Q, K, V, Out, b64, h, h_kv, start_m,
+def fwd_tile_setup(Q, K, V, Out, b, h, h_kv, tile_m,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                    BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """What a forward program over query tile ``start_m`` of query head ``h`` (KV head ``h_kv``, batch ``b64``)
-    starts from (dense and FlashMask): ``(q [BLOCK_M, BLOCK_DQK], k_desc, v_desc, o_desc, offs_m, acc, m_i,
-    l_i)``, the softmax state empty. Rows >= Sq (and columns >= HEAD_DIM_QK) of q load as zeros: finite
+    """What a forward program over query tile ``tile_m`` of query head ``h`` (KV head ``h_kv``, batch ``b``)
+    starts from (dense and FlashMask): ``(start_m, q [BLOCK_M, BLOCK_DQK], k_desc, v_desc, o_desc, offs_m, acc,
+    m_i, l_i)``, the softmax state empty. Rows >= Sq (and columns >= HEAD_DIM_QK) of q load as zeros: finite
     scores, never stored."""
+    start_m = tile_m * BLOCK_M
+    b64 = b.to(tl.int64)
     q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                               stride_vh, Sk, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
@@ -561,17 +563,21 @@ def fwd_tile_setup(Q, K, V, Out, b64, h, h_kv, start_m,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     acc, m_i, l_i = softmax_init(BLOCK_M, BLOCK_DV)  # acc [BLOCK_M, BLOCK_DV]
     q = q_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DQK]
-    return q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i
+    return start_m, q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i
 
 
 @triton.jit
-def dq_tile_setup(Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m,
+def dq_tile_setup(Q, K, V, DOut, Lse, Delta, b, h, h_kv, bh, tile_m,
                   stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                   stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                   BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """What a dQ program over query tile ``start_m`` of query head ``h`` (row ``bh`` of the stats) starts from
-    (dense and FlashMask): ``(q, do, k_desc, v_desc, lse2, delta, dq)`` with ``dq [BLOCK_M, BLOCK_DQK]`` zero."""
+    """What a dQ program over query tile ``tile_m`` of query head ``h`` (row ``bh`` of the stats, batch ``b``)
+    starts from (dense and FlashMask): ``(start_m, offs_m, b64, q, do, k_desc, v_desc, lse2, delta, dq)`` with
+    ``dq [BLOCK_M, BLOCK_DQK]`` zero."""
+    start_m = tile_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    b64 = b.to(tl.int64)
     q_desc = tile_desc(Q + b64 * stride_qb + h * stride_qh, Sq, stride_qs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     do_desc = tile_desc(DOut + b64 * stride_db + h * stride_dh, Sq, stride_ds, BLOCK_M, HEAD_DIM_V, BLOCK_DV)
     k_desc, v_desc = kv_descs(K, V, b64, h_kv, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
@@ -580,4 +586,4 @@ def dq_tile_setup(Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m,
     do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
     lse2, delta = load_row_stats(Lse, Delta, bh.to(tl.int64) * Sq, offs_m, Sq)  # [BLOCK_M] each
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
-    return q, do, k_desc, v_desc, lse2, delta, dq
+    return start_m, offs_m, b64, q, do, k_desc, v_desc, lse2, delta, dq

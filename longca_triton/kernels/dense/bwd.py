@@ -21,8 +21,8 @@ more steps per run instead of one loop per head. The tuning table says where eac
 ``dq_skew`` (``SKEW``): the dQ kernel issues each step's ``dS K`` GEMM in the next step, after that step's ``S``
 and ``dP``, so it runs while the exponentials are computed (``core.dq_skewed_scores``); same sums, same order.
 
-The kernel bodies are ``dkdv_program`` / ``dq_program`` of a program index (public: the ladder's one-launch
-step runs both in one grid); the kernels call them with ``tl.program_id(0)``. Head dims: q, k, dq, dk are
+A kernel's optional ``PID`` is its program index (default ``tl.program_id(0)``): the ladder's one-launch
+step inlines both kernels in one grid and numbers each program set from 0. Head dims: q, k, dq, dk are
 ``HEAD_DIM_QK`` wide, v, dO, dv ``HEAD_DIM_V``, in descriptor tiles padded to ``BLOCK_DQK`` / ``BLOCK_DV``.
 """
 
@@ -45,7 +45,7 @@ from longca_triton.kernels.core.jit import (
     tile_desc,
 )
 
-__all__ = ["dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dkdv_program", "dq_program"]
+__all__ = ["dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"]
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
                    BLOCK_M: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
                    MASKED: tl.constexpr, NUM_IV: tl.constexpr, DESCENDING: tl.constexpr):
     """Query tiles ``[m_lo, m_hi)`` of *every* query head of the GQA group against the program's key
-    tile, the heads innermost (``SWEEP`` 1 ascending, 2 descending; ``_dkdv_program``).
+    tile, the heads innermost (``SWEEP`` 1 ascending, 2 descending; ``dense_bwd_dkdv_kernel``).
 
     One flat loop of ``(m_hi - m_lo) * group_size`` steps, so the software pipeliner prefetches
     across head and tile boundaries alike. ``q3_desc`` / ``do3_desc`` are ``core.group_desc``
@@ -99,25 +99,60 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
 
 
 @triton.jit
-def dkdv_program(
-    pid,
-    Q, K, V, DOut, Lse, Delta, DK, DV,
+def _dq_run(dq, ds, prev, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m, LO, HI, Sq,
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NUM_IV: tl.constexpr, SKEW: tl.constexpr):
+    """Key tiles ``[n_lo, n_hi)`` of one run into ``dq``. ``SKEW`` (``core.dq_skewed_scores``): each step
+    adds the previous step's ``dS K`` (``ds`` float32 ``[BLOCK_M, BLOCK_N]``, its key tile at row ``prev``),
+    carried from run to run; returns ``(dq, ds, prev)`` (the last two unchanged without it)."""
+    for n in tl.range(n_lo, n_hi):
+        start_n = n * BLOCK_N
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
+        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
+        if SKEW:
+            k_prev = k_desc.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
+            dq, p, dp = dq_skewed_scores(dq, ds, k_prev, q, do, k, v, lse2, qk_scale)
+            if MASKED:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+            ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+            prev = start_n
+        else:
+            p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
+            if MASKED:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
+            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
+    return dq, ds, prev
+
+
+@triton.jit
+def dense_bwd_dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, Unused,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_db, stride_ds, stride_dh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
+    unused_b, unused_s, unused_h,
     LO, HI, ORDER,
     FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
     softmax_scale, qk_scale,
     Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SWEEP: tl.constexpr,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SWEEP: tl.constexpr, PID=None,
 ):
-    """dK/dV program ``pid`` of the key-major set (``pid`` in ``[0, num_key_tiles * B * Hkv)``): key tile
-    ``[BLOCK_N, D]`` of one KV head against the query tiles of its GQA group, in the order ``SWEEP`` says."""
+    """Key-major dK/dV (grid: key tiles x B x Hkv): key tile ``[BLOCK_N, D]`` of one KV head against the query
+    tiles of its GQA group, in the order ``SWEEP`` says. ``PID``: the program's index in the key-major set
+    (``[0, num_key_tiles * B * Hkv)``), ``tl.program_id(0)`` when None; a caller that inlines the kernel in a
+    launch of two program sets passes it. ``Unused`` and ``unused_*`` are never read: they keep the parameter
+    list, and with it the compiled code, of the kernel the tuning table's rows measured (without them ptxas
+    input differs by a few reordered instructions)."""
+    if PID is None:
+        pid = tl.program_id(0)
+    else:
+        pid = PID
     rank, b, h_kv = key_program_at(pid, num_bkv, num_heads_kv)
     tile_n = tl.load(ORDER + rank)
     start_n = tile_n * BLOCK_N
@@ -180,35 +215,7 @@ def dkdv_program(
 
 
 @triton.jit
-def _dq_run(dq, ds, prev, q, do, lse2, delta, k_desc, v_desc, n_lo, n_hi, qk_scale, offs_m, LO, HI, Sq,
-            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NUM_IV: tl.constexpr, SKEW: tl.constexpr):
-    """Key tiles ``[n_lo, n_hi)`` of one run into ``dq``. ``SKEW`` (``core.dq_skewed_scores``): each step
-    adds the previous step's ``dS K`` (``ds`` float32 ``[BLOCK_M, BLOCK_N]``, its key tile at row ``prev``),
-    carried from run to run; returns ``(dq, ds, prev)`` (the last two unchanged without it)."""
-    for n in tl.range(n_lo, n_hi):
-        start_n = n * BLOCK_N
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DQK]
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
-        if SKEW:
-            k_prev = k_desc.load([prev, 0])  # [BLOCK_N, BLOCK_DQK]
-            dq, p, dp = dq_skewed_scores(dq, ds, k_prev, q, do, k, v, lse2, qk_scale)
-            if MASKED:
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-            ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
-            prev = start_n
-        else:
-            p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
-            if MASKED:
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                p = tl.where(interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV), p, 0.0)
-            dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
-    return dq, ds, prev
-
-
-@triton.jit
-def dq_program(
-    pid,
+def dense_bwd_dq_kernel(
     Q, K, V, DOut, Lse, Delta, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -221,18 +228,18 @@ def dq_program(
     Sq, Sk, num_bh, num_heads_q, group_size,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SKEW: tl.constexpr = False,
+    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SKEW: tl.constexpr = False, PID=None,
 ):
-    """dQ program ``pid`` of the query-major set (``pid`` in ``[0, num_query_tiles * B * Hq)``): query tile
-    ``[BLOCK_M, D]`` of one query head against its key tiles."""
+    """Query-major dQ (grid: query tiles x B x Hq): query tile ``[BLOCK_M, D]`` of one query head against its
+    key tiles. ``PID`` as in ``dense_bwd_dkdv_kernel`` (here in ``[0, num_query_tiles * B * Hq)``)."""
+    if PID is None:
+        pid = tl.program_id(0)
+    else:
+        pid = PID
     rank, bh, b, h, h_kv = query_program_at(pid, num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
-    start_m = tile_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    b64 = b.to(tl.int64)
-
-    q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
-        Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m, stride_qb, stride_qs, stride_qh, stride_kb,
+    start_m, offs_m, b64, q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
+        Q, K, V, DOut, Lse, Delta, b, h, h_kv, bh, tile_m, stride_qb, stride_qs, stride_qh, stride_kb,
         stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
         BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
     # SKEW: the step before the first adds dS = 0 (with key tile 0, any tile would do), the last
@@ -253,59 +260,3 @@ def dq_program(
 
     dq_desc = tile_desc(DQ + b64 * stride_dqb + h * stride_dqh, Sq, stride_dqs, BLOCK_M, HEAD_DIM_QK, BLOCK_DQK)
     dq_desc.store([start_m, 0], (dq * softmax_scale).to(DQ.dtype.element_ty))
-
-
-@triton.jit
-def dense_bwd_dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, Unused,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    unused_b, unused_s, unused_h,
-    LO, HI, ORDER,
-    FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SWEEP: tl.constexpr,
-):
-    """Key-major dK/dV (grid: key tiles x B x Hkv; ``dkdv_program``). ``Unused`` and ``unused_*`` are never
-    read: they keep the parameter list, and with it the compiled code, of the kernel the tuning table's rows
-    measured (without them ptxas input differs by a few reordered instructions)."""
-    dkdv_program(
-        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DK, DV,
-        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-        LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
-        softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES, SWEEP)
-
-
-@triton.jit
-def dense_bwd_dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_db, stride_ds, stride_dh,
-    stride_dqb, stride_dqs, stride_dqh,
-    LO, HI, ORDER,
-    FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
-    softmax_scale, qk_scale,
-    Sq, Sk, num_bh, num_heads_q, group_size,
-    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_IV: tl.constexpr, HAS_PARTIAL_TILES: tl.constexpr, SKEW: tl.constexpr,
-):
-    """Query-major dQ (grid: query tiles x B x Hq; ``dq_program``)."""
-    dq_program(
-        tl.program_id(0), Q, K, V, DOut, Lse, Delta, DQ,
-        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
-        LO, HI, ORDER, FULL_PTR, FULL_START, FULL_END, PART_PTR, PART_START, PART_END,
-        softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-        HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, BLOCK_M, BLOCK_N, NUM_IV, HAS_PARTIAL_TILES, SKEW)

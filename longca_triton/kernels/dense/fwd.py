@@ -70,10 +70,8 @@ def dense_fwd_kernel(
     # each other and read the same K/V tiles from L2.
     rank, bh, b, h, h_kv = query_program(num_bh, num_heads_q, group_size)
     tile_m = tl.load(ORDER + rank)
-    start_m = tile_m * BLOCK_M
-
-    q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
-        Q, K, V, Out, b.to(tl.int64), h, h_kv, start_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+    start_m, q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
+        Q, K, V, Out, b, h, h_kv, tile_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
         stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
         BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 

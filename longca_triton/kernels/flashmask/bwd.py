@@ -20,7 +20,7 @@ from longca_triton.kernels.core.jit import (
     recompute_p,
     tile_desc,
 )
-from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run
+from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run, _tile_allowed
 
 __all__ = ["flashmask_bwd_dkdv_kernel", "flashmask_bwd_dq_kernel"]
 
@@ -155,12 +155,8 @@ def flashmask_bwd_dq_kernel(
     num_m = tl.cdiv(Sq, BLOCK_M)
     num_n = tl.cdiv(Sk, BLOCK_N)
     tile_m = num_m - 1 - rank  # heaviest (last) query tiles first, as in the forward
-    start_m = tile_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    b64 = b.to(tl.int64)
-
-    q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
-        Q, K, V, DOut, Lse, Delta, b64, h, h_kv, bh, start_m, offs_m, stride_qb, stride_qs, stride_qh, stride_kb,
+    start_m, offs_m, b64, q, do, k_desc, v_desc, lse2, delta, dq = dq_tile_setup(
+        Q, K, V, DOut, Lse, Delta, b, h, h_kv, bh, tile_m, stride_qb, stride_qs, stride_qh, stride_kb,
         stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh, Sq, Sk,
         BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
@@ -177,9 +173,7 @@ def flashmask_bwd_dq_kernel(
             v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_DV]
             p = recompute_p(q, k, lse2, qk_scale, False)  # [BLOCK_M, BLOCK_N]
             if masked:
-                lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
-                allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
-                                   uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
+                allowed = _tile_allowed(Cols, offs_m, offs_n, Sk, HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
                 p = tl.where(allowed, p, 0.0)
             dq = dq_update(dq, p, do, v, k, delta)  # [BLOCK_M, BLOCK_DQK]
         n_next = n_hi

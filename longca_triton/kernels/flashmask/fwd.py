@@ -27,20 +27,22 @@ def _classify(Bounds, tile_m, tile_n, Sq, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl
     # a key tile running past Sk is never FULL: its padding keys need the element mask
     masked = (tile_n + 1) * BLOCK_N > Sk
     if HAS_LT:
-        lts_min = tl.load(b + 0)
-        lts_max = tl.load(b + 1)
-        lte_min = tl.load(b + 2)
-        lte_max = tl.load(b + 3)
-        empty = empty | ((m0 >= lts_max) & (m1 <= lte_min))
-        masked = masked | ((m1 > lts_min) & (m0 < lte_max))
+        empty, masked = _band_test(b, m0, m1, empty, masked)
     if HAS_UT:
-        uts_min = tl.load(b + 4)
-        uts_max = tl.load(b + 5)
-        ute_min = tl.load(b + 6)
-        ute_max = tl.load(b + 7)
-        empty = empty | ((m0 >= uts_max) & (m1 <= ute_min))
-        masked = masked | ((m1 > uts_min) & (m0 < ute_max))
+        empty, masked = _band_test(b + 4, m0, m1, empty, masked)
     return ~empty, masked
+
+
+@triton.jit
+def _band_test(bounds, m0, m1, empty, masked):
+    """``_classify``'s test against one masked band ``[start, end)`` of the columns (lower: ``LTS, LTE``,
+    upper: ``UTS, UTE``), its 4 bounds at ``bounds``: min / max start, min / max end. Rows ``[m0, m1)`` are
+    EMPTY when every column masks all of them, and need the element mask when some column masks some."""
+    start_min = tl.load(bounds + 0)
+    start_max = tl.load(bounds + 1)
+    end_min = tl.load(bounds + 2)
+    end_max = tl.load(bounds + 3)
+    return empty | ((m0 >= start_max) & (m1 <= end_min)), masked | ((m1 > start_min) & (m0 < end_max))
 
 
 @triton.jit
@@ -88,6 +90,15 @@ def _load_columns(Cols, offs_n, Sk):
 
 
 @triton.jit
+def _tile_allowed(Cols, offs_m, offs_n, Sk, HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
+    """``_allowed`` of a query-major tile: rows ``offs_m`` against the keys ``offs_n``, their column vectors
+    loaded here: ``[BLOCK_M, BLOCK_N]``."""
+    lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
+    return _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :], uts[None, :], ute[None, :],
+                    HAS_LT, HAS_UT)
+
+
+@triton.jit
 def _allowed(rows, col_ok, lts, lte, uts, ute, HAS_LT: tl.constexpr, HAS_UT: tl.constexpr):
     """FlashMask's element mask: row not in ``[LTS, LTE)`` nor in ``[UTS, UTE)`` of its column.
 
@@ -125,11 +136,9 @@ def flashmask_fwd_kernel(
     num_m = tl.cdiv(Sq, BLOCK_M)
     num_n = tl.cdiv(Sk, BLOCK_N)
     tile_m = num_m - 1 - rank
-    start_m = tile_m * BLOCK_M
-
     # head-dim tiles padded to BLOCK_DQK / BLOCK_DV: the descriptors zero-fill and clip the padding
-    q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
-        Q, K, V, Out, b.to(tl.int64), h, h_kv, start_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+    start_m, q, k_desc, v_desc, o_desc, offs_m, acc, m_i, l_i = fwd_tile_setup(
+        Q, K, V, Out, b, h, h_kv, tile_m, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
         stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, Sq, Sk,
         BLOCK_M, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
 
@@ -151,9 +160,7 @@ def flashmask_fwd_kernel(
                 # why here and not with K: loaded for every tile, the column vectors were
                 # pipelined into registers and spilled (sm_90, D >= 64); under the `if` only
                 # PARTIAL tiles load them (4 * BLOCK_N int32, unpipelined, from L2)
-                lts, lte, uts, ute, col_ok = _load_columns(Cols, offs_n, Sk)  # [BLOCK_N] each
-                allowed = _allowed(offs_m[:, None], col_ok[None, :], lts[None, :], lte[None, :],
-                                   uts[None, :], ute[None, :], HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
+                allowed = _tile_allowed(Cols, offs_m, offs_n, Sk, HAS_LT, HAS_UT)  # [BLOCK_M, BLOCK_N]
                 qk = tl.where(allowed, qk, float("-inf"))
             acc, m_i, l_i = softmax_step(acc, m_i, l_i, qk, v_desc, start_n, qk_scale, False, True)
         n_next = n_hi

@@ -8,7 +8,7 @@ starts only when the last dK/dV program has finished: the tail of the first laun
 heavy key tiles still running while most SMs idle) is paid in full, plus a launch. Here the
 two sets are programs ``[0, n_dkdv)`` and ``[n_dkdv, n_dkdv + n_dq)`` of one grid
 (``one_launch_kernel``): dQ programs fill SMs as soon as dK/dV programs leave them. The bodies
-(``kernels/dense/bwd.py``'s ``dkdv_program`` / ``dq_program``), tiles, plans and order of sums are
+(``kernels/dense/bwd.py``'s two kernels, inlined with a ``PID``), tiles, plans and order of sums are
 step 5's, so the gradients are bitwise the same, still without atomics.
 
 What it costs: one ``num_warps`` / ``num_stages`` for both sets where step 5 tunes each kernel on
@@ -35,7 +35,7 @@ import triton.language as tl
 from longca_triton.kernels.core.jit import LOG2E
 from longca_triton.kernels.core.runtime import bsh_strides, config_head_dim, descriptor_ready, ensure_allocator
 from longca_triton.kernels.core.runtime import head_dim_meta, resolve_scale
-from longca_triton.kernels.dense.bwd import dkdv_program, dq_program
+from longca_triton.kernels.dense.bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel
 from longca_triton.kernels.dense.op import DQ_NUM_WARPS, dense_attention, launch_bwd_preprocess, plans_for
 from longca_triton.kernels.dense.op import resolve_config
 
@@ -65,21 +65,24 @@ def one_launch_kernel(
     (query-major plan ``Q_*``)."""
     pid = tl.program_id(0)
     if pid < n_dkdv:
-        dkdv_program(
-            pid, Q, K, V, DOut, Lse, Delta, DK, DV,
+        dense_bwd_dkdv_kernel(
+            Q, K, V, DOut, Lse, Delta, DK, DV, DQ,  # DQ and the three 0s: the never-read Unused, unused_*
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+            0, 0, 0,
             K_LO, K_HI, K_ORDER, K_FULL_PTR, K_FULL_START, K_FULL_END, K_PART_PTR, K_PART_START, K_PART_END,
             softmax_scale, qk_scale, Sq, Sk, num_bkv, num_heads_q, num_heads_kv, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, K_NUM_IV, K_HAS_PARTIAL, SWEEP)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DKDV_BLOCK_M, DKDV_BLOCK_N, K_NUM_IV, K_HAS_PARTIAL, SWEEP,
+            PID=pid)
     else:
-        dq_program(
-            pid - n_dkdv, Q, K, V, DOut, Lse, Delta, DQ,
+        dense_bwd_dq_kernel(
+            Q, K, V, DOut, Lse, Delta, DQ,
             stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh,
             Q_LO, Q_HI, Q_ORDER, Q_FULL_PTR, Q_FULL_START, Q_FULL_END, Q_PART_PTR, Q_PART_START, Q_PART_END,
             softmax_scale, qk_scale, Sq, Sk, num_bh, num_heads_q, group_size,
-            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, Q_NUM_IV, Q_HAS_PARTIAL, SKEW)
+            HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, DQ_BLOCK_M, DQ_BLOCK_N, Q_NUM_IV, Q_HAS_PARTIAL, SKEW,
+            PID=pid - n_dkdv)
 
 
 def one_launch_bwd(dout, q, k, v, out, lse, mask, softmax_scale, cfg):
