@@ -72,6 +72,7 @@ def worker(a) -> int:
 
     from longca_triton import cp
     from longca_triton.cp.kernels import TritonStep
+    from longca_triton.cp.bench import end_worker
     from longca_triton.cp.need import need_layout
     from longca_triton.masks import make_mask
 
@@ -178,9 +179,7 @@ def worker(a) -> int:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
             torch.cuda.empty_cache()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return end_worker()
 
 
 def main() -> int:

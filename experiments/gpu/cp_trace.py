@@ -99,6 +99,7 @@ def worker(a) -> int:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from longca_triton import cp
+    from longca_triton.cp.bench import end_worker
     from longca_triton.cp.kernels import get_step_kernel
     from longca_triton.masks import make_mask
 
@@ -182,9 +183,7 @@ def worker(a) -> int:
                                       if k2 != "gaps_over_5us"}), flush=True)
             if cuda:
                 torch.cuda.empty_cache()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return end_worker()
 
 
 def main() -> int:

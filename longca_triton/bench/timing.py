@@ -126,16 +126,9 @@ def _rep_count(rep: int, min_rep: int, max_ms: float | None, est: float) -> int:
     return max(min(rep, min_rep), min(rep, int(max_ms / est)))
 
 
-def time_interleaved(
-    fns: Sequence[Callable[[], object]],
-    warmup_ms: float = 25.0,
-    rep: int = 20,
-    flush_l2: bool = True,
-    *,
-    max_ms: float | None = None,
-    min_rep: int = 3,
-    device: str | torch.device | None = None,
-) -> list[dict]:
+def time_interleaved(fns: Sequence[Callable[[], object]], warmup_ms: float = 25.0, rep: int = 20, flush_l2: bool = True,
+                     *, max_ms: float | None = None, min_rep: int = 3,
+                     device: str | torch.device | None = None) -> list[dict]:
     """``time_fn``'s summary for each of ``fns``, their repetitions interleaved (module doc).
 
     Every function is called once first (compilation), then once more to estimate its time; the

@@ -116,6 +116,15 @@ def torchrun(args: list[str], nproc: int) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+def end_worker() -> int:
+    """Wait for every rank, then leave the process group: the end of a worker process of the CP scripts."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def launch(config: str | None, overrides: dict | None = None, out: str | None = None, peer: bool = True,
            dry_run: bool = False) -> int:
     """Run the sweep: in place under torchrun, else one torchrun job per world size. Returns an exit code."""

@@ -20,24 +20,9 @@ import triton.language as tl
 
 from longca_triton.kernels.block_sparse.fwd import pack_program_at
 from longca_triton.kernels.core.jit import (
-    dkdv_update,
-    dkdv_update_qmajor,
-    dq_update,
-    entry_at,
-    entry_chunk,
-    entry_pick,
-    gather_rows,
-    head_dim_offsets,
-    key_program_outer,
-    kv_descs,
-    kv_sources,
-    last_count,
-    lse_log2,
-    packed_count,
-    packed_positions,
-    recompute_p,
-    stats_box,
-    stats_desc,
+    dkdv_update, dkdv_update_qmajor, dq_update, entry_at, entry_chunk, entry_pick, gather_rows,
+    head_dim_offsets, key_program_outer, kv_descs, kv_sources, last_count, lse_log2, packed_count,
+    packed_positions, recompute_p, stats_box, stats_desc,
 )
 
 __all__ = ["block_sparse_bwd_dkdv_kernel", "block_sparse_bwd_dq_kernel"]

@@ -14,14 +14,7 @@ import triton
 import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
-    entry_at,
-    entry_chunk,
-    entry_pick,
-    head_dim_offsets,
-    kv_descs,
-    softmax_finish,
-    softmax_init,
-    softmax_step,
+    entry_at, entry_chunk, entry_pick, head_dim_offsets, kv_descs, softmax_finish, softmax_init, softmax_step,
 )
 
 __all__ = ["block_sparse_fwd_kernel", "pack_program_at"]

@@ -30,19 +30,8 @@ import triton
 import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
-    dkdv_update,
-    dq_skewed_scores,
-    dq_tile_setup,
-    dq_update,
-    group_sweep_inputs,
-    head_inputs,
-    interval_mask,
-    key_program_at,
-    kv_descs,
-    load_row_stats,
-    query_program_at,
-    recompute_p,
-    tile_desc,
+    dkdv_update, dq_skewed_scores, dq_tile_setup, dq_update, group_sweep_inputs, head_inputs, interval_mask,
+    key_program_at, kv_descs, load_row_stats, query_program_at, recompute_p, tile_desc,
 )
 
 __all__ = ["dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"]

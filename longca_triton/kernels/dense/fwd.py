@@ -12,13 +12,7 @@ import triton
 import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
-    LN2,
-    LOG2E,
-    fwd_tile_setup,
-    interval_mask,
-    query_program,
-    softmax_finish,
-    softmax_step,
+    LN2, LOG2E, fwd_tile_setup, interval_mask, query_program, softmax_finish, softmax_step,
 )
 
 __all__ = ["dense_fwd_kernel", "LOG2E", "LN2"]

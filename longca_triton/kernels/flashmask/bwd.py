@@ -8,17 +8,8 @@ import triton
 import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
-    dkdv_update,
-    dq_tile_setup,
-    dq_update,
-    group_sweep_inputs,
-    head_inputs,
-    key_program_at,
-    kv_descs,
-    load_row_stats,
-    query_program_at,
-    recompute_p,
-    tile_desc,
+    dkdv_update, dq_tile_setup, dq_update, group_sweep_inputs, head_inputs, key_program_at, kv_descs,
+    load_row_stats, query_program_at, recompute_p, tile_desc,
 )
 from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run, _tile_allowed
 
