@@ -29,7 +29,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_qmajor_against_float64(case):
+def test_varblock_tails_against_float64(case):
     fn, mk, S, cfg = CASES[case]
     hq, hkv = 8, 2
     mask = mk(S)
