@@ -162,8 +162,8 @@ def test_gzipped_results_recommend_the_same(results, tmp_path, monkeypatch):
     assert r.exit_code == 0 and "kernel: fa4" in r.output, r.output
     # the committed-results glob, from a checkout's root
     monkeypatch.chdir(tmp_path)
-    study = tmp_path / "experiments" / "results" / "h100" / "study" / "dense"
-    other = tmp_path / "experiments" / "results" / "h100" / "dense_16k"
+    study = tmp_path / "experiments" / "results" / "h100" / "dense-study"
+    other = tmp_path / "experiments" / "results" / "h100" / "dense-16k"
     study.mkdir(parents=True)
     other.mkdir(parents=True)
     (study / "results.jsonl.gz").write_bytes(gz.read_bytes())
