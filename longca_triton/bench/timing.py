@@ -145,17 +145,7 @@ def time_interleaved(fns: Sequence[Callable[[], object]], warmup_ms: float = 25.
             torch.cuda.synchronize(dev)
 
     def one(fn) -> float:
-        """One timed call in ms (synchronised: for the estimate and on the host)."""
-        if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            sync()
-            return s.elapsed_time(e)
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
+        return _one_call_ms(fn, cuda, sync)
 
     n = len(fns)
     for fn in fns:  # compilation / autotuning / lazy init, never timed
@@ -344,6 +334,21 @@ def barrier(device: torch.device, group=None) -> None:
         dist.barrier(group=group)
 
 
+def _one_call_ms(fn, cuda: bool, sync) -> float:
+    """One call of ``fn`` in ms: between two CUDA events on a GPU (then synchronised), by the host clock
+    elsewhere."""
+    if cuda:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        sync()
+        return s.elapsed_time(e)
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
 def _time_each(fn, warmup_calls, rep, flush_l2, dev, reduce, group) -> dict:
     cuda = dev.type == "cuda"
 
@@ -362,17 +367,7 @@ def _time_each(fn, warmup_calls, rep, flush_l2, dev, reduce, group) -> dict:
         if buf is not None:
             buf.fill_(i & 0xFF)
         sync()
-        if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            sync()
-            times.append(s.elapsed_time(e))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
+        times.append(_one_call_ms(fn, cuda, sync))
     del buf
     if not reduce:
         return _summary(times)

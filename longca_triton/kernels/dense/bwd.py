@@ -31,10 +31,23 @@ import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
     dkdv_update, dq_skewed_scores, dq_tile_setup, dq_update, group_sweep_inputs, head_inputs, interval_mask,
-    key_program_at, kv_descs, load_row_stats, query_program_at, recompute_p, tile_desc,
+    key_program_at, kv_descs, load_row_stats, query_program_at, recompute_p, store_dkdv, tile_desc,
 )
 
 __all__ = ["dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel"]
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q, do, lse2, delta, qk_scale, offs_m, offs_n, LO, HI, Sq, MASKED: tl.constexpr,
+               NUM_IV: tl.constexpr):
+    """One query tile's update of the key tile's ``dk``, ``dv``: ``P^T`` recomputed, masked by the
+    row intervals where the tile is partial."""
+    p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
+    if MASKED:
+        allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
+        p_t = tl.where(allowed.T, p_t, 0.0)
+    dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+    return dk, dv
 
 
 @triton.jit
@@ -48,11 +61,7 @@ def _dkdv_run(dk, dv, k, v, q_desc, do_desc, Lse, Delta, row_base, m_lo, m_hi, o
         do = do_desc.load([start_m, 0])  # [BLOCK_M, BLOCK_DV]
         # the rows' offsets taken again after the loads (not offs_m): the order of the compiled code
         lse2, delta = load_row_stats(Lse, Delta, row_base, start_m + tl.arange(0, BLOCK_M), Sq)  # [BLOCK_M] each
-        p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
-        if MASKED:
-            allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
-            p_t = tl.where(allowed.T, p_t, 0.0)
-        dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+        dk, dv = _dkdv_step(dk, dv, k, v, q, do, lse2, delta, qk_scale, offs_m, offs_n, LO, HI, Sq, MASKED, NUM_IV)
     return dk, dv
 
 
@@ -79,11 +88,7 @@ def _dkdv_run_rows(dk, dv, k, v, q3_desc, do3_desc, Lse, Delta, row_base0, m_lo,
         q = q3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DQK)  # [BLOCK_M, BLOCK_DQK]
         do = do3_desc.load([start_m, g, 0]).reshape(BLOCK_M, BLOCK_DV)  # [BLOCK_M, BLOCK_DV]
         lse2, delta = load_row_stats(Lse, Delta, row_base0 + g * Sq, start_m + tl.arange(0, BLOCK_M), Sq)
-        p_t = recompute_p(k, q, lse2, qk_scale, True)  # [BLOCK_N, BLOCK_M]
-        if MASKED:
-            allowed = interval_mask(offs_m, offs_n, LO, HI, Sq, NUM_IV)  # [BLOCK_M, BLOCK_N]
-            p_t = tl.where(allowed.T, p_t, 0.0)
-        dk, dv, _ = dkdv_update(dk, dv, p_t, q, do, v, delta)
+        dk, dv = _dkdv_step(dk, dv, k, v, q, do, lse2, delta, qk_scale, offs_m, offs_n, LO, HI, Sq, MASKED, NUM_IV)
     return dk, dv
 
 
@@ -196,11 +201,8 @@ def dense_bwd_dkdv_kernel(
                                        tl.load(PART_START + r), tl.load(PART_END + r), offs_n, qk_scale,
                                        LO, HI, Sq, BLOCK_M, True, NUM_IV)
 
-    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
-    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
-    # s = softmax_scale * q.k, so dK picks up the scale once here
-    dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
-    dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
+    store_dkdv(DK, DV, dk, dv, softmax_scale, b64, h_kv, start_n, Sk, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+               stride_dvh, stride_dvs, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK, HEAD_DIM_V, BLOCK_DV)
 
 
 @triton.jit

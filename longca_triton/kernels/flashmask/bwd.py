@@ -9,7 +9,7 @@ import triton.language as tl
 
 from longca_triton.kernels.core.jit import (
     dkdv_update, dq_tile_setup, dq_update, group_sweep_inputs, head_inputs, key_program_at, kv_descs,
-    load_row_stats, query_program_at, recompute_p, tile_desc,
+    load_row_stats, query_program_at, recompute_p, store_dkdv, tile_desc,
 )
 from longca_triton.kernels.flashmask.fwd import _allowed, _classify, _load_columns, _next_run, _tile_allowed
 
@@ -119,11 +119,8 @@ def flashmask_bwd_dkdv_kernel(
                                         ute, qk_scale, HAS_LT, HAS_UT)
                 m_next = m_hi
 
-    dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
-    dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
-    # s = softmax_scale * q.k, so dK picks up the scale once here
-    dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
-    dv_desc.store([start_n, 0], dv.to(DV.dtype.element_ty))
+    store_dkdv(DK, DV, dk, dv, softmax_scale, b64, h_kv, start_n, Sk, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+               stride_dvh, stride_dvs, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK, HEAD_DIM_V, BLOCK_DV)
 
 
 @triton.jit
