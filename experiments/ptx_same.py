@@ -1,11 +1,11 @@
 """Does a refactor leave the compiled kernels alone? On a CPU (no GPU): the sm_90a PTX, debug info dropped,
-of the default backward dK/dV kernels of two package trees, compared kernel by kernel.
+of the default backward kernels of two package trees, compared kernel by kernel.
 
     rm -rf /tmp/base && mkdir /tmp/base && git archive <commit> longca_triton | tar -x -C /tmp/base
     PYTHONPATH=. python experiments/ptx_same.py /tmp/base .     (the venv's python: it needs torch)
 
 Prints one line per kernel and case: ``same code`` or the number of differing PTX lines; exits 1 if any
-differ. The cases: dense causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config),
+differ. The cases: dense dK/dV and dQ, causal and full (D = 128, GQA 64:8, S = 4K, the mask's default config),
 block-sparse (block 128, density 0.3, a pattern per KV head) and variable blocks (mean 256, min 128,
 density 0.3: the dK/dV main and tail launches, the dQ main launch). Each tree is compiled in its own
 subprocess. Either tree may have the package layout (``kernels/dense/op.py``, ``kernels/core/aot.py``) or
@@ -68,9 +68,13 @@ for name in ("causal", "full"):
     mask = make_mask(name, S)
     cfg = D.resolve_config(128, bf, mask=mask)
     _, kp, qp = D.plans_for(mask, cfg, "cpu")
-    with aot.recorded_launches(D_LAUNCH, ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel")) as rec:
+    # the delta preprocess is named bwd_preprocess_kernel in the package layout
+    names = [n for n in ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel",
+                         "bwd_preprocess_kernel") if hasattr(D_LAUNCH, n)]
+    with aot.recorded_launches(D_LAUNCH, names) as rec:
         D.dense_bwd(do, q, k, v, out, lse, kp, qp, 0.088, cfg)
     res[f"dense dK/dV {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dkdv_kernel"))
+    res[f"dense dQ {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dq_kernel"))
 # (delta, and with lse the stats rows the dK/dV steps read by TMA boxes: dkdv_stats_tma)
 BS_LAUNCH.launch_bwd_preprocess = lambda out, dout, dlse=None, lse=None: (
     torch.empty(1, 64, S) if lse is None else (torch.empty(1, 64, S), torch.empty(1, 64, S, 4)))
