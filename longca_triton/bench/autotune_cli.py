@@ -124,14 +124,17 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
       longca-triton autotune --varblock --mean-block 256
       longca-triton autotune --block 64 --dry-run
     """
+    from ..runtime import INTERPRETER_BANNER, select_device
+
+    # before anything imports triton: without a GPU this switches it to its interpreter
+    device, interpreted = select_device()
     from longca_triton.kernels.core import tuned
+
     from ..masks import MASK_NAMES
     from ..output import console as make_console
-    from ..runtime import INTERPRETER_BANNER, select_device
     from . import autotune as at
     from . import autotune_run as run
 
-    device, interpreted = select_device()
     con = make_console(click.get_text_stream("stderr") if fmt != "table" else None)
     block = int(block)
     if not kernels:

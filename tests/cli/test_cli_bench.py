@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from longca_triton.bench.cli import bench, cli, doctor, plot, report
@@ -132,3 +133,22 @@ def test_report_and_plot_read_gzipped_results(runner, tmp_path):
     r = runner.invoke(cli, ["report", str(gz.parent)])
     assert r.exit_code == 0 and "warning: both" in r.output and "reading results.jsonl, not results.jsonl.gz" in r.output
     assert "(1 points)" in r.output or "1 point" in r.output
+
+
+def test_headline_autotune_on_a_cpu_switches_to_the_interpreter_itself():
+    """`longca-triton autotune --block 64` on a machine without a GPU and without TRITON_INTERPRET set:
+    the command turns the interpreter on before anything imports triton, says so, and checks the
+    candidates (a fresh process, as a user runs it)."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine tunes for real")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "longca_triton.cli", "autotune", "--block", "64", "--kernel",
+                        "triton-sparse", "--format", "json"], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Triton interpreter" in r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and all(row["status"] == "ok" for row in rows)
