@@ -38,8 +38,7 @@ def tile_desc(base, rows, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
 def store_dkdv(DK, DV, dk, dv, softmax_scale, b64, h_kv, start_n, Sk, stride_dkb, stride_dkh, stride_dks, stride_dvb,
                stride_dvh, stride_dvs, BLOCK_N: tl.constexpr, HEAD_DIM_QK: tl.constexpr, BLOCK_DQK: tl.constexpr,
                HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Write one key tile's ``dk`` and ``dv`` ``[BLOCK_N, BLOCK_D*]`` by TMA descriptors. The scores are
-    ``s = softmax_scale * q.k``, so dK picks up the scale once here."""
+    """Write one key tile's ``dk`` and ``dv`` by TMA (``s = softmax_scale * q.k``: dK takes the scale here)."""
     dk_desc = tile_desc(DK + b64 * stride_dkb + h_kv * stride_dkh, Sk, stride_dks, BLOCK_N, HEAD_DIM_QK, BLOCK_DQK)
     dv_desc = tile_desc(DV + b64 * stride_dvb + h_kv * stride_dvh, Sk, stride_dvs, BLOCK_N, HEAD_DIM_V, BLOCK_DV)
     dk_desc.store([start_n, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
