@@ -19,7 +19,6 @@ kernel), every rank reports, into ``OUT/profile_r<rank>.txt`` and one JSON row p
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -183,25 +182,14 @@ def worker(a) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.environ.get("OUT", "results/cp-profile"))
-    p.add_argument("--masks", default="causal_document,full")
-    p.add_argument("--points", default="group_cast/balanced,group_cast+split/balanced,ring_allgather/balanced",
-                   help="scheme[+split]/plan, comma-separated (group_cast+split: its split mode)")
-    p.add_argument("--tokens-per-gpu", type=int, default=8192)
+    from longca_triton.cp.bench import local_gpus, run_script, script_parser
+
+    p = script_parser(__doc__.splitlines()[0], "results/cp-profile", "causal_document,full",
+                      "group_cast/balanced,group_cast+split/balanced,ring_allgather/balanced",
+                      "scheme[+split]/plan, comma-separated (group_cast+split: its split mode)")
     p.add_argument("--nccl-probe", action="store_true", help="first time all_gather / all_to_all / reduce_scatter, 1-64 MiB")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    import torch
-
-    from longca_triton.cp.bench import torchrun
-
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    n = torch.cuda.device_count()
-    # every rank reruns this script with the same arguments (and their defaults) as a worker
-    return torchrun([__file__, "--worker", *sys.argv[1:]], n)
+    return run_script(a, __file__, worker, local_gpus)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ test of the script itself; the timeline then lists CPU ops.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -91,6 +90,23 @@ def _timeline(trace: dict, cuda: bool) -> tuple[list[str], dict]:
     summary = dict(wall_us=end, idle_us=idle, nccl_only_us=comm_only, compute_us=end - idle - comm_only,
                    host_span_us=t1 - t0, gaps_over_5us=[(round(a, 1), round(b, 1)) for a, b in gaps])
     return lines, summary
+
+
+def main() -> int:
+    """Parse the arguments, then trace as a worker or relaunch on every rank (``--world`` processes on a CPU)."""
+    from longca_triton.cp.bench import local_gpus, run_script, script_parser
+
+    p = script_parser(__doc__.splitlines()[0], "results/cp-trace", "causal_document",
+                      "group_cast/balanced,group_cast@dkv_after_dq/balanced,ring_allgather/balanced",
+                      "scheme[@variant]/plan, comma-separated (variant: dkv_after_dq)")
+    p.add_argument("--heads-q", type=int, default=64)
+    p.add_argument("--heads-kv", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--high-priority", action="store_true", help="NCCL on high-priority CUDA streams")
+    p.add_argument("--world", type=int, default=None, help="processes (default: the GPUs; 2 on CPU)")
+    a = p.parse_args()
+    return run_script(a, __file__, worker, lambda: a.world or (local_gpus() if a.device == "cuda" else 2))
 
 
 def worker(a) -> int:
@@ -184,33 +200,6 @@ def worker(a) -> int:
             if cuda:
                 torch.cuda.empty_cache()
     return end_worker()
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.environ.get("OUT", "results/cp-trace"))
-    p.add_argument("--masks", default="causal_document")
-    p.add_argument("--points", default="group_cast/balanced,group_cast@dkv_after_dq/balanced,ring_allgather/balanced",
-                   help="scheme[@variant]/plan, comma-separated (variant: dkv_after_dq)")
-    p.add_argument("--tokens-per-gpu", type=int, default=8192)
-    p.add_argument("--heads-q", type=int, default=64)
-    p.add_argument("--heads-kv", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--high-priority", action="store_true", help="NCCL on high-priority CUDA streams")
-    p.add_argument("--world", type=int, default=None, help="processes (default: the GPUs; 2 on CPU)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args()
-    if a.worker:
-        return worker(a)
-    import torch
-
-    from longca_triton.cp.bench import torchrun
-
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    n = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
-    # every rank reruns this script with the same arguments (and their defaults) as a worker
-    return torchrun([__file__, "--worker", *sys.argv[1:]], n)
 
 
 if __name__ == "__main__":

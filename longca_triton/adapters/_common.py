@@ -39,6 +39,8 @@ __all__ = [
     "pack_tokens",
     "device_cu_seqlens",
     "try_import",
+    "VendorPlan",
+    "vendor_plan",
     "HEAD_DIMS_MULT8",
     "HOPPER_HEAD_DIMS",
     "HOPPER_HEAD_DIM_PAIRS",
@@ -157,6 +159,23 @@ def packed_cu_seqlens(fa: FlashArgs, batch: int) -> np.ndarray:
 def device_cu_seqlens(cu, device) -> torch.Tensor | None:
     """int32 document offsets on ``device`` (``None`` stays ``None``: one document, no varlen call)."""
     return None if cu is None else torch.as_tensor(cu, dtype=torch.int32, device=device)
+
+
+@dataclass
+class VendorPlan:
+    """A vendor call prepared outside the timer: the callable (a function or a module), its keywords,
+    the document offsets on the device (None: one document) and the longest document."""
+
+    call: Any
+    kwargs: dict
+    cu: torch.Tensor | None
+    max_seqlen: int
+
+
+def vendor_plan(call, kwargs: dict, args: dict, device) -> VendorPlan:
+    """``VendorPlan`` from a lowering's ``args`` (``cu_seqlens`` as numpy and ``max_seqlen`` where varlen)."""
+    return VendorPlan(call=call, kwargs=kwargs, cu=device_cu_seqlens(args.get("cu_seqlens"), device),
+                      max_seqlen=int(args.get("max_seqlen", 0)))
 
 
 def pack_tokens(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

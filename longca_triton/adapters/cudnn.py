@@ -17,12 +17,8 @@ and v: cuDNN itself runs D_v != D_qk (e.g. 192/128), but this adapter's call thr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from ._common import (HEAD_DIMS_MULT8, FlashArgs, FlashLowered, device_cu_seqlens, dist_version, pack_tokens,
-                      packed_cu_seqlens, try_import)
+from ._common import (HEAD_DIMS_MULT8, FlashArgs, FlashLowered, VendorPlan, dist_version, pack_tokens,
+                      packed_cu_seqlens, try_import, vendor_plan)
 from .base import Problem, register
 
 __all__ = ["CudnnFrontend", "cudnn_call_args"]
@@ -40,14 +36,6 @@ def cudnn_call_args(fa: FlashArgs, batch: int) -> dict:
         out["cu_seqlens"] = packed_cu_seqlens(fa, batch)
         out["max_seqlen"] = fa.max_seqlen
     return out
-
-
-@dataclass
-class _CudnnPlan:
-    fn: object
-    kwargs: dict
-    cu: torch.Tensor | None
-    max_seqlen: int
 
 
 class CudnnFrontend(FlashLowered):
@@ -73,16 +61,15 @@ class CudnnFrontend(FlashLowered):
 
     def materialize(self, problem: Problem, args: dict, device):
         kwargs = {k: args[k] for k in ("is_causal", "window_left", "window_right")}
-        return _CudnnPlan(fn=self._fn, kwargs=kwargs, cu=device_cu_seqlens(args.get("cu_seqlens"), device),
-                          max_seqlen=int(args.get("max_seqlen", 0)))
+        return vendor_plan(self._fn, kwargs, args, device)
 
-    def run(self, plan: _CudnnPlan, q, k, v, scale: float):
+    def run(self, plan: VendorPlan, q, k, v, scale: float):
         B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         if plan.cu is None:
-            out, lse = plan.fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
+            out, lse = plan.call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
                                return_lse=True, **plan.kwargs)
             return out.transpose(1, 2), lse.reshape(B, Hq, S)
-        out, lse = plan.fn(
+        out, lse = plan.call(
             *pack_tokens(q, k, v), scale=scale,
             cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.max_seqlen, max_seqlen_kv=plan.max_seqlen,
             return_lse=True, **plan.kwargs,

@@ -13,11 +13,7 @@ documents for multi-head latent attention (not run here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from ._common import FlashArgs, FlashLowered, device_cu_seqlens, pack_tokens, packed_cu_seqlens, try_import
+from ._common import FlashArgs, FlashLowered, VendorPlan, pack_tokens, packed_cu_seqlens, try_import, vendor_plan
 from .base import Problem, register
 
 __all__ = ["TransformerEngine", "te_call_args"]
@@ -38,24 +34,18 @@ def te_call_args(fa: FlashArgs, batch: int) -> dict:
     return {"qkv_format": "bshd", "attn_mask_type": "causal" if fa.causal else "no_mask", "window_size": window}
 
 
-@dataclass
-class _TEPlan:
-    module: object
-    args: dict
-    cu: torch.Tensor | None
-
-
 class TransformerEngine(FlashLowered):
     name = "te"
+    requires, requires_label = "transformer_engine.pytorch", "TransformerEngine (PyTorch)"
     description = "TransformerEngine DotProductAttention (THD layout for documents); no lse"
     lowering = "flash_args -> qkv_format bshd|thd, attn_mask_type, window_size, cu_seqlens"
+    #: TransformerEngine picks its own kernel and hands back no log-sum-exp
     returns_lse = False
-    requires, requires_label = "transformer_engine.pytorch", "TransformerEngine (PyTorch)"
     head_dim_pairs = None
 
     call_args = staticmethod(te_call_args)
 
-    def materialize(self, problem: Problem, args: dict, device) -> _TEPlan:
+    def materialize(self, problem: Problem, args: dict, device) -> VendorPlan:
         te, _ = try_import("transformer_engine.pytorch")
         module = te.DotProductAttention(
             num_attention_heads=problem.heads_q,
@@ -64,17 +54,15 @@ class TransformerEngine(FlashLowered):
             attention_dropout=0.0, qkv_format=args["qkv_format"], attn_mask_type=args["attn_mask_type"],
             window_size=args["window_size"], softmax_scale=problem.scale,
         ).to(device)
-        return _TEPlan(module=module, args=args, cu=device_cu_seqlens(args.get("cu_seqlens"), device))
+        return vendor_plan(module, args, args, device)
 
-    def run(self, plan: _TEPlan, q, k, v, scale: float):
+    def run(self, plan: VendorPlan, q, k, v, scale: float):
         B, S, Hq, D = q.shape[0], q.shape[1], q.shape[2], v.shape[3]  # out is [B, S, Hq, D_v]
         if plan.cu is None:
-            out = plan.module(q, k, v)
+            out = plan.call(q, k, v)
         else:
-            out = plan.module(
-                *pack_tokens(q, k, v),
-                cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu, max_seqlen_q=plan.args["max_seqlen"], max_seqlen_kv=plan.args["max_seqlen"],
-            )
+            out = plan.call(*pack_tokens(q, k, v), cu_seqlens_q=plan.cu, cu_seqlens_kv=plan.cu,
+                            max_seqlen_q=plan.max_seqlen, max_seqlen_kv=plan.max_seqlen)
         return out.reshape(B, S, Hq, D), None
 
 

@@ -116,6 +116,36 @@ def torchrun(args: list[str], nproc: int) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+def script_parser(description: str, out: str, masks: str, points: str, points_help: str):
+    """The arguments every CP experiment script takes (``--out``, ``--masks``, ``--points``,
+    ``--tokens-per-gpu`` and the hidden ``--worker`` its torchrun relaunch passes)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", default=os.environ.get("OUT", out))
+    p.add_argument("--masks", default=masks)
+    p.add_argument("--points", default=points, help=points_help)
+    p.add_argument("--tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def local_gpus() -> int:
+    """The CUDA devices of this host (0 without any)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_script(args, script: str, worker, nproc) -> int:
+    """A CP experiment script after parsing ``args``: a ``--worker`` runs ``worker(args)``; otherwise
+    ``--out`` is made and the script reruns on ``nproc()`` ranks under torchrun with the same arguments."""
+    if args.worker:
+        return worker(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return torchrun([script, "--worker", *sys.argv[1:]], nproc())
+
+
 def end_worker() -> int:
     """Wait for every rank, then leave the process group: the end of a worker process of the CP scripts."""
     import torch.distributed as dist

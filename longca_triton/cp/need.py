@@ -42,6 +42,12 @@ class NeedLayout:
     counts: np.ndarray  # [N, N] tokens receiver r gets from owner s
     _cache: dict = field(default_factory=dict, repr=False)
 
+    def recv_splits(self, r: int) -> list[int]:
+        return [int(x) for x in self.counts[r]]
+
+    def send_splits(self, s: int) -> list[int]:
+        return [int(x) for x in self.counts[:, s]]
+
     @property
     def world_size(self) -> int:
         return self.plan.world_size
@@ -50,12 +56,6 @@ class NeedLayout:
     def any_traffic(self) -> bool:
         """False when no rank needs anything remote (then no collective is issued at all)."""
         return bool(self.counts.sum())
-
-    def recv_splits(self, r: int) -> list[int]:
-        return [int(x) for x in self.counts[r]]
-
-    def send_splits(self, s: int) -> list[int]:
-        return [int(x) for x in self.counts[:, s]]
 
     def num_ranges(self, r: int, s: int) -> int:
         """Merged key ranges ``r`` needs from ``s`` (pieces adjacent in ``s``'s local order count once)."""
