@@ -6,8 +6,24 @@ import torch
 
 from .masks import BlockSparseMask, Mask
 
-#: the default backend for range masks until a faster one is measured (``default_backend``)
+#: the backend of range masks where the shipped table (``kernels/tuning/default.toml``) has no row
 DEFAULT_BACKEND = "triton"
+#: the tiles whose partial share the default rule reads: the Gluon forward's query and key tiles
+FEATURE_TILE = 128
+
+
+def plan_features(mask: Mask, head_dim: int, head_dim_v: int | None = None) -> dict:
+    """What the default rule reads of a call: the padded head dims, the mask's density and lengths,
+    and its 128 x 128 tiles (full, partial, the partial share among those touched). Cached with the
+    mask's block tables, so a repeated call pays a dict lookup."""
+    from longca_triton.kernels.core.runtime import padded_head_dim
+
+    dv = head_dim if head_dim_v is None else head_dim_v
+    bt = mask.block_tables(FEATURE_TILE, FEATURE_TILE)
+    touched = bt.num_full + bt.num_partial
+    return {"head_dim": padded_head_dim(head_dim), "head_dim_v": padded_head_dim(dv), "density": float(mask.density),
+            "seqlen_q": int(mask.seqlen_q), "seqlen_k": int(mask.seqlen_k), "full_tiles": int(bt.num_full),
+            "partial_tiles": int(bt.num_partial), "partial_share": bt.num_partial / touched if touched else 0.0}
 
 
 def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
@@ -15,29 +31,48 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
     """The backend ``attention`` uses when none is named.
 
     Block-sparse masks: ``triton-sparse`` (uniform power-of-two blocks) or ``triton-varblock``.
-    Range masks: ``triton-gluon`` (the warp-specialized Gluon kernels) when ``longca-triton
-    autotune`` measured its forward faster than ``triton``'s on this problem class on this GPU
-    *and* it can run this call (an sm_90 GPU, its head dims and dtypes); otherwise ``triton``. The
-    rule never picks a backend that cannot run the call, and never one that was not measured faster.
+    Range masks on a GPU: the row of ``kernels/tuning/default.toml`` that matches the GPU's arch and
+    the call's :func:`plan_features` (each row names the results that measured it), unless the user's
+    autotune cache measured both ``triton`` and ``triton-gluon`` on this problem class, when the faster
+    of the two runs. A backend that cannot run the call is never picked: ``triton`` then runs. On a CPU
+    (the interpreter): ``triton``.
     """
     if isinstance(mask, BlockSparseMask):
         return "triton-sparse" if mask.uniform_block else "triton-varblock"
-    if q is not None and k is not None and q.device.type == "cuda" and _gluon_measured_faster(mask, q, k, v):
-        return "triton-gluon"
-    return DEFAULT_BACKEND
+    if q is None or k is None or q.device.type != "cuda":
+        return DEFAULT_BACKEND
+    v = k if v is None else v
+    measured = _measured_choice(mask, q, k, v)
+    choice = measured or _table_choice(mask, q, v)
+    if choice != DEFAULT_BACKEND:
+        from .adapters import Problem, get_backend
+
+        ok, _ = get_backend(choice).check(Problem.from_tensors(q, k, v, mask))
+        if not ok:
+            return DEFAULT_BACKEND
+    return choice
 
 
-def _gluon_measured_faster(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> bool:
-    from .adapters import Problem, get_backend
+def _table_choice(mask: Mask, q: torch.Tensor, v: torch.Tensor) -> str:
+    from longca_triton.kernels.tuning import Problem, table_config
+
+    major, minor = torch.cuda.get_device_capability(q.device)
+    f = plan_features(mask, q.shape[-1], v.shape[-1])
+    problem = Problem(arch=f"sm{major}{minor}", head_dim=f["head_dim"], head_dim_v=f["head_dim_v"],
+                      density=f["density"], seqlen=max(f["seqlen_q"], f["seqlen_k"]),
+                      partial_share=f["partial_share"], dtype=str(q.dtype).replace("torch.", ""))
+    return table_config("default", problem, ("backend",))["backend"]
+
+
+def _measured_choice(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """``triton-gluon`` or ``triton`` where the user's autotune cache measured both on this problem
+    class (the faster forward), else None."""
     from longca_triton.kernels.core.tuned import measured_tflops
 
-    # the cache lookups first (a dict read once per process): the capability check only runs
-    # where the Gluon kernel was measured faster
     gluon, plain = measured_tflops("triton-gluon", q, k, mask, v), measured_tflops("triton", q, k, mask, v)
-    if gluon is None or plain is None or gluon <= plain:
-        return False
-    ok, _ = get_backend("triton-gluon").check(Problem.from_tensors(q, k, k if v is None else v, mask))
-    return ok
+    if gluon is None or plain is None:
+        return None
+    return "triton-gluon" if gluon > plain else DEFAULT_BACKEND
 
 
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> None:

@@ -1,7 +1,7 @@
 """What our Triton backends share (``triton``, ``triton-flashmask``, ``triton-sparse``,
 ``triton-varblock``): where they run (a CUDA device, or a CPU under ``TRITON_INTERPRET=1``, where
-float32 is allowed too), the dtype / head-dim / GQA checks (head dims: multiples of 8 up to 256, v
-may have its own: ``kernels._runtime.head_dim_reason``), the launch config (an explicit
+float32 is allowed too), the dtype / head-dim / GQA checks (head dims: 1 to 256, v may have its
+own; dims that are no multiple of 8 run zero-padded: ``kernels.core.runtime.padded_call``), the launch config (an explicit
 ``self.config``, else the autotune cache's entry for the problem class via
 ``longca_triton.kernels.core.tuned.lookup``, else the kernel's defaults; which of them ran is a timed row's
 ``notes.launch_config``), ``deterministic=True``
@@ -91,10 +91,10 @@ class TritonBackend(Backend):
         allowed = self.dtypes + ((torch.float32,) if interpreting() else ())
         if problem.dtype not in allowed:
             return False, f"dtype {problem.dtype} not supported (kernels take float16 and bfloat16)"
-        from longca_triton.kernels.core.runtime import head_dim_reason
+        from longca_triton.kernels.core.runtime import public_head_dim_reason
 
         for which, d in (("head_dim", problem.head_dim), ("head_dim of v", problem.d_v)):
-            why = head_dim_reason(d, which)
+            why = public_head_dim_reason(d, which)
             if why:
                 return False, why
         if problem.heads_kv < 1 or problem.heads_q % problem.heads_kv:
@@ -141,11 +141,22 @@ class TritonBackend(Backend):
         return tuned, "autotune cache" if tuned is not None else "kernel defaults"
 
     def attention(self, q, k, v, mask, softmax_scale=None, return_lse=False, deterministic=False):
+        """The differentiable call; head dims that are no multiple of 8 run padded (``padded_call``)."""
+        from longca_triton.kernels.core.runtime import padded_call, resolve_scale
+
         self.check_deterministic(deterministic)
-        return self.launch(q, k, v, mask, softmax_scale, return_lse, self.launch_config(q, k, mask, v), deterministic)
+        scale = resolve_scale(softmax_scale, q.shape[-1])  # from the true D_qk, before any padding
+        return padded_call(lambda q, k, v: self.run_kernels(q, k, v, mask, scale, return_lse, deterministic), q, k, v)
+
+    def run_kernels(self, q, k, v, mask, scale, return_lse, deterministic):
+        """``launch`` with the launch config of this problem class, on head dims the kernels take."""
+        return self.launch(q, k, v, mask, scale, return_lse, self.launch_config(q, k, mask, v), deterministic)
 
     def prepare(self, problem: Problem, q, k, v) -> Callable[[], tuple]:
-        """Check, pick the launch config and plan now; the returned call runs the kernels only."""
+        """Check, pick the launch config and plan now; the returned call runs the kernels only (and
+        the zero padding of head dims that are no multiple of 8, as a user's call does)."""
+        from longca_triton.kernels.core.runtime import padded_call
+
         self.require(problem)
         config, source = problem.extra.get("config"), "problem config"
         if config is None:
@@ -158,7 +169,7 @@ class TritonBackend(Backend):
         self.check_deterministic(deterministic)
 
         def fn():
-            return self.launch(q, k, v, mask, scale, True, config, deterministic)
+            return padded_call(lambda q, k, v: self.launch(q, k, v, mask, scale, True, config, deterministic), q, k, v)
 
         return fn
 

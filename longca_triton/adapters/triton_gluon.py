@@ -6,10 +6,11 @@ backward is the Gluon dQ kernel with our plain-Triton dK/dV kernel at D = 128 (`
 the two on two CUDA streams) and our plain-Triton backward elsewhere (``"plain"``), each measured
 fastest there (``kernels/tuning/gluon.toml``). It runs on sm_90 only: elsewhere (other GPUs, the CPU
 interpreter) every case is ``unsupported`` with the reason, never a crash.
-Head dims: the kernels take every one our plain-Triton kernels take (multiples of 8 up to 256, D_v
-may differ from D_qk; the Gluon backward only at 64 and 128 with D_v == D_qk, other dims run the
-plain-Triton one), but this backend offers only the pairs checked on a GPU
-(``GPU_CHECKED_HEAD_DIMS``); the others answer ``unsupported`` with that reason.
+Head dims: any from 1 to 256 (D_v may differ from D_qk), padded to multiples of 8 as our other
+kernels are. The Gluon kernels run the padded pairs that passed the GPU tests
+(``GPU_CHECKED_HEAD_DIMS``; the Gluon backward only at 64 and 128 with D_v == D_qk, the plain-Triton
+backward elsewhere); any other pair runs our plain-Triton kernels, and a timed row says so in its
+``fallback`` note.
 """
 
 from __future__ import annotations
@@ -60,28 +61,51 @@ class TritonGluon(TritonBackend):
         ok, why = super().supports(problem)
         if not ok:
             return ok, why
-        # head dims: the base class's check (multiples of 8 up to 256, D_v may differ), then only
-        # the pairs a GPU has checked (the kernels compile for all of them)
-        from longca_triton.kernels.gluon.config import GPU_CHECKED_HEAD_DIMS, device_reason
+        from longca_triton.kernels.gluon.config import device_reason
 
-        dims = (problem.head_dim, problem.d_v)
-        if dims not in GPU_CHECKED_HEAD_DIMS:
-            return False, (f"head dims {dims[0]}/{dims[1]}: the Gluon forward compiles for them but has not "
-                           f"yet passed its GPU tests (checked: {', '.join(f'{a}/{b}' for a, b in GPU_CHECKED_HEAD_DIMS)}); "
-                           "use triton")
         why = device_reason(torch.device("cuda"))
         return (not why), why
+
+    @staticmethod
+    def fallback_reason(d_qk: int, d_v: int) -> str:
+        """Why head dims ``d_qk/d_v`` (as the kernels see them, padded to multiples of 8) run our
+        plain-Triton kernels instead of Gluon's: only pairs that passed the GPU tests run Gluon."""
+        from longca_triton.kernels.gluon.config import GPU_CHECKED_HEAD_DIMS
+
+        if (d_qk, d_v) in GPU_CHECKED_HEAD_DIMS:
+            return ""
+        return f"head dims {d_qk}/{d_v} have not passed the Gluon GPU tests: our plain-Triton kernels ran"
+
+    def launch(self, q, k, v, mask, scale, return_lse, config, deterministic=False):
+        if self.fallback_reason(q.shape[-1], v.shape[-1]):
+            from longca_triton.kernels.dense.op import dense_attention
+
+            return dense_attention(q, k, v, mask, softmax_scale=scale, return_lse=return_lse,
+                                   deterministic=deterministic)
+        return super().launch(q, k, v, mask, scale, return_lse, config, deterministic)
+
+    def run_notes(self, problem: Problem) -> dict:
+        """The launch config, and ``fallback`` where these head dims ran the plain-Triton kernels."""
+        from longca_triton.kernels.core.runtime import padded_head_dim
+
+        notes = super().run_notes(problem)
+        why = self.fallback_reason(padded_head_dim(problem.head_dim), padded_head_dim(problem.d_v))
+        return {**notes, "fallback": why} if why else notes
 
     #: every backward design writes each gradient tile once (no atomics; ``gluon_attention``'s docstring)
     honours_deterministic = True
 
     def plan(self, problem: Problem, q, config):
-        from longca_triton.kernels.core.runtime import config_head_dim
+        from longca_triton.kernels.core.runtime import config_head_dim, padded_head_dim
+        from longca_triton.kernels.dense.op import plans_for
         from longca_triton.kernels.dense.op import resolve_config as dense_cfg
         from longca_triton.kernels.gluon.config import resolve_config
         from longca_triton.kernels.gluon.op import plans_for_gluon
 
-        d, dv = problem.head_dim, problem.d_v
+        d, dv = padded_head_dim(problem.head_dim), padded_head_dim(problem.d_v)
+        if self.fallback_reason(d, dv):
+            plans_for(problem.mask, dense_cfg(config_head_dim(d, dv), problem.dtype, mask=problem.mask), q.device)
+            return
         # with the mask: its mask-dependent defaults (consumers, mask_head / split plans, the dense
         # dK/dV tile) are the ones the call will use
         plans_for_gluon(problem.mask, d, resolve_config(d, problem.dtype, config, head_dim_v=dv, mask=problem.mask),

@@ -34,16 +34,17 @@ def test_backend_says_why_it_cannot_run_here():
                                  (264, 264), (128, 132), (64, 128), (256, 64), (40, 40))}
     finally:
         GA.device_reason, TB.runs_here = real, real_here
-    # offered: the pairs a GPU checked; the other valid dims compile but are refused until then
-    for dims in GC.GPU_CHECKED_HEAD_DIMS:
+    # every dim from 1 to 256 is offered; pairs no GPU checked run the plain-Triton kernels, said in the row
+    for dims in ((192, 128), (256, 256), (96, 96), (80, 80), (64, 64), (128, 128), (100, 100), (128, 132), (64, 128)):
         assert answers[dims] == (True, ""), (dims, answers[dims])
     assert {(192, 128), (256, 256), (96, 96), (80, 80)} <= set(GC.GPU_CHECKED_HEAD_DIMS)
-    for dims in ((64, 128), (256, 64), (40, 40)):
-        ok, why = answers[dims]
-        assert not ok and "not yet passed its GPU tests" in why and "use triton" in why, (dims, why)
-    for dims, word in (((100, 100), "100"), ((264, 264), "264"), ((128, 132), "132")):
-        ok, why = answers[dims]
-        assert not ok and word in why and "multiples of 8" in why, (dims, why)
+    for dims in GC.GPU_CHECKED_HEAD_DIMS:
+        assert b.fallback_reason(*dims) == ""
+    assert "plain-Triton" in b.fallback_reason(64, 128)
+    problem = Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=100, head_dim_v=36)
+    assert "104/40" in b.run_notes(problem)["fallback"]
+    ok, why = answers[(264, 264)]
+    assert not ok and "264" in why and "1 to 256" in why, why
     q = k = v = torch.randn(1, 256, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="sm_90"):
         lt.attention(q, k, v, mask, backend="triton-gluon")
@@ -73,26 +74,42 @@ def test_kernel_entry_checks_inputs_before_any_launch():
 
 
 # ------------------------------------------------------------------ the default backend rule
-def test_default_backend_takes_gluon_only_when_it_runs_and_was_measured_faster(monkeypatch):
+def test_default_backend_measured_choice(monkeypatch):
+    """The user's autotune cache decides where it measured both kernels; otherwise it says nothing."""
     from longca_triton import api
     from longca_triton.kernels.core import tuned
 
     mask = lt.make_mask("causal", 256)
     q = k = torch.randn(1, 256, 2, 64, dtype=torch.float16)
     assert api.default_backend(mask, q, k) == "triton"  # a CPU: Gluon cannot run, never chosen
-    gluon = get_backend("triton-gluon")
     scores = {}
     monkeypatch.setattr(tuned, "measured_tflops", lambda name, q, k, mask, v=None, mode="fwd": scores.get(name))
-    monkeypatch.setattr(gluon, "check", lambda problem: (False, "needs sm_90"))
     scores.update({"triton-gluon": 600.0, "triton": 500.0})
-    assert not api._gluon_measured_faster(mask, q, k), "faster but cannot run: not chosen"
-    monkeypatch.setattr(gluon, "check", lambda problem: (True, ""))
-    assert api._gluon_measured_faster(mask, q, k)
+    assert api._measured_choice(mask, q, k, k) == "triton-gluon"
     scores["triton"] = 650.0
-    assert not api._gluon_measured_faster(mask, q, k), "measured slower: not chosen"
+    assert api._measured_choice(mask, q, k, k) == "triton", "measured slower: not chosen"
     del scores["triton"]
-    assert not api._gluon_measured_faster(mask, q, k), "triton never measured: the stated rule keeps triton"
+    assert api._measured_choice(mask, q, k, k) is None, "triton never measured: the shipped table decides"
     assert api.default_backend(lt.make_mask("block_sparse", 256, block=64, density=0.5), q, k) == "triton-sparse"
+
+
+def test_default_backend_table_choice(monkeypatch):
+    """The shipped table (kernels/tuning/default.toml) picks by arch, padded head dims and the plan's
+    features; a GPU without a row runs triton."""
+    from longca_triton import api
+    from longca_triton.kernels.tuning import load_table
+
+    table = load_table("default", ("backend",))
+    assert table.defaults == {"backend": "triton"} and all(r.results for r in table.rows)
+    mask = lt.make_mask("causal", 4096)
+    q = torch.randn(1, 4096, 2, 128, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert api._table_choice(mask, q, q) == "triton-gluon"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert api._table_choice(mask, q, q) == "triton"
+    f = api.plan_features(mask, 59, 111)
+    assert (f["head_dim"], f["head_dim_v"]) == (64, 112) and f["full_tiles"] + f["partial_tiles"] == 32 * 33 // 2
+    assert f["partial_share"] == pytest.approx(32 / (32 * 33 // 2))
 
 
 # ------------------------------------------------------------------ launchers match the kernels

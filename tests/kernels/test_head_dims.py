@@ -189,13 +189,13 @@ def test_backends_state_head_dim_limits():
     assert reason("sdpa-math", 40, 24) == "" and reason("flex", 96, 64) == ""
     assert "head_dim 96 not supported" in reason("flashmask", 96)
     assert "D_v" in reason("cudnn", 192, 128) and "D_v" in reason("flashinfer-varblock", 128, 64)
-    # ours: multiples of 8 up to 256, any pair
-    ok, why = get_backend("triton").supports(Problem(mask=mask, heads_q=8, heads_kv=2, head_dim=192, head_dim_v=128,
+    # ours: any head dim from 1 to 256 (zero-padded to multiples of 8 inside), any pair
+    for name, dqk, dv in (("triton", 192, 128), ("triton-flashmask", 100, 100), ("triton", 1, 59)):
+        ok, why = get_backend(name).supports(Problem(mask=mask, heads_q=8, heads_kv=2, head_dim=dqk, head_dim_v=dv,
                                                      dtype=torch.float16, device=DEVICE))
-    assert ok, why
-    ok, why = get_backend("triton-flashmask").supports(Problem(mask=mask, head_dim=100, dtype=torch.float16,
-                                                               device=DEVICE))
-    assert not ok and "multiples of 8" in why
+        assert ok, why
+    ok, why = get_backend("triton").supports(Problem(mask=mask, head_dim=264, dtype=torch.float16, device=DEVICE))
+    assert not ok and "1 to 256" in why
 
 
 # ------------------------------------------------------------------ the bench grid, rows, report, recommend

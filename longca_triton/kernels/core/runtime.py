@@ -153,6 +153,35 @@ def head_dim_reason(d: int, which: str = "head dim") -> str:
     return ""
 
 
+def public_head_dim_reason(d: int, which: str = "head dim") -> str:
+    """Why a public call cannot take head dim ``d`` (empty when it can): any ``1 <= d <= 256``, since
+    a dim that is no multiple of 8 is padded with zeros first (``padded_call``), as FlashAttention does."""
+    if d < 1 or d > MAX_HEAD_DIM:
+        return f"{which} {d} not supported; our kernels take 1 to {MAX_HEAD_DIM}"
+    return ""
+
+
+def padded_head_dim(d: int) -> int:
+    """``d`` rounded up to the next multiple of ``HEAD_DIM_MULTIPLE`` (the kernels' descriptor rule)."""
+    return -(-int(d) // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
+
+
+def padded_call(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``run(q, k, v)`` with head dims padded by zeros to multiples of 8 and the output cut back to
+    ``D_v``. Zero columns add nothing to ``q kᵀ`` and give zero output columns, so the math is the
+    unpadded one when the caller fixed the softmax scale from the true ``D_qk``; autograd drops the
+    padded gradient columns. Dims already a multiple of 8 call ``run`` on the tensors as they are."""
+    d, dv = q.shape[-1], v.shape[-1]
+    pd, pdv = padded_head_dim(d), padded_head_dim(dv)
+    if (pd, pdv) == (d, dv):
+        return run(q, k, v)
+    pad = torch.nn.functional.pad
+    res = run(pad(q, (0, pd - d)), pad(k, (0, pd - d)), pad(v, (0, pdv - dv)))
+    if isinstance(res, tuple):
+        return (res[0][..., :dv],) + tuple(res[1:])
+    return res[..., :dv]
+
+
 def block_head_dim(d: int) -> int:
     """The padded (power-of-two, >= 16 for ``tl.dot``) head-dim tile for a true head dim ``d``."""
     return max(16, triton.next_power_of_2(int(d)))

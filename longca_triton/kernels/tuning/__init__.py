@@ -46,11 +46,12 @@ __all__ = ["MATCH_FIELDS", "MODES", "ROW_FIELDS", "Problem", "Row", "Table", "lo
 #: ``dtype`` (``"bfloat16"``...), ``group`` / ``density`` / ``seqlen`` as ``[lo, hi]`` (inclusive lo,
 #: exclusive hi; ``hi`` may be omitted: ``[2]`` is 2 and up), ``block`` (the inner tile or sparse
 #: block a row was tuned at), ``exact_dims`` (bool: the true head dims fill the padded tile, as 64
-#: and 128 do and 96 does not)
+#: and 128 do and 96 does not), ``partial_share`` as ``[lo, hi]`` (the share of partial tiles among
+#: the 128 x 128 tiles the mask touches)
 MATCH_FIELDS = ("arch", "head_dim", "head_dim_v", "mask", "dtype", "group", "density", "seqlen", "block",
-                "exact_dims")
+                "exact_dims", "partial_share")
 ROW_FIELDS = ("match", "config", "mode", "results", "note", "measured")
-_RANGE_FIELDS = ("group", "density", "seqlen")
+_RANGE_FIELDS = ("group", "density", "seqlen", "partial_share")
 MODES = ("fwd", "bwd", "fwd_bwd")
 
 
@@ -68,6 +69,7 @@ class Problem:
     seqlen: Optional[int] = None
     block: Optional[int] = None
     exact_dims: Optional[bool] = None
+    partial_share: Optional[float] = None
 
 
 @dataclass(frozen=True)
