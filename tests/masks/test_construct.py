@@ -9,21 +9,8 @@ import torch
 
 from longca_triton.masks import (RangeMask, SliceKind, block_diagonal, from_cu_seqlens, from_dense,
                                  from_mask_mod, from_row_intervals, make_mask, window_mask)
+from mask_definitions import documents_reference, window_reference
 from utils import random_range_mask
-
-
-def window_reference(sq, sk, causal, window):
-    """FlashAttention's rule, one (i, j) pair at a time: bottom-right aligned, -1 unbounded."""
-    left, right = window
-    right = 0 if causal else right
-    i = torch.arange(sq)[:, None] + (sk - sq)
-    j = torch.arange(sk)[None, :]
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
-    return ok
 
 
 SHAPES = [(1, 239), (3, 799), (127, 512), (113, 203), (384, 256), (640, 128), (1, 1), (7, 3)]
@@ -81,17 +68,6 @@ def test_from_row_intervals_several_intervals_a_row(seed):
     j = torch.arange(sk)[None, None, :]
     expected = ((j >= torch.as_tensor(lo)[:, :, None]) & (j <= torch.as_tensor(hi)[:, :, None])).any(dim=1)
     assert torch.equal(m.to_dense(), expected)
-
-
-def documents_reference(len_q, len_k, causal, window):
-    """Block-diagonal union of FlashAttention's rule per (query doc, key doc) pair, built densely."""
-    dense = torch.zeros(sum(len_q), sum(len_k), dtype=torch.bool)
-    oq = ok = 0
-    for lq, lk in zip(len_q, len_k):
-        if lq and lk:
-            dense[oq:oq + lq, ok:ok + lk] = window_reference(lq, lk, causal, window)
-        oq, ok = oq + lq, ok + lk
-    return dense
 
 
 DOCS = {  # (query document lengths, key document lengths): empty, length-1, Sq > Sk and Sq < Sk documents
