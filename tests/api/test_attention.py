@@ -74,3 +74,18 @@ def test_list_of_masks_rejects(masks, needle):
     q = k = v = torch.randn(2, 9, 2, 16)
     with pytest.raises(ValueError, match=re.escape(needle)):
         lt.attention(q, k, v, masks, backend="reference")
+
+
+@pytest.mark.gpu
+def test_list_of_masks_matches_each_element_alone_on_gpu():
+    torch.manual_seed(0)
+    S, B = 3000, 3
+    masks = [from_cu_seqlens([0, 1000, 1001, S], causal=True), window_mask(S, S, True, (256, 0)),
+             make_mask("share_question", S, doc_lens=[500, 1500, 1000])]
+    q = torch.randn(B, S, 16, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, S, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = lt.attention(q, k, v, masks, return_lse=True)
+    for b, m in enumerate(masks):
+        ref_out, ref_lse = lt.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], m, return_lse=True)
+        assert (out[b:b + 1].float() - ref_out.float()).abs().max().item() <= 2e-2 * ref_out.float().abs().max().item()
+        torch.testing.assert_close(lse[b:b + 1], ref_lse, atol=1e-3, rtol=1e-3)

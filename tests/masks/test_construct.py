@@ -221,3 +221,11 @@ def test_block_diagonal_rejects():
         block_diagonal([])
     with pytest.raises(ValueError, match="mask 1 is a BlockSparseMask"):
         block_diagonal([window_mask(64, 64), make_mask("block_sparse", 64, block=16)])
+
+
+@pytest.mark.gpu
+def test_from_mask_mod_on_gpu_matches_the_rule():
+    ids = DOC_IDS.cuda()
+    on_gpu = from_mask_mod(lambda b, h, q, k: (ids[q] == ids[k]) & (q >= k), 311, 311, device="cuda", chunk_elements=5000)
+    pos = torch.arange(311)
+    assert torch.equal(on_gpu.to_dense(), (DOC_IDS[:, None] == DOC_IDS[None, :]) & (pos[:, None] >= pos[None, :]))
