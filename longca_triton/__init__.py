@@ -8,7 +8,9 @@
 
 from .masks import MASK_NAMES, BlockSparseMask, RangeMask, SliceKind, make_mask
 from .api import attention
+from .flash_api import flash_attn_func, flash_attn_varlen_func
 
 __version__ = "0.1.0"
 
-__all__ = ["MASK_NAMES", "BlockSparseMask", "RangeMask", "SliceKind", "attention", "make_mask", "__version__"]
+__all__ = ["MASK_NAMES", "BlockSparseMask", "RangeMask", "SliceKind", "attention", "flash_attn_func",
+           "flash_attn_varlen_func", "make_mask", "__version__"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .masks import BlockSparseMask, Mask
+from .masks import BlockSparseMask, Mask, RangeMask, block_diagonal
 
 #: the backend of range masks where the shipped table (``kernels/tuning/default.toml``) has no row
 DEFAULT_BACKEND = "triton"
@@ -77,6 +79,21 @@ def _measured_choice(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> None:
     """Check shapes, dtypes, devices, head divisibility and mask size; raise ``ValueError`` naming the problem."""
+    validate_tensors(q, k, v)
+    Sq, Hq = q.shape[1], q.shape[2]
+    if not isinstance(mask, Mask):
+        raise ValueError(f"mask must be a RangeMask or BlockSparseMask (see longca_triton.make_mask), or a list of "
+                         f"one RangeMask per batch element, got {type(mask).__name__}")
+    if mask.seqlen_q != Sq or mask.seqlen_k != k.shape[1]:
+        raise ValueError(
+            f"mask is {mask.seqlen_q}x{mask.seqlen_k} (Sq x Sk) but q has {Sq} positions and k/v have {k.shape[1]}"
+        )
+    if isinstance(mask, BlockSparseMask) and Hq % mask.num_patterns:
+        raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {Hq} query heads")
+
+
+def validate_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Check ``q, k, v`` alone (4-D, floating point, one dtype and device, GQA); ``ValueError`` naming the problem."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -91,7 +108,7 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k and v must agree on [batch, seqlen, heads] (v may have its own head dim), got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
-    B, Sq, Hq, D = q.shape
+    B, _, Hq, D = q.shape
     if k.shape[0] != B:
         raise ValueError(f"batch sizes differ: q has {B}, k/v have {k.shape[0]}")
     if k.shape[3] != D:
@@ -101,20 +118,16 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
     Hkv = k.shape[2]
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) for GQA")
-    if not isinstance(mask, Mask):
-        raise ValueError(f"mask must be a RangeMask or BlockSparseMask (see longca_triton.make_mask), got {type(mask).__name__}")
-    if mask.seqlen_q != Sq or mask.seqlen_k != k.shape[1]:
-        raise ValueError(
-            f"mask is {mask.seqlen_q}x{mask.seqlen_k} (Sq x Sk) but q has {Sq} positions and k/v have {k.shape[1]}"
-        )
-    if isinstance(mask, BlockSparseMask) and Hq % mask.num_patterns:
-        raise ValueError(f"the mask's {mask.num_patterns} patterns do not divide {Hq} query heads")
 
 
-def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backend: str | None = None,
+def attention(q, k, v, mask: Mask | list, *, softmax_scale: float | None = None, backend: str | None = None,
               return_lse: bool = False, deterministic: bool = False):
     """Masked attention. ``q [B, Sq, Hq, D_qk]``, ``k [B, Sk, Hkv, D_qk]``, ``v [B, Sk, Hkv, D_v]``
     (``Hq % Hkv == 0`` is GQA; ``v`` may have its own head dim, e.g. 192/128).
+
+    ``mask`` is one mask for the whole batch, or a list of ``B`` ``RangeMask``s, one per batch
+    element (a packed batch whose rows hold different documents): the batch then runs as one kernel
+    call on the sequence ``[1, B * Sq]`` under the block-diagonal union of the masks.
 
     Returns ``out [B, Sq, Hq, D_v]`` and, with ``return_lse``, ``lse [B, Hq, Sq]`` (float32, natural
     log, ``-inf`` for rows that attend nothing). Differentiable. The default scale is
@@ -129,6 +142,9 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     """
     from .adapters import Problem, get_backend
 
+    if isinstance(mask, (list, tuple)):
+        return _attention_per_element(q, k, v, mask, softmax_scale=softmax_scale, backend=backend,
+                                      return_lse=return_lse, deterministic=deterministic)
     # the backend-independent check (shapes, GQA, the mask fitting); our kernels' public entries add
     # their own (head dims, dtypes, devices), since users call them directly too
     validate_inputs(q, k, v, mask)
@@ -142,3 +158,36 @@ def attention(q, k, v, mask: Mask, *, softmax_scale: float | None = None, backen
     if deterministic:  # the keyword only when asked: a Backend subclass of before still takes the call
         return impl.call(problem, q, k, v, return_lse=return_lse, deterministic=True)
     return impl.call(problem, q, k, v, return_lse=return_lse)
+
+
+@functools.lru_cache(maxsize=16)
+def _packed_mask(masks: tuple) -> RangeMask:
+    """The block-diagonal mask of a batch's masks, kept while the same masks come back (every layer of a
+    model), so the kernels' plans cached on it are reused."""
+    return block_diagonal(masks)
+
+
+def _attention_per_element(q, k, v, masks, **kwargs):
+    """``attention`` with one ``RangeMask`` per batch element: the batch packed into one sequence."""
+    validate_tensors(q, k, v)
+    B, Sq, Hq, _ = q.shape
+    Sk = k.shape[1]
+    if len(masks) != B:
+        raise ValueError(f"a list of masks needs one mask per batch element: got {len(masks)} masks for batch {B}")
+    for n, m in enumerate(masks):
+        if not isinstance(m, RangeMask):
+            raise ValueError(f"masks[{n}] is a {type(m).__name__}; a list of per-element masks takes RangeMasks only "
+                             "(a block-sparse mask is one mask for the whole batch)")
+        if (m.seqlen_q, m.seqlen_k) != (Sq, Sk):
+            raise ValueError(f"masks[{n}] is {m.seqlen_q}x{m.seqlen_k} (Sq x Sk) but q has {Sq} positions and k/v have {Sk}")
+    packed = _packed_mask(tuple(masks))
+
+    def flat(t):
+        return t.reshape(1, B * t.shape[1], *t.shape[2:])
+
+    res = attention(flat(q), flat(k), flat(v), packed, **kwargs)
+    out, lse = res if kwargs["return_lse"] else (res, None)
+    out = out.reshape(B, Sq, Hq, out.shape[-1])
+    if lse is None:
+        return out
+    return out, lse.reshape(Hq, B, Sq).transpose(0, 1).contiguous()

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .cli_errors import OneLineErrors
-from .masks import MASK_NAMES, MASK_SPECS
+from .masks import MASK_NAMES, MASK_PARAMETERS, MASK_SPECS
 from .output import emit, format_option
 
 
@@ -46,22 +46,33 @@ def masks():
 @masks.command("list")
 @format_option
 def masks_list(fmt):
-    """List every mask with its kind and default parameters.
+    """List every mask with its kind and default parameters, then what each parameter means (json and
+    csv: a ``parameter_help`` field per mask).
 
     \b
     Examples:
       longca-triton masks list
       longca-triton masks list --format json
+      longca-triton masks show sliding_window_causal -S 4096 -p window=256
     """
     rows = []
     for n, name in enumerate(MASK_NAMES, 1):
         spec = MASK_SPECS[name]
-        params = ", ".join(f"{k}={v}" for k, v in spec.defaults.items() if v is not None and k != "docs") or "—"
-        if "docs" in spec.defaults:
-            params = ("docs=hist|long, " + params).rstrip(", —")
-        rows.append({"#": n, "name": name, "kind": spec.kind, "parameters": params, "allowed": spec.summary})
-    emit(rows, ["#", "name", "kind", "parameters", "allowed"], fmt=fmt, title="masks (docs/masks.md §3)",
-         headers={"parameters": "parameters (defaults)", "allowed": "allowed(i, j)"})
+        shown = {**spec.defaults, "docs": "hist|long"} if "docs" in spec.defaults else spec.defaults
+        params = ", ".join(k if v is None else f"{k}={v}" for k, v in shown.items()) or "—"
+        help_ = "; ".join(f"{k}: {MASK_PARAMETERS[k]}" for k in spec.defaults)
+        rows.append({"#": n, "name": name, "kind": spec.kind, "parameters": params, "allowed": spec.summary,
+                     "parameter_help": help_})
+    columns = ["#", "name", "kind", "parameters", "allowed"]
+    if fmt != "table":
+        emit(rows, columns + ["parameter_help"], fmt=fmt)
+        return
+    emit(rows, columns, fmt=fmt, title="masks (docs/masks.md §3)",
+         headers={"parameters": "parameters (=default)", "allowed": "allowed(i, j)"})
+    used = {p: [n for n in MASK_NAMES if p in MASK_SPECS[n].defaults] for p in MASK_PARAMETERS}
+    emit([{"parameter": p, "meaning": text, "masks": ", ".join(used[p])} for p, text in MASK_PARAMETERS.items()],
+         ["parameter", "meaning", "masks"], fmt=fmt, title="parameters (make_mask(name, S, seed=..., **params), "
+         "masks show -p KEY=VALUE)")
 
 
 @masks.command("show")

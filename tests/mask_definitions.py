@@ -1,4 +1,5 @@
-"""docs/masks.md §3 written out directly, element by element, from a mask's ``.params``.
+"""docs/masks.md §3 written out directly, element by element, from a mask's ``.params``; and
+FlashAttention's causal / window rule, per sequence and per packed document.
 
 This is the test oracle: it never looks at slices or lowerings, only at the definition table.
 """
@@ -64,3 +65,28 @@ def definition(name: str, S: int, p: dict) -> torch.Tensor:
     else:
         raise AssertionError(name)
     return torch.from_numpy(np.ascontiguousarray(ok))
+
+
+def window_reference(sq, sk, causal, window):
+    """FlashAttention's rule, one (i, j) pair at a time: bottom-right aligned, -1 unbounded."""
+    left, right = window
+    right = 0 if causal else right
+    i = torch.arange(sq)[:, None] + (sk - sq)
+    j = torch.arange(sk)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    return ok
+
+
+def documents_reference(len_q, len_k, causal, window):
+    """Block-diagonal union of FlashAttention's rule per (query doc, key doc) pair, built densely."""
+    dense = torch.zeros(sum(len_q), sum(len_k), dtype=torch.bool)
+    oq = ok = 0
+    for lq, lk in zip(len_q, len_k):
+        if lq and lk:
+            dense[oq:oq + lq, ok:ok + lk] = window_reference(lq, lk, causal, window)
+        oq, ok = oq + lq, ok + lk
+    return dense

@@ -61,10 +61,11 @@ def random_range_mask(sq: int, sk: int, seed: int, n_slices: int = 4) -> RangeMa
 
 
 def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0, layout="bshd", dlse=False,
-                         dv=None):
+                         dv=None, reference=None):
     """``attn(q, k, v) -> (out, lse)`` against the float64 naive reference on ``ref_mask``: out,
     lse (and its -inf pattern), dq, dk, dv, optionally with an lse gradient. Shared by every
-    kernel test (dense, FlashMask). ``D`` is the head dim of q and k, ``dv`` v's (default ``D``)."""
+    kernel test (dense, FlashMask). ``D`` is the head dim of q and k, ``dv`` v's (default ``D``).
+    ``reference(q, k, v) -> (out, lse)`` on float64 leaves replaces the naive reference on ``ref_mask``."""
     torch.manual_seed(seed)
 
     def make(S, H, d=D):
@@ -82,7 +83,10 @@ def compare_to_reference(attn, ref_mask, sq, sk, B, Hq, Hkv, D, dtype, *, seed=0
     loss.backward()
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref_out, ref_lse = naive_attention(q64, k64, v64, ref_mask, return_lse=True)
+    if reference is None:
+        ref_out, ref_lse = naive_attention(q64, k64, v64, ref_mask, return_lse=True)
+    else:
+        ref_out, ref_lse = reference(q64, k64, v64)
     ref_loss = (ref_out * dout.double()).sum()
     if dlse:
         ref_loss = ref_loss + (torch.where(torch.isinf(ref_lse), 0.0, ref_lse) * g_lse.double()).sum()

@@ -16,8 +16,8 @@ import torch
 
 from .ir import BlockSparseMask, Mask, RangeMask, SliceKind
 
-__all__ = ["MASK_NAMES", "MASK_SPECS", "aligned_block_bounds", "make_mask", "sample_doc_lengths", "load_histogram",
-           "histogram_for"]
+__all__ = ["MASK_NAMES", "MASK_SPECS", "MASK_PARAMETERS", "aligned_block_bounds", "make_mask", "sample_doc_lengths",
+           "load_histogram", "histogram_for"]
 
 FULL, CAUSAL, INVCAUSAL, BICAUSAL = SliceKind.FULL, SliceKind.CAUSAL, SliceKind.INVCAUSAL, SliceKind.BICAUSAL
 
@@ -314,6 +314,25 @@ MASK_SPECS: dict[str, MaskSpec] = {
     ]
 }
 
+#: what every ``make_mask`` parameter means (``longca-triton masks list`` prints it; docs/masks.md §3.1)
+MASK_PARAMETERS: dict[str, str] = {
+    "docs": "how document lengths are drawn: 'hist' from the length histogram, 'long' 40% from it and 60% "
+            "uniform in [8K, 30K], shuffled",
+    "distribution": "the length histogram: pile, prolong64k or prolong512k (default: by S, docs/masks.md §4)",
+    "doc_bounds": "explicit document bounds [0 = c0 < c1 < ... < cn = S] in place of drawn ones",
+    "doc_lens": "explicit document lengths summing to S (another way to give doc_bounds)",
+    "prefix": "prefix length p: keys j < p are seen by every query (prefix_lm_document: min(p, document length) "
+              "per document); default drawn from the seed",
+    "window": "window w: keys within w positions of the query (one side for sliding_window_causal)",
+    "global_tokens": "g: the first g tokens see and are seen by every token (default w)",
+    "block": "block size in tokens (block_causal_document: documents are whole blocks; varblock_sparse: the "
+             "mean block)",
+    "density": "fraction of key blocks kept in every query-block row, in (0, 1]",
+    "patterns": "number of independent block maps P; query head h uses map h // (Hq / P)",
+    "min_block": "smallest block of varblock_sparse",
+    "block_bounds": "explicit block bounds [0 = b0 < ... < bn = S] of varblock_sparse in place of drawn ones",
+}
+
 MASK_NAMES: tuple[str, ...] = tuple(MASK_SPECS)
 STATIC_MASK_NAMES: tuple[str, ...] = tuple(n for n, s in MASK_SPECS.items() if s.kind == "static")
 
@@ -321,8 +340,16 @@ STATIC_MASK_NAMES: tuple[str, ...] = tuple(n for n, s in MASK_SPECS.items() if s
 def make_mask(name: str, seqlen: int, *, seed: int = 0, **params: Any) -> Mask:
     """Build mask ``name`` (docs/masks.md §3) for a sequence of ``seqlen`` tokens.
 
+    ``params`` are the mask's parameters (``MASK_SPECS[name].defaults`` lists them with their defaults,
+    ``MASK_PARAMETERS`` says what each means): ``window`` and ``global_tokens`` of the sliding windows,
+    ``doc_bounds`` / ``doc_lens`` (explicit documents) or ``docs`` / ``distribution`` (drawn ones) of
+    the document masks, ``prefix``, ``block``, and ``density`` / ``patterns`` / ``min_block`` /
+    ``block_bounds`` of the block-sparse masks. What was drawn from ``seed`` is recorded in
+    ``mask.params``.
+
     >>> m = make_mask("causal_document", 8192, seed=1)
     >>> m.params["doc_bounds"][:3], m.area
+    >>> make_mask("sliding_window_causal", 8192, window=256).area
     """
     if name not in MASK_SPECS:
         raise ValueError(f"unknown mask {name!r}; valid masks: {', '.join(MASK_NAMES)}")

@@ -226,7 +226,8 @@ class Mask:
         return total / (self.seqlen_q * self.seqlen_k * self.num_patterns)
 
     def describe(self) -> str:
-        shown = {k: v for k, v in self.params.items() if k not in ("doc_bounds", "q_block_bounds", "k_block_bounds")}
+        hidden = ("doc_bounds", "k_doc_bounds", "q_block_bounds", "k_block_bounds")
+        shown = {k: v for k, v in self.params.items() if k not in hidden}
         return f"{self.name}(Sq={self.seqlen_q}, Sk={self.seqlen_k}, {shown})"
 
 
@@ -267,6 +268,30 @@ class RangeMask(Mask):
 
     def __repr__(self) -> str:
         return f"RangeMask({self.describe()}, {len(self.slices)} slices)"
+
+    # ------------------------------------------------------------------ constructors (masks/construct.py)
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, window_size=(-1, -1)) -> "RangeMask":
+        """Packed documents, each (optionally) causal or windowed with its own bottom-right alignment
+        (``masks.construct.from_cu_seqlens``)."""
+        from .construct import from_cu_seqlens
+
+        return from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, causal, window_size)
+
+    @classmethod
+    def from_mask_mod(cls, mask_mod, seqlen_q: int, seqlen_k: int, device="cpu", **kwargs) -> "RangeMask":
+        """A Flex-style predicate ``mask_mod(b, h, q_idx, kv_idx)`` evaluated in row chunks, never as an
+        ``Sq x Sk`` tensor (``masks.construct.from_mask_mod``)."""
+        from .construct import from_mask_mod
+
+        return from_mask_mod(mask_mod, seqlen_q, seqlen_k, device, **kwargs)
+
+    @classmethod
+    def from_dense(cls, dense, **kwargs) -> "RangeMask":
+        """A bool ``[Sq, Sk]`` tensor as slices (``masks.construct.from_dense``)."""
+        from .construct import from_dense
+
+        return from_dense(dense, **kwargs)
 
     # ------------------------------------------------------------------ semantics
     @staticmethod

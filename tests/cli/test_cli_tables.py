@@ -14,7 +14,7 @@ from longca_triton.masks import MASK_NAMES
 NARROW = {"COLUMNS": "80", "TRITON_INTERPRET": "1"}
 
 TABLE_COMMANDS = {
-    "masks list": (["masks", "list"], MASK_NAMES),
+    "masks list": (["masks", "list"], [*MASK_NAMES, "global_tokens", "doc_lens", "block_bounds"]),
     "masks show": (["masks", "show", "block_causal_document", "-S", "1024"], ["block_causal_document(Sq=1024,", "max key intervals per row"]),
     "comm": (["comm", "--scheme", "loongtrain", "--world", "8", "--window", "2", "-S", "65536"],
              ["p2p_inner", "p2p_outer", "dkv"]),
@@ -62,6 +62,8 @@ def test_machine_formats_parse(runner, name, fmt):
     assert rows and all(isinstance(row, dict) for row in rows)
     if name == "masks list":
         assert [row["name"] for row in rows] == list(MASK_NAMES)
+        window = rows[MASK_NAMES.index("sliding_window")]
+        assert window["parameter_help"].startswith("window: window w: keys within w positions"), window
     if name == "comm" and fmt == "json":
         assert all(isinstance(row["sent"], int) for row in rows)  # bytes as integers for scripts
 
