@@ -102,3 +102,25 @@ def test_gluon_full_mask_unequal_lengths(sq, sk, layout):
     ref, low = references(case, q, k, v, dout)
     result = compare(run_backend("triton-gluon", case, q, k, v, dout), ref, low)
     assert not failures(result), failures(result)
+
+
+#: every multiple of 8 the kernels tile (other dims arrive padded to one), and pairs with D_v != D_qk
+GLUON_DIM_PAIRS = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (128, 64), (64, 128), (96, 64), (256, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", GLUON_DIM_PAIRS, ids=lambda x: str(x))
+def test_gluon_kernel_every_head_dim(d, dv):
+    """The Gluon kernels themselves (no fallback) at every head-dim pair, on a windowed causal mask
+    with Sq != Sk and GQA, against the matrix's bar: what ``GPU_CHECKED_HEAD_DIMS`` is read from."""
+    from longca_triton.kernels.gluon.op import gluon_attention
+
+    case = Case(d, 300, 517, "local_causal", "gqa", torch.bfloat16, (200, 0))
+    q, k, v, dout = inputs(case, "cuda")
+    v = torch.randn(*v.shape[:3], dv, device="cuda", dtype=v.dtype)
+    dout = torch.randn(*dout.shape[:3], dv, device="cuda", dtype=dout.dtype)
+    ref, low = references(case, q, k, v, dout)
+    mask = case.mask()
+    result = compare(grads(lambda q, k, v: gluon_attention(q, k, v, mask, return_lse=True), q, k, v, dout), ref, low)
+    _log(case, f"gluon-kernel-{d}/{dv}", result)
+    assert not failures(result), failures(result)

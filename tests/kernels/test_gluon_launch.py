@@ -40,7 +40,7 @@ def test_backend_says_why_it_cannot_run_here():
     assert {(192, 128), (256, 256), (96, 96), (80, 80)} <= set(GC.GPU_CHECKED_HEAD_DIMS)
     for dims in GC.GPU_CHECKED_HEAD_DIMS:
         assert b.fallback_reason(*dims) == ""
-    assert "plain-Triton" in b.fallback_reason(64, 128)
+    assert "plain-Triton" in b.fallback_reason(64, 136)
     problem = Problem(mask=mask, device="cuda", dtype=torch.bfloat16, head_dim=100, head_dim_v=36)
     assert "104/40" in b.run_notes(problem)["fallback"]
     ok, why = answers[(264, 264)]

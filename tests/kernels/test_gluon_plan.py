@@ -212,15 +212,32 @@ def test_dq_mask_head_plan(name, want):
             assert sorted(h) == sorted(n for n, _ in w)
 
 
-@pytest.mark.parametrize("sq,sk", [(3001, 3001), (1023, 1024), (113, 211), (127, 513)])
-def test_dq_plan_of_a_full_mask_with_ragged_ends(sq, sk):
-    """A full mask whose lengths leave a ragged last tile: its only partial tiles are the sequence's end
-    (no query tile has a partial key tile in the mask's block tables), so the dQ plan is the merged one,
-    never a head plan of zero tiles."""
-    mask = lt.RangeMask(sq, sk, [(0, sq, 0, sk, "full")])
+RAGGED_MASKS = [
+    ("full", 3001, 3001, False, (-1, -1)), ("full", 1023, 1024, False, (-1, -1)), ("full", 113, 211, False, (-1, -1)),
+    ("full", 127, 513, False, (-1, -1)),
+    # a window whose last key tile is cut by the sequence's end and seen whole by every row
+    ("window", 1, 239, False, (150, 91)), ("window", 1, 239, False, (157, 145)), ("window", 3, 799, False, (640, 370)),
+    ("window", 127, 513, False, (387, 445)), ("window", 1, 239, True, (163, 176)),
+]
+
+
+@pytest.mark.parametrize("name,sq,sk,causal,window", RAGGED_MASKS, ids=lambda x: str(x))
+def test_dq_plan_walks_every_tile_with_ragged_ends(name, sq, sk, causal, window):
+    """Where the sequence's ragged end cuts a key tile, the tile plan lists it as partial even where the
+    mask's block tables call it full: the dQ plan walks it (masked) beside every other tile, whichever
+    plan it picks; a head plan never leaves one behind."""
+    mask = lt.masks.window_mask(sq, sk, causal, window)
     plan = G.dq_plan(mask, 128, "cpu")
-    assert plan.mask_head == 0
-    assert plan is get_ws_plan(mask, GC.BLOCK_M, GC.bwd_tiles(128)["dq_block_n"], "cpu")
+    whole = get_ws_plan(mask, GC.BLOCK_M, GC.bwd_tiles(128)["dq_block_n"], "cpu")
+    arrays, all_arrays = [t.numpy() for t in plan.tensors()[3:]], [t.numpy() for t in whole.tensors()[3:]]
+    for m in range(whole.tiles.num_m):
+        h, w = [n for n, _ in walk(*arrays, m)], walk(*all_arrays, m)
+        partial = [n for n, p in w if p]
+        if plan.mask_head:
+            assert sorted(h[:len(partial)]) == sorted(partial)  # every partial tile among the masked head steps
+            if plan.mask_head == 2 and len(w) == 1:
+                h = h[:1]  # the pad: a neighbour none of the rows may see
+        assert sorted(h) == sorted(n for n, _ in w)
 
 
 @pytest.mark.parametrize("design", ["mixed", "split", "plain"])

@@ -61,9 +61,12 @@ __all__ = [
 BLOCK_M = 128
 #: the Gluon backward's head dims (with D_v == D_qk); other dims run the dense backward
 BWD_HEAD_DIMS = (64, 128)
-#: (D_qk, D_v) pairs whose forward has passed ``tests/kernels/test_gluon_gpu.py`` on a GPU: the
-#: ``triton-gluon`` backend offers only these
-GPU_CHECKED_HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256))
+#: (D_qk, D_v) pairs (padded to multiples of 8) whose forward and backward passed the GPU tests
+#: (``tests/kernels/test_flash_matrix.py``: every multiple of 8 and five pairs with D_v != D_qk on a
+#: windowed causal mask, FlashAttention's matrix at its head dims): the ``triton-gluon`` backend runs
+#: Gluon on these, our plain-Triton kernels on any other pair
+GPU_CHECKED_HEAD_DIMS = tuple((d, d) for d in range(8, 257, 8)) + ((192, 128), (128, 64), (64, 128), (96, 64),
+                                                                    (256, 128))
 #: dynamic shared memory one CTA may use on sm_90 (227 KB)
 SMEM_LIMIT = 232448
 #: registers per thread summed over the warpgroups (consumers + producer): FA3's 240 + 240 + 24

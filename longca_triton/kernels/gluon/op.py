@@ -254,9 +254,11 @@ def dq_plan(mask, head_dim: int, device):
     plan = get_ws_plan(mask, BLOCK_M, tiles["dq_block_n"], device, "q")
     if not (tiles["dq_mask_head"] and plan.has_partial):
         return plan
-    bt = mask.block_tables(BLOCK_M, tiles["dq_block_n"])
-    most = int(np.diff(np.asarray(bt.q_part_ptr)).max())
-    # most == 0: the only partial tiles are the sequence's ragged end, which the merged plan masks
+    # partial tiles per query tile as the tile plan lists them: the mask's partial tiles and the
+    # key tiles cut by the sequence's ragged end (the head plan must hold every one of them)
+    ptr, start, end = (t.cpu().numpy() for t in plan.tiles.q_part)
+    runs_tile = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+    most = int(np.bincount(runs_tile, weights=end - start, minlength=len(ptr) - 1).max()) if len(start) else 0
     if most == 0 or most > max(HEAD_TILES):
         return plan
     return get_ws_plan(mask, BLOCK_M, tiles["dq_block_n"], device, "q", part="head", head=most)
