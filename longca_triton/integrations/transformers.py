@@ -12,9 +12,9 @@ one block of the mask per sequence):
 
 * causal (``module.is_causal`` / ``is_causal``), or bidirectional attention over the sequence;
 * a 2-D padding mask ``[B, Sk]`` (left or right padding: each sequence's tokens one run);
-* packed sequences: ``cu_seq_lens_q`` / ``cu_seq_lens_k``, else a position that does not follow the
-  one before it by 1 starts a document (transformers' packed-sequence rule), when no padding mask
-  is given, as transformers' FlashAttention path does;
+* packed sequences, when no padding mask is given (as transformers' FlashAttention path does):
+  documents from ``cu_seq_lens_q`` (a data collator's document bounds), else a position that does
+  not follow the one before it by 1 starts one (transformers' packed-sequence rule);
 * sliding-window layers (``sliding_window`` / ``module.sliding_window``): a query sees its last
   ``sliding_window`` keys, itself included;
 * GQA: the key/value heads go in as they are (no repeat);
@@ -193,8 +193,7 @@ def _rows_for(attention_mask, batch, seqlen_q, seqlen_k, causal, window, device,
     if attention_mask is not None and not torch.compiler.is_compiling() and _has_gaps(attention_mask):
         return None, "a padding mask with gaps inside a sequence"
     # documents only without a padding mask, as transformers' FlashAttention path does
-    cu = kwargs.get("cu_seq_lens_q") if attention_mask is None else None
-    cu = cu if cu is not None and kwargs.get("cu_seq_lens_k") is cu else None
+    cu = kwargs.get("cu_seq_lens_q") if attention_mask is None else None  # self-attention: the same as _k
     positions = kwargs.get("position_ids") if attention_mask is None else None
     return row_intervals(batch, seqlen_q, seqlen_k, causal=causal, window=window, padding=attention_mask,
                          position_ids=positions, cu_seqlens=cu, device=device), ""

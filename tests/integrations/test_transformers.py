@@ -84,10 +84,14 @@ def batch(case):
         return ids, {"attention_mask": mask.to(DEVICE)}, mask.bool()
     ids = torch.randint(0, 128, (1, 56), generator=g)  # three packed documents of 17, 30 and 9 tokens
     pos = torch.cat([torch.arange(17), torch.arange(30), torch.arange(9)])[None]
-    return ids, {"position_ids": pos.to(DEVICE)}, torch.ones(1, 56, dtype=torch.bool)
+    kw = {"position_ids": pos.to(DEVICE)}
+    if case == "packed-cu-seqlens":  # the collator's cumulative lengths (SDPA reads the positions)
+        cu = torch.tensor([0, 17, 47, 56], dtype=torch.int32, device=DEVICE)
+        kw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=30, max_length_k=30)
+    return ids, kw, torch.ones(1, 56, dtype=torch.bool)
 
 
-@pytest.mark.parametrize("case", ["causal", "padded", "packed"])
+@pytest.mark.parametrize("case", ["causal", "padded", "packed", "packed-cu-seqlens"])
 def test_logits_and_grads_match_sdpa(case):
     ours, sdpa = pair(tiny_llama())
     ids, kw, valid = batch(case)
@@ -100,7 +104,7 @@ def test_logits_and_grads_match_sdpa(case):
     assert rel_err(logits[valid], ref_logits[valid]) < TOL
     for name, g in grads.items():
         assert rel_err(g, ref_grads[name]) < TOL, name
-    if case == "packed":  # the documents change the result: the packing is not a no-op
+    if case.startswith("packed"):  # the documents change the result: the packing is not a no-op
         plain, _ = run(sdpa, ids, labels=labels)
         assert rel_err(plain, ref_logits) > 1e-3
 
@@ -159,13 +163,21 @@ def test_row_intervals_match_transformers_masks(case):
     else:
         position_ids = torch.stack([torch.cat([torch.arange(n), torch.arange(S - n)]) for n in (3, 12, 23)])
     make = create_sliding_window_causal_mask if "window" in case else create_causal_mask
-    expected = make(config=cfg, inputs_embeds=embeds, attention_mask=padding, cache=None,
-                     position_ids=position_ids, allow_is_causal_skip=False)[:, 0]
+    expected = make(cfg, embeds, padding, None, position_ids=position_ids, allow_is_causal_skip=False)[:, 0]
     rows = lt_transformers.row_intervals(B, S, S, window=W if "window" in case else None, padding=padding,
                                          position_ids=position_ids)
     got = dense_of(rows, B, S)
     live = padding if padding is not None else torch.ones(B, S, dtype=torch.bool)
     assert torch.equal(got[live], expected[live])
+
+
+def test_cu_seqlens_and_position_ids_give_one_mask():
+    S = 30
+    position_ids = torch.cat([torch.arange(4), torch.arange(19), torch.arange(7)])[None]
+    cu_seqlens = torch.tensor([0, 4, 23, 30], dtype=torch.int32)
+    from_positions = lt_transformers.row_intervals(1, S, S, position_ids=position_ids)
+    assert torch.equal(lt_transformers.row_intervals(1, S, S, cu_seqlens=cu_seqlens), from_positions)
+    assert from_positions[4].tolist() == [4, 4] and from_positions[22].tolist() == [4, 22]
 
 
 @pytest.mark.parametrize("what, reason", [
@@ -203,8 +215,7 @@ def test_a_prepared_4d_mask(kind, caplog):
     cfg = copy.copy(sdpa.config)
     padding = torch.ones(B, S, dtype=torch.bool)
     padding[0, :5] = False
-    mask = create_causal_mask(config=cfg, inputs_embeds=torch.zeros(B, S, 64), attention_mask=padding, cache=None,
-                              allow_is_causal_skip=False).to(DEVICE)
+    mask = create_causal_mask(cfg, torch.zeros(B, S, 64), padding, None, allow_is_causal_skip=False).to(DEVICE)
     if kind == "float-bias":  # a bias of other values than 0 and -inf: SDPA's to run
         mask = torch.where(mask, torch.linspace(-1, 0, S, device=DEVICE), float("-inf"))
     ids = torch.randint(0, 128, (B, S), generator=torch.Generator().manual_seed(7)).to(DEVICE)
