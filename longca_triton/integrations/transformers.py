@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Optional
 
 import torch
@@ -37,7 +38,7 @@ import torch
 from longca_triton.adapters.triton_base import TritonBackend, interpreting, runs_here
 from longca_triton.kernels.core.runtime import head_dim_reason
 
-from .ops import BACKENDS, compiled_attention
+from .ops import BACKENDS, _version, compiled_attention
 
 __all__ = ["NAME", "attention_forward", "padding_mask", "register", "row_intervals"]
 
@@ -182,8 +183,40 @@ def _has_gaps(padding: torch.Tensor) -> bool:
 # The attention function
 # ------------------------------------------------------------------------------------------------
 
+class _LayerMemo:
+    """The last few ``_rows_for`` answers, keyed by the very tensors they were built from: every layer
+    of one forward gets the same rows tensor, so the op reads it to the host once, not once per layer."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._entries: list = []
+
+    def get(self, sources: tuple, key: tuple, build):
+        stamp = tuple(None if t is None else (id(t), _version(t)) for t in sources)
+        for refs, old_stamp, old_key, value in self._entries:
+            if old_key == key and old_stamp == stamp and all(r is None or r() is t for r, t in zip(refs, sources)):
+                return value
+        value = build()
+        if all(t is None or stamp_t[1] is not None for t, stamp_t in zip(sources, stamp)):
+            refs = tuple(None if t is None else weakref.ref(t) for t in sources)
+            self._entries = [*self._entries[-(self.size - 1):], (refs, stamp, key, value)]
+        return value
+
+
+_MEMO = _LayerMemo()
+
+
 def _rows_for(attention_mask, batch, seqlen_q, seqlen_k, causal, window, device, kwargs):
-    """``(rows, "")``: the call's row intervals, or ``(None, reason)`` where its mask has none."""
+    """``(rows, "")``: the call's row intervals, or ``(None, reason)`` where its mask has none (built once
+    per set of source tensors outside ``torch.compile``)."""
+    args = (attention_mask, batch, seqlen_q, seqlen_k, causal, window, device, kwargs)
+    if torch.compiler.is_compiling():
+        return _build_rows(*args)
+    sources = (attention_mask, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"))
+    return _MEMO.get(sources, (batch, seqlen_q, seqlen_k, causal, window, str(device)), lambda: _build_rows(*args))
+
+
+def _build_rows(attention_mask, batch, seqlen_q, seqlen_k, causal, window, device, kwargs):
     if attention_mask is not None and attention_mask.dim() == 4:
         if torch.compiler.is_compiling():
             return None, "a prepared 4-D mask under torch.compile"
