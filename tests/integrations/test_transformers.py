@@ -227,7 +227,19 @@ def test_a_prepared_4d_mask(kind, caplog):
     assert rel_err(logits[padding], sdpa(ids, attention_mask=mask).logits[padding]) < TOL
 
 
-def test_compiled_llama_is_one_graph_as_the_documents_change():
+def compile_inputs(case, cut):
+    """(kwargs, valid tokens) of a batch of 2 x 32 tokens: two packed documents split at ``cut``, or a
+    left- and a right-padded row with ``cut`` padding tokens each."""
+    if case == "packed":
+        pos = torch.cat([torch.arange(cut), torch.arange(32 - cut)])[None].expand(2, -1)
+        return {"position_ids": pos.to(DEVICE)}, torch.ones(2, 32, dtype=torch.bool)
+    mask = torch.ones(2, 32, dtype=torch.long)
+    mask[0, :cut], mask[1, 32 - cut:] = 0, 0
+    return {"attention_mask": mask.to(DEVICE)}, mask.bool()
+
+
+@pytest.mark.parametrize("case", ["packed", "padded"])
+def test_compiled_llama_is_one_graph_as_the_mask_changes(case):
     ours, sdpa = pair(tiny_llama())
     graphs = []
 
@@ -236,11 +248,11 @@ def test_compiled_llama_is_one_graph_as_the_documents_change():
         return aot_eager(gm, example_inputs)
 
     compiled = torch.compile(ours, backend=counting, fullgraph=True)
-    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(6)).to(DEVICE)
     for cut in (10, 21):
-        pos = torch.cat([torch.arange(cut), torch.arange(32 - cut)])[None].to(DEVICE)
-        logits = compiled(ids, position_ids=pos).logits
-        assert rel_err(logits, sdpa(ids, position_ids=pos).logits) < TOL
+        kw, valid = compile_inputs(case, cut)
+        logits = compiled(ids, **kw).logits
+        assert rel_err(logits[valid], sdpa(ids, **kw).logits[valid]) < TOL
     assert len(graphs) == 1
 
 
