@@ -83,6 +83,7 @@ def test_one_mask_object_per_content():
     first = MASKS.get(mask_tensor(mask), 64, 64)
     again = MASKS.get(mask_tensor(mask), 64, 64)
     assert first is again
+    assert MASKS.get(mask_tensor(mask, capacity=32), 64, 64) is first  # padding rows are no part of it
     other = MASKS.get(mask_tensor(lt.make_mask("causal_document", 64, doc_lens=[21, 43])), 64, 64)
     assert other is not first
 
