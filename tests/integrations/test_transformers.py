@@ -4,6 +4,7 @@ Mistral, transformers' own masks against our row intervals, the SDPA fallbacks a
 
 import copy
 import logging
+import sys
 
 import pytest
 import torch
@@ -254,6 +255,12 @@ def test_compiled_llama_is_one_graph_as_the_mask_changes(case):
         logits = compiled(ids, **kw).logits
         assert rel_err(logits[valid], sdpa(ids, **kw).logits[valid]) < TOL
     assert len(graphs) == 1
+
+
+def test_register_without_transformers_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it now fails, as where it is not installed
+    with pytest.raises(ImportError, match=r"pip install 'longca-triton\[transformers\]'"):
+        lt_transformers.register()
 
 
 def test_register_rejects_an_unknown_backend():
