@@ -33,19 +33,30 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
     """The backend ``attention`` uses when none is named.
 
     Block-sparse masks: ``triton-sparse`` (uniform power-of-two blocks) or ``triton-varblock``.
-    Range masks on a GPU: the row of ``kernels/tuning/default.toml`` that matches the GPU's arch and
-    the call's :func:`plan_features` (each row names the results that measured it), unless the user's
-    autotune cache measured both ``triton`` and ``triton-gluon`` on this problem class, when the faster
-    of the two runs. A backend that cannot run the call is never picked: ``triton`` then runs. On a CPU
-    (the interpreter): ``triton``.
+    Range masks on a GPU: the rows of ``kernels/tuning/default.toml`` that match the GPU's arch, the
+    call's :func:`plan_features` and what the call runs (``fwd`` without autograd, ``fwd_bwd`` with:
+    each row names the results that measured it), unless the user's autotune cache measured both
+    ``triton`` and ``triton-gluon`` on this problem class, when the faster of the two runs. A backend
+    that cannot run the call is never picked: ``triton`` then runs. On a CPU (the interpreter):
+    ``triton``. The choice is memoised on the mask per shape, dtype, device and mode.
     """
     if isinstance(mask, BlockSparseMask):
         return "triton-sparse" if mask.uniform_block else "triton-varblock"
     if q is None or k is None or q.device.type != "cuda":
         return DEFAULT_BACKEND
+    from longca_triton.kernels.core.plan_cache import mask_memo
+    from longca_triton.kernels.core.tuned import generation
+
     v = k if v is None else v
-    measured = _measured_choice(mask, q, k, v)
-    choice = measured or _table_choice(mask, q, v)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    mode = "fwd_bwd" if grad else "fwd"
+    key = ("default", q.shape[0], q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], q.dtype, str(q.device), mode,
+           generation())
+    return mask_memo(mask, key, lambda: _choose(mask, q, k, v, mode))
+
+
+def _choose(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str) -> str:
+    choice = _measured_choice(mask, q, k, v, mode) or _table_choice(mask, q, v, mode)
     if choice != DEFAULT_BACKEND:
         from .adapters import Problem, get_backend
 
@@ -55,23 +66,31 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
     return choice
 
 
-def _table_choice(mask: Mask, q: torch.Tensor, v: torch.Tensor) -> str:
-    from longca_triton.kernels.tuning import Problem, table_config
+def _table_choice(mask: Mask, q: torch.Tensor, v: torch.Tensor, mode: str = "fwd") -> str:
+    """The backend of the table's last row that matches this call and ``mode``, else its default."""
+    from longca_triton.kernels.tuning import Problem, load_table
 
     major, minor = torch.cuda.get_device_capability(q.device)
     f = plan_features(mask, q.shape[-1], v.shape[-1])
     problem = Problem(arch=f"sm{major}{minor}", head_dim=f["head_dim"], head_dim_v=f["head_dim_v"],
                       density=f["density"], seqlen=max(f["seqlen_q"], f["seqlen_k"]),
                       partial_share=f["partial_share"], dtype=str(q.dtype).replace("torch.", ""))
-    return table_config("default", problem, ("backend",))["backend"]
+    table = load_table("default", ("backend",))
+    backend = table.defaults["backend"]
+    for row in table.matching(problem):
+        if row.mode == mode:
+            backend = row.config["backend"]
+    return backend
 
 
-def _measured_choice(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def _measured_choice(mask: Mask, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str = "fwd") -> str | None:
     """``triton-gluon`` or ``triton`` where the user's autotune cache measured both on this problem
-    class (the faster forward), else None."""
+    class (the faster forward, or with autograd the faster backward), else None."""
     from longca_triton.kernels.core.tuned import measured_tflops
 
-    gluon, plain = measured_tflops("triton-gluon", q, k, mask, v), measured_tflops("triton", q, k, mask, v)
+    which = "bwd" if mode == "fwd_bwd" else "fwd"
+    gluon = measured_tflops("triton-gluon", q, k, mask, v, mode=which)
+    plain = measured_tflops("triton", q, k, mask, v, mode=which)
     if gluon is None or plain is None:
         return None
     return "triton-gluon" if gluon > plain else DEFAULT_BACKEND

@@ -3,7 +3,8 @@
 On a GPU (``-m gpu``): every (head dim, (Sq, Sk), mask kind) of the matrix, each through ``triton``,
 ``triton-flashmask``, ``triton-gluon`` and the default backend (``lt.attention`` with none named),
 against one float32 reference and one PyTorch low-precision run per case. ``LONGCA_MATRIX_LOG=path``
-appends one JSON line per (case, backend) with every error and bound.
+appends one JSON line per (case, backend) with every error and bound; ``LONGCA_MATRIX_HEAD_DIMS=96,128``
+runs those head dims only.
 
 On a CPU the interpreter runs ``triton`` over the same axes at small sizes: the head dims up to 128,
 lengths under 260 with the same shapes of mismatch (Sq = 1, Sq < Sk, Sq > Sk, off by one), every mask
@@ -55,11 +56,13 @@ def test_matrix_triton_interpreter(d, sq, sk, kind):
 
 
 def _gpu_params():
-    for d in HEAD_DIMS:
+    # LONGCA_MATRIX_HEAD_DIMS=96,128 runs those head dims only (a rerun of part of the matrix)
+    only = os.environ.get("LONGCA_MATRIX_HEAD_DIMS")
+    for d in HEAD_DIMS if not only else [int(x) for x in only.split(",")]:
         for sq, sk in SEQLENS:
             for kind in MASK_KINDS:
                 case = draw_case(d, sq, sk, kind)
-                yield pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(f"D={d}"))
+                yield pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(f"D={d}-{kind}"))
 
 
 @pytest.mark.gpu

@@ -86,6 +86,7 @@ def test_default_backend_measured_choice(monkeypatch):
     monkeypatch.setattr(tuned, "measured_tflops", lambda name, q, k, mask, v=None, mode="fwd": scores.get(name))
     scores.update({"triton-gluon": 600.0, "triton": 500.0})
     assert api._measured_choice(mask, q, k, k) == "triton-gluon"
+    assert api._measured_choice(mask, q, k, k, "fwd_bwd") == "triton-gluon"  # the cache's backward speeds
     scores["triton"] = 650.0
     assert api._measured_choice(mask, q, k, k) == "triton", "measured slower: not chosen"
     del scores["triton"]
@@ -104,9 +105,15 @@ def test_default_backend_table_choice(monkeypatch):
     mask = lt.make_mask("causal", 4096)
     q = torch.randn(1, 4096, 2, 128, dtype=torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert api._table_choice(mask, q, q) == "triton-gluon"
+    # with autograd: Gluon (its backward ahead at every measured length); forward only: Gluon from 8K on
+    # and on masks of whole tiles, triton on shorter masks with partial tiles
+    assert api._table_choice(mask, q, q, "fwd_bwd") == "triton-gluon"
+    assert api._table_choice(mask, q, q, "fwd") == "triton"
+    assert api._table_choice(lt.make_mask("full", 4096), q, q, "fwd") == "triton-gluon"
+    q16 = torch.randn(1, 16384, 2, 128, dtype=torch.bfloat16)
+    assert api._table_choice(lt.make_mask("causal", 16384), q16, q16, "fwd") == "triton-gluon"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert api._table_choice(mask, q, q) == "triton"
+    assert api._table_choice(mask, q, q, "fwd_bwd") == "triton"
     f = api.plan_features(mask, 59, 111)
     assert (f["head_dim"], f["head_dim_v"]) == (64, 112) and f["full_tiles"] + f["partial_tiles"] == 32 * 33 // 2
     assert f["partial_share"] == pytest.approx(32 / (32 * 33 // 2))

@@ -11,7 +11,7 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["PlanCache", "canonical_device"]
+__all__ = ["PlanCache", "canonical_device", "mask_memo"]
 
 
 def canonical_device(device) -> torch.device:
@@ -20,6 +20,16 @@ def canonical_device(device) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def mask_memo(mask, key: tuple, build: Callable[[], T]) -> T:
+    """``build()`` once per ``key`` for this (immutable) mask, kept on the mask: what a call resolves
+    from the mask and its shapes alone (launch configs, the default backend) costs a dict lookup on
+    the next call. ``key`` must hold everything else the value depends on."""
+    memo = mask.__dict__.setdefault("_call_memo", {})
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]
 
 
 class PlanCache:

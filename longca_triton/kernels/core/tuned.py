@@ -203,8 +203,19 @@ def device_rows(device: str, kernel: str, path: Path | None = None) -> tuple:
     return load_cache(path).get((device, kernel), ())
 
 
+#: bumped whenever what was read is forgotten, so that configs memoised from the cache are too
+_GENERATION = [0]
+
+
+def generation() -> tuple:
+    """What a config memoised from the cache depends on: the cache file in use and how often what
+    was read has been forgotten since the process started."""
+    return _GENERATION[0], str(cache_path())
+
+
 def reload(path: Path | None = None) -> None:
     """Forget what was read (the tuner calls this after writing; tests after pointing elsewhere)."""
+    _GENERATION[0] += 1
     if path is None:
         _LOADED.clear()
     else:

@@ -183,10 +183,17 @@ def check_deterministic(cfg: dict, deterministic: bool, what: str = "dense atten
 
 
 def _config_for(q, k, v, mask, config, deterministic):
-    """The resolved config of one call."""
-    cfg = resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config, q=q, k=k, v=v, mask=mask)
+    """The resolved config of one call, memoised on the mask: it depends on the mask, the head dims,
+    dtype, GQA group, device, the explicit config and the autotune cache, nothing else."""
+    from longca_triton.kernels.core.plan_cache import mask_memo
+    from longca_triton.kernels.core.tuned import generation
+
+    key = ("dense", q.shape[-1], v.shape[-1], q.dtype, q.shape[2] // k.shape[2], str(q.device), _interpreting(),
+           None if config is None else repr(sorted(config.items())), generation())
+    cfg = mask_memo(mask, key, lambda: resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, config,
+                                                      q=q, k=k, v=v, mask=mask))
     check_deterministic(cfg, deterministic)
-    return cfg
+    return dict(cfg)
 
 
 # ----------------------------------------------------------------------------------------------

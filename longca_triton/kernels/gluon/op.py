@@ -298,6 +298,25 @@ GluonAttentionFunction = attention_function(
     """``(q, k, v) -> (out, lse)``: Gluon forward; Gluon or dense backward.""")
 
 
+def _configs_for(q, k, v, mask, config, bwd_config):
+    """The forward's and the dense backward's resolved configs of one call, memoised on the mask (they
+    depend on the mask, head dims, dtype, GQA group, device, the explicit configs and the autotune cache)."""
+    from longca_triton.kernels.core.plan_cache import mask_memo
+    from longca_triton.kernels.core.tuned import generation
+
+    d, dv = q.shape[-1], v.shape[-1]
+
+    def build():
+        return (resolve_config(d, q.dtype, config, q=q, k=k, mask=mask, v=v),
+                dense_resolve_config(config_head_dim(d, dv), q.dtype, bwd_config, q=q, k=k, mask=mask,
+                                     v=v if dv != d else None))
+
+    key = ("gluon", d, dv, q.dtype, q.shape[2] // k.shape[2], str(q.device),
+           *(None if c is None else repr(sorted(c.items())) for c in (config, bwd_config)), generation())
+    cfg, bwd_cfg = mask_memo(mask, key, build)
+    return dict(cfg), dict(bwd_cfg)
+
+
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softmax_scale=None,
                     return_lse: bool = False, config: Optional[dict] = None,
                     bwd_config: Optional[dict] = None, deterministic: bool = False):
@@ -314,9 +333,7 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     check_inputs(q, k, v, mask)
     d, dv = q.shape[-1], v.shape[-1]
     softmax_scale = resolve_scale(softmax_scale, d)
-    cfg = resolve_config(d, q.dtype, config, q=q, k=k, mask=mask, v=v)
-    bwd_cfg = dense_resolve_config(config_head_dim(d, dv), q.dtype, bwd_config, q=q, k=k, mask=mask,
-                                   v=v if dv != d else None)
+    cfg, bwd_cfg = _configs_for(q, k, v, mask, config, bwd_config)
     if deterministic and cfg["bwd_design"] == "plain":
         dense_check_deterministic(bwd_cfg, True, "the Gluon attention's dense backward")
     plan, bwd_a, bwd_b = plans_for_gluon(mask, d, cfg, bwd_cfg, q.device)
