@@ -180,38 +180,50 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
 
     if config is None and preset is None:
         raise click.UsageError(f"give --config FILE (e.g. experiments/{kind}.toml) or --preset smoke")
-    smoke = SMOKE_PRESET[kind]
-    try:
-        if not on_gpu and preset is None and not dry_run:
-            con.print(f"[bold yellow]No CUDA GPU here:[/] running the [bold]smoke[/] preset (tiny sizes, reference backends, "
-                      f"Triton interpreter) instead of {config}. Timings are not performance numbers.")
-            exp = get_preset(smoke)
-        elif preset:
-            exp = get_preset(smoke if preset == "smoke" else preset)
-        else:
-            exp = load_experiment(config)
-            if exp.kind != kind:
-                raise ConfigError(f"{config} is a {exp.kind!r} experiment ([experiment] kind); run it with "
-                                  f"`longca-triton bench {exp.kind}`")
-        exp = exp.with_overrides(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
-                                 dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
-                                 params=list(params))
+    overrides = dict(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
+                     dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
+                     params=list(params))
+    known = {b.name for b in list_backends()}
+
+    def prepared(exp, source):
+        """``exp`` with the command line's overrides, its unregistered backends dropped (said), validated."""
+        exp = exp.with_overrides(**overrides)
         if check is not None:
             exp.check = check
         if interleave is not None:
             exp.interleave = interleave
-        known = {b.name for b in list_backends()}
         if exp.preset and not backends:
             missing = [b for b in exp.backends if b not in known and b in OPTIONAL_PRESET_BACKENDS]
             if missing:
                 con.print(f"[dim]not registered in this build, skipped: {', '.join(missing)}[/]")
             exp.backends = [b for b in exp.backends if b in known]
-        elif config is not None and not backends:
+        elif source is not None and not backends:
             missing = [b for b in exp.backends if split_config_name(canonical_name(b))[0] not in known]
             if missing:
-                con.print(f"[yellow]backends listed in {config} but not registered here, skipped: {', '.join(missing)}[/]")
+                con.print(f"[yellow]backends listed in {source} but not registered here, skipped: {', '.join(missing)}[/]")
                 exp.backends = [b for b in exp.backends if split_config_name(canonical_name(b))[0] in known]
-        exp.validate(known_backends=known)
+        try:
+            return exp.validate(known_backends=known)
+        except ConfigError as e:
+            if source is None or str(source) in str(e):
+                raise
+            given = any(v not in (None, []) for v in overrides.values()) or check is not None or interleave is not None
+            raise ConfigError(f"{source}{' with the options given' if given else ''}: {e}") from None
+
+    try:
+        exp = None
+        if config is not None:  # read and checked on every machine, before anything runs
+            exp = load_experiment(config)
+            if exp.kind != kind:
+                raise ConfigError(f"{config} is a {exp.kind!r} experiment ([experiment] kind); run it with "
+                                  f"`longca-triton bench {exp.kind}`")
+            exp = prepared(exp, config)
+        if preset or (not on_gpu and not dry_run):
+            if preset is None:
+                con.print(f"[bold yellow]No CUDA GPU here:[/] {config} is valid; running the [bold]smoke[/] preset "
+                          f"(tiny sizes, reference backends, Triton interpreter) instead. Timings are not performance "
+                          f"numbers.")
+            exp = prepared(get_preset(SMOKE_PRESET[kind] if preset in (None, "smoke") else preset), None)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
 

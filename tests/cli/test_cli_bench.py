@@ -85,6 +85,31 @@ def test_config_on_cpu_runs_smoke_instead(runner, tmp_path):
     assert len(rows) == 1 and rows[0]["preset"] == "smoke" and rows[0]["seqlen"] == 160
 
 
+BAD_CONFIGS = {
+    "missing": (None, "does not exist"),
+    "malformed": ("[grid\nmasks = [causal\n", "invalid TOML"),
+    "invalid": ('[experiment]\nkind = "{kind}"\n[grid]\nmasks = ["causl"]\n', "unknown mask 'causl'"),
+}
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "varblock"])
+@pytest.mark.parametrize("problem", list(BAD_CONFIGS))
+def test_bad_config_is_one_error_before_anything_runs(runner, tmp_path, kind, problem):
+    """A missing, malformed or invalid --config stops the command on any machine (on a CPU too, where
+    a good file would give way to the smoke preset): one line naming the file and the problem."""
+    text, needle = BAD_CONFIGS[problem]
+    path = tmp_path / f"{problem}.toml"
+    if text is not None:
+        path.write_text(text.format(kind=kind))
+    out = tmp_path / "o"
+    r = runner.invoke(cli, ["bench", kind, "--config", str(path), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert str(path) in lines[0] and needle in lines[0], r.output
+    assert not out.exists()
+
+
 def test_report_and_plot_errors(runner, tmp_path):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
