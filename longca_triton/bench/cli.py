@@ -385,10 +385,8 @@ def plot(results, out):
 
     try:
         rows = load_rows(results)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(str(e)) from None
-    if not rows:
-        raise click.UsageError(f"{results} holds no results")
     files = make_plots(rows, out)
     con = _console()
     for f in files:
@@ -412,7 +410,7 @@ def report(results, out, title):
 
     try:
         rows = load_rows(results)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     text = markdown_report(rows, title=title, source=str(results))
     if out:

@@ -8,8 +8,8 @@ from typing import Iterable
 
 from .params import row_head_dim
 from .store import (
-    ResultStore,
     environment_unsupported,
+    result_rows,
     results_in,
     row_key,
     status_kind,
@@ -21,13 +21,14 @@ __all__ = ["at_power_limit", "latest_rows", "row_time", "load_rows", "mask_label
 def load_rows(path: str | Path) -> list[dict]:
     """Rows of a results file (``.jsonl``, or gzipped ``.jsonl.gz``), or of the one inside a directory
     (``results.jsonl``, else ``results.jsonl.gz``; both there: the plain one, with a warning:
-    ``store.results_in``)."""
+    ``store.results_in``); a ``ValueError`` naming the file when it is not a results file
+    (``store.result_rows``)."""
     p = Path(path)
     if p.is_dir():
         p = results_in(p)
     if not p.exists():
         raise FileNotFoundError(f"no results file at {p}")
-    return ResultStore(p).rows()
+    return result_rows(p)
 
 
 def row_time(r: dict) -> str:

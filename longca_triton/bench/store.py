@@ -63,10 +63,12 @@ __all__ = [
     "ResultStore",
     "collect_env",
     "environment_unsupported",
+    "is_result_row",
     "jsonable",
     "params_digest",
     "prefer_plain",
     "read_lines",
+    "result_rows",
     "results_in",
     "row_key",
     "status_kind",
@@ -229,6 +231,33 @@ def results_in(folder: str | os.PathLike) -> Path:
     if plain.exists() or gz.exists():
         return prefer_plain([gz if gz.exists() else plain])[0]
     raise FileNotFoundError(f"no results file at {plain} (nor {gz.name})")
+
+
+#: what every row of a results file carries, bench and CP rows alike
+RESULT_FIELDS = ("backend", "mask", "seqlen", "mode", "status")
+
+
+def is_result_row(row) -> bool:
+    """Whether ``row`` is a measurement row of a results file (``RESULT_FIELDS`` all set), not other JSON."""
+    return isinstance(row, dict) and all(row.get(k) not in (None, "") for k in RESULT_FIELDS)
+
+
+def result_rows(path: str | os.PathLike) -> list[dict]:
+    """The measurement rows of one results file (plain or ``.gz``); a ``ValueError`` naming the file
+    when it holds none: empty, not JSON lines, or JSON of another kind."""
+    store = ResultStore(path)
+    rows = store.rows()
+    mine = [r for r in rows if is_result_row(r)]
+    if not mine:
+        if rows:
+            why = f"no row has all of {', '.join(RESULT_FIELDS)} ({len(rows)} JSON rows read)"
+        elif store.skipped_lines:
+            why = f"none of its {store.skipped_lines} lines is a JSON object"
+        else:
+            why = "it is empty"
+        raise ValueError(f"{path} is not a results file: {why} (a results file is the results.jsonl that "
+                         f"`longca-triton bench` writes)")
+    return mine
 
 
 class ResultStore:

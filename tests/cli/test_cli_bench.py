@@ -117,6 +117,28 @@ def test_report_and_plot_errors(runner, tmp_path):
     assert runner.invoke(report, [str(tmp_path)]).exit_code == 2  # no results.jsonl in the directory
 
 
+NOT_RESULTS = {
+    "empty": ("", "it is empty"),
+    "text": ("hello\nworld\n", "none of its 2 lines is a JSON object"),
+    "other JSON": ('{"step": 1, "loss": 2.5}\n', "no row has all of backend, mask, seqlen, mode, status"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "recommend"])
+@pytest.mark.parametrize("content", list(NOT_RESULTS))
+def test_not_a_results_file_is_an_error(runner, tmp_path, command, content):
+    from longca_triton.cli import main
+
+    text, needle = NOT_RESULTS[content]
+    path = tmp_path / "x.jsonl"
+    path.write_text(text)
+    args = ["report", str(path)] if command == "report" else ["recommend", "--mask", "causal", "-S", "16K", "--results", str(path)]
+    r = runner.invoke(main, args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path} is not a results file: {needle}"), r.output
+
+
 def test_doctor_lists_every_backend_with_reasons(runner):
     r = runner.invoke(doctor, ["--json"])
     assert r.exit_code == 0, r.output
