@@ -32,7 +32,7 @@ import click
 
 from .cli import heads_callback
 from ..output import format_option
-from .ladder_report import TOL_MULT, VENDOR, print_table, render_markdown, write_outputs
+from .ladder_report import TOL_MULT, VENDOR, print_records, print_table, render_markdown, write_outputs
 
 __all__ = ["LadderProblem", "run_ladder", "ladder_command", "write_outputs", "render_markdown"]
 
@@ -405,7 +405,7 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
 
     from ..masks import STATIC_MASK_NAMES
 
-    console = Console()
+    console = Console(stderr=fmt != "table")  # json / csv: stdout holds the table alone, the log goes to stderr
     if mask not in STATIC_MASK_NAMES:
         raise click.BadParameter(f"the ladder's kernels take static masks: {', '.join(STATIC_MASK_NAMES)}",
                                  param_hint="--mask")
@@ -422,6 +422,7 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
     on_gpu = device.startswith("cuda")
     command = "longca-triton " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("longca-triton") else None
     failed = False
+    tables = []  # json / csv: every mode's steps in one table
     for m in modes:
         mine = [s.name for s in steps_for(m) if not wanted or s.name in wanted]
         if not mine:
@@ -432,11 +433,16 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
             p = interpreter_problem(p)
         rows = run_ladder(p, steps=mine, log=lambda s: console.log(s))
         title = f"kernel ladder — {p.label()}" + ("" if on_gpu else " [INTERPRETER: correctness only]")
-        print_table(rows, title, console, fmt)
+        if fmt == "table":
+            print_table(rows, title, console)
+        else:
+            tables.append((m, rows))
         failed |= any(r.get("status") in ("wrong", "error") for r in rows if r.get("kind") == "ladder")
         if out:
             for path in write_outputs(rows, out, command):
                 console.print(f"wrote {path}")
+    if tables:
+        print_records(tables, fmt)
     if not on_gpu:
         console.print("[bold]Speed needs a GPU:[/bold] run this command on a CUDA host for TFLOP/s.")
     if failed:

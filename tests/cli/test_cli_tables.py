@@ -98,3 +98,14 @@ def test_malformed_config_is_one_line(runner, tmp_path):
     assert r.exit_code != 0
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.toml" in lines[0], r.output
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_ladder_machine_formats_hold_the_table_alone(runner, fmt):
+    """ladder --format json|csv: stdout parses as one table over both modes; the banner and log go to stderr."""
+    r = runner.invoke(main, ["ladder", "--mode", "all", "--steps", "step0_naive,bwd1_naive", "--format", fmt], env=NARROW)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout) if fmt == "json" else list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [(row["mode"], row["step"]) for row in rows] == [("fwd", "step0_naive"), ("bwd", "bwd1_naive")]
+    assert all(row["check"].startswith("ok") for row in rows)
+    assert "interpreter" in r.stderr and "checking against" in r.stderr
