@@ -178,7 +178,10 @@ def findings_command(results, out, plots_dir, mode, no_plots):
                                "experiments/results/")
     rows, files = load_results(paths)
     if not rows:
-        raise click.UsageError(f"no bench result rows in {', '.join(str(p) for p in paths)[:300]}")
+        cpu = sum(i["cpu"] for i in files.values())
+        raise click.UsageError(f"no bench result rows in {', '.join(str(p) for p in paths)[:300]}"
+                               + (f" but {cpu} measured on a CPU, which findings leave out (not performance numbers)"
+                                  if cpu else ""))
     f = compute(rows, files, mode=mode)
     if not f.rows:
         raise click.UsageError(f"no rows of mode {mode} in the results")

@@ -33,10 +33,12 @@ def heads_callback(ctx, param, value):
     return hq, hkv
 
 
-def _console():
+def _console(err: bool = False):
+    """The console of the messages: stdout, or stderr (``err``) where stdout holds json or csv."""
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
+    stream = sys.stderr if err else sys.stdout
+    return Console(stderr=err, highlight=False, width=None if stream.isatty() else 160)
 
 
 def _slug(text: str) -> str:
@@ -167,7 +169,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
                warmup_ms, rep, max_ms, check, interleave, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
     import torch
 
-    con = _console()
+    con = _console(err=fmt != "table" and not dry_run)  # a run's json / csv table alone on stdout
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
@@ -300,8 +302,9 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
         TimeRemainingColumn,
     )
 
-    from .report import mask_label
+    from .report import mask_label, short_status
     from .runner import run_experiment
+    from .store import on_cpu
 
     with Progress(TextColumn("[progress.description]{task.description}", table_column=None), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=con, transient=False) as bar:
@@ -318,7 +321,8 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
             done[0] += 1
             if not con.is_terminal:
                 t = row.get("tflops")
-                speed = f" {row['time_ms']:.3f} ms {t:.1f} TFLOP/s" if row.get("time_ms") is not None and t is not None else ""
+                speed = (f" {row['time_ms']:.3f} ms {short_status(row)} TFLOP/s" + (" (CPU)" if on_cpu(row) else "")
+                         if row.get("time_ms") is not None and t is not None else "")
                 con.print(f"[{done[0]}] {row['backend']} {escape(mask_label(row))} S={row['seqlen']} {row['heads_q']}:{row['heads_kv']} "
                           f"{row['mode']}: {escape(row['status'][:160])}{speed}", soft_wrap=True)
 
@@ -333,7 +337,7 @@ def _summary_table(con, rows, fmt="table"):
     from rich.markup import escape
 
     from .report import mask_label, short_status
-    from .store import status_kind
+    from .store import CPU_CAVEAT, CPU_TAG, on_cpu, status_kind
 
     backends = []
     for r in rows:
@@ -346,8 +350,11 @@ def _summary_table(con, rows, fmt="table"):
             cells[k] = dict(mask=k[0], S=k[1], heads=k[2], mode=k[3])
             order.append(k)
         cells[k][r["backend"]] = short_status(r)
+    cpu = any(on_cpu(r) for r in rows)
     emit([cells[k] for k in order], ["mask", "S", "heads", "mode", *backends], fmt=fmt,
-         title="this run: TFLOP/s (or status)")
+         title="this run: TFLOP/s (or status)" + (f" [{CPU_TAG}]" if cpu else ""))
+    if cpu:
+        con.print(f"[yellow]{CPU_CAVEAT}[/yellow]")
     errors = [r for r in rows if status_kind(r) == "error"]
     for r in errors[:10]:
         con.print(f"[red]{r['backend']} {escape(mask_label(r))} S={r['seqlen']} {r['mode']}[/]: {escape(r['status'][:300])}")
@@ -395,27 +402,35 @@ def plot(results, out):
 
 @click.command("report")
 @click.argument("results", type=click.Path(exists=True, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the markdown here instead of stdout.")
-@click.option("--title", help="Report title.")
-def report(results, out, title):
-    """Markdown report of a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
-    results.jsonl.gz): environment, a TFLOP/s table per mode and head layout (backends as columns),
-    why points were not measured, and every measurement.
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--title", help="Report title (markdown).")
+@format_option
+def report(results, out, title, fmt):
+    """Report of a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
+    results.jsonl.gz). As a table (the default): markdown with the environment, a TFLOP/s table per
+    mode and head layout (backends as columns), why points were not measured, and every
+    measurement. As json or csv: one record per point (its latest row), for scripts.
 
     \b
-    Example:
+    Examples:
       longca-triton report results/dense-h100/results.jsonl > report.md
+      longca-triton report results/dense-h100 --format csv > points.csv
     """
-    from .report import load_rows, markdown_report
+    from .report import REPORT_COLUMNS, load_rows, markdown_report, report_rows
 
     try:
         rows = load_rows(results)
     except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(str(e)) from None
-    text = markdown_report(rows, title=title, source=str(results))
+    if fmt == "table":
+        text = markdown_report(rows, title=title, source=str(results))
+    else:
+        from ..output import render
+
+        text = render(report_rows(rows), REPORT_COLUMNS, fmt=fmt)
     if out:
         out.write_text(text)
-        click.echo(f"wrote {out}")
+        click.echo(f"wrote {out}", err=fmt != "table")
     else:
         click.echo(text, nl=False)
 

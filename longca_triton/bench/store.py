@@ -59,11 +59,15 @@ __all__ = [
     "KEY_FIELDS",
     "RESULTS_PATTERNS",
     "VENDOR_DISTS",
+    "CPU_CAVEAT",
+    "CPU_TAG",
     "BothResultsWarning",
     "ResultStore",
     "collect_env",
     "environment_unsupported",
     "is_result_row",
+    "measured_on",
+    "on_cpu",
     "jsonable",
     "params_digest",
     "prefer_plain",
@@ -240,6 +244,23 @@ RESULT_FIELDS = ("backend", "mask", "seqlen", "mode", "status")
 def is_result_row(row) -> bool:
     """Whether ``row`` is a measurement row of a results file (``RESULT_FIELDS`` all set), not other JSON."""
     return isinstance(row, dict) and all(row.get(k) not in (None, "") for k in RESULT_FIELDS)
+
+
+#: what a table of rows measured on a CPU says under it, and a plot in its title
+CPU_CAVEAT = "Measured on a CPU: these timings check that the harness works; they are not performance numbers."
+CPU_TAG = "CPU run: not performance numbers"
+
+
+def on_cpu(row: dict) -> bool:
+    """Whether ``row`` was measured on a CPU (the Triton interpreter, or PyTorch on the CPU)."""
+    return row.get("device") == "cpu" or bool(row.get("interpreted"))
+
+
+def measured_on(row: dict) -> str:
+    """Where ``row`` was measured, in words: its GPU, or ``cpu`` / ``cpu (Triton interpreter)``."""
+    if on_cpu(row):
+        return "cpu (Triton interpreter)" if row.get("interpreted") else "cpu"
+    return str(row.get("gpu") or (row.get("env") or {}).get("gpu") or row.get("device") or "unknown")
 
 
 def result_rows(path: str | os.PathLike) -> list[dict]:

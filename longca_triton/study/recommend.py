@@ -90,10 +90,11 @@ def default_results() -> list[Path]:
 
 
 def load_rows(paths) -> list[dict]:
-    """Every measurement row of the JSONL files, plain or gzipped (``.jsonl.gz``; a cut last line is
-    skipped); each row remembers its file. A file without one (empty, not JSON lines, JSON of
-    another kind) is a ``ValueError`` naming it (``bench.store.result_rows``)."""
-    from longca_triton.bench.store import is_result_row, read_lines, result_rows
+    """Every GPU measurement row of the JSONL files, plain or gzipped (``.jsonl.gz``; a cut last line
+    is skipped); each row remembers its file. A file without one (empty, not JSON lines, JSON of
+    another kind: ``bench.store.result_rows``; only rows measured on a CPU, which are no performance
+    numbers) is a ``ValueError`` naming it."""
+    from longca_triton.bench.store import is_result_row, on_cpu, read_lines, result_rows
 
     rows = []
     for p in paths:
@@ -111,7 +112,11 @@ def load_rows(paths) -> list[dict]:
                 mine.append(r)
         if not mine:
             result_rows(p)  # raises: not a results file, and why
-        rows += mine
+        gpu = [r for r in mine if not on_cpu(r)]
+        if not gpu:
+            raise ValueError(f"{p}: all {len(mine)} rows were measured on a CPU (the Triton interpreter), whose "
+                             f"timings are not performance numbers; recommend needs rows measured on a GPU")
+        rows += gpu
     return rows
 
 

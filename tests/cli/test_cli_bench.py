@@ -63,6 +63,7 @@ def test_smoke_run_writes_results_plots_report(runner, tmp_path):
     assert (out / "report.md").read_text().startswith("# Benchmark report: smoke")
     assert "CPU run" in (out / "report.md").read_text()
     assert sorted(p.name.split("_")[0] for p in (out / "plots").iterdir()) == ["heatmap", "heatmap", "tflops", "tflops"]
+    assert "this run: TFLOP/s (or status) [CPU run: not performance numbers]" in r.output and "(CPU)" in r.output
     assert "this run" in r.output and (out / "commands.txt").exists() and json.loads((out / "experiment.json").read_text())["preset"] == "smoke"
     # rerun: nothing new
     r2 = runner.invoke(bench, ["dense", "--preset", "smoke", "--masks", "causal,causal_document", "--backends",
@@ -199,3 +200,54 @@ def test_headline_autotune_on_a_cpu_switches_to_the_interpreter_itself():
     assert "Triton interpreter" in r.stderr
     rows = json.loads(r.stdout)
     assert rows and all(row["status"] == "ok" for row in rows)
+
+
+def _points(path, device="cuda"):
+    """Two measured points of one problem, on a GPU or (``device='cpu'``) through the interpreter."""
+    on_cpu = dict(device="cpu", interpreted=True, gpu=None) if device == "cpu" else dict(device="cuda", gpu="GPU-X")
+    ResultStore(path).extend([{"kind": "dense", "backend": b, "mask": "causal", "mask_params": {}, "seqlen": 4096,
+                               "batch": 1, "heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16",
+                               "mode": "fwd", "status": "ok", "tflops": t, "time_ms": 1.0, **on_cpu,
+                               "time": f"2026-11-22T00:00:0{i}+00:00"}
+                              for i, (b, t) in enumerate((("triton", 500.0), ("flex", 400.0)))])
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_report_machine_formats(runner, tmp_path, fmt):
+    import csv
+    import io
+
+    path = _points(tmp_path / "results.jsonl", "cpu")
+    r = runner.invoke(cli, ["report", str(path), "--format", fmt])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout) if fmt == "json" else list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [(x["backend"], float(x["tflops"])) for x in rows] == [("triton", 500.0), ("flex", 400.0)]
+    assert {x["measured_on"] for x in rows} == {"cpu (Triton interpreter)"}
+    out = tmp_path / f"points.{fmt}"
+    r = runner.invoke(cli, ["report", str(path), "--format", fmt, "--out", str(out)])
+    assert r.exit_code == 0 and r.stdout == "" and out.read_text().count("triton") == 1
+
+
+def test_cpu_rows_carry_a_caveat_in_tables_and_plots(runner, tmp_path, monkeypatch):
+    """A report's TFLOP/s table and every plot title of rows measured on a CPU say they are no
+    performance numbers; a GPU's rows carry no such line."""
+    from matplotlib.figure import Figure
+
+    from longca_triton.bench.store import CPU_CAVEAT, CPU_TAG
+
+    titles = []
+    save = Figure.savefig
+
+    def keep_titles(fig, *a, **kw):  # the titles a plot was saved with
+        titles.append(" ".join([fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]))
+        return save(fig, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", keep_titles)
+    for device in ("cpu", "cuda"):
+        path = _points(tmp_path / device / "results.jsonl", device)
+        md = runner.invoke(cli, ["report", str(path)]).output
+        assert (CPU_CAVEAT in md.split("## fwd")[1]) == (device == "cpu"), md
+        titles.clear()
+        assert runner.invoke(cli, ["plot", str(path), "--out", str(tmp_path / device / "p")]).exit_code == 0
+        assert titles and all((CPU_TAG in t) == (device == "cpu") for t in titles), titles
