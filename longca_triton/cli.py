@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .cli_errors import OneLineErrors
+from .cli_values import SEQLEN
 from .masks import MASK_NAMES, MASK_SPECS
 from .output import emit, format_option
 
@@ -66,7 +67,7 @@ def masks_list(fmt):
 
 @masks.command("show")
 @click.argument("name", type=click.Choice(MASK_NAMES))
-@click.option("-S", "--seqlen", type=click.IntRange(min=1), default=8192, show_default=True, help="sequence length")
+@click.option("-S", "--seqlen", type=SEQLEN, default=8192, show_default=True, help="sequence length, e.g. 8192 or 8K")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE", help="mask parameter, e.g. -p window=512")
 @click.option("--tile", type=click.IntRange(min=1), default=128, show_default=True, help="tile size for the full/partial tile counts")
@@ -95,7 +96,7 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 
 @main.command("recommend")
 @click.option("--mask", required=True, type=click.Choice(MASK_NAMES), help="the mask of docs/masks.md")
-@click.option("--seqlen", "-S", required=True, help="sequence length, e.g. 131072 or 128K or 1M")
+@click.option("--seqlen", "-S", type=SEQLEN, required=True, help="sequence length, e.g. 131072 or 128K or 1M")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs the sequence is spread over")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
 @click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v such as 192/128")
@@ -120,7 +121,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
     from dataclasses import asdict
 
     from .bench.cli import heads_callback
-    from .bench.params import ConfigError, parse_head_dim, parse_seqlen
+    from .bench.params import ConfigError, parse_head_dim
     from .study.recommend import default_results, load_rows, recommend
 
     hq_hkv = heads_callback(None, None, heads)
@@ -132,7 +133,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
     if not paths:
         raise click.UsageError("no results: pass --results FILE (a bench results.jsonl or .jsonl.gz), or run from a checkout "
                                "with experiments/results/")
-    rec = recommend(load_rows(paths), mask, parse_seqlen(seqlen), gpus, heads=hq_hkv, head_dim=head_dim,
+    rec = recommend(load_rows(paths), mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim,
                     mode=mode, dtype=dtype)
     if fmt == "table":
         click.echo("\n".join(rec.lines()))

@@ -15,6 +15,7 @@ import time
 import click
 import torch
 
+from ..cli_values import SEQLENS
 from ..output import emit, format_option
 from .cli import heads_callback
 
@@ -82,7 +83,7 @@ SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "defa
               help="comma-separated masks for the dense kernel (default: a mix of full, causal, documents, window)")
 @click.option("--densities", default="0.2,0.5,0.8", show_default=True, callback=csv_option(float),
               help="kept-block fractions of the block-sparse tuning masks")
-@click.option("--seqlens", default="4096,16384", show_default=True, callback=csv_option(int))
+@click.option("--seqlens", type=SEQLENS, default="4096,16384", show_default=True, help="e.g. 4K,16K")
 @click.option("--head-dims", default="128", show_default=True, callback=csv_option(int))
 @click.option("--dtypes", default="bfloat16", show_default=True, callback=csv_option(str))
 @click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
@@ -157,8 +158,6 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         if d not in ("bfloat16", "float16"):
             raise click.BadParameter(f"dtype must be bfloat16 or float16, got {d!r}", param_hint="--dtypes")
         dts.append(getattr(torch, d))
-    if any(s < 1 for s in seqlens):
-        raise click.BadParameter(f"sequence lengths must be positive, got {seqlens}", param_hint="--seqlens")
     if interpreted and not dry_run:
         con.print(f"[bold yellow]{INTERPRETER_BANNER}[/bold yellow]")
         seqlens, head_dims, dts, heads = [160], [32], [torch.float16], (4, 2)

@@ -31,6 +31,7 @@ import time
 import click
 
 from .cli import heads_callback
+from ..cli_values import SEQLEN
 from ..output import format_option
 from .ladder_report import TOL_MULT, VENDOR, print_records, print_table, render_markdown, write_outputs
 
@@ -369,7 +370,7 @@ def _env() -> dict:
 @click.command("ladder")
 @format_option
 @click.option("--mask", default="causal", show_default=True, help="a static mask of docs/masks.md (causal, causal_document, ...)")
-@click.option("-S", "--seqlen", type=click.IntRange(min=1), default=16384, show_default=True)
+@click.option("-S", "--seqlen", type=SEQLEN, default=16384, show_default=True, help="sequence length, e.g. 16384 or 16K")
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "all"]), default="fwd", show_default=True,
               help="forward steps, backward steps, or both (one table each)")
 @click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
@@ -377,7 +378,7 @@ def _env() -> dict:
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--check-seqlen", type=click.IntRange(min=1), default=2048, show_default=True,
+@click.option("--check-seqlen", type=SEQLEN, default=2048, show_default=True,
               help="sequence length of the correctness check against the fp32 reference")
 @click.option("--steps", default=None, help="comma-separated step names to run (default: all of the mode)")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
