@@ -451,20 +451,14 @@ def doctor(as_json, fmt):
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .doctor import doctor_info
+    from .doctor import doctor_info, env_rows
 
     info = doctor_info()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
-    env = info["env"]
     if fmt == "table":
-        keys = ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python",
-                "git_commit", "hostname")
-        rows = [{"what": k, "value": env.get(k)} for k in keys]
-        rows.append({"what": "vendors", "value": ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items())) or "none"})
-        rows.append({"what": "interpreted", "value": env.get("interpreted")})
-        emit(rows, ["what", "value"], title="environment")
+        emit(env_rows(info["env"]), ["what", "value"], title="environment")
     rows = [{"backend": b["name"], "available": "yes" if b["available"] else "no", "modes": ",".join(b["modes"]),
              "lse": "yes" if b["returns_lse"] else "no",
              "why_not_or_what": b["reason"] if not b["available"] else b["description"]} for b in info["backends"]]

@@ -251,3 +251,28 @@ def test_cpu_rows_carry_a_caveat_in_tables_and_plots(runner, tmp_path, monkeypat
         titles.clear()
         assert runner.invoke(cli, ["plot", str(path), "--out", str(tmp_path / device / "p")]).exit_code == 0
         assert titles and all((CPU_TAG in t) == (device == "cpu") for t in titles), titles
+
+
+@pytest.mark.parametrize("env,gpu_says", [
+    (dict(torch="2.13.0+cpu", cuda=None), "none (this torch is a CPU build)"),
+    (dict(torch="2.13.0+cu130", cuda="13.0"), "none (torch built for CUDA 13.0 sees no GPU"),
+    (dict(torch="2.13.0+cu130", cuda="13.0", gpu="NVIDIA H100", gpu_capability="9.0", gpu_memory_gib=79.2), "NVIDIA H100"),
+], ids=["cpu-build", "cuda-build-no-gpu", "gpu"])
+def test_doctor_says_none_and_why_instead_of_blanks(env, gpu_says):
+    from longca_triton.bench.doctor import env_rows
+
+    rows = {r["what"]: r["value"] for r in env_rows(env)}
+    assert str(rows["gpu"]).startswith(gpu_says)
+    assert all(v not in (None, "") for v in rows.values()), rows
+    if "gpu" not in env:
+        assert rows["gpu_capability"] == rows["gpu_memory_gib"] == rows["driver"] == "none (no GPU)"
+    else:
+        assert rows["driver"].startswith("unknown (") and rows["gpu_capability"] == "9.0"
+
+
+def test_doctor_table_has_no_blank_field(runner):
+    r = runner.invoke(doctor, [])
+    assert r.exit_code == 0, r.output
+    env = r.stdout.split("backends")[0]
+    fields = [line.split(None, 1) for line in env.splitlines()[2:] if line.strip() and not line.strip().startswith("─")]
+    assert len(fields) >= 13 and all(len(f) == 2 for f in fields), env
