@@ -257,7 +257,7 @@ def test_cpu_rows_carry_a_caveat_in_tables_and_plots(runner, tmp_path, monkeypat
     (dict(torch="2.13.0+cpu", cuda=None), "none (this torch is a CPU build)"),
     (dict(torch="2.13.0+cu130", cuda="13.0"), "none (torch built for CUDA 13.0 sees no GPU"),
     (dict(torch="2.13.0+cu130", cuda="13.0", gpu="NVIDIA H100", gpu_capability="9.0", gpu_memory_gib=79.2), "NVIDIA H100"),
-], ids=["cpu-build", "cuda-build-no-gpu", "gpu"])
+], ids=["cpu-build", "cuda-build-no-device", "h100"])
 def test_doctor_says_none_and_why_instead_of_blanks(env, gpu_says):
     from longca_triton.bench.doctor import env_rows
 
