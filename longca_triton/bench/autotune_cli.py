@@ -10,6 +10,7 @@ cache (same GPU, Triton, cases) is reused and said so; ``--force`` tunes it agai
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import click
@@ -136,7 +137,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     from . import autotune as at
     from . import autotune_run as run
 
-    con = make_console(click.get_text_stream("stderr") if fmt != "table" else None)
+    con = make_console(sys.stderr if fmt != "table" else None)  # json / csv: stdout holds the table alone
     block = int(block)
     if not kernels:
         kernels = ["triton-varblock"] if varblock else ["triton", "triton-sparse"]

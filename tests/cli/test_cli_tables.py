@@ -127,3 +127,17 @@ def test_every_command_reads_lengths_alike(runner, length):
                                "--dry-run", "--format", "json"])
     assert dry.exit_code == 0, dry.output
     assert {r["cases"] for r in json.loads(dry.stdout)} >= {"causal S=4096 D=128 bfloat16", "causal S=65536 D=128 bfloat16"}
+
+
+def test_autotune_calls_nothing_click_9_removes(runner):
+    """The command runs with Click's deprecation warnings as errors, and the package bounds click below 9."""
+    import tomllib
+    import warnings
+    from pathlib import Path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        r = runner.invoke(main, ["autotune", "--kernel", "triton", "--dry-run", "--format", "json"], env=NARROW)
+    assert r.exit_code == 0, r.output
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "click>=8.1,<9" in pyproject["project"]["dependencies"]
