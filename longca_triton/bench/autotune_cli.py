@@ -340,7 +340,7 @@ def _interpreter_rows(table, tunable, cases, block, stop, checks):
     rows = table["rows"]
     table["columns"] = ["kernel", "case", "group", "config", "max_err", "status"]
     table["headers"] = {"max_err": "max |err| vs fp64"}
-    table["title"] = "autotune on a CPU [Triton interpreter: correctness of each key group's first candidate, no speed]"
+    table["title"] = "autotune on a CPU [INTERPRETER: correctness of each key group's first candidate, no speed]"
     for case in cases:
         q, k, v, do = case.inputs("cpu")
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
