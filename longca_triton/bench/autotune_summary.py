@@ -102,8 +102,6 @@ def summary_rows(summaries: list[dict], vendors: list[str]) -> list[dict]:
 
 SUMMARY_COLUMNS = ["kernel", "block", "S", "masks", "mode", "default", "tuned", "x_default"]
 SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "default TFLOP/s", "tuned": "tuned TFLOP/s"}
-
-
 MODE_ORDER = ("fwd", "bwd", "fwd_bwd")
 
 
@@ -140,9 +138,8 @@ def summary_lines(runs: list[dict], skipped: list[tuple[str, str]], stop: Stop, 
                   device_name: str, cache: str | None) -> list[str]:
     """The closing summary. ``runs``: per kernel ``dict(summaries, vendors, why_no_vendors, modes,
     left)`` (``modes``: the modes it tunes; ``left``: its problem classes not begun, with their
-    cases' labels); ``skipped``:
-    ``(what, why)``; ``seconds``: ``search`` and ``vendors``; ``cache``: its path, None when not
-    written (``--no-write``)."""
+    cases' labels); ``skipped``: ``(what, why)``; ``seconds``: ``search`` and ``vendors``;
+    ``cache``: its path, None when not written (``--no-write``)."""
     total = sum(seconds.values())
     head = (f"autotune summary, {device_name}: {total:.0f} s (search {seconds.get('search', 0):.0f} s, "
             f"vendors {seconds.get('vendors', 0):.0f} s)")
