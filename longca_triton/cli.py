@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .cli_errors import OneLineErrors
+from .cli_values import SEQLEN
 from .masks import MASK_NAMES, MASK_PARAMETERS, MASK_SPECS
 from .output import emit, format_option
 
@@ -77,7 +78,7 @@ def masks_list(fmt):
 
 @masks.command("show")
 @click.argument("name", type=click.Choice(MASK_NAMES))
-@click.option("-S", "--seqlen", type=click.IntRange(min=1), default=8192, show_default=True, help="sequence length")
+@click.option("-S", "--seqlen", type=SEQLEN, default=8192, show_default=True, help="sequence length, e.g. 8192 or 8K")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE", help="mask parameter, e.g. -p window=512")
 @click.option("--tile", type=click.IntRange(min=1), default=128, show_default=True, help="tile size for the full/partial tile counts")
@@ -106,7 +107,7 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 
 @main.command("recommend")
 @click.option("--mask", required=True, type=click.Choice(MASK_NAMES), help="the mask of docs/masks.md")
-@click.option("--seqlen", "-S", required=True, help="sequence length, e.g. 131072 or 128K or 1M")
+@click.option("--seqlen", "-S", type=SEQLEN, required=True, help="sequence length, e.g. 131072 or 128K or 1M")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs the sequence is spread over")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
 @click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v such as 192/128")
@@ -131,7 +132,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
     from dataclasses import asdict
 
     from .bench.cli import heads_callback
-    from .bench.params import ConfigError, parse_head_dim, parse_seqlen
+    from .bench.params import ConfigError, parse_head_dim
     from .study.recommend import default_results, load_rows, recommend
 
     hq_hkv = heads_callback(None, None, heads)
@@ -143,7 +144,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
     if not paths:
         raise click.UsageError("no results: pass --results FILE (a bench results.jsonl or .jsonl.gz), or run from a checkout "
                                "with experiments/results/")
-    rec = recommend(load_rows(paths), mask, parse_seqlen(seqlen), gpus, heads=hq_hkv, head_dim=head_dim,
+    rec = recommend(load_rows(paths), mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim,
                     mode=mode, dtype=dtype)
     if fmt == "table":
         click.echo("\n".join(rec.lines()))
@@ -189,7 +190,10 @@ def findings_command(results, out, plots_dir, mode, no_plots):
                                "experiments/results/")
     rows, files = load_results(paths)
     if not rows:
-        raise click.UsageError(f"no bench result rows in {', '.join(str(p) for p in paths)[:300]}")
+        cpu = sum(i["cpu"] for i in files.values())
+        raise click.UsageError(f"no bench result rows in {', '.join(str(p) for p in paths)[:300]}"
+                               + (f" but {cpu} measured on a CPU, which findings leave out (not performance numbers)"
+                                  if cpu else ""))
     f = compute(rows, files, mode=mode)
     if not f.rows:
         raise click.UsageError(f"no rows of mode {mode} in the results")

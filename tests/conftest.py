@@ -16,6 +16,18 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture
+def autotune_cache(tmp_path, monkeypatch):
+    """The user's autotune cache pointed at a fresh file of this test (its path)."""
+    from longca_triton.kernels.core import tuned
+
+    path = tmp_path / "autotune.json"
+    monkeypatch.setenv(tuned.CACHE_ENV, str(path))
+    tuned.reload()
+    yield path
+    tuned.reload()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -1,21 +1,33 @@
 """``longca-triton autotune``: the command over :mod:`longca_triton.bench.autotune`.
 
-What a user sees: one line saying what is tuned and where the cache is, a progress bar (timed runs
-done / planned, elapsed, ETA), then one summary row per problem class and mode, in words (kernel,
-block, sequence range, masks or densities, mode), with the default and tuned TFLOP/s and every
-vendor measured on the same cases. ``-v`` adds a line per timed candidate. A class already in the
-cache (same GPU, Triton, cases) is reused and said so; ``--force`` tunes it again.
+On a GPU a user sees one line per kernel saying what is tuned and where the cache is, a progress
+bar (timed runs done / planned, elapsed, ETA), the closing table, then a summary in words
+(:mod:`.autotune_summary`) on a terminal, into a pipe or a file alike: per problem class its cases,
+default vs tuned vs every vendor on them, how it was settled, and what was skipped and why. ``-v``
+adds a line per timed candidate. A class already in the cache (same GPU, Triton, cases, its search
+finished) is reused and said so; ``--force`` tunes it again. ``--budget-minutes`` (1.5 by default)
+and Ctrl-C stop the search cleanly: the group being searched keeps the best config measured so
+far, the class under way is written, classes not begun are skipped and said so, and the summary
+prints; after Ctrl-C the command exits 130 (a second Ctrl-C stops in the middle of a measurement).
+
+On a CPU there is no GPU to time: the command says so and what it does instead, checks each key
+group's first candidate through the Triton interpreter against an fp64 reference, writes no cache,
+and ends on a line counting the checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 
 import click
 import torch
 
+from ..cli_values import SEQLENS
 from ..output import emit, format_option
+from .autotune_summary import SUMMARY_COLUMNS, SUMMARY_HEADERS, Stop, fmt_cfg, plural, summary_lines, summary_rows
 from .cli import heads_callback
 
 
@@ -34,39 +46,10 @@ def csv_option(kind):
     return parse
 
 
-def _fmt_cfg(cfg: dict) -> str:
-    return " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in cfg.items())
-
-
-def _class_words(cls: str, cases: list[str]) -> dict:
-    """``triton|D=128|bfloat16|G=8|masked|S<=16K|block=64`` in words, with the masks it covers."""
-    kernel, d, dtype, g, mclass, bucket, block = cls.split("|")
-    names = sorted({c.split(" S=")[0] for c in cases})
-    return dict(kernel=kernel, block=block.split("=")[1], S=bucket.replace("S<=", "S ≤ ").replace("S>", "S > "),
-                masks=", ".join(names), head=f"{d} {dtype} {g}", problem_class=cls)
-
-
-def summary_rows(summaries: list[dict], vendors: list[str]) -> list[dict]:
-    rows = []
-    for s in summaries:
-        words = _class_words(s["problem_class"], s["cases"])
-        for mode, tuned in sorted(s["tuned_tflops"].items()):
-            default = s["default_tflops"][mode]
-            row = dict(words, mode=mode, default=round(default, 1), tuned=round(tuned, 1),
-                       x_default=round(tuned / default, 3) if default else None,
-                       source="cache" if s.get("reused") else s["search"]["method"],
-                       cases="; ".join(s["cases"]),
-                       tuned_config=_fmt_cfg({k: v for k, v in s["tuned"].items()
-                                              if s.get("default", {}).get(k) != v}) or "(= default)")
-            for v in vendors:
-                got = s.get("vendors", {}).get(mode, {}).get(v)
-                row[v] = round(got, 1) if isinstance(got, float) else (got or "not measured")
-            rows.append(row)
-    return rows
-
-
-SUMMARY_COLUMNS = ["kernel", "block", "S", "masks", "mode", "default", "tuned", "x_default"]
-SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "default TFLOP/s", "tuned": "tuned TFLOP/s"}
+#: the interpreter's cases on a CPU: small enough to run in seconds
+CPU_CASES = dict(seqlen=160, head_dim=32, dtype=torch.float16, heads=(4, 2))
+#: the largest block (and mean block) checked on a CPU: 160-token sequences then span several blocks
+CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
 
 
 @click.command()
@@ -82,15 +65,17 @@ SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "defa
               help="comma-separated masks for the dense kernel (default: a mix of full, causal, documents, window)")
 @click.option("--densities", default="0.2,0.5,0.8", show_default=True, callback=csv_option(float),
               help="kept-block fractions of the block-sparse tuning masks")
-@click.option("--seqlens", default="4096,16384", show_default=True, callback=csv_option(int))
+@click.option("--seqlens", type=SEQLENS, default="4096,16384", show_default=True, help="e.g. 4K,16K")
 @click.option("--head-dims", default="128", show_default=True, callback=csv_option(int))
 @click.option("--dtypes", default="bfloat16", show_default=True, callback=csv_option(str))
 @click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
 @click.option("--vendors", default=None, callback=csv_option(str),
               help="backends measured on the same cases (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex "
                    "for the dense one; 'none' for none)")
-@click.option("--budget-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="stop searching after this long; every key group then decides among what it measured")
+@click.option("--budget-minutes", type=click.FloatRange(min=0), default=1.5, show_default=True,
+              help="stop searching after this long (from the start; 0: no budget): the group under way keeps the best "
+                   "config so far, the class under way is written, classes not begun wait for a rerun; vendors are "
+                   "then timed on the classes settled")
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
@@ -113,12 +98,15 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     (LONGCA_TRITON_AUTOTUNE_CACHE, default ~/.cache/longca-triton/autotune.json) holds one
     tuning-table row per problem class, which the kernels read at run time before their shipped
     tables; a rerun reuses what the cache holds for the same cases unless --force, which also
-    rebuilds a cache of an older format.
+    rebuilds a cache of an older format. The search stops after --budget-minutes (0: no budget)
+    or at Ctrl-C (then exit 130), keeping the best config measured so far and writing what it
+    finished; a summary in words ends every run. On a CPU there is no GPU to time: it checks each
+    key group's first candidate in the Triton interpreter on small cases and writes no cache.
 
     \b
     Examples:
       longca-triton autotune --block 64
-      longca-triton autotune --block 64 --budget-minutes 2 --format json
+      longca-triton autotune --block 64 --budget-minutes 0 --format json   # no budget
       longca-triton autotune --block 128 --masks causal,causal_document --seqlens 16384
       longca-triton autotune --block 128 --kernel triton-sparse --densities 0.2,0.5
       longca-triton autotune --varblock --mean-block 256
@@ -126,6 +114,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     """
     from ..runtime import INTERPRETER_BANNER, select_device
 
+    t_start = time.monotonic()
     # before anything imports triton: without a GPU this switches it to its interpreter
     device, interpreted = select_device()
     from longca_triton.kernels.core import tuned
@@ -135,7 +124,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     from . import autotune as at
     from . import autotune_run as run
 
-    con = make_console(click.get_text_stream("stderr") if fmt != "table" else None)
+    con = make_console(sys.stderr if fmt != "table" else None)  # json / csv: stdout holds the table alone
     block = int(block)
     if not kernels:
         kernels = ["triton-varblock"] if varblock else ["triton", "triton-sparse"]
@@ -157,65 +146,134 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         if d not in ("bfloat16", "float16"):
             raise click.BadParameter(f"dtype must be bfloat16 or float16, got {d!r}", param_hint="--dtypes")
         dts.append(getattr(torch, d))
-    if any(s < 1 for s in seqlens):
-        raise click.BadParameter(f"sequence lengths must be positive, got {seqlens}", param_hint="--seqlens")
-    if interpreted and not dry_run:
+    check = interpreted and not dry_run
+    if check:
         con.print(f"[bold yellow]{INTERPRETER_BANNER}[/bold yellow]")
-        seqlens, head_dims, dts, heads = [160], [32], [torch.float16], (4, 2)
-        block, mean_block, densities = min(block, 32), min(mean_block, 64), densities[:1]
-    deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
-    t_start = time.monotonic()
-    # one table (one JSON array) for every kernel tuned: what the command prints last
-    table = dict(rows=[], columns=[], title="", headers={})
+        asked = block, mean_block
+        c = CPU_CASES
+        seqlens, head_dims, dts, heads = [c["seqlen"]], [c["head_dim"]], [c["dtype"]], c["heads"]
+        block, mean_block, densities = min(block, CPU_BLOCK), min(mean_block, CPU_MEAN_BLOCK), densities[:1]
+        for line in _cpu_plan(kernels, asked, block, mean_block):
+            con.print(line, markup=False, highlight=False)
+    stop = Stop(budget_minutes or None, t_start)
+
+    # what runs: (kernel, its block, its cases), each kernel that cannot run skipped with the reason
+    plan, skipped = [], []
     for name in kernels:
         tunable = at.TUNABLES[name]
         tblock = mean_block if tunable.block_meaning == "mean block" else block
         mine = run.cases_for(tunable, tblock, masks, seqlens, head_dims, dts, heads, densities)
-        if not mine:
-            con.print(f"[yellow]{name}: none of the masks {', '.join(masks)} runs on it; skipped[/yellow]")
-            continue
-        why = tunable.device_reason(torch.device(device)) if tunable.device_reason and not dry_run else ""
+        why = "" if mine else f"none of the masks {', '.join(masks)} runs on it"
+        if not why and tunable.device_reason and not dry_run:
+            why = tunable.device_reason(torch.device(device))
         if why:
             con.print(f"[yellow]{name}: skipped ({why})[/yellow]")
-            continue
-        if dry_run or interpreted:
-            con.print(f"{name} at {tunable.block_meaning} {tblock}: {len(mine)} cases")
-        if dry_run:
-            _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table", switches)
-            continue
-        if interpreted:
-            _interpreter_rows(table, tunable, mine, tblock)
-            continue
-        vendor_names = [] if vendors == ["none"] else (vendors or list(tunable.vendors))
-        con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on {torch.cuda.get_device_name()} "
-                  f"({len(mine)} cases) -> {tuned.cache_path()}")
-        t0 = time.monotonic()
-        summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, deadline, force,
-                                        no_write, verbose, switches)
-        t_search = time.monotonic() - t0
-        reused = [s for s in summaries if s.get("reused")]
-        if reused:
-            con.print(f"reused the cache for {len(reused)} of {len(summaries)} problem classes "
-                      f"(tuned on these cases before; --force tunes them again)")
-        t0 = time.monotonic()
-        _measure_vendors(con, tunable, tblock, summaries, mine, vendor_names, device, write=not no_write)
-        con.print(f"{name}: search {t_search:.0f} s, vendors {time.monotonic() - t0:.0f} s")
-        table["rows"] += summary_rows(summaries, vendor_names)
-        table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
-                                              + ["source", "tuned_config"]))
-        table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs tuned, "
-                                                             "vendors on the same cases")
-        if out:
-            with open(out, "a") as f:
-                for s in summaries:
-                    f.write(json.dumps(s, default=str) + "\n")
+            skipped.append((name, why))
+        else:
+            plan.append((tunable, tblock, mine))
+
+    # one table (one JSON array) for every kernel: what the command prints before its summary
+    table = dict(rows=[], columns=[], title="", headers={})
+    runs, seconds, current = [], dict(search=0.0, vendors=0.0), None
+    checks = dict(planned=sum(len(m) * len(t.groups) for t, _, m in plan), run=0, wrong=0)
+    try:
+        with stop.on_ctrl_c() if not dry_run else contextlib.nullcontext():
+            for tunable, tblock, mine in plan:
+                name = current = tunable.name
+                if dry_run:
+                    con.print(f"{name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')}")
+                    _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table", switches)
+                    continue
+                if check:
+                    con.print(f"checking {name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')} × "
+                              f"{plural(len(tunable.groups), 'key group')}")
+                    _interpreter_rows(table, tunable, mine, tblock, stop, checks)
+                    continue
+                vendor_names = [] if vendors == ["none"] else (vendors or list(tunable.vendors))
+                con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on "
+                          f"{_device_name(device)} ({plural(len(mine), 'case')}) -> {tuned.cache_path()}")
+                t0 = time.monotonic()
+                summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, stop, force,
+                                                no_write, verbose, switches)
+                seconds["search"] += time.monotonic() - t0
+                reused = [s for s in summaries if s.get("reused")]
+                if reused:
+                    con.print(f"reused the cache for {len(reused)} of {plural(len(summaries), 'problem class', 'problem classes')} "
+                              f"(tuned on these cases before; --force tunes them again)")
+                t0 = time.monotonic()
+                _measure_vendors(con, tunable, tblock, summaries, mine, vendor_names, device, stop, write=not no_write)
+                seconds["vendors"] += time.monotonic() - t0
+                settled = {s["problem_class"] for s in summaries}
+                runs.append(dict(summaries=summaries, vendors=vendor_names, modes=set(tunable.groups.values()),
+                                 why_no_vendors="not timed (Ctrl-C)" if stop.interrupted else "",
+                                 left={c: [m.label for m in ms] for c, ms in run.group_classes(tunable, mine, tblock).items()
+                                       if c not in settled}))
+                current = None
+                table["rows"] += summary_rows(summaries, vendor_names)
+                table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
+                                                      + ["source", "tuned_config"]))
+                table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs "
+                                                                     "tuned, vendors on the same cases")
+                if out:
+                    with open(out, "a") as f:
+                        for s in summaries:
+                            f.write(json.dumps(s, default=str) + "\n")
+    except KeyboardInterrupt:  # a second Ctrl-C: the kernel under way is cut where it stood
+        if current and not check:
+            skipped.append((current, "stopped at once by a second Ctrl-C; the classes it finished are in the cache"))
     if table["rows"]:
         emit(table["rows"], table["columns"], fmt=fmt, title=table["title"], headers=table["headers"])
-    if not dry_run and not interpreted:
-        con.print(f"autotune done in {time.monotonic() - t_start:.0f} s")
+    if dry_run:
+        return
+    elapsed = time.monotonic() - t_start
+    if check:
+        lines = [_cpu_summary(checks, [t.name for t, _, _ in plan], stop, elapsed)]
+    else:
+        lines = summary_lines(runs, skipped, stop, seconds, _device_name(device),
+                              None if no_write else str(tuned.cache_path()))
+    for line in lines:
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
+    if stop.interrupted:
+        sys.exit(130)
 
 
-def _tune_with_progress(con, tunable, cases, block, device, exhaustive, deadline, force, no_write, verbose,
+def _device_name(device) -> str:
+    """The GPU's name, or ``CPU``."""
+    return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "CPU"
+
+
+def _cpu_plan(kernels, asked: tuple[int, int], block: int, mean_block: int) -> list[str]:
+    """What a run on a CPU does instead of tuning, in words: the cases, the block, the candidates, the cache."""
+    c = CPU_CASES
+    lines = [f"On a CPU autotune checks our kernels instead of tuning them, on small cases the interpreter runs "
+             f"in seconds (S = {c['seqlen']}, D = {c['head_dim']}, float16, heads {c['heads'][0]}:{c['heads'][1]}, "
+             f"one density):"]
+    from . import autotune as at
+
+    meanings = {at.TUNABLES[k].block_meaning for k in kernels}
+    if "block" in meanings and block != asked[0]:
+        lines.append(f"  block {block} instead of {asked[0]}: a {c['seqlen']}-token sequence then spans "
+                     f"{c['seqlen'] / block:g} blocks, so the kernels' block loops run over several blocks")
+    if "mean block" in meanings and mean_block != asked[1]:
+        lines.append(f"  mean block {mean_block} instead of {asked[1]}: a {c['seqlen']}-token sequence then spans "
+                     f"several variable blocks")
+    lines.append("  candidates: each key group's first one (the config the GPU search screens first), over the "
+                 "kernel's default config, on every case, against an fp64 reference; the other candidates are not run")
+    lines.append("  no autotune cache is written: it holds the configs a GPU measured fastest, and the interpreter's "
+                 "timings say nothing about a GPU's speed")
+    return lines
+
+
+def _cpu_summary(checks: dict, kernels: list[str], stop: Stop, seconds: float) -> str:
+    """The closing line of a run on a CPU: how many checks ran and passed, what was not done."""
+    ran, planned, wrong = checks["run"], checks["planned"], checks["wrong"]
+    text = (f"autotune on a CPU: {ran} of {plural(planned, 'check')} ran ({', '.join(kernels) or 'no kernel'}, "
+            f"each key group's first candidate), {ran - wrong} ok, {wrong} wrong; nothing timed, no cache written; "
+            f"{seconds:.0f} s")
+    return text + (f"; stopped by {stop.why}" if stop.why and ran < planned else "")
+
+
+def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, force, no_write, verbose,
                         switches):
     from . import autotune_run as run
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -232,20 +290,23 @@ def _tune_with_progress(con, tunable, cases, block, device, exhaustive, deadline
             bar.update(task, advance=1, description=f"{tunable.name} {cls.split('|', 5)[-1]} {round_}")
             if verbose and cand:
                 result = f"{tf:.1f} TFLOP/s" if tf is not None else err
-                bar.console.print(f"  {round_:<14} {case.label:<40} {_fmt_cfg(cand)} -> {result}")
+                bar.console.print(f"  {round_:<14} {case.label:<40} {fmt_cfg(cand)} -> {result}")
 
-        return run.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=deadline, force=force,
+        return run.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=stop, force=force,
                        switches=switches, on_measure=on_measure, write=not no_write)
 
 
-def _measure_vendors(con, tunable, block, summaries, cases, vendor_names, device, write=True):
-    """Every vendor on every case of each class (reused classes keep the numbers the cache holds)."""
+def _measure_vendors(con, tunable, block, summaries, cases, vendor_names, device, stop, write=True):
+    """Every vendor on every case of each class (reused classes keep the numbers the cache holds);
+    after Ctrl-C none."""
     from . import autotune_run as run
 
     if not vendor_names:
         return
     by_label = {c.label: c for c in cases}
     for s in summaries:
+        if stop.interrupted:
+            return
         have = s.get("vendors") or {}
         if s.get("reused") and all(v in have.get(m, {}) for m in s["tuned_tflops"] for v in vendor_names):
             continue
@@ -265,23 +326,29 @@ def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs, switch
             table["rows"].append(dict(
                 problem_class=cls, cases="; ".join(c.label for c in members), group=group, timed_on=mode,
                 candidates=len(cands), timed_runs=planned_measurements(len(cands), len(members), exhaustive=exhaustive),
-                configs=" | ".join(_fmt_cfg(c) for c in cands)))
+                configs=" | ".join(fmt_cfg(c) for c in cands)))
     table["columns"] = ["problem_class", "cases", "group", "timed_on", "candidates", "timed_runs"] + (
         ["configs"] if with_configs else [])
     table["title"] = "what autotune would tune (dry run; -v lists every candidate config)"
 
 
-def _interpreter_rows(table, tunable, cases, block):
-    """CPU fallback: every group's first candidate must compute the reference's answer."""
+def _interpreter_rows(table, tunable, cases, block, stop, checks):
+    """On a CPU: each key group's first candidate must compute the reference's answer (``checks``
+    counts the checks run and wrong; ``stop``: Ctrl-C or the budget ends them between two checks)."""
     from ..reference import naive_attention
 
     rows = table["rows"]
+    table["columns"] = ["kernel", "case", "group", "config", "max_err", "status"]
+    table["headers"] = {"max_err": "max |err| vs fp64"}
+    table["title"] = "autotune on a CPU [INTERPRETER: correctness of each key group's first candidate, no speed]"
     for case in cases:
         q, k, v, do = case.inputs("cpu")
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
         ref = naive_attention(q64, k64, v64, case.mask)
         ref_grads = torch.autograd.grad(ref, (q64, k64, v64), do.double())
         for group, mode in tunable.groups.items():
+            if stop():
+                return
             cand = tunable.candidates(group, block, case.head_dim)[0]
             cfg = {**tunable.default(case.head_dim, case.dtype, case.mask, group=case.heads_q // case.heads_kv), **cand}
             out = tunable.run(q, k, v, case.mask, cfg)
@@ -290,8 +357,8 @@ def _interpreter_rows(table, tunable, cases, block):
             else:  # the backward groups are checked on the gradients they compute
                 grads = torch.autograd.grad(out, (q, k, v), do)
                 err = max((g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads))
-            rows.append(dict(kernel=tunable.name, case=case.label, group=group, config=_fmt_cfg(cand), max_err=f"{err:.2e}",
-                             status="ok" if err < 2e-2 else "WRONG"))
-    table["columns"] = ["kernel", "case", "group", "config", "max_err", "status"]
-    table["headers"] = {"max_err": "max |err| vs fp64"}
-    table["title"] = "autotune [INTERPRETER: correctness of each group's first candidate, no speed]"
+            ok = err < 2e-2
+            checks["run"] += 1
+            checks["wrong"] += not ok
+            rows.append(dict(kernel=tunable.name, case=case.label, group=group, config=fmt_cfg(cand), max_err=f"{err:.2e}",
+                             status="ok" if ok else "WRONG"))

@@ -31,7 +31,7 @@ from longca_triton.kernels.core.tuned import (
 )
 from longca_triton.kernels.tuning import Row
 from ..masks import Mask
-from .search import geomean, halving_search, planned_measurements
+from .search import geomean, halving_search, past, planned_measurements
 from .timing import time_fn
 
 __all__ = ["Tunable", "TuneCase", "measure", "search_space", "group_classes", "planned_work", "cached_row", "tune",
@@ -149,11 +149,12 @@ def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive
 
 
 def cached_row(tunable: Tunable, members: list[TuneCase], block: int, device) -> Row | None:
-    """This class's cache row when it was tuned on exactly these cases on this GPU, else None."""
+    """This class's cache row when it was tuned on exactly these cases on this GPU, and its search
+    ran to the end (not cut by a budget or Ctrl-C), else None."""
     match = _match_of(members[0], block)
     for row in device_rows(device_key(device), tunable.name):
         if row.match == match and row.measured.get("cases") == [c.label for c in members] \
-                and "search" in row.measured:
+                and "search" in row.measured and not row.measured["search"].get("stopped_by_deadline"):
             return row
     return None
 
@@ -191,7 +192,7 @@ def tune(
     groups: list[str] | None = None,
     *,
     exhaustive: bool = False,
-    deadline: float | None = None,
+    deadline: float | Callable[[], bool] | None = None,
     force: bool = False,
     switches: bool = False,
     on_measure: Callable | None = None,
@@ -204,9 +205,12 @@ def tune(
     every case; ``exhaustive=True`` times all of them on all cases), candidates scored by the
     geometric mean of TFLOP/s over the class's cases; a candidate that fails to compile or run is
     recorded and skipped. A class already in the cache, tuned on the same cases on this GPU, is
-    reused as it is (``force=True`` tunes it again). ``deadline`` (``time.monotonic()``) caps the
-    search: past it every group decides among what it measured. ``switches``: search the kernels'
-    on/off switches too (:func:`search_space`). ``write``: put each class's row in the cache.
+    reused as it is (``force=True`` tunes it again). ``deadline`` (``time.monotonic()``, or a
+    callable saying whether to stop) caps the search: past it the group being searched decides
+    among what it measured, the class's groups not begun keep their defaults, the class is
+    written (its row says the search was cut, so a rerun tunes it again), and classes not begun
+    are left out of the summaries. ``switches``: search the kernels' on/off switches too
+    (:func:`search_space`). ``write``: put each class's row in the cache.
     """
     groups = groups or list(tunable.groups)
     summaries = []
@@ -215,17 +219,22 @@ def tune(
         if row is not None:
             summaries.append(_summary(cls, row, reused=True))
             continue
+        if past(deadline):  # the budget is spent (or Ctrl-C pressed): classes not begun are not tuned
+            continue
         t0 = time.monotonic()
         head_dim, dtype = members[0].head_dim, members[0].dtype
         default = tunable.default(head_dim, dtype, members[0].mask, group=members[0].heads_q // members[0].heads_kv)
         tuned = dict(default)
-        default_scores, tuned_scores, failures, measured = {}, {}, [], 0
+        default_scores, tuned_scores, failures, measured, cut = {}, {}, [], 0, False
 
         def note(round_, cand, case, tf, err, cls=cls):
             if on_measure:
                 on_measure(cls, round_, cand, case, tf, err)
 
         for group in groups:
+            if default_scores and past(deadline):  # groups not begun keep their defaults
+                cut = True
+                break
             mode = tunable.groups[group]
             if mode not in default_scores:
                 default_scores[mode] = geomean([measure(tunable, c, default, mode, device) for c in members])
@@ -239,6 +248,7 @@ def tune(
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
             measured += res.measurements
             failures += res.failures
+            cut |= res.stopped_by_deadline
             if res.best is not None:
                 tuned.update(res.best)
                 tuned_scores[mode] = res.score
@@ -256,7 +266,7 @@ def tune(
                 tuned_scores[mode] = default_scores[mode]
         search = dict(method="exhaustive" if exhaustive else "successive halving", measurements=measured,
                       seconds=round(time.monotonic() - t0, 1),
-                      stopped_by_deadline=bool(deadline is not None and time.monotonic() > deadline))
+                      stopped_by_deadline=cut)
         row = _make_row(tunable, members, block, tuned, default, default_scores, tuned_scores, search)
         summaries.append(_summary(cls, row, reused=False, failures=failures))
         if write:  # keyed by the device: interpreter timings never serve a GPU

@@ -33,10 +33,12 @@ def heads_callback(ctx, param, value):
     return hq, hkv
 
 
-def _console():
+def _console(err: bool = False):
+    """The console of the messages: stdout, or stderr (``err``) where stdout holds json or csv."""
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
+    stream = sys.stderr if err else sys.stdout
+    return Console(stderr=err, highlight=False, width=None if stream.isatty() else 160)
 
 
 def _slug(text: str) -> str:
@@ -167,7 +169,7 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
                warmup_ms, rep, max_ms, check, interleave, out, retry_errors, max_minutes, no_plots, dry_run, fmt="table"):
     import torch
 
-    con = _console()
+    con = _console(err=fmt != "table" and not dry_run)  # a run's json / csv table alone on stdout
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel module is imported
@@ -180,38 +182,50 @@ def _run_bench(kind, config, preset, masks, params, seqlens, backends, modes, he
 
     if config is None and preset is None:
         raise click.UsageError(f"give --config FILE (e.g. experiments/{kind}.toml) or --preset smoke")
-    smoke = SMOKE_PRESET[kind]
-    try:
-        if not on_gpu and preset is None and not dry_run:
-            con.print(f"[bold yellow]No CUDA GPU here:[/] running the [bold]smoke[/] preset (tiny sizes, reference backends, "
-                      f"Triton interpreter) instead of {config}. Timings are not performance numbers.")
-            exp = get_preset(smoke)
-        elif preset:
-            exp = get_preset(smoke if preset == "smoke" else preset)
-        else:
-            exp = load_experiment(config)
-            if exp.kind != kind:
-                raise ConfigError(f"{config} is a {exp.kind!r} experiment ([experiment] kind); run it with "
-                                  f"`longca-triton bench {exp.kind}`")
-        exp = exp.with_overrides(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
-                                 dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
-                                 params=list(params))
+    overrides = dict(masks=masks, seqlens=seqlens, backends=backends, modes=modes, heads=heads, head_dims=head_dims,
+                     dtypes=dtypes, batch=batch, seed=seed, warmup_ms=warmup_ms, rep=rep, max_ms=max_ms,
+                     params=list(params))
+    known = {b.name for b in list_backends()}
+
+    def prepared(exp, source):
+        """``exp`` with the command line's overrides, its unregistered backends dropped (said), validated."""
+        exp = exp.with_overrides(**overrides)
         if check is not None:
             exp.check = check
         if interleave is not None:
             exp.interleave = interleave
-        known = {b.name for b in list_backends()}
         if exp.preset and not backends:
             missing = [b for b in exp.backends if b not in known and b in OPTIONAL_PRESET_BACKENDS]
             if missing:
                 con.print(f"[dim]not registered in this build, skipped: {', '.join(missing)}[/]")
             exp.backends = [b for b in exp.backends if b in known]
-        elif config is not None and not backends:
+        elif source is not None and not backends:
             missing = [b for b in exp.backends if split_config_name(canonical_name(b))[0] not in known]
             if missing:
-                con.print(f"[yellow]backends listed in {config} but not registered here, skipped: {', '.join(missing)}[/]")
+                con.print(f"[yellow]backends listed in {source} but not registered here, skipped: {', '.join(missing)}[/]")
                 exp.backends = [b for b in exp.backends if split_config_name(canonical_name(b))[0] in known]
-        exp.validate(known_backends=known)
+        try:
+            return exp.validate(known_backends=known)
+        except ConfigError as e:
+            if source is None or str(source) in str(e):
+                raise
+            given = any(v not in (None, []) for v in overrides.values()) or check is not None or interleave is not None
+            raise ConfigError(f"{source}{' with the options given' if given else ''}: {e}") from None
+
+    try:
+        exp = None
+        if config is not None:  # read and checked on every machine, before anything runs
+            exp = load_experiment(config)
+            if exp.kind != kind:
+                raise ConfigError(f"{config} is a {exp.kind!r} experiment ([experiment] kind); run it with "
+                                  f"`longca-triton bench {exp.kind}`")
+            exp = prepared(exp, config)
+        if preset or (not on_gpu and not dry_run):
+            if preset is None:
+                con.print(f"[bold yellow]No CUDA GPU here:[/] {config} is valid; running the [bold]smoke[/] preset "
+                          f"(tiny sizes, reference backends, Triton interpreter) instead. Timings are not performance "
+                          f"numbers.")
+            exp = prepared(get_preset(SMOKE_PRESET[kind] if preset in (None, "smoke") else preset), None)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
 
@@ -288,8 +302,9 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
         TimeRemainingColumn,
     )
 
-    from .report import mask_label
+    from .report import mask_label, short_status
     from .runner import run_experiment
+    from .store import on_cpu
 
     with Progress(TextColumn("[progress.description]{task.description}", table_column=None), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=con, transient=False) as bar:
@@ -306,7 +321,8 @@ def _run_with_progress(con, exp, store, device, retry_errors, max_minutes):
             done[0] += 1
             if not con.is_terminal:
                 t = row.get("tflops")
-                speed = f" {row['time_ms']:.3f} ms {t:.1f} TFLOP/s" if row.get("time_ms") is not None and t is not None else ""
+                speed = (f" {row['time_ms']:.3f} ms {short_status(row)} TFLOP/s" + (" (CPU)" if on_cpu(row) else "")
+                         if row.get("time_ms") is not None and t is not None else "")
                 con.print(f"[{done[0]}] {row['backend']} {escape(mask_label(row))} S={row['seqlen']} {row['heads_q']}:{row['heads_kv']} "
                           f"{row['mode']}: {escape(row['status'][:160])}{speed}", soft_wrap=True)
 
@@ -321,7 +337,7 @@ def _summary_table(con, rows, fmt="table"):
     from rich.markup import escape
 
     from .report import mask_label, short_status
-    from .store import status_kind
+    from .store import CPU_CAVEAT, CPU_TAG, on_cpu, status_kind
 
     backends = []
     for r in rows:
@@ -334,8 +350,11 @@ def _summary_table(con, rows, fmt="table"):
             cells[k] = dict(mask=k[0], S=k[1], heads=k[2], mode=k[3])
             order.append(k)
         cells[k][r["backend"]] = short_status(r)
+    cpu = any(on_cpu(r) for r in rows)
     emit([cells[k] for k in order], ["mask", "S", "heads", "mode", *backends], fmt=fmt,
-         title="this run: TFLOP/s (or status)")
+         title="this run: TFLOP/s (or status)" + (f" [{CPU_TAG}]" if cpu else ""))
+    if cpu:
+        con.print(f"[yellow]{CPU_CAVEAT}[/yellow]")
     errors = [r for r in rows if status_kind(r) == "error"]
     for r in errors[:10]:
         con.print(f"[red]{r['backend']} {escape(mask_label(r))} S={r['seqlen']} {r['mode']}[/]: {escape(r['status'][:300])}")
@@ -373,10 +392,8 @@ def plot(results, out):
 
     try:
         rows = load_rows(results)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(str(e)) from None
-    if not rows:
-        raise click.UsageError(f"{results} holds no results")
     files = make_plots(rows, out)
     con = _console()
     for f in files:
@@ -385,27 +402,35 @@ def plot(results, out):
 
 @click.command("report")
 @click.argument("results", type=click.Path(exists=True, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the markdown here instead of stdout.")
-@click.option("--title", help="Report title.")
-def report(results, out, title):
-    """Markdown report of a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
-    results.jsonl.gz): environment, a TFLOP/s table per mode and head layout (backends as columns),
-    why points were not measured, and every measurement.
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--title", help="Report title (markdown).")
+@format_option
+def report(results, out, title, fmt):
+    """Report of a results file (.jsonl or .jsonl.gz, or a folder holding results.jsonl or
+    results.jsonl.gz). As a table (the default): markdown with the environment, a TFLOP/s table per
+    mode and head layout (backends as columns), why points were not measured, and every
+    measurement. As json or csv: one record per point (its latest row), for scripts.
 
     \b
-    Example:
+    Examples:
       longca-triton report results/dense-h100/results.jsonl > report.md
+      longca-triton report results/dense-h100 --format csv > points.csv
     """
-    from .report import load_rows, markdown_report
+    from .report import REPORT_COLUMNS, load_rows, markdown_report, report_rows
 
     try:
         rows = load_rows(results)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(str(e)) from None
-    text = markdown_report(rows, title=title, source=str(results))
+    if fmt == "table":
+        text = markdown_report(rows, title=title, source=str(results))
+    else:
+        from ..output import render
+
+        text = render(report_rows(rows), REPORT_COLUMNS, fmt=fmt)
     if out:
         out.write_text(text)
-        click.echo(f"wrote {out}")
+        click.echo(f"wrote {out}", err=fmt != "table")
     else:
         click.echo(text, nl=False)
 
@@ -426,20 +451,14 @@ def doctor(as_json, fmt):
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .doctor import doctor_info
+    from .doctor import doctor_info, env_rows
 
     info = doctor_info()
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
-    env = info["env"]
     if fmt == "table":
-        keys = ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python",
-                "git_commit", "hostname")
-        rows = [{"what": k, "value": env.get(k)} for k in keys]
-        rows.append({"what": "vendors", "value": ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items())) or "none"})
-        rows.append({"what": "interpreted", "value": env.get("interpreted")})
-        emit(rows, ["what", "value"], title="environment")
+        emit(env_rows(info["env"]), ["what", "value"], title="environment")
     rows = [{"backend": b["name"], "available": "yes" if b["available"] else "no", "modes": ",".join(b["modes"]),
              "lse": "yes" if b["returns_lse"] else "no",
              "why_not_or_what": b["reason"] if not b["available"] else b["description"]} for b in info["backends"]]

@@ -8,7 +8,7 @@ from longca_triton.adapters import list_backends
 
 from .store import collect_env
 
-__all__ = ["backend_status", "doctor_info"]
+__all__ = ["ENV_KEYS", "backend_status", "doctor_info", "env_rows"]
 
 
 def backend_status() -> list[dict]:
@@ -34,3 +34,31 @@ def backend_status() -> list[dict]:
 
 def doctor_info() -> dict:
     return {"env": collect_env(), "backends": backend_status()}
+
+
+#: the environment fields of doctor's table, in order
+ENV_KEYS = ("gpu", "gpu_capability", "gpu_memory_gib", "driver", "cuda", "torch", "triton", "cudnn", "python",
+            "git_commit", "hostname")
+
+
+def env_rows(env: dict) -> list[dict]:
+    """The environment as doctor's table shows it: every field a value, or ``none`` / ``unknown``
+    and why (a CPU machine's GPU fields say that there is no GPU, and why torch sees none)."""
+    cpu_build = env.get("cuda") is None
+    no_gpu = ("none (this torch is a CPU build)" if cpu_build else
+              f"none (torch built for CUDA {env.get('cuda')} sees no GPU: no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)")
+    why = {
+        "gpu": no_gpu,
+        "gpu_capability": "none (no GPU)",
+        "gpu_memory_gib": "none (no GPU)",
+        "driver": "unknown (neither nvidia-ml-py nor nvidia-smi answered)" if env.get("gpu") else "none (no GPU)",
+        "cuda": "none (this torch is a CPU build)",
+        "cudnn": "none (this torch has no cuDNN)",
+        "triton": "none (not installed)",
+        "git_commit": "unknown (not run from a git checkout)",
+    }
+    rows = [{"what": k, "value": env.get(k) if env.get(k) is not None else why.get(k, "unknown")} for k in ENV_KEYS]
+    rows.append({"what": "vendors", "value": ", ".join(f"{k} {v}" for k, v in sorted(env.get("vendors", {}).items()))
+                 or "none"})
+    rows.append({"what": "interpreted", "value": bool(env.get("interpreted"))})
+    return rows

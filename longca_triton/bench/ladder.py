@@ -31,8 +31,9 @@ import time
 import click
 
 from .cli import heads_callback
+from ..cli_values import SEQLEN
 from ..output import format_option
-from .ladder_report import TOL_MULT, VENDOR, print_table, render_markdown, write_outputs
+from .ladder_report import TOL_MULT, VENDOR, print_records, print_table, render_markdown, write_outputs
 
 __all__ = ["LadderProblem", "run_ladder", "ladder_command", "write_outputs", "render_markdown"]
 
@@ -369,7 +370,7 @@ def _env() -> dict:
 @click.command("ladder")
 @format_option
 @click.option("--mask", default="causal", show_default=True, help="a static mask of docs/masks.md (causal, causal_document, ...)")
-@click.option("-S", "--seqlen", type=click.IntRange(min=1), default=16384, show_default=True)
+@click.option("-S", "--seqlen", type=SEQLEN, default=16384, show_default=True, help="sequence length, e.g. 16384 or 16K")
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "all"]), default="fwd", show_default=True,
               help="forward steps, backward steps, or both (one table each)")
 @click.option("--heads", default="64:8", show_default=True, callback=heads_callback, help="Hq:Hkv")
@@ -377,7 +378,7 @@ def _env() -> dict:
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--check-seqlen", type=click.IntRange(min=1), default=2048, show_default=True,
+@click.option("--check-seqlen", type=SEQLEN, default=2048, show_default=True,
               help="sequence length of the correctness check against the fp32 reference")
 @click.option("--steps", default=None, help="comma-separated step names to run (default: all of the mode)")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
@@ -405,7 +406,7 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
 
     from ..masks import STATIC_MASK_NAMES
 
-    console = Console()
+    console = Console(stderr=fmt != "table")  # json / csv: stdout holds the table alone, the log goes to stderr
     if mask not in STATIC_MASK_NAMES:
         raise click.BadParameter(f"the ladder's kernels take static masks: {', '.join(STATIC_MASK_NAMES)}",
                                  param_hint="--mask")
@@ -422,6 +423,7 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
     on_gpu = device.startswith("cuda")
     command = "longca-triton " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("longca-triton") else None
     failed = False
+    tables = []  # json / csv: every mode's steps in one table
     for m in modes:
         mine = [s.name for s in steps_for(m) if not wanted or s.name in wanted]
         if not mine:
@@ -432,11 +434,16 @@ def ladder_command(mask, seqlen, mode, heads, head_dim, batch, dtype, seed, chec
             p = interpreter_problem(p)
         rows = run_ladder(p, steps=mine, log=lambda s: console.log(s))
         title = f"kernel ladder — {p.label()}" + ("" if on_gpu else " [INTERPRETER: correctness only]")
-        print_table(rows, title, console, fmt)
+        if fmt == "table":
+            print_table(rows, title, console)
+        else:
+            tables.append((m, rows))
         failed |= any(r.get("status") in ("wrong", "error") for r in rows if r.get("kind") == "ladder")
         if out:
             for path in write_outputs(rows, out, command):
                 console.print(f"wrote {path}")
+    if tables:
+        print_records(tables, fmt)
     if not on_gpu:
         console.print("[bold]Speed needs a GPU:[/bold] run this command on a CUDA host for TFLOP/s.")
     if failed:

@@ -11,7 +11,7 @@ from .store import ResultStore
 TOL_MULT = 4.0
 VENDOR = "sdpa-cudnn"
 
-__all__ = ["COLUMNS", "CHECK_COLUMNS", "print_table", "render_markdown", "plot_chart", "write_outputs"]
+__all__ = ["COLUMNS", "CHECK_COLUMNS", "print_records", "print_table", "render_markdown", "plot_chart", "write_outputs"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,6 +69,14 @@ def print_table(rows: list[dict], title: str, console=None, fmt: str = "table") 
 
     cols = _columns(rows)
     emit([_cells(r) for r in rows], [k for k, _ in cols], fmt=fmt, title=title, headers=dict(cols))
+
+
+def print_records(tables: list[tuple[str, list[dict]]], fmt: str) -> None:
+    """Every mode's ladder (``[(mode, rows)]``) as one json or csv table, a ``mode`` column first."""
+    from ..output import emit
+
+    cols = [("mode", "mode")] + _columns([r for _, rows in tables for r in rows])
+    emit([{"mode": m, **_cells(r)} for m, rows in tables for r in rows], [k for k, _ in cols], fmt=fmt)
 
 
 def _group_key(row: dict) -> tuple:

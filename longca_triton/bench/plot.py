@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from .report import latest_rows, mask_label, short_status, slices
-from .store import status_kind
+from .store import CPU_TAG, on_cpu, status_kind
 
 __all__ = ["VIEWS", "make_plots", "register_plotter", "PLOTTERS"]
 
@@ -98,6 +98,8 @@ def make_plots(rows: list[dict], out_dir: str | Path, views=VIEWS) -> list[Path]
         short, common = _short_labels(masks)
         if common:
             title = f"{common}, {title}"
+        if any(on_cpu(r) for r in srows):
+            title = f"{title} [{CPU_TAG}]"
         n = len(masks)
         ncols = min(4, n)
         nrows = math.ceil(n / ncols)

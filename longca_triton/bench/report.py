@@ -8,26 +8,31 @@ from typing import Iterable
 
 from .params import row_head_dim
 from .store import (
-    ResultStore,
+    CPU_CAVEAT,
     environment_unsupported,
+    measured_on,
+    on_cpu,
+    result_rows,
     results_in,
     row_key,
     status_kind,
 )
 
-__all__ = ["at_power_limit", "latest_rows", "row_time", "load_rows", "mask_label", "markdown_report", "markdown_table", "short_status", "slices"]
+__all__ = ["REPORT_COLUMNS", "at_power_limit", "latest_rows", "row_time", "load_rows", "mask_label", "markdown_report",
+           "markdown_table", "report_rows", "short_status", "slices"]
 
 
 def load_rows(path: str | Path) -> list[dict]:
     """Rows of a results file (``.jsonl``, or gzipped ``.jsonl.gz``), or of the one inside a directory
     (``results.jsonl``, else ``results.jsonl.gz``; both there: the plain one, with a warning:
-    ``store.results_in``)."""
+    ``store.results_in``); a ``ValueError`` naming the file when it is not a results file
+    (``store.result_rows``)."""
     p = Path(path)
     if p.is_dir():
         p = results_in(p)
     if not p.exists():
         raise FileNotFoundError(f"no results file at {p}")
-    return ResultStore(p).rows()
+    return result_rows(p)
 
 
 def row_time(r: dict) -> str:
@@ -131,10 +136,9 @@ def _env_section(rows: list[dict]) -> str:
         ("measured", f"{times[0]} .. {times[-1]}" if times else None),
     ]
     text = markdown_table(["", ""], [[k, v if v is not None else "unknown"] for k, v in items])
-    if any(r.get("device") == "cpu" for r in rows):
-        interp = any(r.get("interpreted") for r in rows)
-        text += ("\n\n> **CPU run**" + (" (Triton interpreter)" if interp else "")
-                 + ": these timings check that the harness works; they are not performance numbers.")
+    if any(on_cpu(r) for r in rows):
+        interp = " (Triton interpreter)" if any(r.get("interpreted") for r in rows) else ""
+        text += f"\n\n> **CPU run{interp}.** {CPU_CAVEAT}"
     return text
 
 
@@ -242,6 +246,8 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
                                              and status_kind(cell[(m, S, b)]) == "ok"]))
                 table.append(line)
         parts += [f"## {mode}: heads {hq}:{hkv}, head dim {D}, {dt}, batch {B}", ""]
+        if any(on_cpu(r) for r in srows):
+            parts += [f"> {CPU_CAVEAT}", ""]
         header = ["mask", "S", "density"] + backends + (["clock"] if clocked else [])
         parts += [markdown_table(header, table, ["---", "---:", "---:"] + ["---:"] * len(backends)
                                  + (["---"] if clocked else [])), ""]
@@ -265,6 +271,18 @@ def markdown_report(rows: list[dict], title: str | None = None, source: str | No
              "SM MHz", "W", "check"],
             table, ["---"] * 7 + ["---:"] * 7 + ["---"]), ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+#: the columns of ``report --format json|csv``: one line per point
+REPORT_COLUMNS = ("backend", "mask", "seqlen", "heads_q", "heads_kv", "head_dim", "dtype", "batch", "mode", "status",
+                  "tflops", "time_ms", "p20_ms", "p80_ms", "peak_mem_bytes", "peak_mem_above_bytes", "measured_on")
+
+
+def report_rows(rows: list[dict]) -> list[dict]:
+    """The report's points for scripts: each point's latest row as ``REPORT_COLUMNS`` (the mask as
+    tables show it, ``measured_on`` the GPU or ``cpu (Triton interpreter)``)."""
+    return [{**{c: r.get(c) for c in REPORT_COLUMNS}, "mask": mask_label(r), "head_dim": row_head_dim(r),
+             "measured_on": measured_on(r)} for r in latest_rows(rows)]
 
 
 def _check_text(r: dict) -> str:

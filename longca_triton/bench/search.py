@@ -11,8 +11,9 @@ heaviest case already shows. So:
 
 Compiled kernels are reused between the rounds (Triton keeps them per process), so the final
 round only times. ``exhaustive=True`` skips the screen (every candidate goes to the final round),
-which is the search this module replaced; ``deadline`` (a ``time.monotonic()`` value) stops
-measuring new candidates once passed and decides among those measured.
+which is the search this module replaced; ``deadline`` (a ``time.monotonic()`` value, or a
+callable saying whether to stop: a budget that Ctrl-C may end early) stops measuring new
+candidates once passed and decides among those measured.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-__all__ = ["SearchResult", "halving_search", "geomean", "planned_measurements"]
+__all__ = ["SearchResult", "halving_search", "geomean", "past", "planned_measurements"]
+
+
+def past(deadline: float | Callable[[], bool] | None) -> bool:
+    """Whether ``deadline`` has passed: a ``time.monotonic()`` value, or a callable that says so."""
+    if deadline is None:
+        return False
+    return bool(deadline()) if callable(deadline) else time.monotonic() > deadline
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -61,7 +69,7 @@ def halving_search(
     exhaustive: bool = False,
     keep_fraction: float = 0.25,
     min_keep: int = 3,
-    deadline: float | None = None,
+    deadline: float | Callable[[], bool] | None = None,
     on_measure: Callable[[str, dict, object, float | None, str], None] | None = None,
 ) -> SearchResult:
     """Search ``candidates`` on ``cases``.
@@ -76,7 +84,7 @@ def halving_search(
         return res
 
     def timed_out() -> bool:
-        return deadline is not None and time.monotonic() > deadline
+        return past(deadline)
 
     def run(round_: str, cand: dict, case, quick: bool) -> float | None:
         try:

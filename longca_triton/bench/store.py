@@ -59,14 +59,20 @@ __all__ = [
     "KEY_FIELDS",
     "RESULTS_PATTERNS",
     "VENDOR_DISTS",
+    "CPU_CAVEAT",
+    "CPU_TAG",
     "BothResultsWarning",
     "ResultStore",
     "collect_env",
     "environment_unsupported",
+    "is_result_row",
+    "measured_on",
+    "on_cpu",
     "jsonable",
     "params_digest",
     "prefer_plain",
     "read_lines",
+    "result_rows",
     "results_in",
     "row_key",
     "status_kind",
@@ -229,6 +235,50 @@ def results_in(folder: str | os.PathLike) -> Path:
     if plain.exists() or gz.exists():
         return prefer_plain([gz if gz.exists() else plain])[0]
     raise FileNotFoundError(f"no results file at {plain} (nor {gz.name})")
+
+
+#: what every row of a results file carries, bench and CP rows alike
+RESULT_FIELDS = ("backend", "mask", "seqlen", "mode", "status")
+
+
+def is_result_row(row) -> bool:
+    """Whether ``row`` is a measurement row of a results file (``RESULT_FIELDS`` all set), not other JSON."""
+    return isinstance(row, dict) and all(row.get(k) not in (None, "") for k in RESULT_FIELDS)
+
+
+#: what a table of rows measured on a CPU says under it, and a plot in its title
+CPU_CAVEAT = "Measured on a CPU: these timings check that the harness works; they are not performance numbers."
+CPU_TAG = "CPU run: not performance numbers"
+
+
+def on_cpu(row: dict) -> bool:
+    """Whether ``row`` was measured on a CPU (the Triton interpreter, or PyTorch on the CPU)."""
+    return row.get("device") == "cpu" or bool(row.get("interpreted"))
+
+
+def measured_on(row: dict) -> str:
+    """Where ``row`` was measured, in words: its GPU, or ``cpu`` / ``cpu (Triton interpreter)``."""
+    if on_cpu(row):
+        return "cpu (Triton interpreter)" if row.get("interpreted") else "cpu"
+    return str(row.get("gpu") or (row.get("env") or {}).get("gpu") or row.get("device") or "unknown")
+
+
+def result_rows(path: str | os.PathLike) -> list[dict]:
+    """The measurement rows of one results file (plain or ``.gz``); a ``ValueError`` naming the file
+    when it holds none: empty, not JSON lines, or JSON of another kind."""
+    store = ResultStore(path)
+    rows = store.rows()
+    mine = [r for r in rows if is_result_row(r)]
+    if not mine:
+        if rows:
+            why = f"no row has all of {', '.join(RESULT_FIELDS)} ({len(rows)} JSON rows read)"
+        elif store.skipped_lines:
+            why = f"none of its {store.skipped_lines} lines is a JSON object"
+        else:
+            why = "it is empty"
+        raise ValueError(f"{path} is not a results file: {why} (a results file is the results.jsonl that "
+                         f"`longca-triton bench` writes)")
+    return mine
 
 
 class ResultStore:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from longca_triton.cli_values import SEQLEN
 from longca_triton.output import emit, format_option
 
 from .comm import SCHEMES
@@ -45,7 +46,7 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, 
 @click.option("--world", type=click.IntRange(min=1), required=True, help="number of devices N")
 @click.option("--ulysses", "ulysses", type=click.IntRange(min=1), default=None, help="Ulysses degree U (usp, loongtrain)")
 @click.option("--window", type=click.IntRange(min=1), default=None, help="loongtrain: inner ring (window) size W")
-@click.option("--seqlen", "-S", type=click.IntRange(min=1), default=65536, show_default=True, help="global sequence length T")
+@click.option("--seqlen", "-S", type=SEQLEN, default=65536, show_default=True, help="global sequence length T, e.g. 65536 or 64K")
 @click.option("--heads", default="64:8", show_default=True, help="Hq:Hkv")
 @click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v when v has its own (e.g. 192/128)")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bfloat16", show_default=True)

@@ -60,6 +60,13 @@ def _group(r) -> str:
     return b if b.startswith("yunchang") else r["scheme"]
 
 
+def _where(rows) -> str:
+    """The GPU the rows ran on, for a title; rows measured on a CPU say they are no performance numbers."""
+    from longca_triton.bench.store import CPU_TAG, on_cpu
+
+    return f"[{CPU_TAG}]" if any(on_cpu(r) for r in rows) else str(rows[0].get("gpu") or "")
+
+
 def _order(values, first=()):
     seen = [v for v in first if v in values]
     return seen + sorted(v for v in set(values) if v not in seen)
@@ -114,7 +121,7 @@ def make_cp_plots(rows, out_dir: str | Path) -> list[Path]:
             r0 = nrows_[0]
             fig.suptitle(f"CP efficiency, {mode}, N = {N}, {r0.get('tokens_per_gpu')} tokens/GPU, heads "
                          f"{r0.get('heads_q')}:{r0.get('heads_kv')}, D={r0.get('head_dim')}, {r0.get('dtype')}, "
-                         f"{r0.get('gpu', '')} (dotted: 0.85)", fontsize=10)
+                         f"{_where(nrows_)} (dotted: 0.85)", fontsize=10)
             fig.tight_layout(rect=(0, 0.05, 1, 0.94))
             path = out / f"cp_efficiency_{mode}_N{N}.png"
             fig.savefig(path, dpi=110)
@@ -207,7 +214,7 @@ def _scaling(plt, mrows, masks, mode, out: Path) -> Path:
             axc.set_ylabel("comm model: MiB sent per GPU", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"CP scaling, {mode}, {r0.get('tokens_per_gpu')} tokens/GPU, heads {r0.get('heads_q')}:"
-                 f"{r0.get('heads_kv')}, D={r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('gpu', '')}", fontsize=10)
+                 f"{r0.get('heads_kv')}, D={r0.get('head_dim')}, {r0.get('dtype')}, {_where(mrows)}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     path = out / f"cp_scaling_{mode}.png"
     fig.savefig(path, dpi=110)

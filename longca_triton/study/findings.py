@@ -30,7 +30,8 @@ the wrong architecture: ``bench.store.environment_unsupported``) is listed as ab
 failing or losing, and is left out of the support matrix's verdicts on the case; a backend that has
 rows for a mask at other lengths but none at this one is listed as "not measured" there; where
 only one length (or one density) is measured the text says that no crossover (or trend) can be
-stated.
+stated; rows measured on a CPU (``bench.store.on_cpu``: the Triton interpreter's smoke runs) are
+left out of every conclusion, and the page says how many per file.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from longca_triton.bench.store import (
     RESULTS_PATTERNS,
     ResultStore,
     environment_unsupported,
+    on_cpu,
     prefer_plain,
     status_kind,
 )
@@ -87,19 +89,22 @@ def collect_paths(inputs: Iterable[str | Path]) -> list[Path]:
 
 def load_results(paths: Iterable[Path]) -> tuple[list[dict], dict[str, dict]]:
     """The bench rows of ``paths`` (each tagged with ``_file``; old backend names canonical), one
-    per point, and per file ``{"rows": read, "used": kept, "ignored": not bench rows}``."""
+    per point, and per file ``{"rows": read, "used": kept, "ignored": not bench rows, "cpu": bench rows
+    measured on a CPU, left out}``."""
     from longca_triton.adapters.base import canonical_name
 
     rows, per_file = [], {}
     for p in paths:
         store = ResultStore(p)
         got = store.rows()
-        mine = [r for r in got if r.get("kind") in (*KERNEL_KINDS, "cp") and r.get("backend") and r.get("status")
-                and r.get("seqlen") and r.get("mode")]
+        bench = [r for r in got if r.get("kind") in (*KERNEL_KINDS, "cp") and r.get("backend") and r.get("status")
+                 and r.get("seqlen") and r.get("mode")]
+        mine = [r for r in bench if not on_cpu(r)]  # CPU timings are no performance numbers
         for r in mine:
             r["_file"] = str(p)
             r["backend"] = canonical_name(r["backend"])
-        per_file[str(p)] = {"rows": len(got), "ignored": len(got) - len(mine) + store.skipped_lines, "used": 0}
+        per_file[str(p)] = {"rows": len(got), "ignored": len(got) - len(bench) + store.skipped_lines, "used": 0,
+                            "cpu": len(bench) - len(mine)}
         rows += mine
     # the latest row of a point wins, across files (file order breaks ties); a "not installed" row
     # never hides a row that ran the case (report.latest_rows)

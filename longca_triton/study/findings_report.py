@@ -77,6 +77,10 @@ def render_markdown(f: Findings, command: str, plots: dict | None = None) -> str
     if ignored:
         P += ["Rows that are not bench rows (check logs, summaries) or not parseable were skipped: "
               + ", ".join(f"`{p}` {n}" for p, n in ignored.items()) + ".", ""]
+    cpu = {p: i["cpu"] for p, i in f.files.items() if i.get("cpu")}
+    if cpu:
+        P += ["Rows measured on a CPU (the Triton interpreter) are left out of every conclusion, as their timings are "
+              "not performance numbers: " + ", ".join(f"`{p}` {n}" for p, n in cpu.items()) + ".", ""]
     P += _summary(f) + _coverage(f)
     for sk, masks in f.cells.items():
         P += [f"## Winners: {slice_title(sk)}", ""]

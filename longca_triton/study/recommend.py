@@ -90,23 +90,33 @@ def default_results() -> list[Path]:
 
 
 def load_rows(paths) -> list[dict]:
-    """Every row of the JSONL files, plain or gzipped (``.jsonl.gz``; a cut last line is skipped);
-    each row remembers its file."""
-    from longca_triton.bench.store import read_lines
+    """Every GPU measurement row of the JSONL files, plain or gzipped (``.jsonl.gz``; a cut last line
+    is skipped); each row remembers its file. A file without one (empty, not JSON lines, JSON of
+    another kind: ``bench.store.result_rows``; only rows measured on a CPU, which are no performance
+    numbers) is a ``ValueError`` naming it."""
+    from longca_triton.bench.store import is_result_row, on_cpu, read_lines, result_rows
 
     rows = []
     for p in paths:
         p = Path(p)
         if not p.exists():
             raise FileNotFoundError(f"results file {p} not found")
+        mine = []
         for line in read_lines(p):
             try:
                 r = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):  # a garbled line
                 continue
-            if isinstance(r, dict):
+            if is_result_row(r):
                 r["_file"] = str(p)
-                rows.append(r)
+                mine.append(r)
+        if not mine:
+            result_rows(p)  # raises: not a results file, and why
+        gpu = [r for r in mine if not on_cpu(r)]
+        if not gpu:
+            raise ValueError(f"{p}: all {len(mine)} rows were measured on a CPU (the Triton interpreter), whose "
+                             f"timings are not performance numbers; recommend needs rows measured on a GPU")
+        rows += gpu
     return rows
 
 

@@ -16,12 +16,8 @@ from longca_triton.masks import make_mask
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    path = tmp_path / "autotune.json"
-    monkeypatch.setenv(tuned.CACHE_ENV, str(path))
-    tuned.reload()
-    yield path
-    tuned.reload()
+def cache(autotune_cache):
+    return autotune_cache
 
 
 def fake_tunable(calls):
@@ -143,3 +139,20 @@ def test_rows_may_carry_block_and_measured_and_nothing_else():
         parse_rows([dict(base, measured=3)], "fake", "t")
     with pytest.raises(ValueError, match="unknown fields"):
         parse_rows([dict(base, score=3)], "fake", "t")
+
+
+def test_a_stop_writes_the_class_under_way_and_begins_no_other(cache):
+    """Past the deadline (a callable: here after the 4th timed run) the group under way decides among
+    what it measured, the class is written marked cut, the next class is not begun, and a rerun
+    tunes the cut class again instead of reusing it."""
+    calls = []
+    t, cs = fake_tunable(calls), cases()
+    first = run.tune(t, cs, 64, device="cpu", deadline=lambda: len(calls) >= 4)
+    # default 1, screen 3 (the stop seen before the 4th candidate), final 1, the tuned re-measured 1
+    assert len(first) == 1 and len(calls) == 6
+    assert first[0]["search"]["stopped_by_deadline"] and first[0]["tuned"]["X"] in (0, 1, 2)
+    (row,) = tuned.device_rows(tuned.device_key("cpu"), "fake")
+    assert row.measured["search"]["stopped_by_deadline"]
+    again = run.tune(t, cs, 64, device="cpu")
+    assert [s["reused"] for s in again] == [False, False] and not any(s["search"]["stopped_by_deadline"] for s in again)
+    assert {s["reused"] for s in run.tune(t, cs, 64, device="cpu")} == {True}

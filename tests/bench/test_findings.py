@@ -331,3 +331,19 @@ def test_coverage_calls_a_slice_of_the_grid_partial(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("| `") and "4K (2 problems" in x)
     assert "4K (2 problems, 6 points)" in line
     assert "16K (2 problems, 4 points, **partial**: 1 of them with 3 backends, the rest fewer)" in line
+
+
+def test_cpu_rows_are_left_out_of_the_conclusions(dense, tmp_path):
+    """Rows measured on a CPU (the interpreter's smoke runs) never win: findings leave them out and say
+    how many, recommend refuses a file of nothing else."""
+    cpu = write(tmp_path / "cpu" / "results.jsonl",
+                [row("triton", "causal", 4096, "fwd", 9000, device="cpu", interpreted=True, gpu=None)])
+    rows, files = load_results([dense, cpu])
+    assert not any(r.get("device") == "cpu" for r in rows) and files[str(cpu)]["cpu"] == 1
+    f = compute(rows, files)
+    assert f.cells[next(iter(f.cells))]["causal"][0].winner[1] == 500
+    assert f"`{cpu}` 1" in render_markdown(f, "longca-triton findings", {})
+    r = CliRunner().invoke(main, ["findings", str(cpu), "--out", str(tmp_path / "f.md"), "--no-plots"])
+    assert r.exit_code == 2 and "1 measured on a CPU" in r.output, r.output
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "4K", "--results", str(cpu)])
+    assert r.exit_code == 2 and "measured on a CPU" in r.output, r.output

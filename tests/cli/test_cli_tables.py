@@ -73,7 +73,9 @@ BAD = [
     (["autotune", "--block", "48", "--dry-run"], "'48' is not one of '16', '32', '64', '128', '256'"),
     (["autotune", "--masks", "causal,nope", "--dry-run"], "unknown mask 'nope'; valid masks: full"),
     (["autotune", "--kernel", "triton-dense", "--dry-run"], "unknown kernel 'triton-dense'; tunable: triton"),
-    (["autotune", "--seqlens", "4k", "--dry-run"], "expected a comma-separated list of int"),
+    (["autotune", "--seqlens", "4K,4x", "--dry-run"], "sequence length '4x' is not a positive integer"),
+    (["comm", "--scheme", "ring_p2p", "--world", "8", "--seqlen", "64Q"], "sequence length '64Q'"),
+    (["recommend", "--mask", "causal", "--seqlen", "0"], "sequence length '0' must be positive"),
     (["bench", "dense", "--preset", "smoke", "--backends", "nope", "--dry-run"], "unknown backend 'nope'; valid backends"),
     (["bench", "dense", "--preset", "smoke", "--masks", "causl", "--dry-run"], "unknown mask 'causl'; valid masks"),
     (["bench", "dense", "--config", "no/such/file.toml", "--dry-run"], "no/such/file.toml"),
@@ -100,3 +102,44 @@ def test_malformed_config_is_one_line(runner, tmp_path):
     assert r.exit_code != 0
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.toml" in lines[0], r.output
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_ladder_machine_formats_hold_the_table_alone(runner, fmt):
+    """ladder --format json|csv: stdout parses as one table over both modes; the banner and log go to stderr."""
+    r = runner.invoke(main, ["ladder", "--mode", "all", "--steps", "step0_naive,bwd1_naive", "--format", fmt], env=NARROW)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout) if fmt == "json" else list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [(row["mode"], row["step"]) for row in rows] == [("fwd", "step0_naive"), ("bwd", "bwd1_naive")]
+    assert all(row["check"].startswith("ok") for row in rows)
+    assert "interpreter" in r.stderr and "checking against" in r.stderr
+
+
+@pytest.mark.parametrize("length", ["65536", "64K", "64k"])
+def test_every_command_reads_lengths_alike(runner, length):
+    """One parser of sequence lengths: comm, masks show, autotune and recommend take 64K as 65536."""
+    comm = runner.invoke(main, ["comm", "--scheme", "ring_p2p", "--world", "8", "--seqlen", length, "--format", "json"])
+    assert comm.exit_code == 0, comm.output
+    assert comm.stdout == runner.invoke(main, ["comm", "--scheme", "ring_p2p", "--world", "8", "--format", "json"]).stdout
+    show = runner.invoke(main, ["masks", "show", "causal", "-S", length, "--format", "json"])
+    assert show.exit_code == 0, show.output
+    area = {r["statistic"]: r["value"] for r in json.loads(show.stdout)}["area"]
+    assert area == 65536 * 65537 // 2
+    dry = runner.invoke(main, ["autotune", "--kernel", "triton", "--masks", "causal", "--seqlens", f"4K,{length}",
+                               "--dry-run", "--format", "json"])
+    assert dry.exit_code == 0, dry.output
+    assert {r["cases"] for r in json.loads(dry.stdout)} >= {"causal S=4096 D=128 bfloat16", "causal S=65536 D=128 bfloat16"}
+
+
+def test_autotune_calls_nothing_click_9_removes(runner):
+    """The command runs with Click's deprecation warnings as errors, and the package bounds click below 9."""
+    import tomllib
+    import warnings
+    from pathlib import Path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        r = runner.invoke(main, ["autotune", "--kernel", "triton", "--dry-run", "--format", "json"], env=NARROW)
+    assert r.exit_code == 0, r.output
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "click>=8.1,<9" in pyproject["project"]["dependencies"]

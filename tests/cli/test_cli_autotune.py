@@ -1,0 +1,167 @@
+"""The autotune command as a user meets it: on a CPU it says what it does instead of tuning and ends on
+a count of its checks; on the tuning path (run here on the CPU with a made-up kernel, the device
+choice pointed at the CPU) the budget and Ctrl-C stop the search cleanly, the summary in words
+always prints (into a pipe too, and on stderr beside --format json), a rerun finishes what a stop
+left and reuses the rest, --force tunes again; a real Ctrl-C stops a CPU run in a fresh process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from longca_triton.bench import autotune as at
+from longca_triton.bench import autotune_run as run
+from longca_triton.cli import main
+from longca_triton.kernels.core import tuned
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cpu_run_says_what_it_does(autotune_cache):
+    r = CliRunner().invoke(main, ["autotune", "--block", "64", "--kernel", "triton-sparse"])
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "block 32 instead of 64: a 160-token sequence then spans 5 blocks" in out
+    assert "candidates: each key group's first one" in out and "the other candidates are not run" in out
+    assert "no autotune cache is written" in out and not autotune_cache.exists()
+    assert "checking triton-sparse at block 32: 1 case × 3 key groups" in out and "1 cases" not in out
+    assert out.splitlines()[-1].startswith("autotune on a CPU: 3 of 3 checks ran (triton-sparse, each key group's "
+                                           "first candidate), 3 ok, 0 wrong; nothing timed, no cache written;")
+
+
+def ctrl_c(args, env, after: str, wait_s: float, timeout: float = 300) -> list[str]:
+    """Run ``longca-triton autotune ARGS`` in a fresh process, press Ctrl-C ``wait_s`` after a line
+    starting with ``after``; its output lines (it must exit 130)."""
+    p = subprocess.Popen([sys.executable, "-m", "longca_triton.cli", "autotune", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    try:
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith(after):
+                time.sleep(wait_s)
+                p.send_signal(signal.SIGINT)
+                break
+        lines += p.stdout.readlines()
+        assert p.wait(timeout=timeout) == 130, "".join(lines)
+    finally:
+        p.kill()
+    return lines
+
+
+def test_ctrl_c_stops_a_cpu_run_with_its_summary_and_exit_130():
+    """A fresh process, as a user runs it: Ctrl-C once the checks are under way."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine tunes instead of checking")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    lines = ctrl_c(["--block", "64", "--kernel", "triton"], env, after="checking triton", wait_s=0.5, timeout=60)
+    last = lines[-1]
+    assert last.startswith("autotune on a CPU: ") and last.rstrip().endswith("; stopped by Ctrl-C"), "".join(lines)
+    ran, rest = last.removeprefix("autotune on a CPU: ").split(" of ", 1)
+    assert int(ran) < 15 and rest.startswith("15 checks ran (triton, each key group's first candidate)"), last
+
+
+calls = []
+
+
+@pytest.fixture
+def fake(autotune_cache, monkeypatch):
+    """A made-up kernel (a fwd and a bwd key group of 8 candidates; each run takes 30 ms) on the
+    tuning path: the command's device choice answers the CPU, not interpreted."""
+
+    def attend(q, k, v, mask, config):
+        calls.append(dict(config))
+        time.sleep(0.03)
+        if len(calls) == fake.ctrl_c_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return q * (1.0 + config["X"] + config["Y"]) + 0 * (k.sum() + v.sum())
+
+    calls.clear()
+    fake.ctrl_c_at = None
+    monkeypatch.setattr("longca_triton.runtime.select_device", lambda device=None: ("cpu", False))
+    monkeypatch.setitem(at.TUNABLES, "fake", run.Tunable(
+        name="fake", groups={"fwd": "fwd", "bwd": "bwd"},
+        candidates=lambda group, block, head_dim: [dict(X=i) if group == "fwd" else dict(Y=i) for i in range(8)],
+        run=attend, default=lambda head_dim, dtype, mask=None, group=1: dict(X=0, Y=0)))
+    return fake
+
+
+def tune(*extra):
+    return CliRunner().invoke(main, ["autotune", "--kernel", "fake", "--masks", "full,causal", "--seqlens", "64",
+                                     "--head-dims", "16", "--dtypes", "float16", "--heads", "2:1",
+                                     "--vendors", "reference", *extra])
+
+
+def cached_rows():
+    tuned.reload()
+    return tuned.device_rows(tuned.device_key("cpu"), "fake")
+
+
+def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
+    r = tune("--budget-minutes", "0.01")  # 0.6 s: the first class (26 runs of 30 ms) is cut, the second never begins
+    assert r.exit_code == 0, r.output
+    out = r.stdout  # into a pipe: the summary in words
+    assert "autotune summary, CPU:" in out and "stopped by the 0.01-minute budget" in out
+    assert "fake at block 64, S ≤ 4K, full: cut short: the best config measured so far, written" in out
+    assert "    cases: full S=64 D=16 float16" in out
+    assert "    fwd: default " in out and "; reference " in out
+    assert ("  skipped: fake at block 64, S ≤ 4K, causal (causal S=64 D=16 float16): the 0.01-minute budget came "
+            "before it began; a rerun tunes it") in out
+    assert "1 class written, 0 classes reused" in out
+    rows = cached_rows()
+    assert len(rows) == 1 and rows[0].measured["search"]["stopped_by_deadline"]
+
+    r = tune("--budget-minutes", "0")  # no budget: the cut class again, and the one left
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count(": tuned now (successive halving") == 2 and "skipped" not in r.stdout
+    n = len(calls)
+    r = tune()  # warm: both reused, nothing timed
+    assert r.exit_code == 0 and r.stdout.count("reused from the cache") == 2 and len(calls) == n, r.output
+    assert "0 classes written, 2 classes reused" in r.stdout
+    r = tune("--force", "--budget-minutes", "0")
+    assert r.exit_code == 0 and r.stdout.count(": tuned now") == 2 and len(calls) > n, r.output
+
+
+def test_ctrl_c_while_timing_keeps_the_best_so_far_and_exits_130(fake):
+    fake.ctrl_c_at = 5  # in the forward group's screen
+    r = tune("--format", "json")
+    assert r.exit_code == 130, r.output
+    rows = json.loads(r.stdout)  # stdout: the table alone
+    assert [(x["masks"], x["mode"], x["source"]) for x in rows] == [("full", "fwd", "successive halving, cut short")]
+    err = r.stderr
+    assert "stopped by Ctrl-C" in err and "fake at block 64, S ≤ 4K, full: cut short" in err
+    assert "    bwd: not searched before the stop (the default config stays)" in err
+    assert "reference not timed (Ctrl-C)" in err and "causal S=64 D=16 float16): Ctrl-C came before it began" in err
+    assert len(calls) < 12  # stopped within a few measurements of the Ctrl-C
+    (row,) = cached_rows()
+    assert row.measured["search"]["stopped_by_deadline"] and "fwd" in row.measured["tflops"]
+
+
+GPU_ARGS = ["--block", "64", "--kernel", "triton", "--masks", "causal", "--force"]
+
+
+@pytest.mark.gpu
+def test_gpu_budget_into_a_pipe_ends_on_the_summary(autotune_cache):
+    r = subprocess.run([sys.executable, "-m", "longca_triton.cli", "autotune", *GPU_ARGS, "--seqlens", "4096",
+                        "--budget-minutes", "0.25", "--vendors", "sdpa-cudnn"], capture_output=True, text=True,
+                       env=dict(os.environ), cwd=REPO, timeout=600)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    summary = out[out.index("autotune summary, "):]
+    assert "cases: causal S=4096 D=128 bfloat16" in summary and "fwd: default " in summary and "sdpa-cudnn" in summary
+    assert "cache: " in summary
+
+
+@pytest.mark.gpu
+def test_gpu_ctrl_c_while_timing_exits_130_with_the_summary(autotune_cache):
+    args = [*GPU_ARGS, "--seqlens", "4096,16384", "--budget-minutes", "0", "--vendors", "none"]  # two classes
+    out = "".join(ctrl_c(args, dict(os.environ), after="tuning triton", wait_s=5))
+    assert "stopped by Ctrl-C" in out and ("cut short: the best config measured so far" in out
+                                           or "Ctrl-C came before it began" in out), out
