@@ -29,6 +29,8 @@ SEQLENS = ((1, 239), (3, 799), (127, 512), (127, 513), (113, 203), (128, 217), (
 MASK_KINDS = ("full", "causal", "local", "local_causal")
 #: query heads : KV heads
 HEAD_LAYOUTS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
+#: the same layouts over 4 query heads, for the interpreter's smaller runs
+SMALL_HEAD_LAYOUTS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
 BATCH = 2
 #: the tensors compared, in order
 NAMES = ("out", "lse", "dq", "dk", "dv")
@@ -44,10 +46,11 @@ class Case:
     dtype: torch.dtype
     window: tuple[int, int]
     batch: int = BATCH
+    small_heads: bool = False
 
     @property
     def heads(self) -> tuple[int, int]:
-        return HEAD_LAYOUTS[self.layout]
+        return (SMALL_HEAD_LAYOUTS if self.small_heads else HEAD_LAYOUTS)[self.layout]
 
     @property
     def id(self) -> str:
@@ -62,7 +65,8 @@ class Case:
         return window_mask(self.sq, self.sk, causal, window)
 
 
-def draw_case(d: int, sq: int, sk: int, kind: str, dtypes=(torch.float16, torch.bfloat16), batch: int = BATCH) -> Case:
+def draw_case(d: int, sq: int, sk: int, kind: str, dtypes=(torch.float16, torch.bfloat16), batch: int = BATCH,
+              small_heads: bool = False) -> Case:
     """The case of one (head dim, lengths, mask kind) with its head layout, dtype and window drawn from a
     seed of those four, so that a rerun draws the same."""
     seed = (d * 1_000_003 + sq * 10_007 + sk * 101 + MASK_KINDS.index(kind)) % (2**32)
@@ -70,7 +74,7 @@ def draw_case(d: int, sq: int, sk: int, kind: str, dtypes=(torch.float16, torch.
     layout = ("mha", "gqa", "mqa")[int(rng.integers(3))]
     dtype = dtypes[int(rng.integers(len(dtypes)))]
     window = (int(rng.integers(sk)), int(rng.integers(sk)))  # as FlashAttention draws it: each in [0, Sk)
-    return Case(d, sq, sk, kind, layout, dtype, window, batch)
+    return Case(d, sq, sk, kind, layout, dtype, window, batch, small_heads)
 
 
 def inputs(case: Case, device) -> tuple[torch.Tensor, ...]:

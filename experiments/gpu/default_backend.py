@@ -95,8 +95,10 @@ def main() -> int:
             k, v = (torch.randn(1, sk, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             backends = a.backends.split(",") + (["sdpa-cudnn"] if mask.name in a.cudnn.split(",") and sq == sk else [])
             feats = plan_features(mask, D, D)
-            default_name = lt.api.default_backend(mask, q, k, v)
             for mode in modes:
+                # what the default runs depends on whether autograd records the call
+                ins = (q, k, v) if mode == "fwd" else tuple(t.detach().requires_grad_() for t in (q, k, v))
+                default_name = lt.api.default_backend(mask, *ins)
                 fns, names = [], []
                 for b in backends:
                     name = None if b == "default" else b

@@ -5,6 +5,8 @@ supersedes it everywhere results are read (report, plots, findings, recommend); 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from longca_triton.adapters import Backend, register
@@ -108,7 +110,10 @@ def test_not_installed_is_retried_when_installed_and_supersedes(tmp_path, toggle
     # every reader shows the new row, not the stale one
     md = markdown_report(rows)
     assert "t-vendor-pkg is not installed" not in md and "Points: ok 4, unsupported 4" in md
-    f = compute(*load_results([store.path]))
+    # findings read GPU rows only (CPU timings are no performance numbers): the same rows as a GPU's
+    gpu_file = tmp_path / "as_gpu.jsonl"
+    gpu_file.write_text("".join(json.dumps(dict(r, device="cuda", interpreted=False)) + "\n" for r in rows))
+    f = compute(*load_results([gpu_file]))
     (sk,) = f.cells
     cells = f.cells[sk]["causal"]
     assert all("t-vendor" in dict(c.ranking) for c in cells)

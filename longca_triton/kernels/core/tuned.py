@@ -208,9 +208,9 @@ _GENERATION = [0]
 
 
 def generation() -> tuple:
-    """What a config memoised from the cache depends on: the cache file in use and how often what
-    was read has been forgotten since the process started."""
-    return _GENERATION[0], str(cache_path())
+    """What a config memoised from the cache depends on: how often what was read has been forgotten
+    since the process started, and the variables that name the cache file (cheaper than the path)."""
+    return _GENERATION[0], os.environ.get(CACHE_ENV), os.environ.get("XDG_CACHE_HOME")
 
 
 def reload(path: Path | None = None) -> None:
