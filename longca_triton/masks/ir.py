@@ -428,13 +428,16 @@ class RangeMask(Mask):
             m1 = min(num_m, m0 + chunk)
             a, b = np.searchsorted(tile, [m0, m1])  # the triples are sorted by row
             t = tile[a:b] - m0
-            full_cnt = np.zeros((m1 - m0, num_n + 1), dtype=np.int32)
-            touch_cnt = np.zeros((m1 - m0, num_n + 1), dtype=np.int32)
+            size, w = (m1 - m0) * (num_n + 1), num_n + 1
             ok = full_b[a:b] > full_a[a:b]
-            np.add.at(full_cnt, (t[ok], full_a[a:b][ok]), 1)
-            np.add.at(full_cnt, (t[ok], full_b[a:b][ok]), -1)
-            np.add.at(touch_cnt, (t, touch_a[a:b]), 1)
-            np.add.at(touch_cnt, (t, touch_b[a:b]), -1)
+
+            def diff(t, start, end):
+                # +1 at each (tile, start), -1 at each (tile, end): one bincount each, flattened
+                counts = np.bincount(t * w + start, minlength=size) - np.bincount(t * w + end, minlength=size)
+                return counts.astype(np.int32).reshape(m1 - m0, w)
+
+            full_cnt = diff(t[ok], full_a[a:b][ok], full_b[a:b][ok])
+            touch_cnt = diff(t, touch_a[a:b], touch_b[a:b])
             full[m0:m1] = np.cumsum(full_cnt, axis=1, dtype=np.int32)[:, :num_n] == rows_in_tile[m0:m1, None]
             touched[m0:m1] = np.cumsum(touch_cnt, axis=1, dtype=np.int32)[:, :num_n] > 0
         return BlockTables.from_classification(bm, bn, full, touched)
