@@ -34,6 +34,8 @@ from .ir import RangeMask, SliceKind
 
 __all__ = ["block_diagonal", "from_cu_seqlens", "from_dense", "from_mask_mod", "from_row_intervals", "window_mask"]
 
+#: up to this many documents ``from_cu_seqlens`` builds each one's slices from its breakpoints
+ANALYTIC_DOCS = 2048
 #: (lo step, hi step) inside a run -> the slice kind it is
 _KIND_OF_STEPS = {(0, 0): SliceKind.FULL, (0, 1): SliceKind.CAUSAL, (1, 0): SliceKind.INVCAUSAL,
                   (1, 1): SliceKind.BICAUSAL}
@@ -109,6 +111,28 @@ def _window_bounds(local_row, len_q, len_k, left: int, right: int):
     return lo, hi
 
 
+def _window_slices(len_q: int, len_k: int, left: int, right: int) -> list:
+    """The slices of ``_window_bounds`` over one (query, key) pair of lengths ``len_q, len_k``, from its
+    breakpoints alone (``O(1)``): the rows that attend something, cut where ``lo`` leaves 0 and where
+    ``hi`` reaches ``len_k - 1``; between cuts each end is constant or moves one key a row (module doc)."""
+    if len_q == 0 or len_k == 0:
+        return []
+    d = len_k - len_q
+    r0 = 0 if right < 0 else max(0, -d - right)  # rows before r0 end before key 0
+    r1 = len_q if left < 0 else min(len_q, len_k - d + left)  # rows from r1 on start past the last key
+    if r0 >= r1:
+        return []
+    a = r1 if left < 0 else min(max(left - d, r0), r1)  # lo follows the diagonal from row a on
+    b = r0 if right < 0 else min(max(len_k - d - right, r0), r1)  # hi follows it before row b
+    out = []
+    for s, e in zip(*(lambda c: (c[:-1], c[1:]))(sorted({r0, r1, a, b}))):
+        lo_diag, hi_diag = s >= a, s < b
+        k0 = s + d - left if lo_diag else 0
+        k1 = (e - 1) + d + right + 1 if hi_diag else len_k
+        out.append((s, e, k0, k1, _KIND_OF_STEPS[(int(lo_diag), int(hi_diag))]))
+    return out
+
+
 def _window_name(causal: bool, left: int, right: int) -> str:
     return "causal" if causal and left < 0 else ("full" if left < 0 and right < 0 else "window")
 
@@ -152,7 +176,8 @@ def from_cu_seqlens(cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, windo
     key document ``b`` only, under FlashAttention's causal / window rule aligned to that pair's own
     bottom-right corner (``window_mask`` per document). ``cu_seqlens_k`` defaults to
     ``cu_seqlens_q`` (self-attention). Empty documents are allowed; a query document whose key
-    document is empty attends nothing. ``O(total)`` with no per-document Python loop."""
+    document is empty attends nothing. Up to ``ANALYTIC_DOCS`` documents each becomes its few slices
+    from its breakpoints; more go through the tokens' intervals (``O(total)``, no Python loop)."""
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
     cu_k = cu_q if cu_seqlens_k is None else _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if cu_k.size != cu_q.size:
@@ -163,12 +188,18 @@ def from_cu_seqlens(cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, windo
         raise ValueError(f"the documents hold {total_q} query and {total_k} key tokens; both must be positive")
     left, right = _check_window(window_size, causal)
     len_q, len_k = np.diff(cu_q), np.diff(cu_k)
-    doc = np.repeat(np.arange(len_q.size), len_q)  # the document of every query row
-    lo, hi = _window_bounds(np.arange(total_q) - cu_q[doc], len_q[doc], len_k[doc], left, right)
     params = {"doc_bounds": cu_q.tolist(), "causal": bool(causal), "window_size": [left, right]}
     if cu_seqlens_k is not None:
         params["k_doc_bounds"] = cu_k.tolist()
     name = _window_name(causal, left, right) + "_document"
+    if len_q.size <= ANALYTIC_DOCS:
+        # a few slices a document from its breakpoints: no pass over the tokens
+        slices = [(int(cq) + s, int(cq) + e, int(ck) + k0, int(ck) + k1, kind)
+                  for cq, ck, lq, lk in zip(cu_q[:-1], cu_k[:-1], len_q.tolist(), len_k.tolist())
+                  for s, e, k0, k1, kind in _window_slices(lq, lk, left, right)]
+        return RangeMask(total_q, total_k, slices, name=name, params=params)
+    doc = np.repeat(np.arange(len_q.size), len_q)  # the document of every query row
+    lo, hi = _window_bounds(np.arange(total_q) - cu_q[doc], len_q[doc], len_k[doc], left, right)
     return from_row_intervals(lo + cu_k[doc], hi + cu_k[doc], total_k, name=name, params=params)
 
 

@@ -229,3 +229,23 @@ def test_from_mask_mod_on_gpu_matches_the_rule():
     on_gpu = from_mask_mod(lambda b, h, q, k: (ids[q] == ids[k]) & (q >= k), 311, 311, device="cuda", chunk_elements=5000)
     pos = torch.arange(311)
     assert torch.equal(on_gpu.to_dense(), (DOC_IDS[:, None] == DOC_IDS[None, :]) & (pos[:, None] >= pos[None, :]))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("window", [(-1, -1), (0, 0), (5, -1), (-1, 3), (7, 2)], ids=lambda w: f"window={w[0]},{w[1]}")
+@pytest.mark.parametrize("seed", range(6), ids=lambda s: f"seed={s}")
+def test_from_cu_seqlens_breakpoints_match_token_intervals(seed, window, causal, monkeypatch):
+    """Each document's slices from its breakpoints (few documents) allow exactly what the per-token
+    intervals do (many documents): empty documents, key documents longer and shorter than their queries."""
+    from longca_triton.masks import construct
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    len_q, len_k = rng.integers(0, 12, n), rng.integers(0, 12, n)
+    len_q[0], len_k[0] = max(1, len_q[0]), max(1, len_k[0])
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]) for x in (len_q, len_k))
+    fast = from_cu_seqlens(cu_q, cu_k, causal=causal, window_size=window)
+    monkeypatch.setattr(construct, "ANALYTIC_DOCS", 0)
+    slow = from_cu_seqlens(cu_q, cu_k, causal=causal, window_size=window)
+    assert torch.equal(fast.to_dense(), slow.to_dense())
+    assert len(fast.slices) <= 3 * n
