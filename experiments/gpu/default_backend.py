@@ -1,12 +1,13 @@
 """Time the default backend against ``triton`` and ``triton-gluon`` (and SDPA-cuDNN where it runs).
 
     PYTHONUNBUFFERED=1 python experiments/gpu/default_backend.py --out $OUT/default.jsonl \\
-        [--seqlens 4096,16384,65536] [--random 5] [--modes fwd,bwd] [--heads 64:8] [--head-dim 128]
+        [--seqlens 4096,16384,65536] [--random 5] [--modes fwd,bwd] [--heads 64:8] [--head-dim 128] [--rounds 3]
 
 For each of the 12 static masks of docs/masks.md and ``--random`` random RangeMasks (overlapping
 slices of every kind; the 2nd and 4th with Sq != Sk), at each length and mode, the backends run
-interleaved (``bench.timing.time_interleaved``, L2 flushed) on one set of bf16 inputs. One JSON row
-per (mask, length, mode, backend): median ms, TFLOP/s (docs/masks.md §5), and the plan features the
+interleaved (``bench.timing.time_interleaved``, L2 flushed) on one set of bf16 inputs, ``--rounds`` times.
+One JSON row per (mask, length, mode, backend, round): median and 20th / 80th percentile ms, TFLOP/s
+(docs/masks.md §5), the backend the default ran (``ran``, for the mode's autograd state), and the plan features the
 default rule reads (``longca_triton.api.plan_features``), so that the shipped rule
 (``kernels/tuning/default.toml``) can be fitted from and checked against these rows. A rerun appends
 only the points the file lacks.
@@ -63,6 +64,7 @@ def main() -> int:
     p.add_argument("--backends", default="triton,triton-gluon,default")
     p.add_argument("--cudnn", default="full,causal", help="masks also timed on sdpa-cudnn (its causal is bottom-right)")
     p.add_argument("--rep", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved timings of each point (a claim within a few %% needs 3)")
     p.add_argument("--masks", default=None, help="only these mask names (random masks: random0 ...)")
     a = p.parse_args()
 
@@ -115,15 +117,17 @@ def main() -> int:
                             return torch.autograd.grad(o, ins, do, retain_graph=True)
                     fns.append(fn)
                     names.append(b)
-                times = time_interleaved(fns, warmup_ms=25, rep=a.rep, max_ms=2000)
                 flops = mask.flops(hq, D, mode)
-                with out.open("a") as f:
-                    for b, t in zip(names, times):
-                        row = dict(mask=mask.name, seqlen_q=sq, seqlen_k=sk, mode=mode, backend=b,
-                                   ran=default_name if b == "default" else b, median_ms=t["median_ms"],
-                                   tflops=flops / t["median_ms"] / 1e9, heads=a.heads, head_dim=D, gpu=gpu,
-                                   features=feats)
-                        f.write(json.dumps(row) + "\n")
+                for rnd in range(a.rounds):
+                    times = time_interleaved(fns, warmup_ms=25, rep=a.rep, max_ms=2000)
+                    with out.open("a") as f:
+                        for b, t in zip(names, times):
+                            row = dict(mask=mask.name, seqlen_q=sq, seqlen_k=sk, mode=mode, backend=b, round=rnd,
+                                       ran=default_name if b == "default" else b, median_ms=t["median_ms"],
+                                       p20_ms=t.get("p20_ms"), p80_ms=t.get("p80_ms"),
+                                       tflops=flops / t["median_ms"] / 1e9, heads=a.heads, head_dim=D, gpu=gpu,
+                                       features=feats)
+                            f.write(json.dumps(row) + "\n")
                 best = max(zip(names, times), key=lambda x: -x[1]["median_ms"])
                 print(f"{mask.name:24s} {sq:>6d}x{sk:<6d} {mode}: " + "  ".join(
                     f"{b} {flops / t['median_ms'] / 1e9:6.1f}" for b, t in zip(names, times)) + f"  (fastest {best[0]})",
