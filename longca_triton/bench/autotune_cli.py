@@ -235,6 +235,8 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         con.print(line, markup=False, highlight=False, soft_wrap=True)
     if stop.interrupted:
         sys.exit(130)
+    if check and checks["wrong"]:
+        sys.exit(1)  # a kernel disagreed with the fp64 reference: the run failed, whatever else it printed
 
 
 def _device_name(device) -> str:

@@ -36,6 +36,18 @@ def test_cpu_run_says_what_it_does(autotune_cache):
                                            "first candidate), 3 ok, 0 wrong; nothing timed, no cache written;")
 
 
+def test_cpu_run_with_a_wrong_check_exits_1(autotune_cache, monkeypatch):
+    """A kernel that disagrees with the fp64 reference fails the run (exit 1), its rows saying WRONG."""
+    import dataclasses
+
+    real = at.TUNABLES["triton-sparse"]
+    broken = dataclasses.replace(real, run=lambda q, k, v, mask, config: real.run(q, k, v, mask, config) * 2)
+    monkeypatch.setitem(at.TUNABLES, "triton-sparse", broken)
+    r = CliRunner().invoke(main, ["autotune", "--block", "64", "--kernel", "triton-sparse"])
+    assert r.exit_code == 1, r.output
+    assert "WRONG" in r.stdout and ", 3 wrong;" in r.stdout.splitlines()[-1]
+
+
 def ctrl_c(args, env, after: str, wait_s: float, timeout: float = 300) -> list[str]:
     """Run ``longca-triton autotune ARGS`` in a fresh process, press Ctrl-C ``wait_s`` after a line
     starting with ``after``; its output lines (it must exit 130)."""
