@@ -284,3 +284,35 @@ def test_backward_launch_order(design, monkeypatch):
     want = ([("side_stream", True), ("dkdv", False), ("dq", True)] if design == "mixed"
             else [("dq", False), ("gluon dkdv", False)])
     assert events == want
+
+
+def test_default_backend_per_mode_and_memoised(monkeypatch):
+    """On an sm_90 GPU (faked: only the device's type and capability are read) a forward-only call and a
+    call autograd records get their own row of the table, each worked out once per mask and shape."""
+    from longca_triton import api
+
+    class Device:
+        type = "cuda"
+
+        def __str__(self):
+            return "cuda:0"
+
+    class Like:  # what default_backend reads of a tensor
+        def __init__(self, shape, grad=False):
+            self.shape, self.dtype, self.requires_grad, self.device = shape, torch.bfloat16, grad, Device()
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(api, "_measured_choice", lambda *a: None)
+    monkeypatch.setattr(get_backend("triton-gluon"), "check", lambda problem: (True, ""))
+    calls = []
+    real = api._choose
+    monkeypatch.setattr(api, "_choose", lambda *a: calls.append(a[-1]) or real(*a))
+    mask = lt.make_mask("causal_document", 4096, seed=0)
+    q, k = Like((1, 4096, 64, 128)), Like((1, 4096, 8, 128))
+    qg = Like((1, 4096, 64, 128), grad=True)
+    for _ in range(3):
+        assert api.default_backend(mask, q, k, k) == "triton"  # 4K, partial tiles, forward only
+        assert api.default_backend(mask, qg, k, k) == "triton-gluon"  # autograd records it
+        with torch.no_grad():
+            assert api.default_backend(mask, qg, k, k) == "triton"
+    assert calls == ["fwd", "fwd_bwd"]
