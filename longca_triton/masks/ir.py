@@ -195,6 +195,63 @@ def _pad_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarray
     return out_lo, out_hi
 
 
+def _csr(major: np.ndarray, minor: np.ndarray, num: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32 CSR ``(ptr [num + 1], idx)`` of pairs already sorted by ``major`` then ``minor``."""
+    ptr = np.zeros(num + 1, dtype=np.int64)
+    np.cumsum(np.bincount(major, minlength=num), out=ptr[1:])
+    return ptr.astype(np.int32), minor.astype(np.int32)
+
+
+def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int) -> tuple:
+    """The full and partial ``(query tile, key tile)`` pairs of merged row intervals, without a dense map.
+
+    Per query tile ``m`` the intervals become events along the key tiles: ``+1`` where an interval starts
+    to touch a tile and ``-1`` past its last, and (weighted by how many rows share them) where it starts
+    and stops covering whole tiles. Between two events of a tile the counts are constant: touched where
+    the touch count is positive, full where the cover count equals the tile's rows. Consecutive rows
+    whose four tile bounds agree are one weighted interval, so structured masks give a few events per
+    tile; the cost is ``O(S + events log events + visited tiles)``. Returns the pairs as
+    ``(full_m, full_n, part_m, part_n)``, sorted by ``m`` then ``n``."""
+    num_n = -(-Sk // bn)
+    if rows.size == 0:  # a mask that allows nothing
+        return (np.zeros(0, np.int64),) * 4
+    t = rows // bm
+    ta, tb = lo // bn, -(-hi // bn)  # touched key tiles [ta, tb)
+    fa, fb = -(-lo // bn), np.where(hi == Sk, num_n, hi // bn)  # wholly covered key tiles [fa, fb)
+    bounds = np.stack([t, ta, tb, fa, fb])
+    new = np.ones(t.size, dtype=bool)
+    new[1:] = (bounds[:, 1:] != bounds[:, :-1]).any(axis=0)
+    first = np.flatnonzero(new)
+    weight = np.diff(np.append(first, t.size))
+    t, ta, tb, fa, fb = bounds[:, first]
+    covers = fb > fa
+    width = num_n + 1
+    key = np.concatenate([t * width + ta, t * width + tb, t[covers] * width + fa[covers],
+                          t[covers] * width + fb[covers]])
+    d_touch = np.concatenate([np.ones_like(ta), -np.ones_like(tb), np.zeros(2 * int(covers.sum()), np.int64)])
+    d_cover = np.concatenate([np.zeros(2 * ta.size, np.int64), weight[covers], -weight[covers]])
+    order = np.argsort(key, kind="stable")
+    key, d_touch, d_cover = key[order], d_touch[order], d_cover[order]
+    at = np.flatnonzero(np.append(True, key[1:] != key[:-1]))  # one event position per distinct key
+    key = key[at]
+    touch = np.cumsum(np.add.reduceat(d_touch, at))  # every tile's events sum to 0: one running sum serves all
+    cover = np.cumsum(np.add.reduceat(d_cover, at))
+    m, n = key // width, key % width
+    seg = np.flatnonzero(m[:-1] == m[1:])  # [n_i, n_{i+1}) within one query tile
+    m_s, n0, n1 = m[seg], n[seg], n[seg + 1]
+    rows_in_tile = np.minimum(bm, Sq - m_s * bm)
+    is_full = cover[seg] == rows_in_tile
+    is_part = (touch[seg] > 0) & ~is_full
+
+    def expand(sel):
+        length = (n1 - n0)[sel]
+        tile = np.repeat(m_s[sel], length)
+        start = np.repeat(n0[sel] - np.cumsum(length) + length, length)
+        return tile, start + np.arange(int(length.sum()))
+
+    return (*expand(is_full), *expand(is_part))
+
+
 class Mask:
     """Common interface of both IRs. Subclasses set ``seqlen_q``, ``seqlen_k``, ``name``, ``params``."""
 
@@ -408,39 +465,20 @@ class RangeMask(Mask):
         Per row and interval ``[lo, hi)`` the key tiles it fully covers are
         ``[ceil(lo/bn), floor(hi/bn))`` (the ragged last tile counts when ``hi == Sk``) and the ones it
         touches ``[floor(lo/bn), ceil(hi/bn))``. A tile is full when all of its rows cover it, touched
-        when any row does; both counts come from difference arrays, so the cost is ``O(S + tiles)``.
+        when any row does (``_tile_lists``: no dense tile map, the cost follows the tiles visited).
         """
         bm = _check_block_size("block_m", block_m)
         bn = _check_block_size("block_n", block_n)
         Sq, Sk = self.seqlen_q, self.seqlen_k
         num_m, num_n = -(-Sq // bm), -(-Sk // bn)
-        rows, lo, hi = self.merged_row_intervals()
-        full_a = -(-lo // bn)
-        full_b = np.where(hi == Sk, num_n, hi // bn)
-        touch_a, touch_b = lo // bn, -(-hi // bn)
-        tile = rows // bm
-        rows_in_tile = np.minimum(bm, Sq - np.arange(num_m) * bm)
-        full = np.zeros((num_m, num_n), dtype=bool)
-        touched = np.zeros((num_m, num_n), dtype=bool)
-        # chunks of query tiles keep the int32 difference arrays small for million-token masks
-        chunk = max(1, (1 << 24) // (num_n + 1))
-        for m0 in range(0, num_m, chunk):
-            m1 = min(num_m, m0 + chunk)
-            a, b = np.searchsorted(tile, [m0, m1])  # the triples are sorted by row
-            t = tile[a:b] - m0
-            size, w = (m1 - m0) * (num_n + 1), num_n + 1
-            ok = full_b[a:b] > full_a[a:b]
-
-            def diff(t, start, end):
-                # +1 at each (tile, start), -1 at each (tile, end): one bincount each, flattened
-                counts = np.bincount(t * w + start, minlength=size) - np.bincount(t * w + end, minlength=size)
-                return counts.astype(np.int32).reshape(m1 - m0, w)
-
-            full_cnt = diff(t[ok], full_a[a:b][ok], full_b[a:b][ok])
-            touch_cnt = diff(t, touch_a[a:b], touch_b[a:b])
-            full[m0:m1] = np.cumsum(full_cnt, axis=1, dtype=np.int32)[:, :num_n] == rows_in_tile[m0:m1, None]
-            touched[m0:m1] = np.cumsum(touch_cnt, axis=1, dtype=np.int32)[:, :num_n] > 0
-        return BlockTables.from_classification(bm, bn, full, touched)
+        fm, fn, pm, pn = _tile_lists(*self.merged_row_intervals(), Sq, Sk, bm, bn)
+        lists = []
+        for major, minor, num in ((fm, fn, num_m), (pm, pn, num_m), (fn, fm, num_n), (pn, pm, num_n)):
+            if num is num_n:  # the transpose: by key tile, query tiles ascending (a stable sort keeps them so)
+                order = np.argsort(major.astype(np.uint16) if num_n < 1 << 16 else major, kind="stable")
+                major, minor = major[order], minor[order]
+            lists += _csr(major, minor, num)
+        return BlockTables(bm, bn, num_m, num_n, *lists)
 
 
 class BlockSparseMask(Mask):
