@@ -46,11 +46,10 @@ def random_range_mask(sq: int, sk: int, seed: int, n_slices: int = 8) -> RangeMa
 def masks_at(S: int, n_random: int):
     for name in STATIC_MASK_NAMES:
         yield lt.make_mask(name, S, seed=0)
+    # random1 has fewer keys than queries, random3 fewer queries than keys; the others are square
+    lengths = {1: (S, S // 2 + 2000), 3: (S // 2, S)}
     for i in range(n_random):
-        sk = S if i % 2 == 0 else S // 2 + 1000 * (i + 1)  # the 2nd and 4th: Sq != Sk, both ways
-        sq = S if i != 3 else S // 2
-        sk = S if i == 3 else sk
-        yield random_range_mask(sq, sk, seed=i)
+        yield random_range_mask(*lengths.get(i, (S, S)), seed=i)
 
 
 def main() -> int:

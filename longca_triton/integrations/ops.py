@@ -161,9 +161,14 @@ def _checked_mask(q, k, v, meta, scale: float, backend: str) -> RangeMask:
 
 
 def _dense_config(q, k, v, mask) -> dict:
+    """The dense kernels' config of this call, resolved once per mask and shape (forward and backward share it)."""
+    from longca_triton.kernels.core.plan_cache import mask_memo
+    from longca_triton.kernels.core.tuned import generation
     from longca_triton.kernels.dense import resolve_config
 
-    return resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, None, q=q, k=k, v=v, mask=mask)
+    key = ("op-dense", q.shape[-1], v.shape[-1], q.dtype, q.shape[2] // k.shape[2], str(q.device), generation())
+    return mask_memo(mask, key, lambda: resolve_config(config_head_dim(q.shape[-1], v.shape[-1]), q.dtype, None,
+                                                       q=q, k=k, v=v, mask=mask))
 
 
 def _triton_fwd(q, k, v, mask, scale):

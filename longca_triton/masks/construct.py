@@ -143,10 +143,9 @@ def window_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=
     ``left`` / ``right`` of ``-1`` unbounded and ``causal`` meaning ``right = 0``. Rows that attend
     nothing (``Sq > Sk`` under causal) give zeros and ``lse = -inf``."""
     left, right = _check_window(window_size, causal)
-    sq, sk = int(seqlen_q), int(seqlen_k)
-    lo, hi = _window_bounds(np.arange(sq, dtype=np.int64), sq, sk, left, right)
     params = {"causal": bool(causal), "window_size": [left, right]}
-    return from_row_intervals(lo, hi, sk, name=_window_name(causal, left, right), params=params)
+    return RangeMask(int(seqlen_q), int(seqlen_k), _window_slices(int(seqlen_q), int(seqlen_k), left, right),
+                     name=_window_name(causal, left, right), params=params)
 
 
 def _check_cu_seqlens(label: str, cu) -> np.ndarray:
