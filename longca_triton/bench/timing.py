@@ -2,7 +2,9 @@
 
 ``time_fn(fn, warmup_ms, rep, flush_l2=True)``: on CUDA, CUDA events around each call only, with
 an L2 flush (writing a 256 MB buffer, more than any current L2) before every repetition, after
-``warmup_ms`` of warm-up calls (at least one, which absorbs compilation); returns the median and
+``warmup_ms`` of warm-up calls (at least one, which absorbs compilation), each start event behind a
+GPU sleep longer than the host's cost of issuing the call (the events time the GPU's work, not a
+Python launcher the GPU waits for); returns the median and
 the 20th / 80th percentiles in milliseconds. On the CPU the host clock is used and no flush is
 done. ``max_ms`` caps the timed repetitions of slow functions (at least ``min_rep`` still run).
 
@@ -14,8 +16,10 @@ clock) and counted as its slowest rank (max all-reduce); ``rank_median_ms`` is t
 
 ``time_interleaved(fns, warmup_ms, rep, ...)``: several functions (the backends of one problem)
 timed together, repetition by repetition: round ``r`` times each function once (L2 flush before
-each), starting with function ``r mod n``, so every backend sees the same stretch of the GPU's clock
-and power state. Why: under an attention backward's load an H100 draws 600-700 W and its SM clock
+each) in an order drawn afresh for the round (a fixed seed), so every backend sees the same stretch of
+the GPU's clock and power state and none always follows the same one (a kernel run right after a
+power-hungry one starts on a lower clock: with a fixed rotation two runs of the same kernel read 4-8 %
+apart at 64K). Why: under an attention backward's load an H100 draws 600-700 W and its SM clock
 moves between 1470 and 1980 MHz; timing all of A's repetitions and then all of B's measured the
 same kernels up to 7-9 % apart, more than several of the ratios a comparison judges. Each function keeps its own repetition count (``max_ms``
 caps slow ones); a function with fewer repetitions drops out of the later rounds.
@@ -43,6 +47,24 @@ import torch
 __all__ = ["L2_FLUSH_BYTES", "ClockSampler", "barrier", "peak_memory", "time_fn", "time_interleaved"]
 
 L2_FLUSH_BYTES = 256 * 2**20
+#: clock the head start's sleep is sized at (Hopper's top boost; at a lower clock it only lasts longer)
+_SLEEP_HZ = 2.0e9
+_MAX_HEAD_START_S = 0.02
+
+
+def _host_ms(fn) -> float:
+    """Milliseconds the host spends issuing one call (no synchronisation: the launches only queue)."""
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def _head_start(host_ms: float) -> None:
+    """Queue a GPU sleep longer than the host's cost of issuing the next call, so the call's kernels
+    are queued before the GPU reaches its start event: the events then time the GPU's work alone,
+    not the GPU waiting for a Python launcher (at 4K a launcher's host cost is of the order of the
+    kernel; without this the measured time depends on which call ran before)."""
+    torch.cuda._sleep(int(min(1.5 * host_ms * 1e-3 + 50e-6, _MAX_HEAD_START_S) * _SLEEP_HZ))
 
 
 def _summary(samples: list[float]) -> dict:
@@ -102,6 +124,7 @@ def time_fn(
     sync()
     est = max(s.elapsed_time(e), 1e-3)
     n_warm = max(1, int(warmup_ms / est))
+    host = max(_host_ms(fn) for _ in range(min(n_warm, 3)))
     for _ in range(n_warm):
         fn()
     n_rep = _rep_count(rep, min_rep, max_ms, est)
@@ -112,6 +135,7 @@ def time_fn(
     for i in range(n_rep):
         if buf is not None:
             buf.fill_(i & 0xFF)  # write the whole buffer: evicts the inputs from L2
+        _head_start(host)
         starts[i].record()
         fn()
         ends[i].record()
@@ -153,6 +177,7 @@ def time_interleaved(fns: Sequence[Callable[[], object]], warmup_ms: float = 25.
     sync()
     est = [max(one(fn), 1e-3) for fn in fns]
     n_warm = [max(1, int(warmup_ms / x)) for x in est]
+    host = [max(_host_ms(fn) for _ in range(min(n, 3))) if cuda else 0.0 for fn, n in zip(fns, n_warm)]
     for r in range(max(n_warm)):
         for i, fn in enumerate(fns):
             if r < n_warm[i]:
@@ -162,15 +187,16 @@ def time_interleaved(fns: Sequence[Callable[[], object]], warmup_ms: float = 25.
     times: list[list[float]] = [[] for _ in fns]
     events = []
     sync()
+    order = np.random.default_rng(0)
     for r in range(max(n_rep)):
-        for off in range(n):
-            i = (r + off) % n  # round r starts with function r mod n
+        for off, i in enumerate(order.permutation(n).tolist()):
             if r >= n_rep[i]:
                 continue
             if buf is not None:
                 buf.fill_((r * n + off) & 0xFF)  # write the whole buffer: evicts the inputs from L2
             if cuda:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                _head_start(host[i])
                 s.record()
                 fns[i]()
                 e.record()
