@@ -216,7 +216,7 @@ def record(mask, cfg_over: dict, hq: int, hkv: int, d: int, passes=("dq",)):
     out, dout = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(1, hq, S, dtype=torch.float32)
     with aot.recorded_launches(dense, tuple(KERNELS.values())) as rec, \
-            aot.recorded_launches(dense, ("dense_bwd_preprocess_kernel",)):
+            aot.recorded_launches(dense, ("bwd_preprocess_kernel",)):
         dense.dense_bwd(dout, q, k, v, out, lse, dkdv_plan, dq_plan, d ** -0.5, {**cfg, "bwd_streams": False})
     return cfg, [ln for ln in rec if ln.name in {KERNELS[p] for p in passes}]
 

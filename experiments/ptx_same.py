@@ -68,9 +68,8 @@ for name in ("causal", "full"):
     mask = make_mask(name, S)
     cfg = D.resolve_config(128, bf, mask=mask)
     _, kp, qp = D.plans_for(mask, cfg, "cpu")
-    # the delta preprocess is named bwd_preprocess_kernel in the package layout
-    names = [n for n in ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "dense_bwd_preprocess_kernel",
-                         "bwd_preprocess_kernel") if hasattr(D_LAUNCH, n)]
+    names = [n for n in ("dense_bwd_dkdv_kernel", "dense_bwd_dq_kernel", "bwd_preprocess_kernel")
+             if hasattr(D_LAUNCH, n)]
     with aot.recorded_launches(D_LAUNCH, names) as rec:
         D.dense_bwd(do, q, k, v, out, lse, kp, qp, 0.088, cfg)
     res[f"dense dK/dV {name}"] = code(next(r for r in rec if r.name == "dense_bwd_dkdv_kernel"))

@@ -53,6 +53,7 @@ def _dense_tunable() -> Tunable:
         run=run,
         default=default,
         accepts=lambda mask: not isinstance(mask, BlockSparseMask),
+        table="dense",
     )
 
 
@@ -64,7 +65,7 @@ def _gluon_tunable() -> Tunable:
 
     return Tunable(name="triton-gluon", groups={"fwd": "fwd", "bwd": "bwd"}, candidates=gluon_candidates,
                    run=gluon_run, default=gluon_default, accepts=lambda mask: not isinstance(mask, BlockSparseMask),
-                   device_reason=gluon_device_reason)
+                   device_reason=gluon_device_reason, table="gluon")
 
 
 register_tunable(_gluon_tunable())
@@ -111,6 +112,7 @@ def _block_sparse_tunable(name: str) -> Tunable:
         vendors=("flex", "flashinfer-bsr", "flashinfer-varblock", "vsa-triton", "vsa-cuda") if uniform
         else ("flex", "flashinfer-varblock"),
         block_meaning="block" if uniform else "mean block",
+        table="block_sparse",
     )
 
 

@@ -27,6 +27,7 @@ import torch
 
 from ..cli_values import SEQLENS
 from ..output import emit, format_option
+from .compile_ahead import CompileAhead
 from .autotune_summary import SUMMARY_COLUMNS, SUMMARY_HEADERS, Stop, fmt_cfg, plural, summary_lines, summary_rows
 from .cli import heads_callback
 
@@ -79,6 +80,9 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
+@click.option("--compile-workers", type=click.IntRange(min=0), default=None,
+              help="threads compiling candidates ahead while the GPU times (default: the host's cores less one; "
+                   "0: compile each candidate when it is first timed)")
 @click.option("--force", is_flag=True, help="tune classes the cache already holds for these cases again")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
@@ -86,14 +90,17 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
 @click.option("-v", "--verbose", is_flag=True, help="a line per timed candidate")
 @format_option
 def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, head_dims, dtypes, heads, vendors,
-             budget_minutes, exhaustive, switches, force, dry_run, no_write, out, verbose, fmt):
+             budget_minutes, exhaustive, switches, compile_workers, force, dry_run, no_write, out, verbose, fmt):
     """Tune our kernels' launch configs for one tile/block size and cache the winners.
 
     `--block N` tunes the dense kernel (triton: inner tile N) and the uniform block-sparse kernel
     (triton-sparse: masks of block N, one pattern per KV head, at each of --densities);
     `--varblock` tunes triton-varblock on variable-block masks of mean block --mean-block.
-    Each key group (forward, dK/dV, dQ) is searched by successive halving: every candidate timed
-    briefly on the heaviest case, the best quarter on every case. Prints, per problem class and
+    Each key group (forward, dK/dV, dQ) searches the shipped default, its neighbours (one or two
+    knobs changed) and the shipped table's other choices by successive halving: every candidate
+    timed briefly on the heaviest case, the best quarter on every case (--exhaustive: every
+    candidate of the full cross product on every case). Candidates compile on the host's cores
+    while the GPU times those already built. Prints, per problem class and
     mode, default vs tuned vs each vendor on the same cases. The cache
     (LONGCA_TRITON_AUTOTUNE_CACHE, default ~/.cache/longca-triton/autotune.json) holds one
     tuning-table row per problem class, which the kernels read at run time before their shipped
@@ -176,51 +183,64 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     table = dict(rows=[], columns=[], title="", headers={})
     runs, seconds, current = [], dict(search=0.0, vendors=0.0), None
     checks = dict(planned=sum(len(m) * len(t.groups) for t, _, m in plan), run=0, wrong=0)
+    tuned_kernels = []  # per kernel tuned: what its vendors, rows and summary need
     try:
         with stop.on_ctrl_c() if not dry_run else contextlib.nullcontext():
-            for tunable, tblock, mine in plan:
-                name = current = tunable.name
-                if dry_run:
-                    con.print(f"{name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')}")
-                    _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table", switches)
-                    continue
-                if check:
-                    con.print(f"checking {name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')} × "
-                              f"{plural(len(tunable.groups), 'key group')}")
-                    _interpreter_rows(table, tunable, mine, tblock, stop, checks)
-                    continue
-                vendor_names = [] if vendors == ["none"] else (vendors or list(tunable.vendors))
-                con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on "
-                          f"{_device_name(device)} ({plural(len(mine), 'case')}) -> {tuned.cache_path()}")
+            # every candidate's kernels compile on the host's cores while the GPU times those built
+            with CompileAhead(0 if dry_run or check else compile_workers) as ahead:
+                for tunable, tblock, mine in plan if ahead.workers else ():
+                    run.submit_compiles(ahead, tunable, mine, tblock, device, exhaustive=exhaustive, switches=switches,
+                                        force=force)
+                for tunable, tblock, mine in plan:
+                    name = current = tunable.name
+                    if dry_run:
+                        con.print(f"{name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')}")
+                        _dry_run_rows(table, tunable, mine, tblock, exhaustive, verbose or fmt != "table", switches)
+                        continue
+                    if check:
+                        con.print(f"checking {name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')} × "
+                                  f"{plural(len(tunable.groups), 'key group')}")
+                        _interpreter_rows(table, tunable, mine, tblock, stop, checks)
+                        continue
+                    con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on "
+                              f"{_device_name(device)} ({plural(len(mine), 'case')}) -> {tuned.cache_path()}")
+                    t0 = time.monotonic()
+                    summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, stop, force,
+                                                    no_write, verbose, switches)
+                    seconds["search"] += time.monotonic() - t0
+                    reused = [s for s in summaries if s.get("reused")]
+                    if reused:
+                        con.print(f"reused the cache for {len(reused)} of {plural(len(summaries), 'problem class', 'problem classes')} "
+                                  f"(tuned on these cases before; --force tunes them again)")
+                    tuned_kernels.append((tunable, tblock, mine, summaries))
+                    current = None
+            # the vendors after every search: their compiles do not queue behind ours
+            for tunable, tblock, mine, summaries in tuned_kernels:
+                current = tunable.name
                 t0 = time.monotonic()
-                summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, stop, force,
-                                                no_write, verbose, switches)
-                seconds["search"] += time.monotonic() - t0
-                reused = [s for s in summaries if s.get("reused")]
-                if reused:
-                    con.print(f"reused the cache for {len(reused)} of {plural(len(summaries), 'problem class', 'problem classes')} "
-                              f"(tuned on these cases before; --force tunes them again)")
-                t0 = time.monotonic()
-                _measure_vendors(con, tunable, tblock, summaries, mine, vendor_names, device, stop, write=not no_write)
+                _measure_vendors(con, tunable, tblock, summaries, mine, _vendor_names(tunable, vendors), device, stop,
+                                 write=not no_write)
                 seconds["vendors"] += time.monotonic() - t0
-                settled = {s["problem_class"] for s in summaries}
-                runs.append(dict(summaries=summaries, vendors=vendor_names, modes=set(tunable.groups.values()),
-                                 why_no_vendors="not timed (Ctrl-C)" if stop.interrupted else "",
-                                 left={c: [m.label for m in ms] for c, ms in run.group_classes(tunable, mine, tblock).items()
-                                       if c not in settled}))
                 current = None
-                table["rows"] += summary_rows(summaries, vendor_names)
-                table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
-                                                      + ["source", "tuned_config"]))
-                table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs "
-                                                                     "tuned, vendors on the same cases")
-                if out:
-                    with open(out, "a") as f:
-                        for s in summaries:
-                            f.write(json.dumps(s, default=str) + "\n")
     except KeyboardInterrupt:  # a second Ctrl-C: the kernel under way is cut where it stood
         if current and not check:
             skipped.append((current, "stopped at once by a second Ctrl-C; the classes it finished are in the cache"))
+    for tunable, tblock, mine, summaries in tuned_kernels:
+        vendor_names = _vendor_names(tunable, vendors)
+        settled = {s["problem_class"] for s in summaries}
+        runs.append(dict(summaries=summaries, vendors=vendor_names, modes=set(tunable.groups.values()),
+                         why_no_vendors="not timed (Ctrl-C)" if stop.interrupted else "",
+                         left={c: [m.label for m in ms] for c, ms in run.group_classes(tunable, mine, tblock).items()
+                               if c not in settled}))
+        table["rows"] += summary_rows(summaries, vendor_names)
+        table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
+                                              + ["source", "tuned_config"]))
+        table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs "
+                                                             "tuned, vendors on the same cases")
+        if out:
+            with open(out, "a") as f:
+                for s in summaries:
+                    f.write(json.dumps(s, default=str) + "\n")
     if table["rows"]:
         emit(table["rows"], table["columns"], fmt=fmt, title=table["title"], headers=table["headers"])
     if dry_run:
@@ -237,6 +257,11 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         sys.exit(130)
     if check and checks["wrong"]:
         sys.exit(1)  # a kernel disagreed with the fp64 reference: the run failed, whatever else it printed
+
+
+def _vendor_names(tunable, vendors) -> list[str]:
+    """The vendors a kernel is compared with: ``--vendors`` (``none``: none), else the kernel's own list."""
+    return [] if vendors == ["none"] else (vendors or list(tunable.vendors))
 
 
 def _device_name(device) -> str:
@@ -324,7 +349,8 @@ def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs, switch
 
     for cls, members in run.group_classes(tunable, cases, block).items():
         for group, mode in tunable.groups.items():
-            cands = run.search_space(tunable, group, block, members[0].head_dim, switches)
+            cands = run.search_space(tunable, group, block, members[0].head_dim, switches,
+                                     run.class_default(tunable, members), exhaustive)
             table["rows"].append(dict(
                 problem_class=cls, cases="; ".join(c.label for c in members), group=group, timed_on=mode,
                 candidates=len(cands), timed_runs=planned_measurements(len(cands), len(members), exhaustive=exhaustive),

@@ -34,7 +34,8 @@ from ..masks import Mask
 from .search import geomean, halving_search, past, planned_measurements
 from .timing import time_fn
 
-__all__ = ["Tunable", "TuneCase", "measure", "search_space", "group_classes", "planned_work", "cached_row", "tune",
+__all__ = ["Tunable", "TuneCase", "measure", "call_once", "submit_compiles", "search_space", "class_default",
+           "group_classes", "planned_work", "cached_row", "tune",
            "record_vendors", "build_cases", "cases_for", "vendor_tflops", "DEFAULT_MASKS", "DEFAULT_VENDORS",
            "DEFAULT_DENSITIES"]
 
@@ -60,6 +61,8 @@ class Tunable:
     block_meaning: str = "block"
     #: ``device_reason(torch.device) -> str``: why it cannot run on that device ("" if it can)
     device_reason: Callable | None = None
+    #: its shipped tuning table's family (``kernels/tuning/<table>.toml``): the search looks there too
+    table: str | None = None
 
 
 @dataclass
@@ -89,12 +92,30 @@ class TuneCase:
         return self.batch * self.mask.flops(self.heads_q, self.head_dim, mode)
 
 
+#: repetitions of one timing sized to the case: ``rep`` at most, about ``ms`` of them, ``min_rep`` at least
+#: (the screen ranks candidates, the final round measures them)
+SCREEN_TIMING = dict(warmup_ms=10, rep=30, max_ms=25, min_rep=5)
+FINAL_TIMING = dict(warmup_ms=25, rep=50, max_ms=100, min_rep=10)
+
+
 def _time(fn, device, quick: bool = False) -> float:
-    """Median milliseconds of ``fn`` (CUDA events via the harness; wall clock in the interpreter).
-    ``quick``: the screening round's short timing (a few repetitions: ranks, not measures)."""
+    """Median milliseconds of ``fn``: CUDA events behind a head start (``bench.timing``), as many
+    repetitions as fit the screen's or the final round's time (a 1 ms backward gets 25 or 50, a
+    20 ms one 5 or 10); wall clock in the interpreter."""
     if torch.device(device).type == "cuda":
-        return time_fn(fn, warmup_ms=10, rep=5)["median_ms"] if quick else time_fn(fn, warmup_ms=25, rep=20)["median_ms"]
+        t = SCREEN_TIMING if quick else FINAL_TIMING
+        return time_fn(fn, warmup_ms=t["warmup_ms"], rep=t["rep"], max_ms=t["max_ms"], min_rep=t["min_rep"])["median_ms"]
     return time_fn(fn, rep=1, flush_l2=False, device=device, warmup_calls=0)["median_ms"]  # one run, host clock
+
+
+def call_once(tunable: Tunable, case: TuneCase, config: dict, mode: str, device) -> None:
+    """One untimed call of a config on a case: the forward, and with ``mode`` bwd the backward."""
+    q, k, v, do = case.inputs(device)
+    if mode == "fwd":
+        with torch.no_grad():
+            tunable.run(q, k, v, case.mask, config)
+    else:
+        torch.autograd.grad(tunable.run(q, k, v, case.mask, config), (q, k, v), do)
 
 
 def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device, quick: bool = False) -> float:
@@ -109,13 +130,42 @@ def measure(tunable: Tunable, case: TuneCase, config: dict, mode: str, device, q
     return case.flops(mode) / (ms * 1e-3) / 1e12
 
 
-def search_space(tunable: Tunable, group: str, block: int, head_dim: int, switches: bool = False) -> list[dict]:
-    """The candidates searched for one key group. ``switches=False`` leaves out
-    ``warp_specialize=True``: on sm_90 with Triton 3.6 it changes nothing (the pass does not apply
-    to these loops), no tuned class ever chose it, and some of its configs fail to compile.
-    ``--search-switches`` puts them back."""
+def search_space(tunable: Tunable, group: str, block: int, head_dim: int, switches: bool = False,
+                 default: dict | None = None, exhaustive: bool = False) -> list[dict]:
+    """The candidates searched for one key group.
+
+    With ``default`` (the config a user gets on the class: the shipped table's row) and not
+    ``exhaustive``: the candidate nearest the default (its centre), every candidate that differs from
+    the centre in at most two keys (one knob, or two that move together such as a consumer count and
+    where P lives), and each choice the shipped table's rows make for the group's keys applied to the
+    centre; not the cross product of every knob (82 Gluon forward candidates at D = 128 against 16
+    here). ``exhaustive`` or no ``default``: every candidate.
+
+    ``switches=False`` leaves out ``warp_specialize=True``: on sm_90 with Triton 3.6 it changes
+    nothing (the pass does not apply to these loops), no tuned class ever chose it, and some of its
+    configs fail to compile. ``--search-switches`` puts them back."""
     cands = tunable.candidates(group, block, head_dim)
-    return cands if switches else [c for c in cands if not c.get("warp_specialize")]
+    cands = cands if switches else [c for c in cands if not c.get("warp_specialize")]
+    if exhaustive or default is None or not cands:
+        return cands
+
+    def dist(a: dict, b: dict) -> int:
+        return sum(a[k] != b.get(k) for k in a)
+
+    centre = min(cands, key=lambda c: dist(c, default))  # the first of the nearest: the candidates' own order
+    shipped = [dict(centre, **choice) for choice in _shipped_choices(tunable, tuple(centre))]
+    return [c for c in cands if dist(c, centre) <= 2 or c in shipped]
+
+
+def _shipped_choices(tunable: Tunable, keys: tuple) -> list[dict]:
+    """What each row of the tunable's shipped table sets among ``keys`` (rows setting none left out)."""
+    if tunable.table is None:
+        return []
+    from longca_triton.kernels.tuning import load_table
+
+    rows = load_table(tunable.table).rows
+    return [c for c in ({k: r.config[k] for k in keys if k in r.config} for r in rows) if c]
+
 
 
 def _class_of(tunable: Tunable, case: TuneCase, block: int) -> str:
@@ -142,10 +192,40 @@ def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive
     for members in group_classes(tunable, cases, block).values():
         n, modes = len(members), len(set(tunable.groups.values()))
         total += 2 * modes * n  # the default before, the tuned combination after
+        default = class_default(tunable, members)
         for group in tunable.groups:
-            total += planned_measurements(len(search_space(tunable, group, block, members[0].head_dim, switches)), n,
-                                          exhaustive=exhaustive)
+            space = search_space(tunable, group, block, members[0].head_dim, switches, default, exhaustive)
+            total += planned_measurements(len(space), n, exhaustive=exhaustive)
     return total
+
+
+def class_default(tunable: Tunable, members: list[TuneCase]) -> dict:
+    """The config a user gets on a class without tuning (its first case's)."""
+    c = members[0]
+    return tunable.default(c.head_dim, c.dtype, c.mask, group=c.heads_q // c.heads_kv)
+
+
+def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, device, *, exhaustive: bool = False,
+                    switches: bool = False, force: bool = False) -> int:
+    """Hand ``ahead`` (a :class:`~longca_triton.bench.compile_ahead.CompileAhead`) every kernel
+    :func:`tune` will build for these cases, in the order it needs them: per class not in the
+    cache, the default in each mode, then each key group's candidates on the screening case (the
+    largest), over the default. Returns how many calls were submitted."""
+    n = 0
+    for members in group_classes(tunable, cases, block).values():
+        if not force and cached_row(tunable, members, block, device) is not None:
+            continue
+        default = class_default(tunable, members)
+        screen = max(members, key=lambda c: c.mask.area)
+        for mode in sorted(set(tunable.groups.values()), reverse=True):  # fwd first
+            ahead.submit(lambda mode=mode: call_once(tunable, screen, default, mode, device), f"{tunable.name} default")
+            n += 1
+        for group, mode in tunable.groups.items():
+            for cand in search_space(tunable, group, block, screen.head_dim, switches, default, exhaustive):
+                ahead.submit(lambda cand=cand, mode=mode: call_once(tunable, screen, {**default, **cand}, mode, device),
+                             f"{tunable.name} {cand}")
+                n += 1
+    return n
 
 
 def cached_row(tunable: Tunable, members: list[TuneCase], block: int, device) -> Row | None:
@@ -222,8 +302,8 @@ def tune(
         if past(deadline):  # the budget is spent (or Ctrl-C pressed): classes not begun are not tuned
             continue
         t0 = time.monotonic()
-        head_dim, dtype = members[0].head_dim, members[0].dtype
-        default = tunable.default(head_dim, dtype, members[0].mask, group=members[0].heads_q // members[0].heads_kv)
+        head_dim = members[0].head_dim
+        default = class_default(tunable, members)
         tuned = dict(default)
         default_scores, tuned_scores, failures, measured, cut = {}, {}, [], 0, False
 
@@ -242,7 +322,7 @@ def tune(
                 for c in members:
                     note("default", {}, c, None, "")
             res = halving_search(
-                search_space(tunable, group, block, head_dim, switches), members,
+                search_space(tunable, group, block, head_dim, switches, default, exhaustive), members,
                 lambda cand, case, quick, mode=mode: measure(tunable, case, {**tuned, **cand}, mode, device, quick),
                 weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
