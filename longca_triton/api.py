@@ -29,7 +29,7 @@ def plan_features(mask: Mask, head_dim: int, head_dim_v: int | None = None) -> d
 
 
 def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
-                    v: torch.Tensor | None = None) -> str:
+                    v: torch.Tensor | None = None, mode: str | None = None) -> str:
     """The backend ``attention`` uses when none is named.
 
     Block-sparse masks: ``triton-sparse`` (uniform power-of-two blocks) or ``triton-varblock``.
@@ -38,8 +38,12 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
     each row names the results that measured it), unless the user's autotune cache measured both
     ``triton`` and ``triton-gluon`` on this problem class, when the faster of the two runs. A backend
     that cannot run the call is never picked: ``triton`` then runs. On a CPU (the interpreter):
-    ``triton``. The choice is memoised on the mask per shape, dtype, device and mode.
+    ``triton``. The choice is memoised on the mask per shape, dtype, device and mode. ``mode``
+    (``"fwd"`` or ``"fwd_bwd"``) overrides what the autograd state says: a custom op runs outside
+    autograd and is told by its caller whether a backward follows.
     """
+    if mode not in (None, "fwd", "fwd_bwd"):
+        raise ValueError(f"mode must be 'fwd' or 'fwd_bwd', got {mode!r}")
     if isinstance(mask, BlockSparseMask):
         return "triton-sparse" if mask.uniform_block else "triton-varblock"
     if q is None or k is None or q.device.type != "cuda":
@@ -48,8 +52,9 @@ def default_backend(mask: Mask, q: torch.Tensor | None = None, k: torch.Tensor |
     from longca_triton.kernels.core.tuned import generation
 
     v = k if v is None else v
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    mode = "fwd_bwd" if grad else "fwd"
+    if mode is None:
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        mode = "fwd_bwd" if grad else "fwd"
     key = ("default", q.shape[0], q.shape[2], k.shape[2], q.shape[-1], v.shape[-1], q.dtype, str(q.device), mode,
            generation())
     return mask_memo(mask, key, lambda: _choose(mask, q, k, v, mode))

@@ -15,7 +15,11 @@ forms told apart by the last dim:
 The op reads the metadata on the host and rebuilds the ``RangeMask``, one object per distinct
 content (``MASKS``), so the kernels' plan caches, keyed by the mask object, hit on every later
 call with the same mask. Its backward is a second op, ``longca_triton::attention_backward``.
-Backends: ``triton`` (our dense kernels, the default) and ``reference`` (plain PyTorch).
+Backends: ``default`` (what ``longca_triton.attention`` runs when no backend is named:
+``api.default_backend`` for the call's mode, which the op is told since it runs outside autograd),
+``triton`` (our dense kernels), ``triton-gluon`` (our Gluon kernels, sm_90; head dims that have not
+passed their GPU tests run ``triton``, as the backend of that name does) and ``reference`` (plain
+PyTorch). Head dims that are no multiple of 8 are padded with zeros around the op.
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ import torch
 
 from longca_triton.api import validate_inputs
 from longca_triton.kernels.core.autograd import fake_bwd, fake_fwd
-from longca_triton.kernels.core.runtime import config_head_dim, resolve_scale
+from longca_triton.kernels.core.runtime import config_head_dim, padded_call, public_head_dim_reason, resolve_scale
 from longca_triton.masks import Mask, RangeMask, from_row_intervals
 
 __all__ = ["BACKENDS", "MASKS", "MaskCache", "compiled_attention", "mask_from_tensor", "mask_tensor"]
 
-#: the backends the op runs: ours, and the plain-PyTorch reference (for checking)
-BACKENDS = ("triton", "reference")
+#: the backends the op runs: the default choice, ours, and the plain-PyTorch reference (for checking)
+BACKENDS = ("default", "triton", "triton-gluon", "reference")
 #: the smallest padded slice count of ``mask_tensor``
 MIN_CAPACITY = 8
 
@@ -141,11 +145,25 @@ class MaskCache:
 MASKS = MaskCache()
 
 
-def _backend_name(backend: str) -> str:
-    name = backend or "triton"
+def _backend_name(backend: str | None) -> str:
+    name = backend or "default"
     if name not in BACKENDS:
         raise ValueError(f"compiled_attention runs backends {', '.join(BACKENDS)}; got {backend!r}")
     return name
+
+
+def _kernels(backend: str, mask, q, k, v, train: bool) -> str:
+    """The kernels the op runs for ``backend``: ``default`` resolved for the call's mode (``train``:
+    a backward follows), ``triton-gluon`` on head dims without Gluon GPU tests as ``triton``."""
+    from longca_triton.api import default_backend
+
+    name = default_backend(mask, q, k, v, mode="fwd_bwd" if train else "fwd") if backend == "default" else backend
+    if name == "triton-gluon":
+        from longca_triton.adapters.triton_gluon import TritonGluon
+
+        if TritonGluon.fallback_reason(q.shape[-1], v.shape[-1]):
+            return "triton"
+    return name if name in _FWD else "triton"
 
 
 def _checked_mask(q, k, v, meta, scale: float, backend: str) -> RangeMask:
@@ -154,9 +172,10 @@ def _checked_mask(q, k, v, meta, scale: float, backend: str) -> RangeMask:
 
     mask = MASKS.get(meta, q.shape[1], k.shape[1])
     validate_inputs(q, k, v, mask)
-    ok, why = get_backend(backend).check(Problem.from_tensors(q, k, v, mask, scale))
-    if not ok:
-        raise ValueError(f"backend {backend!r} cannot run this case: {why}")
+    if backend != "default":
+        ok, why = get_backend(backend).check(Problem.from_tensors(q, k, v, mask, scale))
+        if not ok:
+            raise ValueError(f"backend {backend!r} cannot run this case: {why}")
     return mask
 
 
@@ -206,19 +225,31 @@ def _reference_bwd(dout, dlse, q, k, v, out, lse, mask, scale):
     return tuple(g.contiguous() for g in vjp((dout, dlse.to(torch.float32))))
 
 
-_FWD = {"triton": _triton_fwd, "reference": _reference_fwd}
-_BWD = {"triton": _triton_bwd, "reference": _reference_bwd}
+def _gluon_fwd(q, k, v, mask, scale):
+    from longca_triton.kernels.gluon.op import gluon_forward
+
+    return gluon_forward(q, k, v, mask, scale)
+
+
+def _gluon_bwd(dout, dlse, q, k, v, out, lse, mask, scale):
+    from longca_triton.kernels.gluon.op import gluon_backward
+
+    return gluon_backward(dout, dlse, q, k, v, out, lse, mask, scale)
+
+
+_FWD = {"triton": _triton_fwd, "triton-gluon": _gluon_fwd, "reference": _reference_fwd}
+_BWD = {"triton": _triton_bwd, "triton-gluon": _gluon_bwd, "reference": _reference_bwd}
 
 
 @torch.library.custom_op("longca_triton::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_meta: torch.Tensor,
-                  softmax_scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax_scale: float, backend: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     mask = _checked_mask(q, k, v, mask_meta, softmax_scale, backend)
-    return _FWD[backend](q, k, v, mask, softmax_scale)
+    return _FWD[_kernels(backend, mask, q, k, v, train)](q, k, v, mask, softmax_scale)
 
 
 @_attention_op.register_fake
-def _(q, k, v, mask_meta, softmax_scale, backend):
+def _(q, k, v, mask_meta, softmax_scale, backend, train):
     return fake_fwd(q, v)
 
 
@@ -227,7 +258,8 @@ def _attention_bwd_op(dout: torch.Tensor, dlse: torch.Tensor, q: torch.Tensor, k
                       v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, mask_meta: torch.Tensor,
                       softmax_scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask = MASKS.get(mask_meta, q.shape[1], k.shape[1])
-    return _BWD[backend](dout, dlse, q, k, v, out, lse, mask, softmax_scale)
+    # the forward that saved out and lse ran with a backward to follow: the same kernels' backward
+    return _BWD[_kernels(backend, mask, q, k, v, True)](dout, dlse, q, k, v, out, lse, mask, softmax_scale)
 
 
 @_attention_bwd_op.register_fake
@@ -236,7 +268,7 @@ def _(dout, dlse, q, k, v, out, lse, mask_meta, softmax_scale, backend):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask_meta, softmax_scale, backend = inputs
+    q, k, v, mask_meta, softmax_scale, backend, train = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask_meta)
     ctx.softmax_scale, ctx.backend = softmax_scale, backend
@@ -247,7 +279,7 @@ def _backward(ctx, dout, dlse):
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = torch.zeros_like(lse) if dlse is None else dlse.contiguous()
     dq, dk, dv = _attention_bwd_op(dout, dlse, q, k, v, out, lse, mask_meta, ctx.softmax_scale, ctx.backend)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None
 
 
 torch.library.register_autograd("longca_triton::attention", _backward, setup_context=_setup_context)
@@ -263,8 +295,10 @@ def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, 
     ``mask``: int64 metadata, slices ``[N, 5]`` from :func:`mask_tensor` or rows ``[Sq, 2]`` (built
     outside the compiled region and passed in as a tensor), or a ``RangeMask`` (converted here: fine
     eagerly, but inside a compiled region a mask object is guarded on, so a new mask recompiles).
-    ``backend``: ``"triton"`` (default) or ``"reference"``. Returns ``out [B, Sq, Hq, D_v]`` and, with
-    ``return_lse``, ``lse [B, Hq, Sq]`` (float32, ``-inf`` on rows that attend nothing); differentiable.
+    ``backend``: ``"default"`` (``None``: what ``longca_triton.attention`` would run), ``"triton"``,
+    ``"triton-gluon"`` or ``"reference"``. Any head dim from 1 to 256 (zero-padded to a multiple of 8
+    around the op). Returns ``out [B, Sq, Hq, D_v]`` and, with ``return_lse``, ``lse [B, Hq, Sq]``
+    (float32, ``-inf`` on rows that attend nothing); differentiable.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -275,5 +309,11 @@ def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, 
     meta = mask_tensor(mask, device=q.device) if isinstance(mask, Mask) else mask
     _check_meta(meta, q.shape[1])
     name = _backend_name(backend)
-    out, lse = _attention_op(q, k, v, meta, resolve_scale(softmax_scale, q.shape[-1]), name)
+    for which, d in (("head dim", q.shape[-1]), ("head dim of v", v.shape[-1])):
+        why = public_head_dim_reason(d, which)
+        if why:
+            raise ValueError(why)
+    scale = resolve_scale(softmax_scale, q.shape[-1])  # from the true D_qk, before any padding
+    train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    out, lse = padded_call(lambda q, k, v: _attention_op(q, k, v, meta, scale, name, train), q, k, v)
     return (out, lse) if return_lse else out

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from longca_triton.adapters.triton_base import TritonBackend, interpreting, runs_here
-from longca_triton.kernels.core.runtime import head_dim_reason
+from longca_triton.kernels.core.runtime import public_head_dim_reason
 
 from .ops import BACKENDS, _version, compiled_attention
 
@@ -59,7 +59,9 @@ def _transformers():
 
 def register(name: str = NAME, *, backend: Optional[str] = None) -> str:
     """Register ``attn_implementation=name`` with transformers (attention and mask functions) and return
-    ``name``; ``backend`` is ``"triton"`` (default) or ``"reference"``. Then
+    ``name``; ``backend`` is one of ``integrations.ops.BACKENDS``: ``"default"`` (``None``: what
+    ``longca_triton.attention`` runs, the Gluon kernels on Hopper), ``"triton"``, ``"triton-gluon"`` or
+    ``"reference"``. Then
     ``AutoModelForCausalLM.from_pretrained(..., attn_implementation=name)`` or
     ``model.set_attn_implementation(name)``."""
     if backend is not None and backend not in BACKENDS:
@@ -244,7 +246,8 @@ def _kernel_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     dtypes = TritonBackend.dtypes + ((torch.float32,) if interpreting() else ())
     if query.dtype not in dtypes:
         return f"dtype {query.dtype} (our kernels take {', '.join(str(d).replace('torch.', '') for d in dtypes)})"
-    return head_dim_reason(query.shape[-1], "head dim") or head_dim_reason(value.shape[-1], "head dim of v")
+    return (public_head_dim_reason(query.shape[-1], "head dim")
+            or public_head_dim_reason(value.shape[-1], "head dim of v"))
 
 
 def _static_reason(query, key, value, dropout: float, causal: bool, window, backend: str, kwargs) -> str:
@@ -294,7 +297,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     Sk, D]``, ``attention_mask`` as ``padding_mask`` returns it (or a 4-D mask the caller prepared);
     returns ``(attn_output [B, Sq, H, D_v], None)``. The module docstring lists what runs on our
     kernels and what falls back to SDPA."""
-    backend = backend or "triton"
+    backend = backend or "default"
     batch, heads, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
     is_causal = kwargs.pop("is_causal", None)

@@ -56,6 +56,22 @@ def test_matches_the_reference(backend, case):
         assert close(got, want)
 
 
+@pytest.mark.parametrize("backend", [pytest.param("default", id="default", marks=needs_triton), *BACKENDS])
+@pytest.mark.parametrize("d, dv", [(59, 59), (20, 37)], ids=["D=59", "D=20-Dv=37"])
+def test_head_dims_off_the_multiples_of_8_are_padded(backend, d, dv):
+    """Any head dim runs (zero-padded around the op), with the scale of the true D_qk."""
+    mask = lt.make_mask("causal_document", 48, doc_lens=[20, 28])
+    q, k, _ = qkv(1, 48, 48, 2, 1, d)
+    (v,) = qkv(1, 48, 48, 1, 1, dv, seed=5)[1:2]
+    out, lse = compiled_attention(q, k, v, mask_tensor(mask, device=DEVICE), backend=backend, return_lse=True)
+    ref_out, ref_lse = lt.attention(q, k, v, mask, backend="reference", return_lse=True)
+    assert out.shape == (1, 48, 2, dv) and close(out, ref_out) and close(lse, ref_lse)
+    for got, want in zip(grads_of(out, lse, (q, k, v)), grads_of(ref_out, ref_lse, (q, k, v))):
+        assert got.shape == want.shape and close(got, want)
+    with pytest.raises(ValueError, match="head dim 300 not supported"):
+        compiled_attention(*qkv(1, 48, 48, 2, 1, 300), mask, backend=backend)
+
+
 def test_row_intervals_and_slices_give_one_mask():
     S = 64
     lo = np.maximum(np.arange(S) - 9, 0)
@@ -144,7 +160,7 @@ def test_bad_metadata_is_one_value_error(meta, message):
 def test_bad_calls_are_value_errors():
     q, k, v = qkv(1, 64, 64, 2, 1, 16)
     causal = lt.make_mask("causal", 64)
-    with pytest.raises(ValueError, match="compiled_attention runs backends triton, reference; got 'flex'"):
+    with pytest.raises(ValueError, match="compiled_attention runs backends default, triton, triton-gluon, reference; got 'flex'"):
         compiled_attention(q, k, v, causal, backend="flex")
     with pytest.raises(ValueError, match="mask must be a RangeMask"):
         compiled_attention(q, k, v, lt.make_mask("block_sparse", 64, block=16, seed=0))
@@ -152,6 +168,32 @@ def test_bad_calls_are_value_errors():
         compiled_attention(q, k, v, lt.make_mask("causal", 32), backend="reference")
     with pytest.raises(ValueError, match="q must be a 4-D tensor"):
         compiled_attention(q[0], k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training"])
+def test_the_default_runs_the_default_backends_kernels_on_the_gpu(train, monkeypatch):
+    """On the GPU the op's default is ``longca_triton.attention``'s choice for the call's mode (the Gluon
+    kernels on Hopper where the shipped table says so), and its numbers match ``lt.attention``'s."""
+    from longca_triton.integrations import ops
+
+    S = 4096
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, S, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=train) for h in (16, 2, 2))
+    mask = lt.make_mask("causal", S)
+    ran = []
+    kernels = ops._kernels
+    monkeypatch.setattr(ops, "_kernels", lambda *a: ran.append(kernels(*a)) or ran[-1])
+    out = compiled_attention(q, k, v, mask)
+    expected = lt.api.default_backend(mask, q, k, v, mode="fwd_bwd" if train else "fwd")
+    assert ran == [expected if expected in ops._FWD else "triton"]
+    ref = lt.attention(q, k, v, mask, backend=expected)
+    assert torch.equal(out, ref)
+    if train:
+        do = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), do)
+        want = torch.autograd.grad(ref, (q, k, v), do)
+        assert ran[-1] == ran[0] and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.gpu

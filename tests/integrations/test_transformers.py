@@ -264,7 +264,7 @@ def test_register_without_transformers_says_how_to_install_it(monkeypatch):
 
 
 def test_register_rejects_an_unknown_backend():
-    with pytest.raises(ValueError, match="backend must be one of triton, reference, got 'fa3'"):
+    with pytest.raises(ValueError, match="backend must be one of default, triton, triton-gluon, reference, got 'fa3'"):
         lt_transformers.register(backend="fa3")
 
 

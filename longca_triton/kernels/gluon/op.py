@@ -49,8 +49,8 @@ from longca_triton.kernels.gluon.config import (
 from longca_triton.kernels.gluon.fwd_parts import o_fits_q
 from longca_triton.kernels.gluon.plan import HEAD_TILES, WsPlan, get_ws_plan
 
-__all__ = ["GluonAttentionFunction", "check_inputs", "dq_plan", "fwd_plan", "gluon_attention", "gluon_bwd",
-           "gluon_fwd", "launch_gluon_bwd_dkdv", "launch_gluon_bwd_dq", "plans_for_gluon"]
+__all__ = ["GluonAttentionFunction", "check_inputs", "dq_plan", "fwd_plan", "gluon_attention", "gluon_backward",
+           "gluon_bwd", "gluon_forward", "gluon_fwd", "launch_gluon_bwd_dkdv", "launch_gluon_bwd_dq", "plans_for_gluon"]
 
 
 def check_inputs(q, k, v, mask=None) -> None:
@@ -339,3 +339,20 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sof
     plan, bwd_a, bwd_b = plans_for_gluon(mask, d, cfg, bwd_cfg, q.device)
     out, lse = GluonAttentionFunction.apply(q, k, v, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)
     return (out, lse) if return_lse else out
+
+
+def gluon_forward(q, k, v, mask, softmax_scale: float):
+    """``gluon_attention``'s forward without autograd: ``(out, lse)`` under the call's resolved config
+    and plans (memoised on the mask). For callers that do their own autograd, such as the
+    ``longca_triton::attention`` custom op, which pairs it with :func:`gluon_backward`."""
+    check_inputs(q, k, v, mask)
+    cfg, bwd_cfg = _configs_for(q, k, v, mask, None, None)
+    plan, _, _ = plans_for_gluon(mask, q.shape[-1], cfg, bwd_cfg, q.device)
+    return gluon_fwd(q, k, v, plan, softmax_scale, cfg)
+
+
+def gluon_backward(dout, dlse, q, k, v, out, lse, mask, softmax_scale: float):
+    """The backward of :func:`gluon_forward`'s ``(out, lse)`` (the design its config names): ``dq, dk, dv``."""
+    cfg, bwd_cfg = _configs_for(q, k, v, mask, None, None)
+    plan, bwd_a, bwd_b = plans_for_gluon(mask, q.shape[-1], cfg, bwd_cfg, q.device)
+    return _bwd(dout, dlse, q, k, v, out, lse, plan, bwd_a, bwd_b, softmax_scale, cfg, bwd_cfg)
