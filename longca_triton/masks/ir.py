@@ -184,6 +184,11 @@ def merge_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarra
 
 def _pad_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat merged intervals -> ``[num_pos, K]`` int32 arrays (unused slots ``lo == hi == 0``)."""
+    if pos.size == 0 or np.all(pos[1:] > pos[:-1]):  # at most one interval per position
+        out_lo = np.zeros((num_pos, 1), dtype=np.int32)
+        out_hi = np.zeros((num_pos, 1), dtype=np.int32)
+        out_lo[pos, 0], out_hi[pos, 0] = lo, hi
+        return out_lo, out_hi
     counts = np.bincount(pos, minlength=num_pos)
     K = max(1, int(counts.max()) if counts.size else 1)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -215,15 +220,26 @@ def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int) -> tuple:
     num_n = -(-Sk // bn)
     if rows.size == 0:  # a mask that allows nothing
         return (np.zeros(0, np.int64),) * 4
+    # the four tile bounds of each row's interval and its query tile (named arrays, int32 where the
+    # positions fit: an unnamed temporary of this length costs numpy a slow check on some hosts)
+    it = np.int32 if max(Sq, Sk) < 2**31 - 2 * max(bm, bn) else np.int64
+    rows, lo, hi = (np.asarray(x, dtype=it) for x in (rows, lo, hi))
     t = rows // bm
-    ta, tb = lo // bn, -(-hi // bn)  # touched key tiles [ta, tb)
-    fa, fb = -(-lo // bn), np.where(hi == Sk, num_n, hi // bn)  # wholly covered key tiles [fa, fb)
-    bounds = np.stack([t, ta, tb, fa, fb])
-    new = np.ones(t.size, dtype=bool)
-    new[1:] = (bounds[:, 1:] != bounds[:, :-1]).any(axis=0)
+    ta = lo // bn  # touched key tiles [ta, tb)
+    tb = hi + (bn - 1)
+    tb //= bn
+    fa = lo + (bn - 1)  # wholly covered key tiles [fa, fb)
+    fa //= bn
+    fb = hi // bn
+    np.copyto(fb, num_n, where=hi == Sk)
+    new = np.zeros(t.size, dtype=bool)
+    new[0] = True
+    for b in (t, ta, tb, fa, fb):  # a run starts where any bound changes
+        changed = b[1:] != b[:-1]
+        new[1:] |= changed
     first = np.flatnonzero(new)
     weight = np.diff(np.append(first, t.size))
-    t, ta, tb, fa, fb = bounds[:, first]
+    t, ta, tb, fa, fb = (b[first].astype(np.int64) for b in (t, ta, tb, fa, fb))
     covers = fb > fa
     width = num_n + 1
     key = np.concatenate([t * width + ta, t * width + tb, t[covers] * width + fa[covers],
@@ -372,62 +388,75 @@ class RangeMask(Mask):
             dense[qs:qe, ks:ke] |= self.slice_allows(kind, r, c, qe - qs, ke - ks)
         return dense
 
-    def _slice_row_intervals(self):
-        """Flat (row, lo, hi) triples, one per (slice, row): each slice allows one key interval per row."""
-        pos, lo, hi = [], [], []
-        for qs, qe, ks, ke, kind in self.slices:
-            sq, sk = qe - qs, ke - ks
-            r = np.arange(sq, dtype=np.int64)
-            if kind == SliceKind.FULL:
-                a, b = np.zeros(sq, np.int64), np.full(sq, sk, np.int64)
-            elif kind == SliceKind.CAUSAL:
-                a, b = np.zeros(sq, np.int64), np.clip(r + (sk - sq) + 1, 0, sk)
-            elif kind == SliceKind.INVCAUSAL:
-                a, b = np.minimum(r, sk), np.full(sq, sk, np.int64)
-            else:
-                a, b = np.minimum(r, sk), np.clip(r + (sk - sq) + 1, 0, sk)
-            pos.append(r + qs)
-            lo.append(a + ks)
-            hi.append(b + ks)
-        return self._concat(pos, lo, hi)
+    def _slice_arrays(self) -> np.ndarray:
+        """The slices as int64 ``[N, 5]`` rows ``(q_start, q_end, k_start, k_end, kind)``."""
+        return np.asarray([tuple(int(x) for x in sl) for sl in self.slices], dtype=np.int64).reshape(-1, 5)
 
-    def _slice_col_intervals(self):
-        """Flat (col, lo, hi) triples: for each slice and key column, its allowed query interval."""
-        pos, lo, hi = [], [], []
-        for qs, qe, ks, ke, kind in self.slices:
-            sq, sk = qe - qs, ke - ks
-            c = np.arange(sk, dtype=np.int64)
-            first_causal = np.clip(c - (sk - sq), 0, sq)  # CAUSAL: r >= c - (sk - sq)
-            last_inv = np.clip(c + 1, 0, sq)  # INVCAUSAL: r <= c
-            if kind == SliceKind.FULL:
-                a, b = np.zeros(sk, np.int64), np.full(sk, sq, np.int64)
-            elif kind == SliceKind.CAUSAL:
-                a, b = first_causal, np.full(sk, sq, np.int64)
-            elif kind == SliceKind.INVCAUSAL:
-                a, b = np.zeros(sk, np.int64), last_inv
-            else:
-                a, b = first_causal, last_inv
-            pos.append(c + ks)
-            lo.append(a + qs)
-            hi.append(b + qs)
-        return self._concat(pos, lo, hi)
-
-    @staticmethod
-    def _concat(pos, lo, hi):
-        if not pos:
-            z = np.zeros(0, np.int64)
+    def _slice_intervals(self, by_row: bool):
+        """Flat ``(pos, lo, hi)`` triples, one per (slice, row) (``by_row``) or (slice, key column): each
+        slice allows one key interval per row and one query interval per column. All slices at once
+        (a few array operations over the positions, not a loop over slices)."""
+        sl = self._slice_arrays()
+        z = np.zeros(0, np.int64)
+        if not len(sl):
             return z, z, z
-        return np.concatenate(pos), np.concatenate(lo), np.concatenate(hi)
+        qs, qe, ks, ke, kind = sl.T
+        sq, sk = qe - qs, ke - ks
+        # positions along the axis walked: rows (by_row) or key columns; ``n`` of them per slice
+        start, n, other0 = (qs, sq, ks) if by_row else (ks, sk, qs)
+        total = int(n.sum())
+        if total == 0:
+            return z, z, z
+        # Every array below is a named one updated in place: numpy's check for reusing an unnamed
+        # temporary costs a millisecond per call on a 128K-row array on some hosts, the arithmetic 50 us.
+        def each(x):  # a per-slice value at each of the slice's positions (repeat: no gather)
+            return np.repeat(x, n)
+
+        local = np.arange(total, dtype=np.int64)
+        local -= each(np.cumsum(n) - n)
+        lower = np.isin(kind, (int(SliceKind.CAUSAL), int(SliceKind.BICAUSAL)))  # keys up to the diagonal
+        upper = np.isin(kind, (int(SliceKind.INVCAUSAL), int(SliceKind.BICAUSAL)))  # keys from the diagonal
+        # row r of a slice: keys [r if upper, r + (sk - sq) + 1 if lower) within [0, sk];
+        # column c of a slice: rows [c - (sk - sq) if lower, c + 1 if upper) within [0, sq]
+        extent = each(sk if by_row else sq)
+        lo, hi = np.zeros(total, np.int64), extent.copy()
+        starts_at_diag, ends_at_diag = (upper, lower) if by_row else (lower, upper)
+        if starts_at_diag.any():
+            d = each(np.zeros_like(sk) if by_row else sk - sq)
+            np.subtract(local, d, out=d)
+            np.clip(d, 0, extent, out=d)
+            np.copyto(lo, d, where=each(starts_at_diag))
+        if ends_at_diag.any():
+            d = each(sk - sq + 1 if by_row else np.ones_like(sk))
+            d += local
+            np.clip(d, 0, extent, out=d)
+            np.copyto(hi, d, where=each(ends_at_diag))
+        base = each(other0)
+        lo += base
+        hi += base
+        local += each(start)
+        return local, lo, hi
+
+    def _merged(self, by_row: bool):
+        """``merge_intervals`` of ``_slice_intervals``; where the slices' ranges along the axis do not
+        overlap (documents, windows built per document) each position has one interval already and
+        only the empty ones go (no sort)."""
+        pos, lo, hi = self._slice_intervals(by_row)
+        extent, num = (self.seqlen_k, self.seqlen_q) if by_row else (self.seqlen_q, self.seqlen_k)
+        if pos.size and np.all(pos[1:] > pos[:-1]):
+            keep = hi > lo
+            return pos[keep], lo[keep], hi[keep]
+        return merge_intervals(num, pos, lo, hi, extent=extent)
 
     @_cached
     def merged_row_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat ``(row, lo, hi)``: each row's allowed keys as disjoint ascending intervals."""
-        return merge_intervals(self.seqlen_q, *self._slice_row_intervals(), extent=self.seqlen_k)
+        return self._merged(by_row=True)
 
     @_cached
     def merged_col_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat ``(col, lo, hi)``: each key column's allowed query rows as disjoint intervals."""
-        return merge_intervals(self.seqlen_k, *self._slice_col_intervals(), extent=self.seqlen_q)
+        return self._merged(by_row=False)
 
     @_cached
     def row_intervals(self) -> tuple[np.ndarray, np.ndarray]:

@@ -147,20 +147,30 @@ def mask_arrays(mask) -> MaskArrays:
                       mask.block_tables)
 
 
-def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device) -> TilePlan:
-    """Lower a mask's arrays to a :class:`TilePlan` on ``device`` (host work, then one copy)."""
+def row_tensors(arrays: MaskArrays, device) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(num_iv, lo, hi)``: the row intervals as the kernels read them, int32 ``[Sq, num_iv]`` on
+    ``device``, ``num_iv`` a power of two (the kernels unroll over it; padding slots are empty) and
+    every bound clamped into ``[0, Sk]``. One copy per mask and device serves all its plans."""
     sq, sk = arrays.seqlen_q, arrays.seqlen_k
-    lo = np.asarray(arrays.lo, dtype=np.int64)
-    hi = np.asarray(arrays.hi, dtype=np.int64)
+    lo, hi = np.asarray(arrays.lo), np.asarray(arrays.hi)
     if lo.ndim != 2 or lo.shape != hi.shape or lo.shape[0] != sq:
         raise ValueError(f"row intervals must be [Sq={sq}, K]; got lo {lo.shape}, hi {hi.shape}")
     k = max(1, lo.shape[1])
-    num_iv = 1 << (k - 1).bit_length()  # power of two: the kernels unroll over it
-    if num_iv != lo.shape[1]:
-        pad = np.zeros((sq, num_iv - lo.shape[1]), np.int64)
-        lo, hi = np.concatenate([lo, pad], 1), np.concatenate([hi, pad], 1)
-    lo = np.minimum(np.maximum(lo, 0), sk)
-    hi = np.minimum(np.maximum(hi, lo), sk)
+    num_iv = 1 << (k - 1).bit_length()
+    out_lo, out_hi = np.zeros((sq, num_iv), np.int32), np.zeros((sq, num_iv), np.int32)
+    # in place on named arrays (an unnamed 128K-row temporary costs numpy a slow check on some hosts)
+    np.clip(lo, 0, sk, out=out_lo[:, :lo.shape[1]], casting="unsafe")
+    np.clip(hi, 0, sk, out=out_hi[:, :hi.shape[1]], casting="unsafe")
+    np.maximum(out_hi, out_lo, out=out_hi)
+    dev = torch.device(device)
+    return num_iv, torch.from_numpy(out_lo).to(dev), torch.from_numpy(out_hi).to(dev)
+
+
+def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device, rows=None) -> TilePlan:
+    """Lower a mask's arrays to a :class:`TilePlan` on ``device`` (host work, then one copy);
+    ``rows``: :func:`row_tensors` already built for this mask and device."""
+    sq, sk = arrays.seqlen_q, arrays.seqlen_k
+    num_iv, lo_t, hi_t = rows if rows is not None else row_tensors(arrays, device)
 
     bt = arrays.block_tables(block_m, block_n)
     num_m, num_n = int(bt.num_m), int(bt.num_n)
@@ -182,7 +192,7 @@ def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device) -> T
 
     return TilePlan(
         seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=block_n, num_m=num_m, num_n=num_n,
-        num_iv=num_iv, lo=t(lo), hi=t(hi),
+        num_iv=num_iv, lo=lo_t, hi=hi_t,
         q_order=t(_heavy_first(qf_ptr, qp_ptr)),
         q_full=runs(qf_ptr, qf_idx, num_m), q_part=runs(qp_ptr, qp_idx, num_m),
         k_order=t(_heavy_first(kf_ptr, kp_ptr)),
@@ -200,5 +210,9 @@ def get_tile_plan(mask, block_m: int, block_n: int, device) -> TilePlan:
     The cache holds the mask itself, so its ``id`` cannot be reused while the entry lives. Call
     it once outside any timed region: the first call per key does host work and a copy.
     """
-    return _CACHE.get(mask, (int(block_m), int(block_n)), device,
-                      lambda dev: build_tile_plan(mask_arrays(mask), int(block_m), int(block_n), dev))
+    def build(dev):
+        arrays = mask_arrays(mask)
+        rows = _CACHE.get(mask, ("rows",), dev, lambda d: row_tensors(arrays, d))
+        return build_tile_plan(arrays, int(block_m), int(block_n), dev, rows)
+
+    return _CACHE.get(mask, (int(block_m), int(block_n)), device, build)
