@@ -184,6 +184,9 @@ def merge_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarra
 
 def _pad_intervals(num_pos: int, pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat merged intervals -> ``[num_pos, K]`` int32 arrays (unused slots ``lo == hi == 0``)."""
+    if pos.size == num_pos and (num_pos == 0 or (pos[0] == 0 and pos[-1] == num_pos - 1)) \
+            and np.all(pos[1:] > pos[:-1]):  # one interval at every position: no scatter
+        return lo.astype(np.int32).reshape(-1, 1), hi.astype(np.int32).reshape(-1, 1)
     if pos.size == 0 or np.all(pos[1:] > pos[:-1]):  # at most one interval per position
         out_lo = np.zeros((num_pos, 1), dtype=np.int32)
         out_hi = np.zeros((num_pos, 1), dtype=np.int32)
@@ -445,7 +448,7 @@ class RangeMask(Mask):
         extent, num = (self.seqlen_k, self.seqlen_q) if by_row else (self.seqlen_q, self.seqlen_k)
         if pos.size and np.all(pos[1:] > pos[:-1]):
             keep = hi > lo
-            return pos[keep], lo[keep], hi[keep]
+            return (pos, lo, hi) if keep.all() else (pos[keep], lo[keep], hi[keep])
         return merge_intervals(num, pos, lo, hi, extent=extent)
 
     @_cached
