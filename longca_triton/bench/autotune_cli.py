@@ -187,7 +187,9 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     try:
         with stop.on_ctrl_c() if not dry_run else contextlib.nullcontext():
             # every candidate's kernels compile on the host's cores while the GPU times those built
-            with CompileAhead(0 if dry_run or check else compile_workers) as ahead:
+            # (on a GPU: elsewhere nothing compiles for a device)
+            ahead_workers = compile_workers if torch.device(device).type == "cuda" and not (dry_run or check) else 0
+            with CompileAhead(ahead_workers) as ahead:
                 for tunable, tblock, mine in plan if ahead.workers else ():
                     run.submit_compiles(ahead, tunable, mine, tblock, device, exhaustive=exhaustive, switches=switches,
                                         force=force)
