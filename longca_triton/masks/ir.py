@@ -210,7 +210,70 @@ def _csr(major: np.ndarray, minor: np.ndarray, num: int) -> tuple[np.ndarray, np
     return ptr.astype(np.int32), minor.astype(np.int32)
 
 
-def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int) -> tuple:
+def _row_segments(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """Merged row intervals with one interval per row as linear pieces: int64 ``[P, 6]`` rows
+    ``(r0, r1, lo0, hi0, a, b)``, rows ``r0 <= r < r1`` attending ``[lo0 + a (r - r0), hi0 + b (r - r0))``
+    with slopes ``a, b`` in {0, 1} (documents, causal and window masks are a few pieces per slice).
+    None where some row has several intervals (its tile bounds are then read row by row)."""
+    n = rows.size
+    if n == 0 or (n > 1 and not np.all(rows[1:] > rows[:-1])):
+        return None
+    d_row, d_lo, d_hi = np.diff(rows), np.diff(lo), np.diff(hi)
+    ok = d_row == 1
+    ok &= (d_lo == 0) | (d_lo == 1)
+    ok &= (d_hi == 0) | (d_hi == 1)
+    slope = d_lo * 2
+    slope += d_hi
+    brk = ~ok  # a piece ends after row i where step i is no unit step or the slope changes
+    if n > 2:
+        changed = slope[1:] != slope[:-1]
+        brk[1:] |= changed
+    starts = np.concatenate([[0], np.flatnonzero(brk) + 1])
+    ends = np.append(starts[1:], n)
+    single = ends - starts == 1
+    a = np.where(single, 0, d_lo[np.minimum(starts, max(n - 2, 0))] if n > 1 else 0)
+    b = np.where(single, 0, d_hi[np.minimum(starts, max(n - 2, 0))] if n > 1 else 0)
+    return np.stack([rows[starts], rows[ends - 1] + 1, lo[starts], hi[starts], a, b], axis=1).astype(np.int64)
+
+
+def _progression(first: np.ndarray, end: np.ndarray, step: int) -> np.ndarray:
+    """Every ``first[i] + k * step < end[i]`` (k >= 0), for all i, concatenated."""
+    count = np.maximum(0, -(-(end - first) // step))
+    total = int(count.sum())
+    k = np.arange(total, dtype=np.int64)
+    k -= np.repeat(np.cumsum(count) - count, count)
+    k *= step
+    k += np.repeat(first, count)
+    return k
+
+
+def _segment_bounds(seg: np.ndarray, Sk: int, bm: int, bn: int, num_n: int):
+    """``(t, ta, tb, fa, fb, weight)`` of ``_tile_lists`` from linear pieces: the tile bounds change
+    only at a piece's start, a query-tile boundary, or where ``lo`` / ``hi`` cross a key-tile boundary
+    (or ``hi`` reaches ``Sk``), so only those rows are evaluated."""
+    r0, r1, lo0, hi0, a, b = seg.T
+    cand = [r0, _progression((r0 // bm + 1) * bm, r1, bm)]
+    for slope_of, v0 in ((a, lo0), (b, hi0)):
+        moving = slope_of == 1
+        if moving.any():
+            for res in (0, 1):  # rows where the bound is = res (mod bn)
+                cand.append(_progression(r0[moving] + (res - v0[moving]) % bn, r1[moving], bn))
+    up = (b == 1) & (hi0 <= Sk) & (r0 + (Sk - hi0) < r1)
+    cand.append(r0[up] + (Sk - hi0[up]))
+    r = np.unique(np.concatenate(cand))
+    piece = np.searchsorted(r0, r, side="right") - 1
+    off = r - r0[piece]
+    lo = lo0[piece] + a[piece] * off
+    hi = hi0[piece] + b[piece] * off
+    nxt = np.append(r[1:], np.iinfo(np.int64).max)
+    weight = np.minimum(nxt, r1[piece]) - r
+    t = r // bm
+    ta, tb = lo // bn, -(-hi // bn)
+    fa, fb = -(-lo // bn), np.where(hi == Sk, num_n, hi // bn)
+    return t, ta, tb, fa, fb, weight
+
+
+def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int, segments: np.ndarray | None = None) -> tuple:
     """The full and partial ``(query tile, key tile)`` pairs of merged row intervals, without a dense map.
 
     Per query tile ``m`` the intervals become events along the key tiles: ``+1`` where an interval starts
@@ -223,26 +286,31 @@ def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int) -> tuple:
     num_n = -(-Sk // bn)
     if rows.size == 0:  # a mask that allows nothing
         return (np.zeros(0, np.int64),) * 4
-    # the four tile bounds of each row's interval and its query tile (named arrays, int32 where the
-    # positions fit: an unnamed temporary of this length costs numpy a slow check on some hosts)
-    it = np.int32 if max(Sq, Sk) < 2**31 - 2 * max(bm, bn) else np.int64
-    rows, lo, hi = (np.asarray(x, dtype=it) for x in (rows, lo, hi))
-    t = rows // bm
-    ta = lo // bn  # touched key tiles [ta, tb)
-    tb = hi + (bn - 1)
-    tb //= bn
-    fa = lo + (bn - 1)  # wholly covered key tiles [fa, fb)
-    fa //= bn
-    fb = hi // bn
-    np.copyto(fb, num_n, where=hi == Sk)
+    if segments is not None:
+        t, ta, tb, fa, fb, weight = _segment_bounds(segments, Sk, bm, bn, num_n)
+    else:
+        # the four tile bounds of each row's interval and its query tile (named arrays, int32 where the
+        # positions fit: an unnamed temporary of this length costs numpy a slow check on some hosts)
+        it = np.int32 if max(Sq, Sk) < 2**31 - 2 * max(bm, bn) else np.int64
+        rows, lo, hi = (np.asarray(x, dtype=it) for x in (rows, lo, hi))
+        t = rows // bm
+        ta = lo // bn  # touched key tiles [ta, tb)
+        tb = hi + (bn - 1)
+        tb //= bn
+        fa = lo + (bn - 1)  # wholly covered key tiles [fa, fb)
+        fa //= bn
+        fb = hi // bn
+        np.copyto(fb, num_n, where=hi == Sk)
+        weight = np.ones(t.size, np.int64)
+    # consecutive rows (pieces) with equal bounds are one weighted interval
     new = np.zeros(t.size, dtype=bool)
     new[0] = True
-    for b in (t, ta, tb, fa, fb):  # a run starts where any bound changes
-        changed = b[1:] != b[:-1]
+    for bnd in (t, ta, tb, fa, fb):  # a run starts where any bound changes
+        changed = bnd[1:] != bnd[:-1]
         new[1:] |= changed
     first = np.flatnonzero(new)
-    weight = np.diff(np.append(first, t.size))
-    t, ta, tb, fa, fb = (b[first].astype(np.int64) for b in (t, ta, tb, fa, fb))
+    weight = np.add.reduceat(weight, first)
+    t, ta, tb, fa, fb = (x[first].astype(np.int64) for x in (t, ta, tb, fa, fb))
     covers = fb > fa
     width = num_n + 1
     key = np.concatenate([t * width + ta, t * width + tb, t[covers] * width + fa[covers],
@@ -491,6 +559,11 @@ class RangeMask(Mask):
         return [self.area] * num_heads_q
 
     @_cached
+    def row_segments(self) -> np.ndarray | None:
+        """The row intervals as linear pieces (``_row_segments``), or None where a row has several."""
+        return _row_segments(*self.merged_row_intervals())
+
+    @_cached
     def block_tables(self, block_m: int, block_n: int) -> BlockTables:
         """Classify every (query tile, key tile) as empty, partial or full, from the row intervals.
 
@@ -503,7 +576,7 @@ class RangeMask(Mask):
         bn = _check_block_size("block_n", block_n)
         Sq, Sk = self.seqlen_q, self.seqlen_k
         num_m, num_n = -(-Sq // bm), -(-Sk // bn)
-        fm, fn, pm, pn = _tile_lists(*self.merged_row_intervals(), Sq, Sk, bm, bn)
+        fm, fn, pm, pn = _tile_lists(*self.merged_row_intervals(), Sq, Sk, bm, bn, self.row_segments())
         lists = []
         for major, minor, num in ((fm, fn, num_m), (pm, pn, num_m), (fn, fm, num_n), (pn, pm, num_n)):
             if num is num_n:  # the transpose: by key tile, query tiles ascending (a stable sort keeps them so)
@@ -595,6 +668,11 @@ class BlockSparseMask(Mask):
     def head_areas(self, num_heads_q: int) -> list[int]:
         area = self.area
         return [area[p] for p in self.pattern_of_head(num_heads_q)]
+
+    @_cached
+    def row_segments(self) -> np.ndarray | None:
+        """The row intervals as linear pieces (``_row_segments``), or None where a row has several."""
+        return _row_segments(*self.merged_row_intervals())
 
     @_cached
     def block_tables(self, block_m: int, block_n: int) -> BlockTables:

@@ -234,6 +234,36 @@ def range_masks(draw):
     return Sq, Sk, slices
 
 
+@st.composite
+def disjoint_row_masks(draw):
+    """Slices on disjoint query ranges (documents, per-document windows): the row intervals are a few
+    linear pieces and the tile lists are read off the pieces."""
+    Sq, Sk = draw(st.integers(1, 300)), draw(st.integers(1, 300))
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, Sq - 1)), max_size=5)))) if Sq > 1 else []
+    slices = []
+    for qs, qe in zip([0, *cuts], [*cuts, Sq]):
+        if draw(st.booleans()) or not slices:  # some query ranges attend nothing
+            ks = draw(st.integers(0, Sk - 1))
+            ke = draw(st.integers(ks + 1, Sk))
+            slices.append((qs, qe, ks, ke, draw(st.sampled_from(list(SliceKind)))))
+    return Sq, Sk, slices
+
+
+@settings(max_examples=120, deadline=None)
+@given(disjoint_row_masks())
+def test_tiles_of_masks_on_disjoint_rows_read_off_linear_pieces(case):
+    from longca_triton.masks.ir import _tile_lists
+
+    Sq, Sk, slices = case
+    mask = RangeMask(Sq, Sk, slices)
+    assert (mask.row_segments() is not None) == (mask.area > 0)  # a mask that allows nothing has no pieces
+    check_block_tables(mask, mask.to_dense())
+    for bm, bn in ((16, 32), (7, 5), (64, 16)):
+        by_pieces = _tile_lists(*mask.merged_row_intervals(), Sq, Sk, bm, bn, mask.row_segments())
+        by_rows = _tile_lists(*mask.merged_row_intervals(), Sq, Sk, bm, bn)
+        assert all(np.array_equal(a, b) for a, b in zip(by_pieces, by_rows))
+
+
 @settings(max_examples=150, deadline=None)
 @given(range_masks())
 def test_random_range_masks(case):
