@@ -81,8 +81,8 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
 @click.option("--compile-workers", type=click.IntRange(min=0), default=None,
-              help="threads compiling candidates ahead while the GPU times (default: the host's cores less one; "
-                   "0: compile each candidate when it is first timed)")
+              help="processes compiling candidates ahead while the GPU times (default: the host's cores less two, "
+                   "at most 8; 0: compile each candidate when it is first timed)")
 @click.option("--force", is_flag=True, help="tune classes the cache already holds for these cases again")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
@@ -208,7 +208,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                               f"{_device_name(device)} ({plural(len(mine), 'case')}) -> {tuned.cache_path()}")
                     t0 = time.monotonic()
                     summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, stop, force,
-                                                    no_write, verbose, switches)
+                                                    no_write, verbose, switches, ahead)
                     seconds["search"] += time.monotonic() - t0
                     reused = [s for s in summaries if s.get("reused")]
                     if reused:
@@ -303,7 +303,7 @@ def _cpu_summary(checks: dict, kernels: list[str], stop: Stop, seconds: float) -
 
 
 def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, force, no_write, verbose,
-                        switches):
+                        switches, ahead=None):
     from . import autotune_run as run
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -322,7 +322,7 @@ def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, fo
                 bar.console.print(f"  {round_:<14} {case.label:<40} {fmt_cfg(cand)} -> {result}")
 
         return run.tune(tunable, cases, block, device, exhaustive=exhaustive, deadline=stop, force=force,
-                       switches=switches, on_measure=on_measure, write=not no_write)
+                       switches=switches, on_measure=on_measure, write=not no_write, ahead=ahead)
 
 
 def _measure_vendors(con, tunable, block, summaries, cases, vendor_names, device, stop, write=True):

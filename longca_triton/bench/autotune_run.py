@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -34,7 +35,7 @@ from ..masks import Mask
 from .search import geomean, halving_search, past, planned_measurements
 from .timing import time_fn
 
-__all__ = ["Tunable", "TuneCase", "measure", "call_once", "submit_compiles", "search_space", "class_default",
+__all__ = ["Tunable", "TuneCase", "measure", "call_once", "compile_key", "submit_compiles", "search_space", "class_default",
            "group_classes", "planned_work", "cached_row", "tune",
            "record_vendors", "build_cases", "cases_for", "vendor_tflops", "DEFAULT_MASKS", "DEFAULT_VENDORS",
            "DEFAULT_DENSITIES"]
@@ -205,6 +206,12 @@ def class_default(tunable: Tunable, members: list[TuneCase]) -> dict:
     return tunable.default(c.head_dim, c.dtype, c.mask, group=c.heads_q // c.heads_kv)
 
 
+def compile_key(tunable: Tunable, cls: str, group: str, cand: dict) -> tuple:
+    """What names one candidate's compile ahead: kernel, class, key group (or ``"default"`` and the
+    mode) and the candidate."""
+    return tunable.name, cls, group, json.dumps(cand, sort_keys=True, default=str)
+
+
 def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, device, *, exhaustive: bool = False,
                     switches: bool = False, force: bool = False) -> int:
     """Hand ``ahead`` (a :class:`~longca_triton.bench.compile_ahead.CompileAhead`) every kernel
@@ -212,18 +219,19 @@ def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, 
     cache, the default in each mode, then each key group's candidates on the screening case (the
     largest), over the default. Returns how many calls were submitted."""
     n = 0
-    for members in group_classes(tunable, cases, block).values():
+    for cls, members in group_classes(tunable, cases, block).items():
         if not force and cached_row(tunable, members, block, device) is not None:
             continue
         default = class_default(tunable, members)
         screen = max(members, key=lambda c: c.mask.area)
         for mode in sorted(set(tunable.groups.values()), reverse=True):  # fwd first
-            ahead.submit(lambda mode=mode: call_once(tunable, screen, default, mode, device), f"{tunable.name} default")
+            ahead.submit(compile_key(tunable, cls, "default", {"mode": mode}), tunable.name, screen, default, mode,
+                         device)
             n += 1
         for group, mode in tunable.groups.items():
             for cand in search_space(tunable, group, block, screen.head_dim, switches, default, exhaustive):
-                ahead.submit(lambda cand=cand, mode=mode: call_once(tunable, screen, {**default, **cand}, mode, device),
-                             f"{tunable.name} {cand}")
+                ahead.submit(compile_key(tunable, cls, group, cand), tunable.name, screen, {**default, **cand}, mode,
+                             device)
                 n += 1
     return n
 
@@ -277,6 +285,7 @@ def tune(
     switches: bool = False,
     on_measure: Callable | None = None,
     write: bool = True,
+    ahead=None,
 ) -> list[dict]:
     """Tune every problem class the cases fall in; return one summary per class.
 
@@ -290,8 +299,14 @@ def tune(
     among what it measured, the class's groups not begun keep their defaults, the class is
     written (its row says the search was cut, so a rerun tunes it again), and classes not begun
     are left out of the summaries. ``switches``: search the kernels' on/off switches too
-    (:func:`search_space`). ``write``: put each class's row in the cache.
+    (:func:`search_space`). ``write``: put each class's row in the cache. ``ahead``: the
+    :class:`~longca_triton.bench.compile_ahead.CompileAhead` that :func:`submit_compiles` filled; each
+    candidate waits for its compile there before it is timed.
     """
+    def wait(*key):
+        if ahead is not None:
+            ahead.wait(compile_key(tunable, *key))
+
     groups = groups or list(tunable.groups)
     summaries = []
     for cls, members in group_classes(tunable, cases, block).items():
@@ -317,13 +332,15 @@ def tune(
                 break
             mode = tunable.groups[group]
             if mode not in default_scores:
+                wait(cls, "default", {"mode": mode})
                 default_scores[mode] = geomean([measure(tunable, c, default, mode, device) for c in members])
                 measured += len(members)
                 for c in members:
                     note("default", {}, c, None, "")
             res = halving_search(
                 search_space(tunable, group, block, head_dim, switches, default, exhaustive), members,
-                lambda cand, case, quick, mode=mode: measure(tunable, case, {**tuned, **cand}, mode, device, quick),
+                lambda cand, case, quick, mode=mode, group=group: (
+                    wait(cls, group, cand), measure(tunable, case, {**tuned, **cand}, mode, device, quick))[1],
                 weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
             measured += res.measurements

@@ -7,7 +7,7 @@ import torch
 
 from longca_triton.bench import autotune_run as run
 from longca_triton.bench.autotune import TUNABLES
-from longca_triton.bench.compile_ahead import CompileAhead, _launches_compile_only
+from longca_triton.bench.compile_ahead import CompileAhead, _compile_only_worker, _portable
 from longca_triton.masks import make_mask
 
 
@@ -58,10 +58,14 @@ class _Recorder:
     workers = 4
 
     def __init__(self):
-        self.labels = []
+        self.keys, self.configs = [], []
 
-    def submit(self, fn, label=""):
-        self.labels.append(label)
+    def submit(self, key, tunable, case, config, mode, device):
+        self.keys.append(key)
+        self.configs.append((dict(config), mode))
+
+    def wait(self, key):
+        self.keys.append(("waited", *key))
 
 
 def test_every_kernel_the_search_builds_is_submitted_in_order(autotune_cache):
@@ -77,34 +81,54 @@ def test_every_kernel_the_search_builds_is_submitted_in_order(autotune_cache):
     cs = [run.TuneCase(make_mask(m, 64), 2, 1, 16, torch.float32, label=f"{m} S=64") for m in ("causal", "full")]
     ahead = _Recorder()
     n = run.submit_compiles(ahead, t, cs, 64, "cpu")
-    # per class: the default forward, then backward, then each group's 6 candidates
-    assert n == len(ahead.labels) == 2 * (2 + 6 + 6)
-    assert ahead.labels[:2] == ["fake default"] * 2
-    run.tune(t, cs, 64, device="cpu")  # classes now in the cache are not compiled again
-    ahead = _Recorder()
-    assert run.submit_compiles(ahead, t, cs, 64, "cpu") == 0 and not ahead.labels
+    # per class: the default forward, then backward, then each group's 6 candidates over the default
+    assert n == len(ahead.keys) == 2 * (2 + 6 + 6)
+    assert [k[2] for k in ahead.keys[:2]] == ["default", "default"] and ahead.configs[1] == (dict(X=0), "bwd")
+    submitted = list(ahead.keys)
+    # the search waits for each candidate's compile before timing it, under the same key
+    run.tune(t, cs, 64, device="cpu", ahead=ahead)
+    waited = {k[1:] for k in ahead.keys if k[0] == "waited"}
+    assert waited == set(submitted)
+    ahead = _Recorder()  # classes now in the cache are not compiled again
+    assert run.submit_compiles(ahead, t, cs, 64, "cpu") == 0 and not ahead.keys
     assert run.submit_compiles(ahead, t, cs, 64, "cpu", force=True) == 28
 
 
-def test_launches_become_compile_requests_inside_the_block(monkeypatch):
+def test_a_worker_compiles_without_launching(monkeypatch):
     from triton.runtime.jit import JITFunction
 
     seen = []
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: seen.append(warmup))
-    with _launches_compile_only():
-        JITFunction.run(None, grid=(1,), warmup=False)
+    _compile_only_worker()
     JITFunction.run(None, grid=(1,), warmup=False)
-    assert seen == [True, False]
+    assert seen == [True]
 
 
-def test_compile_ahead_without_workers_does_nothing_and_keeps_host_errors():
-    from triton.runtime import _async_compile
+def test_what_travels_to_a_worker_leaves_the_inputs_and_memo_behind():
+    case = _case("causal", S=256)
+    case.inputs("cpu")
+    case.mask.__dict__["_call_memo"] = {"k": object()}
+    sent = _portable(case)
+    assert sent._inputs is None and "_call_memo" not in sent.mask.__dict__
+    assert sent.mask.slices == case.mask.slices and case._inputs is not None and "_call_memo" in case.mask.__dict__
 
+
+def test_compile_ahead_without_workers_does_nothing():
     with CompileAhead(0) as ahead:
-        ahead.submit(lambda: 1 / 0, "never run")
-        assert ahead.submitted == 0 and _async_compile.active_mode.get() is None
-    with CompileAhead(2) as ahead:
-        assert _async_compile.active_mode.get() is not None
-        ahead.submit(lambda: 1 / 0, "bad config")
-        assert ahead.submitted == 1 and ahead.failed[0].startswith("bad config: ZeroDivisionError")
-    assert _async_compile.active_mode.get() is None
+        ahead.submit(("k",), "triton", _case("causal", S=256), {}, "fwd")
+        ahead.wait(("k",))
+        assert ahead.submitted == 0 and not ahead.failed
+
+
+def test_a_worker_process_runs_a_real_candidate_and_reports_failures():
+    """Cases, configs and the registry's kernels travel to a spawned worker; a candidate its launcher
+    refuses comes back as the error, the search's to meet when it times it."""
+    case = run.TuneCase(make_mask("causal", 64), 2, 1, 16, torch.float16, label="causal S=64")
+    case.inputs("cpu")  # the inputs stay behind
+    with CompileAhead(1) as ahead:
+        ahead.submit(("ok",), "triton", case, {}, "fwd", "cpu")
+        ahead.submit(("bad",), "triton", case, {"BLOCK_M": 48}, "fwd", "cpu")
+        ahead.wait(("ok",))
+        ahead.wait(("bad",))
+    assert ahead.submitted == 2
+    assert len(ahead.failed) == 1 and ahead.failed[0].startswith("('bad',): ") and "BLOCK_M" in ahead.failed[0]
