@@ -520,9 +520,55 @@ class RangeMask(Mask):
         return merge_intervals(num, pos, lo, hi, extent=extent)
 
     @_cached
+    def _disjoint_row_pieces(self) -> np.ndarray | None:
+        """Where the slices' query ranges do not overlap (documents, per-document windows), the row
+        intervals straight from the slices as ``_row_segments``' linear pieces (empty rows left out):
+        no per-row pass at all. None where some query ranges overlap (their rows must be merged)."""
+        sl = self._slice_arrays()
+        if not len(sl):
+            return None
+        sl = sl[np.argsort(sl[:, 0], kind="stable")]
+        if np.any(sl[1:, 0] < sl[:-1, 1]):
+            return None
+        qs, qe, ks, ke, kind = sl.T
+        sq, sk = qe - qs, ke - ks
+        d = sk - sq  # the diagonal's offset (bottom-right aligned)
+        r0, r1 = np.zeros_like(sq), sq.copy()
+        lo0, hi0, a, b = np.zeros_like(sq), sk.copy(), np.zeros_like(sq), np.zeros_like(sq)
+        causal, inv, bi = (kind == int(SliceKind.CAUSAL)), (kind == int(SliceKind.INVCAUSAL)), (kind == int(SliceKind.BICAUSAL))
+        # CAUSAL: row r attends [0, r + d + 1): empty before row -d, then growing by one key a row
+        r0[causal] = np.maximum(0, -d[causal])
+        hi0[causal] = r0[causal] + d[causal] + 1
+        b[causal] = 1
+        # INVCAUSAL: [r, sk): rows past the last key attend nothing
+        r1[inv] = np.minimum(sq[inv], sk[inv])
+        a[inv] = 1
+        # BICAUSAL: [r, r + d + 1): a band of d + 1 keys, empty throughout when d < 0
+        hi0[bi] = d[bi] + 1
+        a[bi], b[bi] = 1, 1
+        r1[bi & (d < 0)] = 0
+        pieces = np.stack([r0 + qs, r1 + qs, lo0 + ks, hi0 + ks, a, b], axis=1)
+        return pieces[pieces[:, 1] > pieces[:, 0]]
+
+    @_cached
     def merged_row_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat ``(row, lo, hi)``: each row's allowed keys as disjoint ascending intervals."""
-        return self._merged(by_row=True)
+        pieces = self._disjoint_row_pieces()
+        if pieces is None:
+            return self._merged(by_row=True)
+        r0, r1, lo0, hi0, a, b = pieces.T
+        n = r1 - r0
+        total = int(n.sum())
+        local = np.arange(total, dtype=np.int64)
+        local -= np.repeat(np.cumsum(n) - n, n)
+        rows, lo, hi = np.repeat(r0, n), np.repeat(lo0, n), np.repeat(hi0, n)
+        rows += local
+        for v, slope in ((lo, a), (hi, b)):
+            if slope.any():
+                step = np.repeat(slope, n)
+                step *= local
+                v += step
+        return rows, lo, hi
 
     @_cached
     def merged_col_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -561,7 +607,8 @@ class RangeMask(Mask):
     @_cached
     def row_segments(self) -> np.ndarray | None:
         """The row intervals as linear pieces (``_row_segments``), or None where a row has several."""
-        return _row_segments(*self.merged_row_intervals())
+        pieces = self._disjoint_row_pieces()
+        return pieces if pieces is not None else _row_segments(*self.merged_row_intervals())
 
     @_cached
     def block_tables(self, block_m: int, block_n: int) -> BlockTables:
@@ -672,7 +719,8 @@ class BlockSparseMask(Mask):
     @_cached
     def row_segments(self) -> np.ndarray | None:
         """The row intervals as linear pieces (``_row_segments``), or None where a row has several."""
-        return _row_segments(*self.merged_row_intervals())
+        pieces = self._disjoint_row_pieces()
+        return pieces if pieces is not None else _row_segments(*self.merged_row_intervals())
 
     @_cached
     def block_tables(self, block_m: int, block_n: int) -> BlockTables:

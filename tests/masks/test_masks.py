@@ -256,7 +256,8 @@ def test_tiles_of_masks_on_disjoint_rows_read_off_linear_pieces(case):
 
     Sq, Sk, slices = case
     mask = RangeMask(Sq, Sk, slices)
-    assert (mask.row_segments() is not None) == (mask.area > 0)  # a mask that allows nothing has no pieces
+    pieces = mask.row_segments()  # read straight off the slices: at most one piece per slice
+    assert pieces is not None and len(pieces) <= len(slices) and (len(pieces) > 0) == (mask.area > 0)
     check_block_tables(mask, mask.to_dense())
     for bm, bn in ((16, 32), (7, 5), (64, 16)):
         by_pieces = _tile_lists(*mask.merged_row_intervals(), Sq, Sk, bm, bn, mask.row_segments())
