@@ -74,9 +74,10 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
               help="backends measured on the same cases (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex "
                    "for the dense one; 'none' for none)")
 @click.option("--budget-minutes", type=click.FloatRange(min=0), default=1.5, show_default=True,
-              help="stop searching after this long (from the start; 0: no budget): the group under way keeps the best "
-                   "config so far, the class under way is written, classes not begun wait for a rerun; vendors are "
-                   "then timed on the classes settled")
+              help="stop searching after this long (from the start; 0: no budget), shared equally among the kernels "
+                   "(time one leaves unused goes to the next): the group under way keeps the best config so far, the "
+                   "class under way is written, classes not begun wait for a rerun; vendors are then timed on the "
+                   "classes settled")
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
@@ -193,7 +194,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                 for tunable, tblock, mine in plan if ahead.workers else ():
                     run.submit_compiles(ahead, tunable, mine, tblock, device, exhaustive=exhaustive, switches=switches,
                                         force=force)
-                for tunable, tblock, mine in plan:
+                for n_done, (tunable, tblock, mine) in enumerate(plan):
                     name = current = tunable.name
                     if dry_run:
                         con.print(f"{name} at {tunable.block_meaning} {tblock}: {plural(len(mine), 'case')}")
@@ -207,8 +208,9 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                     con.print(f"tuning [bold]{name}[/bold] at {tunable.block_meaning} {tblock} on "
                               f"{_device_name(device)} ({plural(len(mine), 'case')}) -> {tuned.cache_path()}")
                     t0 = time.monotonic()
-                    summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive, stop, force,
-                                                    no_write, verbose, switches, ahead)
+                    summaries = _tune_with_progress(con, tunable, mine, tblock, device, exhaustive,
+                                                    stop.share(len(plan) - n_done), force, no_write, verbose,
+                                                    switches, ahead)
                     seconds["search"] += time.monotonic() - t0
                     reused = [s for s in summaries if s.get("reused")]
                     if reused:

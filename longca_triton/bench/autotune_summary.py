@@ -30,16 +30,38 @@ class Stop:
         self.deadline = (start if start is not None else time.monotonic()) + minutes * 60 if minutes else None
         self.interrupted = False  # Ctrl-C pressed
         self.at_once = False  # pressed twice: stopped in the middle of a measurement
+        self.share_spent = False  # some kernel's share of the budget ran out
 
     def __call__(self) -> bool:
         return self.interrupted or (self.deadline is not None and time.monotonic() > self.deadline)
+
+    def share(self, kernels_left: int):
+        """The next kernel's deadline: an equal share of the budget left among the ``kernels_left``
+        still to tune (time a kernel leaves unused goes to those after it), so that every kernel
+        gets tuned some instead of the first ones taking the whole budget. Called, it says whether
+        to stop that kernel's search; Ctrl-C and the whole budget stop it too."""
+        if self.deadline is None:
+            return self
+        end = time.monotonic() + max(0.0, self.deadline - time.monotonic()) / max(1, kernels_left)
+
+        def past() -> bool:
+            if self():
+                return True
+            if time.monotonic() > end:
+                self.share_spent = True
+                return True
+            return False
+
+        return past
 
     @property
     def why(self) -> str:
         """What stopped the command, in words ('' when nothing did)."""
         if self.interrupted:
             return "Ctrl-C"
-        return f"the {self.minutes:g}-minute budget" if self() else ""
+        if self():
+            return f"the {self.minutes:g}-minute budget"
+        return f"the {self.minutes:g}-minute budget (each kernel's share of it)" if self.share_spent else ""
 
     @contextmanager
     def on_ctrl_c(self):

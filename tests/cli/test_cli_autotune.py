@@ -4,6 +4,7 @@ choice pointed at the CPU) the budget and Ctrl-C stop the search cleanly, the su
 always prints (into a pipe too, and on stderr beside --format json), a rerun finishes what a stop
 left and reuses the rest, --force tunes again; a real Ctrl-C stops a CPU run in a fresh process."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -141,6 +142,24 @@ def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
     assert r.exit_code == 0 and r.stdout.count(": tuned now") == 2 and len(calls) > n, r.output
 
 
+def test_the_budget_is_shared_among_the_kernels(fake, monkeypatch):
+    """Two kernels and a budget the first would spend alone: each gets its share, so each writes a
+    class (cut short), and the summary says the budget stopped them."""
+    first = at.TUNABLES["fake"]
+    monkeypatch.setitem(at.TUNABLES, "fake2", dataclasses.replace(first, name="fake2"))
+    r = CliRunner().invoke(main, ["autotune", "--kernel", "fake,fake2", "--masks", "full,causal", "--seqlens", "64",
+                                  "--head-dims", "16", "--dtypes", "float16", "--heads", "2:1", "--vendors", "none",
+                                  "--budget-minutes", "0.02"])  # 1.2 s; one class alone takes 0.8 s
+    assert r.exit_code == 0, r.output
+    tuned.reload()
+    for kernel in ("fake", "fake2"):
+        rows = tuned.device_rows(tuned.device_key("cpu"), kernel)
+        assert len(rows) >= 1, f"{kernel} got no share of the budget: {r.output}"
+    assert "stopped by the 0.02-minute budget" in r.stdout
+    for kernel in ("fake", "fake2"):
+        assert f"{kernel} at block 64, S ≤ 4K, full: cut short" in r.stdout
+
+
 def test_ctrl_c_while_timing_keeps_the_best_so_far_and_exits_130(fake):
     fake.ctrl_c_at = 5  # in the forward group's screen
     r = tune("--format", "json")
@@ -177,3 +196,22 @@ def test_gpu_ctrl_c_while_timing_exits_130_with_the_summary(autotune_cache):
     out = "".join(ctrl_c(args, dict(os.environ), after="tuning triton", wait_s=5))
     assert "stopped by Ctrl-C" in out and ("cut short: the best config measured so far" in out
                                            or "Ctrl-C came before it began" in out), out
+
+
+def test_each_kernel_gets_an_equal_share_of_what_is_left(monkeypatch):
+    from longca_triton.bench import autotune_summary as summ
+
+    now = [100.0]
+    monkeypatch.setattr(summ.time, "monotonic", lambda: now[0])
+    stop = summ.Stop(1.0)  # 60 s from t = 100
+    first = stop.share(3)  # 20 s of the 60 left
+    now[0] = 119.0
+    assert not first() and stop.why == ""
+    now[0] = 121.0
+    assert first() and not stop() and stop.why == "the 1-minute budget (each kernel's share of it)"
+    second = stop.share(2)  # half of the 39 s left: what the first left unused carries over
+    now[0] = 140.0
+    assert not second()
+    now[0] = 161.0
+    assert second() and stop() and stop.why == "the 1-minute budget"
+    assert summ.Stop(None).share(3) is not None and not summ.Stop(None).share(3)()
