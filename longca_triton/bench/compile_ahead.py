@@ -18,7 +18,6 @@ import dataclasses
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 __all__ = ["CompileAhead", "default_workers"]
 
@@ -70,7 +69,7 @@ class CompileAhead:
             return
         try:
             error = future.result(timeout=timeout)
-        except (FutureTimeout, Exception) as e:  # a dead worker, a cancelled job: the search compiles it
+        except Exception as e:  # a timeout, a dead worker, a cancelled job: the search compiles it
             error = f"{type(e).__name__}: {e}"
         if error:
             self.failed.append(f"{key}: {error}")

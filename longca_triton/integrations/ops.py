@@ -166,17 +166,18 @@ def _kernels(backend: str, mask, q, k, v, train: bool) -> str:
     return name if name in _FWD else "triton"
 
 
-def _checked_mask(q, k, v, meta, scale: float, backend: str) -> RangeMask:
-    """The call's mask, with the inputs and the backend checked (one ValueError naming the problem)."""
+def _checked_call(q, k, v, meta, scale: float, backend: str, train: bool) -> tuple[RangeMask, str]:
+    """The call's mask and the kernels it runs (``_kernels``), with the inputs and those kernels'
+    backend checked (one ValueError naming the problem)."""
     from longca_triton.adapters import Problem, get_backend
 
     mask = MASKS.get(meta, q.shape[1], k.shape[1])
     validate_inputs(q, k, v, mask)
-    if backend != "default":
-        ok, why = get_backend(backend).check(Problem.from_tensors(q, k, v, mask, scale))
-        if not ok:
-            raise ValueError(f"backend {backend!r} cannot run this case: {why}")
-    return mask
+    name = _kernels(backend, mask, q, k, v, train)
+    ok, why = get_backend(name).check(Problem.from_tensors(q, k, v, mask, scale))
+    if not ok:
+        raise ValueError(f"backend {name!r} cannot run this case: {why}")
+    return mask, name
 
 
 def _dense_config(q, k, v, mask) -> dict:
@@ -244,8 +245,8 @@ _BWD = {"triton": _triton_bwd, "triton-gluon": _gluon_bwd, "reference": _referen
 @torch.library.custom_op("longca_triton::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_meta: torch.Tensor,
                   softmax_scale: float, backend: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = _checked_mask(q, k, v, mask_meta, softmax_scale, backend)
-    return _FWD[_kernels(backend, mask, q, k, v, train)](q, k, v, mask, softmax_scale)
+    mask, name = _checked_call(q, k, v, mask_meta, softmax_scale, backend, train)
+    return _FWD[name](q, k, v, mask, softmax_scale)
 
 
 @_attention_op.register_fake

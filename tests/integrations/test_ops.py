@@ -168,6 +168,9 @@ def test_bad_calls_are_value_errors():
         compiled_attention(q, k, v, lt.make_mask("causal", 32), backend="reference")
     with pytest.raises(ValueError, match="q must be a 4-D tensor"):
         compiled_attention(q[0], k, v, causal)
+    # the default backend's kernels are checked too, before any kernel runs
+    with pytest.raises(ValueError, match="backend 'triton' cannot run this case: dtype torch.float64"):
+        compiled_attention(*(t.double() for t in (q, k, v)), causal)
 
 
 @pytest.mark.gpu
