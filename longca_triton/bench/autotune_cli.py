@@ -3,9 +3,11 @@
 On a GPU a user sees one line per kernel saying what is tuned and where the cache is, a progress
 bar (timed runs done / planned, elapsed, ETA), the closing table, then a summary in words
 (:mod:`.autotune_summary`) on a terminal, into a pipe or a file alike: per problem class its cases,
-default vs tuned vs every vendor on them, how it was settled, and what was skipped and why. ``-v``
+default vs tuned on them, every vendor against both on the class's heaviest case, how it was
+settled, and what was skipped and why. The vendors are timed first, while worker processes build
+our candidates (their compiles would otherwise hold up the search). ``-v``
 adds a line per timed candidate. A class already in the cache (same GPU, Triton, cases, its search
-finished) is reused and said so; ``--force`` tunes it again. ``--budget-minutes`` (1.5 by default)
+finished) is reused and said so; ``--force`` tunes it again. ``--budget-minutes`` (1.7 by default)
 and Ctrl-C stop the search cleanly: the group being searched keeps the best config measured so
 far, the class under way is written, classes not begun are skipped and said so, and the summary
 prints; after Ctrl-C the command exits 130 (a second Ctrl-C stops in the middle of a measurement).
@@ -73,17 +75,16 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
 @click.option("--vendors", default=None, callback=csv_option(str),
               help="backends measured on the same cases (default: per kernel, e.g. sdpa-cudnn, fa4, flex-fa4, flex "
                    "for the dense one; 'none' for none)")
-@click.option("--budget-minutes", type=click.FloatRange(min=0), default=1.5, show_default=True,
-              help="stop searching after this long (from the start; 0: no budget), shared equally among the kernels "
-                   "(time one leaves unused goes to the next): the group under way keeps the best config so far, the "
-                   "class under way is written, classes not begun wait for a rerun; vendors are then timed on the "
-                   "classes settled")
+@click.option("--budget-minutes", type=click.FloatRange(min=0), default=1.7, show_default=True,
+              help="stop after this long (from the start; 0: no budget), shared equally among the vendors' timing and "
+                   "each kernel's search (time one leaves unused goes to the next): the group under way keeps the best "
+                   "config so far, the class under way is written, classes not begun wait for a rerun")
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")
 @click.option("--compile-workers", type=click.IntRange(min=0), default=None,
               help="processes compiling candidates ahead while the GPU times (default: the host's cores less two, "
-                   "at most 8; 0: compile each candidate when it is first timed)")
+                   "at most 16; 0: compile each candidate when it is first timed)")
 @click.option("--force", is_flag=True, help="tune classes the cache already holds for these cases again")
 @click.option("--dry-run", is_flag=True, help="list the problem classes and candidate configs, run nothing")
 @click.option("--no-write", is_flag=True, help="do not update the config cache")
@@ -101,8 +102,8 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     knobs changed) and the shipped table's other choices by successive halving: every candidate
     timed briefly on the heaviest case, the best quarter on every case (--exhaustive: every
     candidate of the full cross product on every case). Candidates compile on the host's cores
-    while the GPU times those already built. Prints, per problem class and
-    mode, default vs tuned vs each vendor on the same cases. The cache
+    while the GPU times the vendors, then those already built. Prints, per problem class and
+    mode, default vs tuned, and each vendor against both on the class's heaviest case. The cache
     (LONGCA_TRITON_AUTOTUNE_CACHE, default ~/.cache/longca-triton/autotune.json) holds one
     tuning-table row per problem class, which the kernels read at run time before their shipped
     tables; a rerun reuses what the cache holds for the same cases unless --force, which also
@@ -185,6 +186,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
     runs, seconds, current = [], dict(search=0.0, vendors=0.0), None
     checks = dict(planned=sum(len(m) * len(t.groups) for t, _, m in plan), run=0, wrong=0)
     tuned_kernels = []  # per kernel tuned: what its vendors, rows and summary need
+    vendor_done, vendor_memo = {}, {}  # (kernel, class) -> (case label, {mode: {vendor: value}}); per case
     try:
         with stop.on_ctrl_c() if not dry_run else contextlib.nullcontext():
             # every candidate's kernels compile on the host's cores while the GPU times those built
@@ -194,6 +196,16 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                 for tunable, tblock, mine in plan if ahead.workers else ():
                     run.submit_compiles(ahead, tunable, mine, tblock, device, exhaustive=exhaustive, switches=switches,
                                         force=force)
+                if not (dry_run or check):
+                    # the vendors first, on one share of the budget: the GPU times them while the
+                    # workers build our candidates, which the search would otherwise wait for
+                    t0, vendor_stop = time.monotonic(), stop.share(len(plan) + 1)
+                    for tunable, tblock, mine in plan:
+                        current = tunable.name
+                        vendor_done.update(_measure_vendors(con, tunable, tblock, mine, _vendor_names(tunable, vendors),
+                                                            device, vendor_stop, force, vendor_memo))
+                    current = None
+                    seconds["vendors"] += time.monotonic() - t0
                 for n_done, (tunable, tblock, mine) in enumerate(plan):
                     name = current = tunable.name
                     if dry_run:
@@ -212,20 +224,18 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
                                                     stop.share(len(plan) - n_done), force, no_write, verbose,
                                                     switches, ahead)
                     seconds["search"] += time.monotonic() - t0
+                    classes = run.group_classes(tunable, mine, tblock)
+                    for s in summaries:
+                        got = vendor_done.get((name, s["problem_class"]))
+                        if got is not None:
+                            run.record_vendors(tunable, s, classes[s["problem_class"]], tblock, *got, device,
+                                               write=not no_write)
                     reused = [s for s in summaries if s.get("reused")]
                     if reused:
                         con.print(f"reused the cache for {len(reused)} of {plural(len(summaries), 'problem class', 'problem classes')} "
                                   f"(tuned on these cases before; --force tunes them again)")
                     tuned_kernels.append((tunable, tblock, mine, summaries))
                     current = None
-            # the vendors after every search: their compiles do not queue behind ours
-            for tunable, tblock, mine, summaries in tuned_kernels:
-                current = tunable.name
-                t0 = time.monotonic()
-                _measure_vendors(con, tunable, tblock, summaries, mine, _vendor_names(tunable, vendors), device, stop,
-                                 write=not no_write)
-                seconds["vendors"] += time.monotonic() - t0
-                current = None
     except KeyboardInterrupt:  # a second Ctrl-C: the kernel under way is cut where it stood
         if current and not check:
             skipped.append((current, "stopped at once by a second Ctrl-C; the classes it finished are in the cache"))
@@ -233,14 +243,14 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
         vendor_names = _vendor_names(tunable, vendors)
         settled = {s["problem_class"] for s in summaries}
         runs.append(dict(summaries=summaries, vendors=vendor_names, modes=set(tunable.groups.values()),
-                         why_no_vendors="not timed (Ctrl-C)" if stop.interrupted else "",
+                         why_no_vendors="not timed (Ctrl-C)" if stop.interrupted else "not timed (the budget)",
                          left={c: [m.label for m in ms] for c, ms in run.group_classes(tunable, mine, tblock).items()
                                if c not in settled}))
         table["rows"] += summary_rows(summaries, vendor_names)
         table["columns"] = list(dict.fromkeys(table["columns"] + SUMMARY_COLUMNS + vendor_names
                                               + ["source", "tuned_config"]))
         table["headers"], table["title"] = SUMMARY_HEADERS, ("autotune: TFLOP/s (docs/masks.md §5), default vs "
-                                                             "tuned, vendors on the same cases")
+                                                             "tuned (geometric means over a class's cases), vendors on its heaviest case")
         if out:
             with open(out, "a") as f:
                 for s in summaries:
@@ -327,24 +337,27 @@ def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, fo
                        switches=switches, on_measure=on_measure, write=not no_write, ahead=ahead)
 
 
-def _measure_vendors(con, tunable, block, summaries, cases, vendor_names, device, stop, write=True):
-    """Every vendor on every case of each class (reused classes keep the numbers the cache holds);
-    after Ctrl-C none."""
+def _measure_vendors(con, tunable, block, cases, vendor_names, device, stop, force, memo) -> dict:
+    """Every vendor on each class's heaviest case (``run.screen_case``), in each mode the kernel
+    tunes; classes whose cache row already holds them are left out (unless ``force``), and nothing
+    more is timed once ``stop`` says so. Returns ``{(kernel, class): (case label, {mode: {vendor:
+    TFLOP/s or why not}})}``; ``memo`` shares a case's numbers among kernels tuned on it."""
     from . import autotune_run as run
 
+    out = {}
     if not vendor_names:
-        return
-    by_label = {c.label: c for c in cases}
-    for s in summaries:
-        if stop.interrupted:
-            return
-        have = s.get("vendors") or {}
-        if s.get("reused") and all(v in have.get(m, {}) for m in s["tuned_tflops"] for v in vendor_names):
+        return out
+    for cls, members in run.group_classes(tunable, cases, block).items():
+        if stop():
+            break
+        if not force and run.vendors_cached(tunable, members, block, vendor_names, device):
             continue
-        members = [by_label[label] for label in s["cases"]]
-        with con.status(f"measuring {', '.join(vendor_names)} on {len(members)} cases of {s['problem_class']}"):
-            got = {mode: run.vendor_tflops(members, mode, vendor_names, device) for mode in s["tuned_tflops"]}
-        run.record_vendors(tunable, s, members, block, got, device, write=write)
+        case = run.screen_case(members)
+        with con.status(f"timing {', '.join(vendor_names)} on {case.label} while our candidates compile"):
+            got = {mode: run.vendor_tflops([case], mode, vendor_names, device, memo)
+                   for mode in sorted(set(tunable.groups.values()), reverse=True)}
+        out[(tunable.name, cls)] = (case.label, got)
+    return out
 
 
 def _dry_run_rows(table, tunable, cases, block, exhaustive, with_configs, switches):

@@ -37,7 +37,7 @@ from .timing import time_fn
 
 __all__ = ["Tunable", "TuneCase", "measure", "call_once", "compile_key", "submit_compiles", "search_space", "class_default",
            "group_classes", "planned_work", "cached_row", "tune",
-           "record_vendors", "build_cases", "cases_for", "vendor_tflops", "DEFAULT_MASKS", "DEFAULT_VENDORS",
+           "record_vendors", "screen_case", "vendors_cached", "build_cases", "cases_for", "vendor_tflops", "DEFAULT_MASKS", "DEFAULT_VENDORS",
            "DEFAULT_DENSITIES"]
 
 
@@ -95,8 +95,8 @@ class TuneCase:
 
 #: repetitions of one timing sized to the case: ``rep`` at most, about ``ms`` of them, ``min_rep`` at least
 #: (the screen ranks candidates, the final round measures them)
-SCREEN_TIMING = dict(warmup_ms=10, rep=30, max_ms=25, min_rep=5)
-FINAL_TIMING = dict(warmup_ms=25, rep=50, max_ms=100, min_rep=10)
+SCREEN_TIMING = dict(warmup_ms=10, rep=30, max_ms=25, min_rep=3)
+FINAL_TIMING = dict(warmup_ms=25, rep=50, max_ms=100, min_rep=6)
 
 
 def _time(fn, device, quick: bool = False) -> float:
@@ -200,6 +200,12 @@ def planned_work(tunable: Tunable, cases: list[TuneCase], block: int, exhaustive
     return total
 
 
+def screen_case(members: list[TuneCase]) -> TuneCase:
+    """The class's heaviest case (the largest mask area, the first of equals): the search screens on
+    it, the compiles ahead start with it, and the vendors are timed on it."""
+    return max(members, key=lambda c: c.mask.area)
+
+
 def class_default(tunable: Tunable, members: list[TuneCase]) -> dict:
     """The config a user gets on a class without tuning (its first case's)."""
     c = members[0]
@@ -223,7 +229,7 @@ def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, 
         if not force and cached_row(tunable, members, block, device) is not None:
             continue
         default = class_default(tunable, members)
-        screen = max(members, key=lambda c: c.mask.area)
+        screen = screen_case(members)
         for mode in sorted(set(tunable.groups.values()), reverse=True):  # fwd first
             ahead.submit(compile_key(tunable, cls, "default", {"mode": mode}), tunable.name, screen, default, mode,
                          device)
@@ -253,14 +259,18 @@ def _summary(cls: str, row: Row, reused: bool, failures=()) -> dict:
     return dict(problem_class=cls, cases=list(m["cases"]), default=dict(m.get("default", {})), tuned=dict(row.config),
                 default_tflops={k: v["default"] for k, v in m["tflops"].items()},
                 tuned_tflops={k: v["tuned"] for k, v in m["tflops"].items()}, failures=list(failures),
-                reused=reused, search=dict(m["search"]), vendors=dict(m.get("vendors", {})))
+                per_case={k: dict(v) for k, v in m.get("per_case", {}).items()},
+                reused=reused, search=dict(m["search"]), vendors=dict(m.get("vendors", {})),
+                vendor_case=m.get("vendor_case"))
 
 
 def _make_row(tunable: Tunable, members: list[TuneCase], block: int, tuned: dict, default: dict,
-              default_scores: dict, tuned_scores: dict, search: dict) -> Row:
+              default_cases: dict, tuned_cases: dict, search: dict) -> Row:
     """The cache row of one tuned class: ``results`` names the run (date and cache file), ``note``
     its TFLOP/s in a sentence, ``measured`` the numbers a warm rerun and the lookup read."""
     when = time.strftime("%Y-%m-%dT%H:%M:%S")
+    default_scores = {m: geomean(list(v.values())) for m, v in default_cases.items()}
+    tuned_scores = {m: geomean(list(v.values())) for m, v in tuned_cases.items()}
     modes = sorted(tuned_scores) or sorted(set(tunable.groups.values()))
     tf = ", ".join(f"{m} {tuned_scores[m]:.1f} vs {default_scores[m]:.1f}" for m in sorted(tuned_scores))
     note = (f"TFLOP/s tuned vs default: {tf or 'nothing measured'}; geometric mean over {len(members)} cases, "
@@ -269,6 +279,8 @@ def _make_row(tunable: Tunable, members: list[TuneCase], block: int, tuned: dict
                mode="fwd_bwd" if len(modes) > 1 else modes[0],
                results=f"autotune run of {when} into {cache_path()}", note=note,
                measured=dict(tflops={m: dict(default=default_scores[m], tuned=tuned_scores[m]) for m in tuned_scores},
+                             per_case={m: {c: dict(default=default_cases[m][c], tuned=t) for c, t in v.items()}
+                                       for m, v in tuned_cases.items()},
                              cases=[c.label for c in members], search=search, default=dict(default)))
 
 
@@ -303,9 +315,13 @@ def tune(
     :class:`~longca_triton.bench.compile_ahead.CompileAhead` that :func:`submit_compiles` filled; each
     candidate waits for its compile there before it is timed.
     """
+    waited = [0.0]  # seconds this class spent waiting for compiles ahead
+
     def wait(*key):
         if ahead is not None:
+            t = time.monotonic()
             ahead.wait(compile_key(tunable, *key))
+            waited[0] += time.monotonic() - t
 
     groups = groups or list(tunable.groups)
     summaries = []
@@ -316,11 +332,12 @@ def tune(
             continue
         if past(deadline):  # the budget is spent (or Ctrl-C pressed): classes not begun are not tuned
             continue
-        t0 = time.monotonic()
+        t0, waited[0] = time.monotonic(), 0.0
         head_dim = members[0].head_dim
         default = class_default(tunable, members)
         tuned = dict(default)
         default_scores, tuned_scores, failures, measured, cut = {}, {}, [], 0, False
+        default_cases, tuned_cases = {}, {}  # per mode, TFLOP/s per case label
 
         def note(round_, cand, case, tf, err, cls=cls):
             if on_measure:
@@ -333,7 +350,8 @@ def tune(
             mode = tunable.groups[group]
             if mode not in default_scores:
                 wait(cls, "default", {"mode": mode})
-                default_scores[mode] = geomean([measure(tunable, c, default, mode, device) for c in members])
+                default_cases[mode] = {c.label: measure(tunable, c, default, mode, device) for c in members}
+                default_scores[mode] = geomean(list(default_cases[mode].values()))
                 measured += len(members)
                 for c in members:
                     note("default", {}, c, None, "")
@@ -353,33 +371,41 @@ def tune(
             if mode not in tuned_scores:
                 continue
             # re-measure the final combination; where it does not beat the default, keep the default
-            tuned_scores[mode] = geomean([measure(tunable, c, tuned, mode, device) for c in members])
+            tuned_cases[mode] = {c.label: measure(tunable, c, tuned, mode, device) for c in members}
             measured += len(members)
-            if tuned_scores[mode] <= default_scores[mode]:
+            if geomean(list(tuned_cases[mode].values())) <= default_scores[mode]:
                 for group, m in tunable.groups.items():
                     if m == mode:
                         for key in tunable.candidates(group, block, head_dim)[0]:
                             tuned[key] = default[key]
-                tuned_scores[mode] = default_scores[mode]
+                tuned_cases[mode] = dict(default_cases[mode])
         search = dict(method="exhaustive" if exhaustive else "successive halving", measurements=measured,
-                      seconds=round(time.monotonic() - t0, 1),
+                      seconds=round(time.monotonic() - t0, 1), compile_wait_seconds=round(waited[0], 1),
                       stopped_by_deadline=cut)
-        row = _make_row(tunable, members, block, tuned, default, default_scores, tuned_scores, search)
+        row = _make_row(tunable, members, block, tuned, default, default_cases, tuned_cases, search)
         summaries.append(_summary(cls, row, reused=False, failures=failures))
         if write:  # keyed by the device: interpreter timings never serve a GPU
             save_row(device_key(device), tunable.name, row)
     return summaries
 
 
-def record_vendors(tunable: Tunable, summary: dict, cases: list[TuneCase], block: int, vendors: dict, device,
-                   write: bool = True) -> None:
-    """Keep a class's vendor numbers in its summary and (``write``) its cache row, so that a warm
-    rerun prints them without timing."""
-    summary["vendors"] = vendors
+def record_vendors(tunable: Tunable, summary: dict, cases: list[TuneCase], block: int, case_label: str,
+                   vendors: dict, device, write: bool = True) -> None:
+    """Keep a class's vendor numbers (timed on its case ``case_label``) in its summary and
+    (``write``) its cache row, so that a warm rerun prints them without timing."""
+    summary["vendors"], summary["vendor_case"] = vendors, case_label
     row = cached_row(tunable, cases, block, device) if write else None
     if row is not None:
         save_row(device_key(device), tunable.name,
-                 dataclasses.replace(row, measured={**row.measured, "vendors": vendors}))
+                 dataclasses.replace(row, measured={**row.measured, "vendors": vendors, "vendor_case": case_label}))
+
+
+def vendors_cached(tunable: Tunable, members: list[TuneCase], block: int, vendors, device) -> bool:
+    """Whether the cache already holds this class, tuned on these cases, with every vendor's number
+    in every mode (a warm rerun then times no vendor)."""
+    row = cached_row(tunable, members, block, device)
+    have = (row.measured.get("vendors") or {}) if row is not None else {}
+    return row is not None and all(v in have.get(m, {}) for m in set(tunable.groups.values()) for v in vendors)
 
 
 # ---------------------------------------------------------------------------- the command's cases
@@ -407,11 +433,13 @@ def cases_for(tunable: Tunable, block: int, masks, seqlens, head_dims, dtypes, h
     return [c for c in build_cases(masks, seqlens, head_dims, dtypes, heads, seed) if tunable.accepts(c.mask)]
 
 
-def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device) -> dict[str, float | str]:
+def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device, memo: dict | None = None) -> dict[str, float | str]:
     """Each vendor backend on the same cases: the geometric mean of its TFLOP/s, or why not
-    (``unsupported: ...`` when it cannot run one of them, ``error: ...`` when it failed)."""
-    from ..adapters import Problem, get_backend
+    (``unsupported: ...`` when it cannot run one of them, ``error: ...`` when it failed). ``memo``
+    keeps each (vendor, case, mode) measured in this run: kernels tuned on the same cases share them."""
+    from ..adapters import get_backend
 
+    memo = {} if memo is None else memo
     out: dict[str, float | str] = {}
     for name in vendors:
         try:
@@ -421,26 +449,37 @@ def vendor_tflops(cases: list[TuneCase], mode: str, vendors, device) -> dict[str
             continue
         scores = []
         for case in cases:
-            q, k, v, do = case.inputs(device)
-            problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
-                              head_dim=case.head_dim, dtype=case.dtype, mode=mode,
-                              device=torch.device(device).type)
-            ok, why = backend.check(problem)
-            if not ok:
-                out[name] = f"unsupported: {why}"
+            key = (name, case.label, mode)
+            if key not in memo:
+                memo[key] = _vendor_on(backend, case, mode, device)
+            got = memo[key]
+            if isinstance(got, str):
+                out[name] = got
                 break
-            try:
-                fn = backend.prepare(problem, q, k, v)
-                if mode == "fwd":
-                    with torch.no_grad():
-                        ms = _time(fn, device)
-                else:
-                    res = fn()[0]
-                    ms = _time(lambda: torch.autograd.grad(res, (q, k, v), do, retain_graph=True), device)
-            except Exception as e:  # a vendor failing here is reported, not fatal
-                out[name] = f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"
-                break
-            scores.append(case.flops(mode) / (ms * 1e-3) / 1e12)
+            scores.append(got)
         else:
             out[name] = geomean(scores)
     return out
+
+
+def _vendor_on(backend, case: TuneCase, mode: str, device) -> float | str:
+    """One vendor on one case: TFLOP/s, or why not."""
+    from ..adapters import Problem
+
+    q, k, v, do = case.inputs(device)
+    problem = Problem(mask=case.mask, batch=case.batch, heads_q=case.heads_q, heads_kv=case.heads_kv,
+                      head_dim=case.head_dim, dtype=case.dtype, mode=mode, device=torch.device(device).type)
+    ok, why = backend.check(problem)
+    if not ok:
+        return f"unsupported: {why}"
+    try:
+        fn = backend.prepare(problem, q, k, v)
+        if mode == "fwd":
+            with torch.no_grad():
+                ms = _time(fn, device)
+        else:
+            res = fn()[0]
+            ms = _time(lambda: torch.autograd.grad(res, (q, k, v), do, retain_graph=True), device)
+    except Exception as e:  # a vendor failing here is reported, not fatal
+        return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"
+    return case.flops(mode) / (ms * 1e-3) / 1e12

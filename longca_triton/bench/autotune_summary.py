@@ -2,7 +2,8 @@
 summary in words it prints last on every run (a terminal, a pipe or a file alike).
 
 The summary names, per problem class, its cases, the default's and the tuned config's TFLOP/s per
-mode and every vendor timed on the same cases, how the class was settled (tuned now, reused from
+mode (geometric means over the cases) and, on the class's heaviest case, both of them and every
+vendor timed there, how the class was settled (tuned now, reused from
 the cache, cut short by the budget or Ctrl-C), and what was skipped and why.
 """
 
@@ -115,15 +116,20 @@ def summary_rows(summaries: list[dict], vendors: list[str]) -> list[dict]:
                        cases="; ".join(s["cases"]),
                        tuned_config=fmt_cfg({k: v for k, v in s["tuned"].items()
                                              if s.get("default", {}).get(k) != v}) or "(= default)")
+            on = s.get("vendor_case")
+            there = s.get("per_case", {}).get(mode, {}).get(on) if on else None
+            row["vendor_case"] = on or ""
+            row["tuned_there"] = round(there["tuned"], 1) if there else None
             for v in vendors:
                 got = s.get("vendors", {}).get(mode, {}).get(v)
-                row[v] = round(got, 1) if isinstance(got, float) else (got or "not measured")
+                row[v] = round(got, 1) if isinstance(got, float) else _short(got or "not measured", 60)
             rows.append(row)
     return rows
 
 
-SUMMARY_COLUMNS = ["kernel", "block", "S", "masks", "mode", "default", "tuned", "x_default"]
-SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "default TFLOP/s", "tuned": "tuned TFLOP/s"}
+SUMMARY_COLUMNS = ["kernel", "block", "S", "masks", "mode", "default", "tuned", "x_default", "vendor_case", "tuned_there"]
+SUMMARY_HEADERS = {"x_default": "× default", "S": "sequences", "default": "default TFLOP/s", "tuned": "tuned TFLOP/s",
+                   "vendor_case": "vendors timed on", "tuned_there": "tuned there"}
 MODE_ORDER = ("fwd", "bwd", "fwd_bwd")
 
 
@@ -141,7 +147,9 @@ def _class_lines(s: dict, vendors: list[str], why_no_vendors: str, modes=()) -> 
     elif s["search"].get("stopped_by_deadline"):
         how = "cut short: the best config measured so far, written; a rerun tunes it again"
     else:
-        how = f"tuned now ({s['search']['method']}, {s['search']['measurements']} timed runs, {s['search']['seconds']:.0f} s)"
+        waited = s["search"].get("compile_wait_seconds")
+        how = (f"tuned now ({s['search']['method']}, {s['search']['measurements']} timed runs, {s['search']['seconds']:.0f} s"
+               + (f", {waited:.0f} s of it waiting for compiles" if waited and waited >= 0.5 else "") + ")")
     lines = [f"  {w['kernel']} at block {w['block']}, {w['S']}, {w['masks']}: {how}",
              f"    cases: {'; '.join(s['cases'])}"]
     for mode in sorted(s["tuned_tflops"], key=MODE_ORDER.index):
@@ -150,7 +158,13 @@ def _class_lines(s: dict, vendors: list[str], why_no_vendors: str, modes=()) -> 
         got = s.get("vendors", {}).get(mode, {})
         said = [f"{v} {got[v]:.1f}" if isinstance(got.get(v), float)
                 else f"{v} {_short(got.get(v) or why_no_vendors or 'not timed')}" for v in vendors]
-        lines.append(text + ("; " + ", ".join(said) if said else ""))
+        on = s.get("vendor_case")
+        there = s.get("per_case", {}).get(mode, {}).get(on) if on else None
+        if said and there:
+            text += f"; on {on}: default {there['default']:.1f}, tuned {there['tuned']:.1f}, " + ", ".join(said)
+        elif said:
+            text += "; " + ", ".join(said)
+        lines.append(text)
     for mode in sorted(set(modes) - set(s["tuned_tflops"]), key=MODE_ORDER.index):
         lines.append(f"    {mode}: not searched before the stop (the default config stays)")
     return lines

@@ -23,8 +23,9 @@ __all__ = ["CompileAhead", "default_workers"]
 
 
 def default_workers() -> int:
-    """Compile processes: the host's cores less two (the timing process, the system), 1 to 8."""
-    return max(1, min(8, (os.cpu_count() or 3) - 2))
+    """Compile processes: the host's cores less two (the timing process, the system), 1 to 16
+    (each holds a CUDA context, about 0.5 GB of GPU memory, and a Python with torch imported)."""
+    return max(1, min(16, (os.cpu_count() or 3) - 2))
 
 
 class CompileAhead:

@@ -2,7 +2,8 @@
 
 ``time_fn(fn, warmup_ms, rep, flush_l2=True)``: on CUDA, CUDA events around each call only, with
 an L2 flush (writing a 256 MB buffer, more than any current L2) before every repetition, after
-``warmup_ms`` of warm-up calls (at least one, which absorbs compilation), each start event behind a
+a first call (compilation, never timed), one estimating call and ``warmup_ms`` of warm-up calls
+(none for a call that alone lasts that long), each start event behind a
 GPU sleep longer than the host's cost of issuing the call (the events time the GPU's work, not a
 Python launcher the GPU waits for); returns the median and
 the 20th / 80th percentiles in milliseconds. On the CPU the host clock is used and no flush is
@@ -57,6 +58,25 @@ def _host_ms(fn) -> float:
     t = time.perf_counter()
     fn()
     return (time.perf_counter() - t) * 1e3
+
+
+def warm_up_calls(est_ms: float, warmup_ms: float) -> int:
+    """Warm-up calls after the first (compiling) call and the estimating one: ``warmup_ms`` worth,
+    none for a call that alone lasts that long (the two calls before it warmed it up)."""
+    return int(warmup_ms / max(est_ms, 1e-3))
+
+
+def warm_up(fn, est_ms: float, warmup_ms: float, est_host_ms: float = 0.0) -> float:
+    """Run ``fn``'s warm-up calls (``warm_up_calls``) and return the host's cost of issuing one
+    call: the most of the estimating call's and the first three warm-up calls' (the launches only
+    queue, so this is the launcher's Python time; reading it from the warm-up calls costs no extra
+    GPU work)."""
+    host = est_host_ms
+    for i in range(warm_up_calls(est_ms, warmup_ms)):
+        h = _host_ms(fn)
+        if i < 3:
+            host = max(host, h)
+    return host
 
 
 def _head_start(host_ms: float) -> None:
@@ -116,17 +136,14 @@ def time_fn(
     # first call: compilation / autotuning / lazy init, never timed
     fn()
     sync()
-    # estimate one call
+    # estimate one call (its host cost too)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
-    fn()
+    est_host = _host_ms(fn)
     e.record()
     sync()
     est = max(s.elapsed_time(e), 1e-3)
-    n_warm = max(1, int(warmup_ms / est))
-    host = max(_host_ms(fn) for _ in range(min(n_warm, 3)))
-    for _ in range(n_warm):
-        fn()
+    host = warm_up(fn, est, warmup_ms, est_host)
     n_rep = _rep_count(rep, min_rep, max_ms, est)
     buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev) if flush_l2 else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
@@ -176,12 +193,18 @@ def time_interleaved(fns: Sequence[Callable[[], object]], warmup_ms: float = 25.
         fn()
     sync()
     est = [max(one(fn), 1e-3) for fn in fns]
-    n_warm = [max(1, int(warmup_ms / x)) for x in est]
-    host = [max(_host_ms(fn) for _ in range(min(n, 3))) if cuda else 0.0 for fn, n in zip(fns, n_warm)]
-    for r in range(max(n_warm)):
+    n_warm = [warm_up_calls(x, warmup_ms) for x in est]
+    # the host's cost of issuing each call: the most of its first warm-up calls (queued, not waited for)
+    host = [0.0] * n
+    for r in range(max(n_warm, default=0)):
         for i, fn in enumerate(fns):
             if r < n_warm[i]:
-                fn()
+                h = _host_ms(fn)
+                if r < 3:
+                    host[i] = max(host[i], h)
+    for i, fn in enumerate(fns):  # no warm-up call to read it from (a long call): one more, queued
+        if cuda and not n_warm[i]:
+            host[i] = _host_ms(fn)
     n_rep = [_rep_count(rep, min_rep, max_ms, x) for x in est]
     buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev) if (flush_l2 and cuda) else None
     times: list[list[float]] = [[] for _ in fns]

@@ -62,6 +62,45 @@ def test_tune_writes_then_reuses_the_cache(cache):
     assert len(calls) == 2 * n_first and {s["reused"] for s in forced} == {False}
 
 
+def test_per_case_numbers_and_the_screen_case(cache):
+    """Each class keeps default and tuned TFLOP/s per case (the summary compares the vendors there);
+    the heaviest case is the one the search screens on and the vendors are timed on."""
+    calls = []
+    cs = [run.TuneCase(make_mask("sliding_window_causal", 256, window=w), 2, 1, 16, torch.float32, label=f"window {w}")
+          for w in (16, 64, 32)]
+    assert run.screen_case(cs).label == "window 64"
+    (s,) = run.tune(fake_tunable(calls), cs, 64, device="cpu")
+    per = s["per_case"]["fwd"]
+    assert sorted(per) == sorted(c.label for c in cs) and all(set(v) == {"default", "tuned"} for v in per.values())
+    assert s["tuned_tflops"]["fwd"] == pytest.approx(run.geomean([v["tuned"] for v in per.values()]))
+    (again,) = run.tune(fake_tunable(calls), cs, 64, device="cpu")
+    assert again["reused"] and again["per_case"] == s["per_case"]
+
+
+def test_vendors_are_timed_once_per_case_and_kept_in_the_cache(cache, monkeypatch):
+    """A memo shares a vendor's number on a case among the kernels tuned on it; once a class's row
+    holds every vendor, a warm rerun times none."""
+    timed = []
+    monkeypatch.setattr(run, "_vendor_on", lambda backend, case, mode, device: timed.append(case.label) or 100.0)
+    cs, memo = cases(), {}
+    for _ in range(2):  # two kernels on the same cases
+        got = run.vendor_tflops(cs, "fwd", ["reference"], "cpu", memo)
+    assert got == {"reference": pytest.approx(100.0)} and timed == [c.label for c in cs]
+    assert run.vendor_tflops(cs, "fwd", ["no-such-vendor"], "cpu", memo)["no-such-vendor"].startswith("unknown")
+
+    t = fake_tunable([])
+    summaries = run.tune(t, cs, 64, device="cpu")
+    classes = run.group_classes(t, cs, 64)
+    assert not any(run.vendors_cached(t, m, 64, ["reference"], "cpu") for m in classes.values())
+    for s in summaries:
+        members = classes[s["problem_class"]]
+        run.record_vendors(t, s, members, 64, members[0].label, {"fwd": {"reference": 100.0}}, "cpu")
+    assert all(run.vendors_cached(t, m, 64, ["reference"], "cpu") for m in classes.values())
+    assert not run.vendors_cached(t, classes[summaries[0]["problem_class"]], 64, ["reference", "flex"], "cpu")
+    again = run.tune(t, cs, 64, device="cpu")
+    assert [s["vendor_case"] for s in again] == [s["vendor_case"] for s in summaries]
+
+
 def test_other_cases_are_not_served_from_the_cache(cache):
     calls = []
     t = fake_tunable(calls)

@@ -364,6 +364,19 @@ def test_time_fn_fixed_warmup_counts_calls():
 
 
 # ---------------------------------------------------------------------------- interleaved timing
+def test_warm_up_sized_to_the_call_and_reads_the_host_cost():
+    """``warmup_ms`` worth of calls, none for a call that alone lasts that long; the host cost is the
+    most of the estimating call's and the first three warm-up calls' (no extra call for it)."""
+    from longca_triton.bench.timing import warm_up, warm_up_calls
+
+    assert warm_up_calls(4.0, 25.0) == 6 and warm_up_calls(30.0, 25.0) == 0 and warm_up_calls(0.0, 1.0) == 1000
+    calls = []
+    host = warm_up(lambda: calls.append(time.sleep(0.004 if len(calls) == 1 else 0)), 5.0, 20.0, est_host_ms=0.5)
+    assert len(calls) == 4 and 4.0 <= host < 50.0
+    calls.clear()
+    assert warm_up(lambda: calls.append(1), 30.0, 25.0, est_host_ms=0.7) == 0.7 and not calls
+
+
 def test_time_interleaved_shuffles_and_caps():
     """Round r times every function once, in an order drawn for the round (not one fixed
     predecessor for every function, and the same orders on a rerun); a slow function capped
@@ -381,19 +394,19 @@ def test_time_interleaved_shuffles_and_caps():
 
     res = time_interleaved([mk("a"), mk("b"), mk("c")], warmup_ms=0.0, rep=4, flush_l2=False, device="cpu")
     assert [r["reps"] for r in res] == [4, 4, 4]
-    # 1 compile + 1 estimate + 1 warm-up call each, then the rounds
-    assert sorted(log[:9]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
-    rounds = ["".join(log[9 + 3 * r: 12 + 3 * r]) for r in range(4)]
+    # 1 compile + 1 estimate call each (no warm-up ms asked, so no warm-up call), then the rounds
+    assert sorted(log[:6]) == ["a"] * 2 + ["b"] * 2 + ["c"] * 2
+    rounds = ["".join(log[6 + 3 * r: 9 + 3 * r]) for r in range(4)]
     assert all(sorted(r) == list("abc") for r in rounds)
     assert len(set(rounds)) > 1
     log.clear()
     time_interleaved([mk("a"), mk("b"), mk("c")], warmup_ms=0.0, rep=4, flush_l2=False, device="cpu")
-    assert ["".join(log[9 + 3 * r: 12 + 3 * r]) for r in range(4)] == rounds
+    assert ["".join(log[6 + 3 * r: 9 + 3 * r]) for r in range(4)] == rounds
     log.clear()
     res = time_interleaved([mk("fast"), mk("slow", 0.02)], warmup_ms=0.0, rep=6, max_ms=45.0, min_rep=2,
                            flush_l2=False, device="cpu")
     assert res[0]["reps"] == 6 and res[1]["reps"] == 2 and res[1]["median_ms"] >= 20.0
-    rounds = log[6:]
+    rounds = log[4:]
     assert sorted(rounds[:4]) == ["fast", "fast", "slow", "slow"] and rounds[4:] == ["fast"] * 4
     assert time_interleaved([], device="cpu") == []
     with pytest.raises(ValueError):
