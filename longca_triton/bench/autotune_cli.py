@@ -348,14 +348,14 @@ def _measure_vendors(con, tunable, block, cases, vendor_names, device, stop, for
     if not vendor_names:
         return out
     for cls, members in run.group_classes(tunable, cases, block).items():
-        if stop():
-            break
         if not force and run.vendors_cached(tunable, members, block, vendor_names, device):
             continue
         case = run.screen_case(members)
+        modes = sorted(set(tunable.groups.values()), reverse=True)
+        if stop() and not all((v, case.label, m) in memo for v in vendor_names for m in modes):
+            continue  # past the vendors' share: only what another kernel's cases already measured
         with con.status(f"timing {', '.join(vendor_names)} on {case.label} while our candidates compile"):
-            got = {mode: run.vendor_tflops([case], mode, vendor_names, device, memo)
-                   for mode in sorted(set(tunable.groups.values()), reverse=True)}
+            got = {mode: run.vendor_tflops([case], mode, vendor_names, device, memo) for mode in modes}
         out[(tunable.name, cls)] = (case.label, got)
     return out
 

@@ -212,10 +212,10 @@ def class_default(tunable: Tunable, members: list[TuneCase]) -> dict:
     return tunable.default(c.head_dim, c.dtype, c.mask, group=c.heads_q // c.heads_kv)
 
 
-def compile_key(tunable: Tunable, cls: str, group: str, cand: dict) -> tuple:
-    """What names one candidate's compile ahead: kernel, class, key group (or ``"default"`` and the
-    mode) and the candidate."""
-    return tunable.name, cls, group, json.dumps(cand, sort_keys=True, default=str)
+def compile_key(tunable: Tunable, cls: str, group: str, cand: dict, case: TuneCase) -> tuple:
+    """What names one candidate's compile ahead on one case: kernel, class, key group (or
+    ``"default"`` and the mode), the candidate and the case."""
+    return tunable.name, cls, group, json.dumps(cand, sort_keys=True, default=str), case.label
 
 
 def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, device, *, exhaustive: bool = False,
@@ -223,22 +223,27 @@ def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, 
     """Hand ``ahead`` (a :class:`~longca_triton.bench.compile_ahead.CompileAhead`) every kernel
     :func:`tune` will build for these cases, in the order it needs them: per class not in the
     cache, the default in each mode, then each key group's candidates on the screening case (the
-    largest), over the default. Returns how many calls were submitted."""
+    largest), then on the class's other cases (a mask may compile other variants of a kernel: its
+    partial tiles, interval count), all over the default. Returns how many calls were submitted."""
     n = 0
     for cls, members in group_classes(tunable, cases, block).items():
         if not force and cached_row(tunable, members, block, device) is not None:
             continue
         default = class_default(tunable, members)
         screen = screen_case(members)
+        others = [c for c in members if c is not screen]
         for mode in sorted(set(tunable.groups.values()), reverse=True):  # fwd first
-            ahead.submit(compile_key(tunable, cls, "default", {"mode": mode}), tunable.name, screen, default, mode,
-                         device)
-            n += 1
-        for group, mode in tunable.groups.items():
-            for cand in search_space(tunable, group, block, screen.head_dim, switches, default, exhaustive):
-                ahead.submit(compile_key(tunable, cls, group, cand), tunable.name, screen, {**default, **cand}, mode,
-                             device)
+            for case in (screen, *others):
+                ahead.submit(compile_key(tunable, cls, "default", {"mode": mode}, case), tunable.name, case, default,
+                             mode, device)
                 n += 1
+        for round_cases in ([screen], others):
+            for group, mode in tunable.groups.items():
+                for cand in search_space(tunable, group, block, screen.head_dim, switches, default, exhaustive):
+                    for case in round_cases:
+                        ahead.submit(compile_key(tunable, cls, group, cand, case), tunable.name, case,
+                                     {**default, **cand}, mode, device)
+                        n += 1
     return n
 
 
@@ -349,8 +354,8 @@ def tune(
                 break
             mode = tunable.groups[group]
             if mode not in default_scores:
-                wait(cls, "default", {"mode": mode})
-                default_cases[mode] = {c.label: measure(tunable, c, default, mode, device) for c in members}
+                default_cases[mode] = {c.label: (wait(cls, "default", {"mode": mode}, c),
+                                                 measure(tunable, c, default, mode, device))[1] for c in members}
                 default_scores[mode] = geomean(list(default_cases[mode].values()))
                 measured += len(members)
                 for c in members:
@@ -358,7 +363,7 @@ def tune(
             res = halving_search(
                 search_space(tunable, group, block, head_dim, switches, default, exhaustive), members,
                 lambda cand, case, quick, mode=mode, group=group: (
-                    wait(cls, group, cand), measure(tunable, case, {**tuned, **cand}, mode, device, quick))[1],
+                    wait(cls, group, cand, case), measure(tunable, case, {**tuned, **cand}, mode, device, quick))[1],
                 weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
             measured += res.measurements

@@ -93,6 +93,18 @@ def test_every_kernel_the_search_builds_is_submitted_in_order(autotune_cache):
     assert run.submit_compiles(ahead, t, cs, 64, "cpu") == 0 and not ahead.keys
     assert run.submit_compiles(ahead, t, cs, 64, "cpu", force=True) == 28
 
+    # a class of two cases: every candidate on the screening case first, then on the other one
+    two = [run.TuneCase(make_mask("sliding_window_causal", 256, window=w), 2, 1, 16, torch.float32,
+                        label=f"window {w}") for w in (16, 64)]
+    ahead = _Recorder()
+    assert run.submit_compiles(ahead, t, two, 64, "cpu") == 2 * 2 + 12 * 2
+    cands = [k for k in ahead.keys if k[2] != "default"]
+    assert [k[-1] for k in cands] == ["window 64"] * 12 + ["window 16"] * 12
+    run.tune(t, two, 64, device="cpu", ahead=ahead)
+    waited = {k[1:] for k in ahead.keys if k[0] == "waited"}
+    assert {k[-1] for k in waited} == {"window 16", "window 64"} and waited <= set(cands) | {
+        k for k in ahead.keys if k[2] == "default"}
+
 
 def test_a_worker_compiles_without_launching(monkeypatch):
     from triton.runtime.jit import JITFunction

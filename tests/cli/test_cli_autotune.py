@@ -216,3 +216,19 @@ def test_each_kernel_gets_an_equal_share_of_what_is_left(monkeypatch):
     now[0] = 161.0
     assert second() and stop() and stop.why == "the 1-minute budget"
     assert summ.Stop(None).share(3) is not None and not summ.Stop(None).share(3)()
+
+
+def test_vendors_past_their_share_still_reuse_what_another_kernel_measured(fake):
+    """Once the vendors' share of the budget is spent nothing more is timed, but a class whose case
+    another kernel's vendors already measured still gets those numbers."""
+    from longca_triton.bench.autotune_cli import _measure_vendors
+    from longca_triton.output import console
+
+    t = at.TUNABLES["fake"]
+    cs = run.build_cases(["full", "causal"], [64], [16], [torch.float16], (2, 1))
+    memo = {("reference", "full S=64 D=16 float16", m): 50.0 for m in ("fwd", "bwd")}
+    got = _measure_vendors(console(), t, 64, cs, ["reference"], "cpu", lambda: True, False, memo)
+    ((label, by_mode),) = got.values()
+    assert label == "full S=64 D=16 float16" and by_mode == {m: {"reference": pytest.approx(50.0)} for m in ("fwd", "bwd")}
+    got = _measure_vendors(console(), t, 64, cs, ["reference"], "cpu", lambda: False, False, memo)
+    assert len(got) == 2 and len(memo) == 4
