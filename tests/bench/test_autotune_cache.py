@@ -5,6 +5,7 @@ wall-clock here; only the bookkeeping is under test."""
 
 import json
 import logging
+import time
 
 import pytest
 import torch
@@ -21,8 +22,10 @@ def cache(autotune_cache):
 
 
 def fake_tunable(calls):
+    """Candidates X = 0..7 (the default 0); X = 3 is the fastest by a few ms, so the search's path is fixed."""
     def attend(q, k, v, mask, config):
         calls.append(dict(config))
+        time.sleep(0.003 * abs(config["X"] - 3))
         return q * (1.0 + config["X"])
 
     return run.Tunable(name="fake", groups={"fwd": "fwd"},
@@ -115,8 +118,22 @@ def test_other_cases_are_not_served_from_the_cache(cache):
 def test_exhaustive_times_everything(cache):
     calls = []
     res = run.tune(fake_tunable(calls), cases()[:1], 64, device="cpu", exhaustive=True, write=False)
-    assert res[0]["search"]["measurements"] == 1 + 8 + 1
+    # the default, the 7 other candidates (the one equal to the default reuses its timing), the winner again
+    assert res[0]["search"]["measurements"] == len(calls) == 1 + 7 + 1
     assert not cache.exists()
+
+
+def test_the_default_is_timed_once_per_case(cache):
+    """Where the default is fastest, the final round reuses its timings and, the winner being the
+    default, nothing is re-measured: each timed run is a call of its own."""
+    calls = []
+    t = fake_tunable(calls)
+    t = run.Tunable(name="fake", groups=t.groups, candidates=t.candidates, default=t.default,
+                    run=lambda q, k, v, mask, config: (time.sleep(0.003 * config["X"]),
+                                                       calls.append(dict(config)), q * 1.0)[2])
+    (s,) = run.tune(t, cases()[:1], 64, device="cpu", write=False)
+    assert s["tuned"] == {"X": 0} and s["search"]["measurements"] == len(calls) == 1 + 8 + 2
+    assert s["per_case"]["fwd"]["causal S=64"]["tuned"] == s["per_case"]["fwd"]["causal S=64"]["default"]
 
 
 def test_planned_work_matches_what_tune_does(cache):
@@ -124,7 +141,8 @@ def test_planned_work_matches_what_tune_does(cache):
     t, cs = fake_tunable(calls), cases()
     planned = run.planned_work(t, cs, 64)
     run.tune(t, cs, 64, device="cpu", write=False)
-    # planned counts the default and the final re-measure per mode and case, as tune does
+    # planned counts the default and the final re-measure per mode and case, as tune does when the
+    # default is no finalist and the winner differs from it
     assert planned == len(calls)
 
 
