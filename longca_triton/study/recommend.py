@@ -9,10 +9,13 @@ with their reason.
 
 CP (more than one GPU): measured efficiency (``bench cp`` rows of this mask at this GPU count,
 nearest tokens per GPU) when there is any. Otherwise a model: the kernel's measured time scaled to
-the request (attention work grows with the mask's area; time per FLOP kept), split over the GPUs,
-plus each scheme's bytes from ``longca-triton comm`` (``cp.comm.comm_model``) over an assumed link
-bandwidth; ring schemes hide their transfers behind compute, all-to-alls do not. The answer names
-the model, its bandwidth and what it leaves out.
+the request (attention work grows with the mask's area; time per FLOP kept); per scheme the busiest
+rank's share of that work under the scheme's plan (``cp.plan.make_plan``'s imbalance: zigzag over
+the ranks sharing the sequence, GroupCast's balanced plan), plus each scheme's bytes from
+``longca-triton comm`` (``cp.comm.comm_model``) over an assumed link bandwidth: ring hops hidden
+behind all but one step's compute, all-to-alls, all-gathers and reduce-scatters not at all.
+Schemes within half a percent are ordered by bytes moved, and the answer says so. It names the
+model, its bandwidth and what it leaves out.
 """
 
 from __future__ import annotations
@@ -233,36 +236,82 @@ def _model_cp(rec: Recommendation, heads, head_dim) -> None:
         area_ratio = (rec.seqlen / k["measured_seqlen"]) ** 2
     else:
         area_ratio = make_mask(rec.mask, rec.seqlen).area / make_mask(rec.mask, k["measured_seqlen"]).area
-    compute_ms = k["ms"] * area_ratio / rec.gpus
+    total_ms = k["ms"] * area_ratio  # the whole request on one GPU of the measured kind
     link = "intra-node (NVLink)" if rec.gpus <= 8 else "inter-node (InfiniBand)"
     bw = LINK_GBPS[link] * 1e9
+    phases = ("fwd",) if rec.mode == "fwd" else ("fwd", "bwd")
+    big = None if MASK_SPECS[rec.mask].kind == "dynamic" else make_mask(rec.mask, rec.seqlen)
     ranking, skipped = [], []
     for scheme in SCHEMES:
         try:
-            if scheme == "group_cast":  # its bytes come from the mask: the balanced plan's busiest device
-                if MASK_SPECS[rec.mask].kind == "dynamic":
-                    raise ValueError("moves the key ranges of a range mask; block-sparse masks are not supported")
-                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim[0], 2,
-                                   make_mask(rec.mask, rec.seqlen), plan="balanced", head_dim_v=head_dim[1])
-            else:
-                crows = comm_model(scheme, rec.gpus, None, rec.seqlen, heads, head_dim[0], 2, head_dim_v=head_dim[1])
+            ranking.append(_scheme_cost(scheme, rec.gpus, heads, head_dim, rec.seqlen, big, total_ms, bw, phases))
         except ValueError as e:
             skipped.append(f"{scheme}: {e}")
-            continue
-        phases = ("fwd",) if rec.mode == "fwd" else ("fwd", "bwd")
-        comm_ms = sum(r.bytes_sent for r in crows if r.phase in phases) / bw * 1e3
-        exposed = comm_ms if scheme in ("ulysses",) else max(0.0, comm_ms - compute_ms)
-        ranking.append((scheme, compute_ms / (compute_ms + exposed), comm_ms))
-    ranking.sort(key=lambda x: -x[1])
     if not ranking:
         rec.notes.append("no CP scheme fits these sizes: " + "; ".join(skipped))
         return
+    # best efficiency first; within half a percent the scheme moving fewer bytes, then the simpler one
+    order = {s: i for i, s in enumerate(_SIMPLER)}
+    ranking.sort(key=lambda c: (-round(c["efficiency"] / 0.005), c["bytes"], order[c["scheme"]]))
     best = ranking[0]
-    plan = {"ulysses": "contiguous", "group_cast": "balanced"}.get(best[0], "zigzag")
-    rec.cp = dict(scheme=best[0], plan=plan, efficiency=best[1],
+    rec.cp = dict(scheme=best["scheme"], plan=best["plan"], efficiency=best["efficiency"],
+                  imbalance=best["imbalance"], exposed_ms=best["exposed_ms"],
                   source=(f"model, not measured: {k['backend']}'s measured time scaled to S = {rec.seqlen:,} "
-                          f"(x{area_ratio:.3g} of the mask's area) over {rec.gpus} GPUs, {best[2]:.1f} ms of "
-                          f"transfers at {LINK_GBPS[link]:.0f} GB/s {link}; ignores load imbalance and kernel "
+                          f"(x{area_ratio:.3g} of the mask's area) over {rec.gpus} GPUs; the busiest rank's share "
+                          f"of the work under the scheme's plan (imbalance {best['imbalance']:.3f}); "
+                          f"{best['comm_ms']:.1f} ms of transfers at {LINK_GBPS[link]:.0f} GB/s {link}, "
+                          f"{best['exposed_ms']:.1f} ms of them not hidden behind compute; ignores kernel "
                           f"efficiency at the shorter per-GPU blocks"))
-    rec.cp_ranking = [(s, e) for s, e, _ in ranking]
+    rec.cp_ranking = [(c["scheme"], c["efficiency"]) for c in ranking]
+    if len(ranking) > 1 and round(ranking[1]["efficiency"] / 0.005) == round(best["efficiency"] / 0.005):
+        rec.notes.append(f"{best['scheme']} and {ranking[1]['scheme']} are within half a percent of each other: "
+                         f"{best['scheme']} is named for moving fewer bytes ({best['bytes'] / 1e9:.2f} GB per GPU "
+                         f"against {ranking[1]['bytes'] / 1e9:.2f})"
+                         if best["bytes"] < ranking[1]["bytes"] else
+                         f"{best['scheme']} and {ranking[1]['scheme']} tie (efficiency and bytes moved): "
+                         f"{best['scheme']} is named as the simpler one ({_SIMPLER_WHY[best['scheme']]})")
     rec.notes += [f"not applicable: {s}" for s in skipped]
+
+
+#: the schemes from the simplest (fewest communicators and steps to set up and debug) to the most
+#: involved: what a tie in efficiency and bytes is decided by
+_SIMPLER = ("ring_p2p", "ulysses", "ring_allgather", "usp", "loongtrain", "group_cast")
+_SIMPLER_WHY = {
+    "ring_p2p": "one ring of point-to-point hops",
+    "ulysses": "two all-to-alls around an unsplit attention",
+    "ring_allgather": "one all-gather and one reduce-scatter",
+    "usp": "a Ulysses group and a ring",
+    "loongtrain": "a Ulysses group, an inner and an outer ring",
+    "group_cast": "a plan-specific all-to-all of the needed keys",
+}
+
+#: the collectives of ``comm_model`` a ring hides behind its steps' compute (one hop per step);
+#: the others (all-to-alls, all-gather, reduce-scatter) run before or after the attention
+_RING_COLLECTIVES = ("p2p", "p2p_inner", "p2p_outer")
+
+
+def _scheme_cost(scheme: str, gpus: int, heads, head_dim, seqlen: int, mask, total_ms: float, bw: float,
+                 phases) -> dict:
+    """One scheme's modelled efficiency: the single-GPU time over ``gpus`` against the busiest
+    rank's compute (the mask's area under the scheme's plan: zigzag over its sequence-parallel ranks,
+    GroupCast's balanced plan; heads split evenly) plus the transfers not hidden: ring hops beyond
+    what ``R - 1`` of ``R`` steps' compute covers, every other collective in full."""
+    from longca_triton.cp.comm import comm_model
+    from longca_triton.cp.mesh import resolve_dims
+    from longca_triton.cp.plan import make_plan
+
+    U, W, O = resolve_dims(scheme, gpus, heads[0])
+    R = W * O  # ranks sharing the sequence (the rest of the group shares the heads)
+    kind = {"ulysses": "contiguous", "group_cast": "balanced"}.get(scheme, "zigzag")
+    if scheme == "group_cast" and mask is None:
+        raise ValueError("moves the key ranges of a range mask; block-sparse masks are not supported")
+    imbalance = make_plan(mask, R, kind).imbalance if (mask is not None and R > 1) else 1.0
+    rows = comm_model(scheme, gpus, None, seqlen, heads, head_dim[0], 2, mask if scheme == "group_cast" else None,
+                      plan="balanced" if scheme == "group_cast" else "zigzag", head_dim_v=head_dim[1])
+    ring = sum(r.bytes_sent for r in rows if r.phase in phases and r.collective in _RING_COLLECTIVES)
+    other = sum(r.bytes_sent for r in rows if r.phase in phases and r.collective not in _RING_COLLECTIVES)
+    compute = total_ms / gpus * imbalance
+    ring_ms, other_ms = ring / bw * 1e3, other / bw * 1e3
+    exposed = other_ms + max(0.0, ring_ms - compute * (R - 1) / R)
+    return dict(scheme=scheme, plan=kind, efficiency=(total_ms / gpus) / (compute + exposed), imbalance=imbalance,
+                comm_ms=ring_ms + other_ms, exposed_ms=exposed, bytes=ring + other)

@@ -86,6 +86,25 @@ def test_cp_measured_then_modelled(results):
     assert rec.cp["source"].startswith("model, not measured") and 0 < rec.cp["efficiency"] <= 1
 
 
+def test_cp_model_weighs_imbalance_and_exposed_transfers(tmp_path):
+    """The model separates the schemes: a document mask's zigzag plan leaves a rank busier than the
+    mean, Ulysses exposes its all-to-alls, an all-gather is not hidden; schemes within half a percent
+    are ordered by bytes, then by simplicity, and the answer says which rule decided."""
+    rows = [row("triton", m, 16384, mode, 400) for m in ("causal", "causal_document") for mode in ("fwd", "bwd")]
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    rows = load_rows([path])
+    doc = recommend(rows, "causal_document", 131072, 8)
+    effs = dict(doc.cp_ranking)
+    assert len(set(round(e, 3) for e in effs.values())) >= 4, effs  # not every scheme at 1.00
+    assert all(0 < e <= 1 for e in effs.values())
+    assert doc.cp["imbalance"] >= 1.0 and "imbalance" in doc.cp["source"] and "not hidden" in doc.cp["source"]
+    assert effs["ring_allgather"] < effs["ring_p2p"]  # its transfers run before the attention
+    causal = recommend(rows, "causal", 131072, 8)
+    assert causal.cp["scheme"] == "ring_p2p" and causal.cp["imbalance"] == pytest.approx(1.0)
+    assert any("named as the simpler one" in n or "moving fewer bytes" in n for n in causal.notes), causal.notes
+
+
 def test_nothing_supports_the_case(results):
     rec = recommend(load_rows([results]), "share_question", 16384, 8)
     assert rec.kernel is None and rec.cp is None
