@@ -23,11 +23,12 @@ from __future__ import annotations
 import glob
 import json
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Recommendation", "load_rows", "recommend", "default_results", "LINK_GBPS"]
+__all__ = ["Recommendation", "load_rows", "recommend", "default_results", "why_not", "LINK_GBPS", "WHY_NOT"]
 
 #: assumed per-GPU link bandwidth (GB/s, one direction) for the CP model: NVLink inside an 8-GPU
 #: node, InfiniBand (one 400 Gb/s NIC per GPU) beyond it
@@ -63,8 +64,13 @@ class Recommendation:
             out.append(f"  kernel: {k['backend']} at {k['tflops']:.0f} TFLOP/s ({where}, {k['gpu']})")
             if len(self.kernel_ranking) > 1:
                 out.append("    then: " + ", ".join(f"{b} {t:.0f}" for b, t in self.kernel_ranking[1:6]))
-            if self.cannot_run:
-                out.append("    cannot run it: " + "; ".join(f"{b} ({_short(s)})" for b, s in sorted(self.cannot_run.items())))
+            by_why: dict[str, list[str]] = {}
+            for b, status in sorted(self.cannot_run.items()):
+                by_why.setdefault(why_not(status), []).append(b)
+            for why in WHY_NOT:
+                if why in by_why:
+                    out.append(f"    {why}: " + "; ".join(
+                        f"{b} ({_short(self.cannot_run[b])})" if why != NOT_INSTALLED else b for b in by_why[why]))
         if self.cp is not None:
             c = self.cp
             out.append(f"  context parallelism: {c['scheme']} ({c['plan']}) at efficiency {c['efficiency']:.2f} "
@@ -73,6 +79,23 @@ class Recommendation:
                 out.append("    then: " + ", ".join(f"{s} {e:.2f}" for s, e in self.cp_ranking[1:6]))
         out += [f"  note: {n}" for n in self.notes]
         return out
+
+
+NOT_INSTALLED = "not installed where measured"
+#: why a backend has no number for a case, in the order the answer lists them: absent from the
+#: machine that measured (it may well run the case elsewhere), cannot run this mask or shape, ran
+#: out of memory, failed
+WHY_NOT = (NOT_INSTALLED, "cannot run this case", "out of memory", "failed")
+_ABSENT = re.compile(r"not installed|cannot import|has no flash_attn_func|is another package", re.IGNORECASE)
+
+
+def why_not(status: str) -> str:
+    """One of ``WHY_NOT`` for a row's status that is not ok."""
+    if status.startswith("oom"):
+        return "out of memory"
+    if status.startswith("unsupported"):
+        return NOT_INSTALLED if _ABSENT.search(status) else "cannot run this case"
+    return "failed"
 
 
 def _short(status: str, width: int = 100) -> str:
@@ -213,8 +236,12 @@ def _recommend_cp(rec: Recommendation, rows, heads, head_dim, dtype) -> None:
         best = at[0]
         src = (f"measured on {best.get('gpu')} x {rec.gpus}, {near:,} tokens per GPU"
                + ("" if near == tokens else f" (requested {tokens:,.0f}: extrapolated)"))
-        rec.cp = dict(scheme=best["scheme"], plan=best["plan"], efficiency=best["efficiency"], source=src)
+        rec.cp = dict(scheme=best["scheme"], plan=best["plan"], efficiency=best["efficiency"], source=src,
+                      gpu=best.get("gpu"))
         rec.cp_ranking = [(f"{r['scheme']}/{r['plan']}", r["efficiency"]) for r in at]
+        if rec.kernel is not None and best.get("gpu") != rec.kernel["gpu"]:
+            rec.notes.append(f"the kernel figures come from {rec.kernel['gpu']}, the CP figures from {best.get('gpu')}: "
+                             f"the two were measured on different GPUs")
         return
     if rec.kernel is None:
         rec.notes.append("no CP measurement and no kernel measurement for this case: no CP answer")

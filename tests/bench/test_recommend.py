@@ -56,9 +56,12 @@ def test_measured_kernel_and_ranking(results):
     assert rec.cp is None
     text = "\n".join(rec.lines())
     assert "measured at S = 16,384" in text and "extrapolated" not in text
-    # a long reason: whole in the data (and so in --format json), cut at a word boundary in the text
-    assert rec.cannot_run["fa2"].endswith("does not drive")
-    assert "fa2 (unsupported: flash-attn / flash_attn is not installed: the importable 'flash_attn' module is [...])" in text
+    # a long reason: whole in the data (and so in --format json); the text names a backend absent
+    # where measured without its reason, and cuts other long reasons at a word boundary
+    assert rec.cannot_run["fa2"].endswith("does not drive") and "not installed where measured: fa2\n" in text
+    from longca_triton.study.recommend import _short
+
+    assert _short("unsupported: " + "word " * 40).endswith("word [...]") and len(_short("x " * 80)) <= 100
 
 
 def test_fwd_only_ranks_flex(results):
@@ -103,6 +106,26 @@ def test_cp_model_weighs_imbalance_and_exposed_transfers(tmp_path):
     causal = recommend(rows, "causal", 131072, 8)
     assert causal.cp["scheme"] == "ring_p2p" and causal.cp["imbalance"] == pytest.approx(1.0)
     assert any("named as the simpler one" in n or "moving fewer bytes" in n for n in causal.notes), causal.notes
+
+
+def test_cannot_run_says_why_and_gpus_apart_are_said():
+    """'Not installed where measured' is told apart from 'cannot run this case', out of memory and
+    a failure; kernel and CP figures from different GPUs are said to be so."""
+    from longca_triton.study.recommend import why_not
+
+    assert why_not("unsupported: flash-attn-3 / flash_attn_3 is not installed (cannot import x)") == \
+        "not installed where measured"
+    assert why_not("unsupported: flash_attn has no flash_attn_func") == "not installed where measured"
+    assert why_not("unsupported: SDPA's flash_attention backend takes no attn_mask") == "cannot run this case"
+    assert why_not("oom") == "out of memory" and why_not("error: boom") == "failed"
+
+
+def test_kernel_and_cp_from_different_gpus_are_said(results):
+    rec = recommend(load_rows([results]), "causal", 16384, 2)
+    text = "\n".join(rec.lines())
+    assert "not installed where measured: fa2" in text and "failed: flex (error: boom)" in text
+    assert "cannot run this case: sdpa-flash (unsupported: no mask)" in text
+    assert "kernel figures come from GPU-X, the CP figures from GPU-Y" in text
 
 
 def test_nothing_supports_the_case(results):
