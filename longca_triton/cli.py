@@ -115,7 +115,8 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
               help="results JSONL files, plain or .jsonl.gz (repeatable; default: experiments/results/**/results.jsonl "
-                   "and results.jsonl.gz of this checkout, the plain one where a folder has both)")
+                   "and results.jsonl.gz of this checkout, the plain one where a folder has both; outside a checkout "
+                   "the study summary shipped with the package)")
 @format_option
 def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results, fmt):
     """The best kernel and context-parallel scheme for a mask, a length and a GPU count, from the
@@ -140,12 +141,17 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
         parse_head_dim(head_dim)
     except ConfigError as e:
         raise click.BadParameter(str(e), param_hint="--head-dim") from None
+    from .study.summary import packaged_rows, summary_path
+
     paths = list(results) or default_results()
-    if not paths:
+    rows = load_rows(paths) if paths else packaged_rows()
+    if not rows:
         raise click.UsageError("no results: pass --results FILE (a bench results.jsonl or .jsonl.gz), or run from a checkout "
                                "with experiments/results/")
-    rec = recommend(load_rows(paths), mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim,
-                    mode=mode, dtype=dtype)
+    rec = recommend(rows, mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim, mode=mode, dtype=dtype)
+    if not paths:
+        rec.notes.append(f"answered from the study summary shipped with the package ({summary_path().name}: "
+                         f"{len(rows)} points of the committed results); --results FILE answers from your own")
     if fmt == "table":
         click.echo("\n".join(rec.lines()))
     elif fmt == "json":

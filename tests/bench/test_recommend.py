@@ -219,3 +219,37 @@ def test_gzipped_results_recommend_the_same(results, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K"])
     assert r.exit_code == 0 and "kernel: fa4" in r.output
     assert "warning: both experiments/results/h100/dense-study/results.jsonl and results.jsonl.gz" in r.output
+
+
+def test_the_packaged_summary_answers_as_the_results_do(results, tmp_path, monkeypatch):
+    """The compact summary recommends what its results files recommend, and the CLI outside a
+    checkout answers from the summary shipped with the package, saying so."""
+    from longca_triton.study.summary import packaged_rows, write_summary
+
+    out = tmp_path / "s.jsonl.gz"
+    assert write_summary([results], out) > 0
+    for args in (("causal", 16384, 1), ("causal", 65536, 4), ("full", 16384, 1)):
+        a, b = recommend(load_rows([results]), *args), recommend(packaged_rows(out), *args)
+        assert (a.kernel_ranking, a.cp_ranking, sorted(a.cannot_run)) == (b.kernel_ranking, b.cp_ranking, sorted(b.cannot_run))
+    assert str(results) in packaged_rows(out)[0]["_file"]
+    monkeypatch.chdir(tmp_path)  # no experiments/results/ here
+    r = CliRunner().invoke(main, ["recommend", "--mask", "causal", "-S", "16K"])
+    assert r.exit_code == 0, r.output
+    assert "kernel: " in r.output and "answered from the study summary shipped with the package" in r.output
+
+
+def test_the_shipped_summary_is_the_committed_results(monkeypatch):
+    """The shipped summary was rebuilt after the last results were committed
+    (``python experiments/study_summary.py``)."""
+    from pathlib import Path
+
+    from longca_triton.study.recommend import default_results
+    from longca_triton.study.summary import compact, packaged_rows
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    fresh = compact(load_rows(default_results()))
+
+    def key(r):
+        return json.dumps({k: v for k, v in r.items() if k != "_file"}, sort_keys=True)
+
+    assert sorted(map(key, packaged_rows())) == sorted(map(key, fresh)), "rebuild it: python experiments/study_summary.py"
