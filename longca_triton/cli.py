@@ -113,12 +113,14 @@ def masks_show(name, seqlen, seed, params, tile, out, fmt):
 @click.option("--head-dim", default="128", show_default=True, help="D, or D_qk/D_v such as 192/128")
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default="fwd_bwd", show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="a mask generator parameter (repeatable; docs/masks.md), e.g. window=4096 or doc_lens=[8192,8192]")
 @click.option("--results", "results", multiple=True, type=click.Path(dir_okay=False),
               help="results JSONL files, plain or .jsonl.gz (repeatable; default: experiments/results/**/results.jsonl "
                    "and results.jsonl.gz of this checkout, the plain one where a folder has both; outside a checkout "
                    "the study summary shipped with the package)")
 @format_option
-def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results, fmt):
+def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, params, results, fmt):
     """The best kernel and context-parallel scheme for a mask, a length and a GPU count, from the
     measured results; says when it extrapolates (another length, another GPU count) or models
     (comm bytes plus measured kernel time) instead of measuring, and when nothing supports the case.
@@ -129,6 +131,7 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
       longca-triton recommend --mask full -S 16K --gpus 2 --mode fwd --format json
       longca-triton recommend --mask share_question -S 1M --gpus 64 --results my/results.jsonl
       longca-triton recommend --mask causal -S 16K --head-dim 192/128 --mode fwd
+      longca-triton recommend --mask sliding_window_causal -S 128K --gpus 8 --param window=4096
     """
     from dataclasses import asdict
 
@@ -148,7 +151,20 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, results,
     if not rows:
         raise click.UsageError("no results: pass --results FILE (a bench results.jsonl or .jsonl.gz), or run from a checkout "
                                "with experiments/results/")
-    rec = recommend(rows, mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim, mode=mode, dtype=dtype)
+    given = {}
+    for p in params:
+        key, eq, value = p.partition("=")
+        if not eq or not key:
+            raise click.BadParameter(f"{p!r} is not KEY=VALUE", param_hint="--param")
+        try:
+            given[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            given[key.strip()] = value
+    try:
+        rec = recommend(rows, mask, seqlen, gpus, heads=hq_hkv, head_dim=head_dim, mode=mode, dtype=dtype,
+                        params=given)
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(str(e), param_hint="--param") from None
     if not paths:
         rec.notes.append(f"answered from the study summary shipped with the package ({summary_path().name}: "
                          f"{len(rows)} points of the committed results); --results FILE answers from your own")

@@ -44,6 +44,7 @@ class Recommendation:
     gpus: int
     mode: str
     head_dim: str = "128"  # "D", or "D_qk/D_v"
+    params: dict = field(default_factory=dict)  # the mask generator's parameters given (docs/masks.md)
     kernel: dict | None = None  # backend, tflops, ms, measured_seqlen, extrapolated, gpu, file
     kernel_ranking: list = field(default_factory=list)  # [(backend, tflops)]
     cannot_run: dict = field(default_factory=dict)  # backend -> its row's whole status
@@ -52,8 +53,9 @@ class Recommendation:
     notes: list = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"{self.mask}, S = {self.seqlen:,}, head dim {self.head_dim}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, "
-               f"{self.mode}:"]
+        given = f" ({', '.join(f'{k}={v}' for k, v in self.params.items())})" if self.params else ""
+        out = [f"{self.mask}{given}, S = {self.seqlen:,}, head dim {self.head_dim}, {self.gpus} "
+               f"GPU{'s' if self.gpus > 1 else ''}, {self.mode}:"]
         if self.kernel is None:
             out.append("  kernel: nothing measured supports this case (no ok row for this mask, heads, head dim, dtype)")
         else:
@@ -188,9 +190,12 @@ def _kernel_times(rows: list[dict], mode: str) -> dict[tuple, dict]:
 
 
 def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=(64, 8), head_dim: int | str = 128,
-              mode: str = "fwd_bwd", dtype: str = "bfloat16") -> Recommendation:
+              mode: str = "fwd_bwd", dtype: str = "bfloat16", params: dict | None = None) -> Recommendation:
     """The best kernel and (for ``gpus > 1``) the best CP scheme x plan; see the module docstring.
-    ``head_dim``: ``128``, ``"96"`` or ``"192/128"`` (``D_qk/D_v``), as ``bench.params.parse_head_dim``."""
+    ``head_dim``: ``128``, ``"96"`` or ``"192/128"`` (``D_qk/D_v``), as ``bench.params.parse_head_dim``.
+    ``params``: the mask generator's parameters (``window``, ``doc_lens``, ...; docs/masks.md): rows
+    measured with them where there are any (else the study's, and the answer says so); the CP model
+    and the length scaling build the mask with them. An unknown parameter is a ``ValueError``."""
     from longca_triton.bench.params import format_head_dim, parse_head_dim
 
     head_dim = parse_head_dim(head_dim)
@@ -198,12 +203,15 @@ def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=
         raise ValueError(f"unknown mode {mode!r}; use fwd, bwd or fwd_bwd")
     if seqlen < 1 or gpus < 1:
         raise ValueError(f"sequence length and GPU count must be positive, got S={seqlen}, gpus={gpus}")
-    rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode, head_dim=format_head_dim(*head_dim))
+    rec = Recommendation(mask=mask, seqlen=int(seqlen), gpus=int(gpus), mode=mode, head_dim=format_head_dim(*head_dim),
+                         params=dict(params or {}))
     from longca_triton.bench.report import latest_rows
 
+    _check_params(mask, rec.params, rec.seqlen)
     # one row per point, the latest (a "not installed" row never hides a measurement): as findings
     mine = [r for r in latest_rows(r for r in rows if r.get("kind") in KERNEL_KINDS)
             if _same_problem(r, mask, heads, head_dim, dtype)]
+    mine = _one_variant(rec, mine)
     times = _kernel_times(mine, mode)
     if times:
         lengths = sorted({s for _, s in times})
@@ -218,6 +226,59 @@ def recommend(rows: list[dict], mask: str, seqlen: int, gpus: int = 1, *, heads=
     if gpus > 1:
         _recommend_cp(rec, rows, heads, head_dim, dtype)
     return rec
+
+
+def _check_params(mask: str, params: dict, seqlen: int) -> None:
+    """The generator takes these parameters at the requested length: else its ``ValueError``."""
+    if params:
+        from longca_triton.masks import MASK_SPECS, make_mask
+
+        if MASK_SPECS[mask].kind == "dynamic":
+            raise ValueError(f"recommend takes mask parameters for the static masks; {mask} is told apart by its "
+                             f"measured block and density instead")
+        make_mask(mask, seqlen, **params)
+
+
+def _one_variant(rec: Recommendation, mine: list[dict]) -> list[dict]:
+    """The rows of one parameter set per (backend, length): those measured with ``rec.params`` where
+    the study has any (said so), else at each point the variant the study measured most (said so
+    when parameters were given). Several variants of one point are never mixed."""
+    from collections import Counter
+
+    from longca_triton.bench.store import row_key
+    from longca_triton.masks import MASK_SPECS
+
+    if not mine or MASK_SPECS[rec.mask].kind == "dynamic":
+        return mine
+    digest = lambda r: row_key(r)[2]  # noqa: E731 - the point's parameter digest, as the store keys it
+    if rec.params:
+        want = {S: _digest_at(rec.mask, S, rec.params) for S in {r["seqlen"] for r in mine}}
+        chosen = [r for r in mine if digest(r) == want[r["seqlen"]]]
+        if _kernel_times(chosen, rec.mode):
+            rec.notes.append("measured with these mask parameters")
+            return chosen
+        rec.notes.append(f"nothing measured with {', '.join(f'{k}={v}' for k, v in rec.params.items())}: the kernel "
+                         f"numbers are of the parameters the study used (the ranking may differ); the CP model "
+                         f"builds the mask with the given ones")
+    common = Counter(digest(r) for r in mine)
+    best: dict[tuple, str] = {}
+    for r in mine:
+        k = (_label(r), r["seqlen"])
+        if k not in best or common[digest(r)] > common[best[k]]:
+            best[k] = digest(r)
+    return [r for r in mine if best[(_label(r), r["seqlen"])] == digest(r)]
+
+
+def _digest_at(mask: str, seqlen: int, params: dict) -> str | None:
+    """The parameter digest rows of ``mask`` built with ``params`` at ``seqlen`` carry (None where the
+    parameters do not fit that length, e.g. document lengths summing to another one)."""
+    from longca_triton.bench.store import params_digest
+    from longca_triton.masks import make_mask
+
+    try:
+        return params_digest(make_mask(mask, seqlen, seed=0, **params).params)
+    except ValueError:
+        return None
 
 
 def _recommend_cp(rec: Recommendation, rows, heads, head_dim, dtype) -> None:
@@ -262,12 +323,16 @@ def _model_cp(rec: Recommendation, heads, head_dim) -> None:
     if MASK_SPECS[rec.mask].kind == "dynamic":
         area_ratio = (rec.seqlen / k["measured_seqlen"]) ** 2
     else:
-        area_ratio = make_mask(rec.mask, rec.seqlen).area / make_mask(rec.mask, k["measured_seqlen"]).area
+        try:
+            measured = make_mask(rec.mask, k["measured_seqlen"], **rec.params)
+        except ValueError:  # parameters of the requested length only (document lengths): the study's mask there
+            measured = make_mask(rec.mask, k["measured_seqlen"])
+        area_ratio = make_mask(rec.mask, rec.seqlen, **rec.params).area / measured.area
     total_ms = k["ms"] * area_ratio  # the whole request on one GPU of the measured kind
     link = "intra-node (NVLink)" if rec.gpus <= 8 else "inter-node (InfiniBand)"
     bw = LINK_GBPS[link] * 1e9
     phases = ("fwd",) if rec.mode == "fwd" else ("fwd", "bwd")
-    big = None if MASK_SPECS[rec.mask].kind == "dynamic" else make_mask(rec.mask, rec.seqlen)
+    big = None if MASK_SPECS[rec.mask].kind == "dynamic" else make_mask(rec.mask, rec.seqlen, **rec.params)
     ranking, skipped = [], []
     for scheme in SCHEMES:
         try:

@@ -253,3 +253,32 @@ def test_the_shipped_summary_is_the_committed_results(monkeypatch):
         return json.dumps({k: v for k, v in r.items() if k != "_file"}, sort_keys=True)
 
     assert sorted(map(key, packaged_rows())) == sorted(map(key, fresh)), "rebuild it: python experiments/study_summary.py"
+
+
+def test_mask_parameters_pick_their_rows_and_are_echoed(tmp_path):
+    """Rows measured with the given parameters answer where there are any; otherwise the study's
+    (said so); two variants of one point are never mixed; unknown parameters are one clear error."""
+    from longca_triton.study.recommend import _digest_at
+
+    S, mask = 16384, "sliding_window_causal"
+    wide, narrow = (_digest_at(mask, S, {"window": w}) for w in (4096, 256))
+    rows = [row(b, mask, S, m, t, params_digest=narrow) for b, t in (("triton", 500), ("fa4", 300)) for m in ("fwd", "bwd")]
+    rows += [row(b, mask, S, m, t, params_digest=wide) for b, t in (("triton", 200), ("fa4", 600)) for m in ("fwd", "bwd")]
+    rows += [row("flex", mask, S, m, 100, params_digest=wide) for m in ("fwd", "bwd")]
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    rows = load_rows([path])
+    rec = recommend(rows, mask, S, 1, params={"window": 256})
+    assert rec.kernel["backend"] == "triton" and [b for b, _ in rec.kernel_ranking] == ["triton", "fa4"]
+    assert rec.lines()[0].startswith("sliding_window_causal (window=256), S = 16,384")
+    assert "measured with these mask parameters" in rec.notes
+    rec = recommend(rows, mask, S, 1)  # no parameters: the variant measured most (here the wide one), unmixed
+    assert [b for b, _ in rec.kernel_ranking] == ["fa4", "triton", "flex"]
+    rec = recommend(rows, mask, S, 4, params={"window": 1000})
+    assert any(n.startswith("nothing measured with window=1000") for n in rec.notes) and rec.cp is not None
+    with pytest.raises(ValueError, match="unknown parameter"):
+        recommend(rows, "causal", S, 1, params={"window": 8})
+    r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", "16K", "--results", str(path), "--param", "window"])
+    assert r.exit_code == 2 and "is not KEY=VALUE" in r.output
+    r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", "16K", "--results", str(path), "--param", "window=256"])
+    assert r.exit_code == 0 and "kernel: triton" in r.output, r.output
