@@ -397,9 +397,11 @@ def _scheme_cost(scheme: str, gpus: int, heads, head_dim, seqlen: int, mask, tot
     kind = {"ulysses": "contiguous", "group_cast": "balanced"}.get(scheme, "zigzag")
     if scheme == "group_cast" and mask is None:
         raise ValueError("moves the key ranges of a range mask; block-sparse masks are not supported")
-    imbalance = make_plan(mask, R, kind).imbalance if (mask is not None and R > 1) else 1.0
+    plan = make_plan(mask, R, kind) if (mask is not None and R > 1) else None
+    imbalance = plan.imbalance if plan is not None else 1.0
+    # GroupCast's bytes come from its plan (built once: a balanced plan over 64 ranks takes seconds)
     rows = comm_model(scheme, gpus, None, seqlen, heads, head_dim[0], 2, mask if scheme == "group_cast" else None,
-                      plan="balanced" if scheme == "group_cast" else "zigzag", head_dim_v=head_dim[1])
+                      plan=plan if scheme == "group_cast" and plan is not None else "zigzag", head_dim_v=head_dim[1])
     ring = sum(r.bytes_sent for r in rows if r.phase in phases and r.collective in _RING_COLLECTIVES)
     other = sum(r.bytes_sent for r in rows if r.phase in phases and r.collective not in _RING_COLLECTIVES)
     compute = total_ms / gpus * imbalance

@@ -209,8 +209,9 @@ def test_findings_on_the_committed_results(tmp_path):
 
 
 def test_recommend_answers_every_static_mask_on_the_committed_results():
-    """No traceback for any static mask at 4K, 64K, 1M tokens on 1, 8, 64 GPUs: exit 0 with an
-    answer (the library on every case, the CLI on a few)."""
+    """No traceback for any static mask at 4K, 64K, 1M tokens on 1, 8, 64 GPUs (not the whole cross
+    product: the CP model's balanced plan over 64 ranks takes seconds): exit 0 with an answer (the
+    library on every case, the CLI on a few)."""
     from longca_triton.study.recommend import default_results, load_rows, recommend
 
     paths = default_results()
@@ -218,11 +219,10 @@ def test_recommend_answers_every_static_mask_on_the_committed_results():
         pytest.skip("not run from a checkout with experiments/results/")
     rows = load_rows(paths)
     for mask in STATIC_MASK_NAMES:
-        for S in (4096, 65536, 1 << 20):
-            for gpus in (1, 8, 64):
-                rec = recommend(rows, mask, S, gpus)
-                assert rec.kernel is not None, (mask, S, gpus)  # every static mask has measured rows
-                assert rec.lines() and (gpus == 1 or rec.cp is not None), (mask, S, gpus)
+        for S, gpus in ((4096, 1), (65536, 8), (1 << 20, 64), (1 << 20, 8)):
+            rec = recommend(rows, mask, S, gpus)
+            assert rec.kernel is not None, (mask, S, gpus)  # every static mask has measured rows
+            assert rec.lines() and (gpus == 1 or rec.cp is not None), (mask, S, gpus)
     for mask, S, gpus in (("causal_document", "128K", 8), ("sliding_window", "1M", 64), ("full", "4K", 1)):
         r = CliRunner().invoke(main, ["recommend", "--mask", mask, "-S", S, "--gpus", str(gpus)])
         assert r.exit_code == 0 and "kernel:" in r.output, r.output
