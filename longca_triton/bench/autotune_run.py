@@ -347,7 +347,7 @@ def tune(
         # equal to it reuses instead of timing the same kernels again
         full_runs, reused = {}, 0
 
-        def timed(cand, case, quick, mode, group, full_runs=full_runs):
+        def timed(cand, case, quick, mode, group):
             nonlocal reused
             config = {**tuned, **cand}
             key = (json.dumps(config, sort_keys=True, default=str), case.label, mode)

@@ -245,12 +245,13 @@ def _one_variant(rec: Recommendation, mine: list[dict]) -> list[dict]:
     when parameters were given). Several variants of one point are never mixed."""
     from collections import Counter
 
-    from longca_triton.bench.store import row_key
+    from longca_triton.bench.store import params_digest
     from longca_triton.masks import MASK_SPECS
 
     if not mine or MASK_SPECS[rec.mask].kind == "dynamic":
         return mine
-    digest = lambda r: row_key(r)[2]  # noqa: E731 - the point's parameter digest, as the store keys it
+    def digest(r: dict) -> str:  # the point's parameter digest, as the store keys it (store.row_key)
+        return r.get("params_digest") or params_digest(r.get("mask_params"))
     if rec.params:
         want = {S: _digest_at(rec.mask, S, rec.params) for S in {r["seqlen"] for r in mine}}
         chosen = [r for r in mine if digest(r) == want[r["seqlen"]]]
