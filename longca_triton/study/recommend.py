@@ -250,8 +250,10 @@ def _one_variant(rec: Recommendation, mine: list[dict]) -> list[dict]:
 
     if not mine or MASK_SPECS[rec.mask].kind == "dynamic":
         return mine
+
     def digest(r: dict) -> str:  # the point's parameter digest, as the store keys it (store.row_key)
         return r.get("params_digest") or params_digest(r.get("mask_params"))
+
     if rec.params:
         want = {S: _digest_at(rec.mask, S, rec.params) for S in {r["seqlen"] for r in mine}}
         chosen = [r for r in mine if digest(r) == want[r["seqlen"]]]
