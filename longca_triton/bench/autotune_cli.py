@@ -195,7 +195,7 @@ def autotune(block, varblock, mean_block, kernels, masks, densities, seqlens, he
             with CompileAhead(ahead_workers) as ahead:
                 for tunable, tblock, mine in plan if ahead.workers else ():
                     run.submit_compiles(ahead, tunable, mine, tblock, device, exhaustive=exhaustive, switches=switches,
-                                        force=force)
+                                        force=force, budget_minutes=stop.minutes)
                 if not (dry_run or check):
                     # the vendors first, on one share of the budget: the GPU times them while the
                     # workers build our candidates, which the search would otherwise wait for
@@ -320,7 +320,7 @@ def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, fo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     todo = {cls: m for cls, m in run.group_classes(tunable, cases, block).items()
-            if force or run.cached_row(tunable, m, block, device) is None}
+            if force or run.cached_row(tunable, m, block, device, getattr(stop, "minutes", None)) is None}
     total = sum(run.planned_work(tunable, m, block, exhaustive, switches) for m in todo.values())
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("timed runs"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -343,7 +343,8 @@ def _tune_with_progress(con, tunable, cases, block, device, exhaustive, stop, fo
 
 def _measure_vendors(con, tunable, block, cases, vendor_names, device, stop, force, memo) -> dict:
     """Every vendor on each class's heaviest case (``run.screen_case``), in each mode the kernel
-    tunes; classes whose cache row already holds them are left out (unless ``force``), and nothing
+    tunes; classes whose cache row already holds them or that this run reuses from the cache are
+    left out (unless ``force``), and nothing
     more is timed once ``stop`` says so. Returns ``{(kernel, class): (case label, {mode: {vendor:
     TFLOP/s or why not}})}``; ``memo`` shares a case's numbers among kernels tuned on it."""
     from . import autotune_run as run
@@ -352,7 +353,9 @@ def _measure_vendors(con, tunable, block, cases, vendor_names, device, stop, for
     if not vendor_names:
         return out
     for cls, members in run.group_classes(tunable, cases, block).items():
-        if not force and run.vendors_cached(tunable, members, block, vendor_names, device):
+        # a class this run reuses from the cache keeps the vendor numbers its tuning run timed
+        if not force and (run.vendors_cached(tunable, members, block, vendor_names, device)
+                          or run.cached_row(tunable, members, block, device, getattr(stop, "minutes", None)) is not None):
             continue
         case = run.screen_case(members)
         modes = sorted(set(tunable.groups.values()), reverse=True)

@@ -219,7 +219,7 @@ def compile_key(tunable: Tunable, cls: str, group: str, cand: dict, case: TuneCa
 
 
 def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, device, *, exhaustive: bool = False,
-                    switches: bool = False, force: bool = False) -> int:
+                    switches: bool = False, force: bool = False, budget_minutes: float | None = None) -> int:
     """Hand ``ahead`` (a :class:`~longca_triton.bench.compile_ahead.CompileAhead`) every kernel
     :func:`tune` will build for these cases, in the order it needs them: per class not in the
     cache, the default in each mode, then each key group's candidates on the screening case (the
@@ -227,7 +227,7 @@ def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, 
     partial tiles, interval count), all over the default. Returns how many calls were submitted."""
     n = 0
     for cls, members in group_classes(tunable, cases, block).items():
-        if not force and cached_row(tunable, members, block, device) is not None:
+        if not force and cached_row(tunable, members, block, device, budget_minutes) is not None:
             continue
         default = class_default(tunable, members)
         screen = screen_case(members)
@@ -247,15 +247,29 @@ def submit_compiles(ahead, tunable: Tunable, cases: list[TuneCase], block: int, 
     return n
 
 
-def cached_row(tunable: Tunable, members: list[TuneCase], block: int, device) -> Row | None:
-    """This class's cache row when it was tuned on exactly these cases on this GPU, and its search
-    ran to the end (not cut by a budget or Ctrl-C), else None."""
+def _row_of(tunable: Tunable, members: list[TuneCase], block: int, device) -> Row | None:
+    """This class's cache row when it was tuned on exactly these cases on this GPU (finished or cut)."""
     match = _match_of(members[0], block)
     for row in device_rows(device_key(device), tunable.name):
-        if row.match == match and row.measured.get("cases") == [c.label for c in members] \
-                and "search" in row.measured and not row.measured["search"].get("stopped_by_deadline"):
+        if row.match == match and row.measured.get("cases") == [c.label for c in members] and "search" in row.measured:
             return row
     return None
+
+
+def cached_row(tunable: Tunable, members: list[TuneCase], block: int, device,
+               budget_minutes: float | None = None) -> Row | None:
+    """This class's cache row when a rerun reuses it: tuned on exactly these cases on this GPU, its
+    search run to the end, or cut short under a budget (``--budget-minutes``) at least as large as
+    ``budget_minutes`` (a rerun with the same budget would get no further; a larger one, or none,
+    tunes it again). Else None."""
+    row = _row_of(tunable, members, block, device)
+    if row is None:
+        return None
+    search = row.measured["search"]
+    if not search.get("stopped_by_deadline"):
+        return row
+    under = search.get("budget_minutes")
+    return row if budget_minutes and under and budget_minutes <= under else None
 
 
 def _summary(cls: str, row: Row, reused: bool, failures=()) -> dict:
@@ -330,13 +344,22 @@ def tune(
 
     groups = groups or list(tunable.groups)
     summaries = []
-    for cls, members in group_classes(tunable, cases, block).items():
-        row = None if force else cached_row(tunable, members, block, device)
+    budget = getattr(deadline, "minutes", None)  # the command's --budget-minutes, which a cut row records
+    classes = group_classes(tunable, cases, block)
+    rows = {cls: None if force else cached_row(tunable, members, block, device, budget)
+            for cls, members in classes.items()}
+    left = sum(row is None for row in rows.values())
+    for cls, members in classes.items():
+        row = rows[cls]
         if row is not None:
             summaries.append(_summary(cls, row, reused=True))
             continue
         if past(deadline):  # the budget is spent (or Ctrl-C pressed): classes not begun are not tuned
             continue
+        # an equal part of what is left of the budget for each class still to tune, so that a slow
+        # class cannot leave the ones after it untuned (a class that finishes early passes its time on)
+        class_deadline = deadline.share(left) if hasattr(deadline, "share") else deadline
+        left -= 1
         t0, waited[0] = time.monotonic(), 0.0
         head_dim = members[0].head_dim
         default = class_default(tunable, members)
@@ -362,7 +385,7 @@ def tune(
                 on_measure(cls, round_, cand, case, tf, err)
 
         for group in groups:
-            if default_scores and past(deadline):  # groups not begun keep their defaults
+            if default_scores and past(class_deadline):  # groups not begun keep their defaults
                 cut = True
                 break
             mode = tunable.groups[group]
@@ -378,7 +401,7 @@ def tune(
             res = halving_search(
                 search_space(tunable, group, block, head_dim, switches, default, exhaustive), members,
                 lambda cand, case, quick, mode=mode, group=group: timed(cand, case, quick, mode, group),
-                weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=deadline,
+                weight=lambda case: case.mask.area, exhaustive=exhaustive, deadline=class_deadline,
                 on_measure=lambda rnd, cand, case, tf, err, group=group: note(f"{group} {rnd}", cand, case, tf, err))
             measured += res.measurements
             failures += res.failures
@@ -404,7 +427,7 @@ def tune(
                 tuned_cases[mode] = dict(default_cases[mode])
         search = dict(method="exhaustive" if exhaustive else "successive halving", measurements=measured - reused,
                       seconds=round(time.monotonic() - t0, 1), compile_wait_seconds=round(waited[0], 1),
-                      stopped_by_deadline=cut)
+                      stopped_by_deadline=cut, budget_minutes=budget)
         row = _make_row(tunable, members, block, tuned, default, default_cases, tuned_cases, search)
         summaries.append(_summary(cls, row, reused=False, failures=failures))
         if write:  # keyed by the device: interpreter timings never serve a GPU
@@ -417,7 +440,7 @@ def record_vendors(tunable: Tunable, summary: dict, cases: list[TuneCase], block
     """Keep a class's vendor numbers (timed on its case ``case_label``) in its summary and
     (``write``) its cache row, so that a warm rerun prints them without timing."""
     summary["vendors"], summary["vendor_case"] = vendors, case_label
-    row = cached_row(tunable, cases, block, device) if write else None
+    row = _row_of(tunable, cases, block, device) if write else None
     if row is not None:
         save_row(device_key(device), tunable.name,
                  dataclasses.replace(row, measured={**row.measured, "vendors": vendors, "vendor_case": case_label}))
@@ -426,7 +449,7 @@ def record_vendors(tunable: Tunable, summary: dict, cases: list[TuneCase], block
 def vendors_cached(tunable: Tunable, members: list[TuneCase], block: int, vendors, device) -> bool:
     """Whether the cache already holds this class, tuned on these cases, with every vendor's number
     in every mode (a warm rerun then times no vendor)."""
-    row = cached_row(tunable, members, block, device)
+    row = _row_of(tunable, members, block, device)
     have = (row.measured.get("vendors") or {}) if row is not None else {}
     return row is not None and all(v in have.get(m, {}) for m in set(tunable.groups.values()) for v in vendors)
 

@@ -36,24 +36,14 @@ class Stop:
     def __call__(self) -> bool:
         return self.interrupted or (self.deadline is not None and time.monotonic() > self.deadline)
 
-    def share(self, kernels_left: int):
+    def share(self, kernels_left: int) -> "Share":
         """The next kernel's deadline: an equal share of the budget left among the ``kernels_left``
         still to tune (time a kernel leaves unused goes to those after it), so that every kernel
         gets tuned some instead of the first ones taking the whole budget. Called, it says whether
         to stop that kernel's search; Ctrl-C and the whole budget stop it too."""
         if self.deadline is None:
-            return self
-        end = time.monotonic() + max(0.0, self.deadline - time.monotonic()) / max(1, kernels_left)
-
-        def past() -> bool:
-            if self():
-                return True
-            if time.monotonic() > end:
-                self.share_spent = True
-                return True
-            return False
-
-        return past
+            return Share(self, None)
+        return Share(self, time.monotonic() + max(0.0, self.deadline - time.monotonic()) / max(1, kernels_left))
 
     @property
     def why(self) -> str:
@@ -62,7 +52,7 @@ class Stop:
             return "Ctrl-C"
         if self():
             return f"the {self.minutes:g}-minute budget"
-        return f"the {self.minutes:g}-minute budget (each kernel's share of it)" if self.share_spent else ""
+        return f"the {self.minutes:g}-minute budget (each kernel's and class's share of it)" if self.share_spent else ""
 
     @contextmanager
     def on_ctrl_c(self):
@@ -83,6 +73,35 @@ class Stop:
             yield self
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+class Share:
+    """A part of a :class:`Stop`'s budget ending at ``end`` (``time.monotonic()``; ``None``: no
+    budget). Called, it says whether to stop (the part spent, the whole budget spent, or Ctrl-C);
+    :meth:`share` splits what is left of it again (a kernel's part among its problem classes)."""
+
+    def __init__(self, stop: Stop, end: float | None):
+        self.stop, self.end = stop, end
+
+    @property
+    def minutes(self) -> float | None:
+        """The whole command's budget (what a cache row records it was tuned under)."""
+        return self.stop.minutes
+
+    def __call__(self) -> bool:
+        if self.stop():
+            return True
+        if self.end is not None and time.monotonic() > self.end:
+            self.stop.share_spent = True
+            return True
+        return False
+
+    def share(self, parts_left: int) -> "Share":
+        """An equal part of what is left of this one among ``parts_left`` (time a part leaves unused
+        goes to the parts after it)."""
+        if self.end is None:
+            return Share(self.stop, None)
+        return Share(self.stop, time.monotonic() + max(0.0, self.end - time.monotonic()) / max(1, parts_left))
 
 
 def fmt_cfg(cfg: dict) -> str:
@@ -145,19 +164,22 @@ def _class_lines(s: dict, vendors: list[str], why_no_vendors: str, modes=()) -> 
     if s.get("reused"):
         how = "reused from the cache (tuned on these cases before)"
     elif s["search"].get("stopped_by_deadline"):
-        how = "cut short: the best config measured so far, written; a rerun tunes it again"
+        budget = s["search"].get("budget_minutes")
+        how = ("cut short: the best config measured so far, written; a rerun with a larger --budget-minutes "
+               "(or --force) tunes it again" + (f" (it had a share of a {budget:g}-minute budget)" if budget else ""))
     else:
         waited = s["search"].get("compile_wait_seconds")
         how = (f"tuned now ({s['search']['method']}, {s['search']['measurements']} timed runs, {s['search']['seconds']:.0f} s"
                + (f", {waited:.0f} s of it waiting for compiles" if waited and waited >= 0.5 else "") + ")")
     lines = [f"  {w['kernel']} at block {w['block']}, {w['S']}, {w['masks']}: {how}",
              f"    cases: {'; '.join(s['cases'])}"]
+    why = "not timed when it was tuned" if s.get("reused") else why_no_vendors
     for mode in sorted(s["tuned_tflops"], key=MODE_ORDER.index):
         d, t = s["default_tflops"][mode], s["tuned_tflops"][mode]
         text = f"    {mode}: default {d:.1f}, tuned {t:.1f} TFLOP/s" + (f" ({t / d:.2f}× default)" if d else "")
         got = s.get("vendors", {}).get(mode, {})
         said = [f"{v} {got[v]:.1f}" if isinstance(got.get(v), float)
-                else f"{v} {_short(got.get(v) or why_no_vendors or 'not timed')}" for v in vendors]
+                else f"{v} {_short(got.get(v) or why or 'not timed')}" for v in vendors]
         on = s.get("vendor_case")
         there = s.get("per_case", {}).get(mode, {}).get(on) if on else None
         if said and there:

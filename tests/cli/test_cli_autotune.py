@@ -118,21 +118,25 @@ def cached_rows():
 
 
 def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
-    r = tune("--budget-minutes", "0.01")  # 0.6 s: the first class (26 runs of 30 ms) is cut, the second never begins
+    r = tune("--budget-minutes", "0.02")  # 1.2 s: each class gets its part (26 runs of 30 ms each would need 0.8 s)
     assert r.exit_code == 0, r.output
     out = r.stdout  # into a pipe: the summary in words
-    assert "autotune summary, CPU:" in out and "stopped by the 0.01-minute budget" in out
-    assert "fake at block 64, S ≤ 4K, full: cut short: the best config measured so far, written" in out
+    assert "autotune summary, CPU:" in out and "stopped by the 0.02-minute budget" in out
+    for mask in ("full", "causal"):  # neither class is left out: each is cut in its part of the budget
+        assert (f"fake at block 64, S ≤ 4K, {mask}: cut short: the best config measured so far, written; a rerun "
+                "with a larger --budget-minutes (or --force) tunes it again (it had a share of a 0.02-minute budget)") in out
     assert "    cases: full S=64 D=16 float16" in out
     # the vendors are timed first, on the class's heaviest case, and shown beside ours there
     assert "    fwd: default " in out and "; on full S=64 D=16 float16: default " in out and ", reference " in out
-    assert ("  skipped: fake at block 64, S ≤ 4K, causal (causal S=64 D=16 float16): the 0.01-minute budget came "
-            "before it began; a rerun tunes it") in out
-    assert "1 class written, 0 classes reused" in out
+    assert "skipped" not in out and "2 classes written, 0 classes reused" in out
     rows = cached_rows()
-    assert len(rows) == 1 and rows[0].measured["search"]["stopped_by_deadline"]
+    assert len(rows) == 2 and all(r.measured["search"]["stopped_by_deadline"] for r in rows)
+    assert {r.measured["search"]["budget_minutes"] for r in rows} == {0.02}
 
-    r = tune("--budget-minutes", "0")  # no budget: the cut class again, and the one left
+    n = len(calls)
+    r = tune("--budget-minutes", "0.02")  # the same budget would get no further: both reused, nothing timed
+    assert r.exit_code == 0 and r.stdout.count("reused from the cache") == 2 and len(calls) == n, r.output
+    r = tune("--budget-minutes", "0")  # no budget: both cut classes again, to the end
     assert r.exit_code == 0, r.output
     assert r.stdout.count(": tuned now (successive halving") == 2 and "skipped" not in r.stdout
     n = len(calls)
@@ -209,7 +213,7 @@ def test_each_kernel_gets_an_equal_share_of_what_is_left(monkeypatch):
     now[0] = 119.0
     assert not first() and stop.why == ""
     now[0] = 121.0
-    assert first() and not stop() and stop.why == "the 1-minute budget (each kernel's share of it)"
+    assert first() and not stop() and stop.why == "the 1-minute budget (each kernel's and class's share of it)"
     second = stop.share(2)  # half of the 39 s left: what the first left unused carries over
     now[0] = 140.0
     assert not second()
