@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from longca_triton.kernels.core.runtime import compile_disabled
+
 from .base import Backend, Problem
 
 __all__ = ["TritonBackend", "interpreting", "runs_here"]
@@ -124,7 +126,7 @@ class TritonBackend(Backend):
         other.description = f"{self.description}; launch config {json.dumps(config, sort_keys=True)} over the defaults"
         return other
 
-    @torch.compiler.disable
+    @compile_disabled
     def launch_config(self, q, k, mask, v=None) -> dict | None:
         """``self.config``, else the autotune cache's entry for this problem class (keyed by the
         backend's name: ``longca-triton autotune``), else None (the kernel's defaults)."""

@@ -7,8 +7,9 @@ default vs tuned on them, every vendor against both on the class's heaviest case
 settled, and what was skipped and why. The vendors are timed first, while worker processes build
 our candidates (their compiles would otherwise hold up the search). ``-v``
 adds a line per timed candidate. A class already in the cache (same GPU, Triton, cases, its search
-finished) is reused and said so; ``--force`` tunes it again. ``--budget-minutes`` (1.7 by default)
-and Ctrl-C stop the search cleanly: the group being searched keeps the best config measured so
+finished, or cut short under a budget at least as large) is reused and said so; ``--force`` tunes it
+again. ``--budget-minutes`` (1.7 by default; each problem class gets an equal part of its kernel's
+share) and Ctrl-C stop the search cleanly: the group being searched keeps the best config measured so
 far, the class under way is written, classes not begun are skipped and said so, and the summary
 prints; after Ctrl-C the command exits 130 (a second Ctrl-C stops in the middle of a measurement).
 
@@ -77,8 +78,9 @@ CPU_BLOCK, CPU_MEAN_BLOCK = 32, 64
                    "for the dense one; 'none' for none)")
 @click.option("--budget-minutes", type=click.FloatRange(min=0), default=1.7, show_default=True,
               help="stop after this long (from the start; 0: no budget), shared equally among the vendors' timing and "
-                   "each kernel's search (time one leaves unused goes to the next): the group under way keeps the best "
-                   "config so far, the class under way is written, classes not begun wait for a rerun")
+                   "each kernel's search, and a kernel's part among its problem classes (time one leaves unused goes "
+                   "to the next): the group under way keeps the best config so far and the class is written; a rerun "
+                   "with the same budget reuses it, a larger one tunes it again")
 @click.option("--exhaustive", is_flag=True, help="time every candidate on every case (the slow search halving replaced)")
 @click.option("--search-switches", "switches", is_flag=True,
               help="also search warp_specialize=True (a no-op on sm_90 with Triton 3.6, some configs fail to compile)")

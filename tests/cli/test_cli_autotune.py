@@ -118,23 +118,23 @@ def cached_rows():
 
 
 def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
-    r = tune("--budget-minutes", "0.02")  # 1.2 s: each class gets its part (26 runs of 30 ms each would need 0.8 s)
+    r = tune("--budget-minutes", "0.04")  # 2.4 s: the vendors a share, each class a part (26 runs of 30 ms need 0.8 s)
     assert r.exit_code == 0, r.output
     out = r.stdout  # into a pipe: the summary in words
-    assert "autotune summary, CPU:" in out and "stopped by the 0.02-minute budget" in out
+    assert "autotune summary, CPU:" in out and "stopped by the 0.04-minute budget" in out
     for mask in ("full", "causal"):  # neither class is left out: each is cut in its part of the budget
         assert (f"fake at block 64, S ≤ 4K, {mask}: cut short: the best config measured so far, written; a rerun "
-                "with a larger --budget-minutes (or --force) tunes it again (it had a share of a 0.02-minute budget)") in out
+                "with a larger --budget-minutes (or --force) tunes it again (it had a share of a 0.04-minute budget)") in out
     assert "    cases: full S=64 D=16 float16" in out
     # the vendors are timed first, on the class's heaviest case, and shown beside ours there
     assert "    fwd: default " in out and "; on full S=64 D=16 float16: default " in out and ", reference " in out
     assert "skipped" not in out and "2 classes written, 0 classes reused" in out
     rows = cached_rows()
     assert len(rows) == 2 and all(r.measured["search"]["stopped_by_deadline"] for r in rows)
-    assert {r.measured["search"]["budget_minutes"] for r in rows} == {0.02}
+    assert {r.measured["search"]["budget_minutes"] for r in rows} == {0.04}
 
     n = len(calls)
-    r = tune("--budget-minutes", "0.02")  # the same budget would get no further: both reused, nothing timed
+    r = tune("--budget-minutes", "0.04")  # the same budget would get no further: both reused, nothing timed
     assert r.exit_code == 0 and r.stdout.count("reused from the cache") == 2 and len(calls) == n, r.output
     r = tune("--budget-minutes", "0")  # no budget: both cut classes again, to the end
     assert r.exit_code == 0, r.output
@@ -154,13 +154,13 @@ def test_the_budget_is_shared_among_the_kernels(fake, monkeypatch):
     monkeypatch.setitem(at.TUNABLES, "fake2", dataclasses.replace(first, name="fake2"))
     r = CliRunner().invoke(main, ["autotune", "--kernel", "fake,fake2", "--masks", "full,causal", "--seqlens", "64",
                                   "--head-dims", "16", "--dtypes", "float16", "--heads", "2:1", "--vendors", "none",
-                                  "--budget-minutes", "0.02"])  # 1.2 s; one class alone takes 0.8 s
+                                  "--budget-minutes", "0.04"])  # 2.4 s; one kernel's two classes take 1.6 s
     assert r.exit_code == 0, r.output
     tuned.reload()
     for kernel in ("fake", "fake2"):
         rows = tuned.device_rows(tuned.device_key("cpu"), kernel)
         assert len(rows) >= 1, f"{kernel} got no share of the budget: {r.output}"
-    assert "stopped by the 0.02-minute budget" in r.stdout
+    assert "stopped by the 0.04-minute budget" in r.stdout
     for kernel in ("fake", "fake2"):
         assert f"{kernel} at block 64, S ≤ 4K, full: cut short" in r.stdout
 

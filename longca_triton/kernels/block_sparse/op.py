@@ -71,7 +71,7 @@ from longca_triton.kernels.core.runtime import config_head_dim, head_dim_meta
 from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_ready
 from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
 from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
-from longca_triton.kernels.core.runtime import side_stream
+from longca_triton.kernels.core.runtime import compile_disabled, side_stream
 from longca_triton.kernels.dense.op import launch_bwd_preprocess
 
 __all__ = [
@@ -416,7 +416,7 @@ def block_sparse_attention_op(q, k, v, mask, softmax_scale=None, return_lse=Fals
     return block_sparse_attention_from_tables(q, k, v, tables, mask.num_patterns, softmax_scale, cfg, return_lse)
 
 
-@torch.compiler.disable
+@compile_disabled
 def _tables_no_compile(mask, cfg, device):
     return tables_for(mask, cfg, device)
 

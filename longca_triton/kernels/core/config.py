@@ -12,6 +12,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from longca_triton.kernels.core.runtime import compile_disabled
+
 __all__ = ["DKDV_SWEEPS", "ConfigSpec", "check_dkdv_sweep", "resolve", "tuned_config"]
 
 
@@ -32,7 +34,7 @@ class ConfigSpec:
     tuned_name: Union[str, Callable, None] = None
 
 
-@torch.compiler.disable
+@compile_disabled
 def tuned_config(spec: ConfigSpec, q, k, mask, v=None) -> Optional[dict]:
     """The autotune cache's config for this call (read once per process), or None.
 

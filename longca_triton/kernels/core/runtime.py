@@ -6,7 +6,9 @@ Nothing here probes hardware at import; the interpreter patch applies only under
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sys
 
 import torch
 import triton
@@ -97,6 +99,25 @@ def ensure_allocator(device: torch.device) -> None:
         return torch.empty(size, device=device, dtype=torch.int8)
 
     triton.set_allocator(alloc)
+
+
+def compile_disabled(fn):
+    """``torch.compiler.disable(fn)`` (``torch.compile`` runs ``fn`` eagerly, as a graph break),
+    applied on the first call rather than at import: ``torch.compiler.disable`` imports
+    ``torch._dynamo``, seconds of imports that a program which never compiles (the CLI) should not
+    pay. Where ``torch._dynamo`` is already imported it is applied at once."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.disable(fn)
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 
 _SIDE_STREAMS: dict = {}

@@ -85,7 +85,7 @@ from longca_triton.kernels.core.runtime import descriptor_ready as _descriptor_r
 from longca_triton.kernels.core.runtime import ensure_allocator as _ensure_allocator
 from longca_triton.kernels.core.runtime import interpreting as _interpreting
 from longca_triton.kernels.core.runtime import resolve_scale as _resolve_scale
-from longca_triton.kernels.core.runtime import side_stream
+from longca_triton.kernels.core.runtime import compile_disabled, side_stream
 from longca_triton.kernels.dense.bwd import dense_bwd_dkdv_kernel, dense_bwd_dq_kernel
 from longca_triton.kernels.dense.fwd import dense_fwd_kernel
 from longca_triton.kernels.dense.plan import TilePlan, get_tile_plan
@@ -455,7 +455,7 @@ def dense_attention_op(q, k, v, mask, softmax_scale=None, return_lse=False, conf
                                       return_lse)
 
 
-@torch.compiler.disable
+@compile_disabled
 def _plans_no_compile(mask, cfg, device):
     return plans_for(mask, cfg, device)
 
