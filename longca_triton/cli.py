@@ -180,18 +180,23 @@ def recommend_command(mask, seqlen, gpus, heads, head_dim, mode, dtype, params, 
 
 @main.command("findings")
 @click.argument("results", nargs=-1, type=click.Path(path_type=str))
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="the markdown file to write")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="the main page to write")
+@click.option("--appendix", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="the appendix page (default: <out stem>-appendix.md next to --out)")
 @click.option("--plots-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where the PNGs go (default: a folder named after --out, next to it)")
 @click.option("--mode", type=click.Choice(["fwd", "bwd", "fwd_bwd"]), default=None, help="only this mode (default: all)")
 @click.option("--no-plots", is_flag=True, help="the markdown only")
-def findings_command(results, out, plots_dir, mode, no_plots):
-    """Generate the study's findings from result rows: per mask the winner at each length and its
-    margin, crossovers, where our kernels lose, memory walls, the support matrix, block-sparse
-    TFLOP/s against density, CP efficiency; with plots. RESULTS are JSONL files (plain or gzipped,
-    .jsonl.gz) or folders (searched for *.jsonl and *.jsonl.gz); none given: the committed
-    experiments/results/**/results.jsonl and results.jsonl.gz. Where a search finds both X.jsonl and
-    X.jsonl.gz, X.jsonl is read (a bench appends to it) and a warning names the .gz left unread.
+def findings_command(results, out, appendix, plots_dir, mode, no_plots):
+    """Generate the study's findings from result rows: a main page (five conclusions with their
+    numbers, the paper's key findings against ours, the winner map, ours against the best other
+    backend per mask, memory walls, block-sparse) and an appendix with everything else (sources,
+    coverage, per mask the winner at each length and its margin, crossovers, where our kernels
+    lose, the support matrix, block-sparse TFLOP/s against density, CP efficiency); with plots.
+    RESULTS are JSONL files (plain or gzipped, .jsonl.gz) or folders (searched for *.jsonl and
+    *.jsonl.gz); none given: the committed experiments/results/**/results.jsonl and
+    results.jsonl.gz. Where a search finds both X.jsonl and X.jsonl.gz, X.jsonl is read (a bench
+    appends to it) and a warning names the .gz left unread.
 
     \b
     Examples:
@@ -199,11 +204,11 @@ def findings_command(results, out, plots_dir, mode, no_plots):
       longca-triton findings experiments/results/h100/dense-16k experiments/results/h200x2 --out /tmp/f.md
       longca-triton findings results/dense-h100/results.jsonl --out f.md --mode bwd --no-plots
     """
-    import os
     import shlex
 
     from .study.findings import collect_paths, compute, load_results
-    from .study.findings_report import render_markdown
+    from .study.findings_headline import headline
+    from .study.findings_main import render_pages
     from .study.recommend import default_results
 
     paths = collect_paths(results) if results else default_results()
@@ -219,21 +224,23 @@ def findings_command(results, out, plots_dir, mode, no_plots):
     f = compute(rows, files, mode=mode)
     if not f.rows:
         raise click.UsageError(f"no rows of mode {mode} in the results")
-    plots = {}
+    default_appendix = out.with_name(f"{out.stem}-appendix.md")
+    appendix = appendix or default_appendix
+    written, h = {}, headline(f)
     if not no_plots:
         from .study.findings_plots import make_findings_plots
 
         pdir = plots_dir or out.with_suffix("")
-        written = make_findings_plots(f, pdir)
-        rel = Path(os.path.relpath(pdir, out.parent or Path(".")))
-        plots = {k: [(sk, (rel / p.name).as_posix()) for sk, p in v] for k, v in written.items()}
-    argv = list(results) + ["--out", str(out)] + (["--plots-dir", str(plots_dir)] if plots_dir else []) + \
-        (["--mode", mode] if mode else []) + (["--no-plots"] if no_plots else [])
-    text = render_markdown(f, "longca-triton findings " + shlex.join(argv), plots)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    n = sum(len(v) for v in plots.values())
-    click.echo(f"wrote {out}" + (f" and {n} plots in {pdir}" if n else "") + f" from {len(f.rows)} rows of {len(paths)} files")
+        written = make_findings_plots(f, pdir, h)
+    argv = list(results) + ["--out", str(out)] + (["--appendix", str(appendix)] if appendix != default_appendix else []) \
+        + (["--plots-dir", str(plots_dir)] if plots_dir else []) + (["--mode", mode] if mode else []) \
+        + (["--no-plots"] if no_plots else [])
+    for page, text in render_pages(f, "longca-triton findings " + shlex.join(argv), out, appendix, written, h=h).items():
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(text)
+    n = sum(len(v) for v in written.values())
+    click.echo(f"wrote {out} and {appendix}" + (f" and {n} plots in {pdir}" if n else "")
+               + f" from {len(f.rows)} rows of {len(paths)} files")
 
 
 def _make(name, seqlen, seed, params):

@@ -18,8 +18,10 @@ batch) and per mask:
 * block-sparse TFLOP/s against density and block size;
 * context-parallel efficiency per scheme and mask (best plan), when CP rows are given;
 
-which :mod:`longca_triton.study.findings_report` renders as markdown whose header names the files,
-the command and the environment.
+which :mod:`longca_triton.study.findings_report` renders in full as the appendix page, whose header
+names the files, the command and the environment; :mod:`longca_triton.study.findings_headline`
+distils the main page's conclusions from it and :mod:`longca_triton.study.findings_main` renders
+that page.
 
 Rules, so that nothing is invented: a point's latest row wins (a retried point supersedes its
 earlier row, across files too, by the row's ``time``), except that a row saying the machine lacked
@@ -54,8 +56,9 @@ from longca_triton.bench.store import (
     status_kind,
 )
 
-__all__ = ["KERNEL_KINDS", "OURS_PREFIX", "SPARSE_KINDS", "Cell", "Findings", "collect_paths", "compute",
-           "fmt_s", "load_results", "shorten", "slice_title", "time_key", "valid_tflops"]
+__all__ = ["KERNEL_KINDS", "OURS_PREFIX", "SPARSE_KINDS", "Cell", "Findings", "collect_paths", "compared_cells",
+           "compute", "fmt_s", "is_ours", "load_results", "row_layout", "rows_by_file", "shorten", "slice_title",
+           "time_key", "valid_tflops"]
 
 #: row kinds that time one kernel on one GPU (the winner tables); CP rows are kind "cp"
 KERNEL_KINDS = ("dense", "sparse", "varblock")
@@ -114,6 +117,15 @@ def load_results(paths: Iterable[Path]) -> tuple[list[dict], dict[str, dict]]:
     return rows, per_file
 
 
+def rows_by_file(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows grouped by the file they were read from (``_file``), in first-seen order: one pass
+    where a filter per file would read every row once per file."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r.get("_file"), []).append(r)
+    return out
+
+
 def time_key(t) -> str:
     """Row times are ISO strings, some without a zone (CP rows): compare them as UTC text."""
     return row_time({"time": t})
@@ -129,11 +141,16 @@ def valid_tflops(r: dict) -> float | None:
     return float(t)
 
 
-def _slice(r: dict) -> tuple:
+def row_layout(r: dict) -> tuple:
+    """(heads_q, heads_kv, head dims, dtype, batch): a slice less its mode."""
     # D_v != D_qk is its own slice, labelled "192/128" as the bench's plots name it (d192-128)
     d, dv = r.get("head_dim"), r.get("d_v")
     dims = f"{d}/{dv}" if dv is not None and d is not None and dv != d else d
-    return (r.get("mode"), r.get("heads_q"), r.get("heads_kv"), dims, r.get("dtype"), r.get("batch") or 1)
+    return (r.get("heads_q"), r.get("heads_kv"), dims, r.get("dtype"), r.get("batch") or 1)
+
+
+def _slice(r: dict) -> tuple:
+    return (r.get("mode"), *row_layout(r))
 
 
 def slice_title(key: tuple) -> str:
@@ -150,6 +167,11 @@ def fmt_s(s: int) -> str:
 def shorten(text: str, n: int = 110) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def is_ours(backend: str) -> bool:
+    """Whether the backend is one of our kernels (named ``triton*``)."""
+    return backend.startswith(OURS_PREFIX)
 
 
 def _reason(r: dict) -> str:
@@ -185,6 +207,12 @@ class Cell:
         return self.ranking[0][1] / self.ranking[1][1] if len(self.ranking) > 1 else None
 
 
+def compared_cells(masks: dict) -> list[tuple[str, Cell]]:
+    """The (mask, cell) pairs of one slice where two or more backends were measured: the cells a
+    win is counted in (a backend measured alone wins nothing)."""
+    return [(m, c) for m, cells in masks.items() for c in cells if len(c.ranking) > 1]
+
+
 @dataclass
 class Findings:
     files: dict
@@ -216,9 +244,14 @@ def compute(rows: list[dict], files: dict | None = None, mode: str | None = None
             for S in sorted({r["seqlen"] for r in mrows}):
                 at = [r for r in mrows if r["seqlen"] == S]
                 c = Cell(S)
-                c.ranking = sorted(((r["backend"], t) for r in at if (t := valid_tflops(r)) is not None), key=lambda x: -x[1])
-                c.failed = {r["backend"]: _reason(r) for r in at if valid_tflops(r) is None and not environment_unsupported(r)}
-                c.absent = [r["backend"] for r in at if environment_unsupported(r)]
+                for r in at:  # a measurement, a row saying the machine lacked the backend, or a failure
+                    if (t := valid_tflops(r)) is not None:
+                        c.ranking.append((r["backend"], t))
+                    elif environment_unsupported(r):
+                        c.absent.append(r["backend"])
+                    else:
+                        c.failed[r["backend"]] = _reason(r)
+                c.ranking.sort(key=lambda x: -x[1])
                 present = {r["backend"] for r in at}
                 c.not_measured = [b for b in backends if b not in present]
                 cells.append(c)
@@ -270,7 +303,7 @@ def _losses(sk, mask, cells: list[Cell]) -> list[dict]:
             continue
         best, best_t = c.winner
         for b, t in c.ranking:
-            if b.startswith(OURS_PREFIX) and b != best and not best.startswith(OURS_PREFIX):
+            if is_ours(b) and b != best and not is_ours(best):
                 out.append({"slice": sk, "mask": mask, "S": c.seqlen, "ours": b, "tflops": t, "best": best, "best_tflops": best_t,
                                 "ratio": t / best_t})
     return out

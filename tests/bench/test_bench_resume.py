@@ -23,7 +23,7 @@ from longca_triton.bench.store import (
 )
 from longca_triton.reference import naive_attention
 from longca_triton.study.findings import compute, load_results
-from longca_triton.study.findings_report import render_markdown
+from longca_triton.study.findings_report import render_appendix
 from longca_triton.study.recommend import recommend
 
 
@@ -118,7 +118,7 @@ def test_not_installed_is_retried_when_installed_and_supersedes(tmp_path, toggle
     cells = f.cells[sk]["causal"]
     assert all("t-vendor" in dict(c.ranking) for c in cells)
     assert all("t-vendor" not in c.absent for c in cells)
-    text = render_markdown(f, "x")
+    text = render_appendix(f, "x")
     assert "t-vendor-pkg" not in text
     plots = make_plots(rows, tmp_path / "plots")
     assert plots
