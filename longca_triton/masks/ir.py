@@ -14,6 +14,7 @@ Every lowering is a pure function of the mask, computed once and cached on the i
 * ``row_intervals()``         per query row its allowed keys as merged ``[lo, hi)`` intervals, ``O(S)``;
 * ``col_intervals()``         the same per key column (the transpose);
 * ``block_tables(bm, bn)``    per query tile the full and partial key tiles, and the transpose;
+* ``tile_segments(bm, bn)``   the same as runs of tiles, what tile plans read (``key_tile_segments``: by key tile);
 * ``area``                    allowed pairs, from the intervals, never from a dense tensor.
 
 FlashMask columns, the varlen form and Flex ``BlockMask`` live in ``lowerings.py``.
@@ -247,62 +248,103 @@ def _progression(first: np.ndarray, end: np.ndarray, step: int) -> np.ndarray:
     return k
 
 
-def _segment_bounds(seg: np.ndarray, Sk: int, bm: int, bn: int, num_n: int):
-    """``(t, ta, tb, fa, fb, weight)`` of ``_tile_lists`` from linear pieces: the tile bounds change
-    only at a piece's start, a query-tile boundary, or where ``lo`` / ``hi`` cross a key-tile boundary
-    (or ``hi`` reaches ``Sk``), so only those rows are evaluated."""
+def _piece_rows(seg: np.ndarray, Sq: int, bm: int) -> tuple:
+    """What ``_piece_tile_segments`` reads of linear pieces at query tiles of ``bm`` rows, whatever the key
+    tiles: per (piece, query tile) pair, in row order, its tile and the bounds ``lo``, ``hi`` at its first
+    and at its last row; per query tile with pairs, its first pair and whether its pieces hold all its rows."""
     r0, r1, lo0, hi0, a, b = seg.T
-    cand = [r0, _progression((r0 // bm + 1) * bm, r1, bm)]
-    for slope_of, v0 in ((a, lo0), (b, hi0)):
-        moving = slope_of == 1
-        if moving.any():
-            for res in (0, 1):  # rows where the bound is = res (mod bn)
-                cand.append(_progression(r0[moving] + (res - v0[moving]) % bn, r1[moving], bn))
-    up = (b == 1) & (hi0 <= Sk) & (r0 + (Sk - hi0) < r1)
-    cand.append(r0[up] + (Sk - hi0[up]))
-    r = np.unique(np.concatenate(cand))
-    piece = np.searchsorted(r0, r, side="right") - 1
-    off = r - r0[piece]
-    lo = lo0[piece] + a[piece] * off
-    hi = hi0[piece] + b[piece] * off
-    nxt = np.append(r[1:], np.iinfo(np.int64).max)
-    weight = np.minimum(nxt, r1[piece]) - r
-    t = r // bm
-    ta, tb = lo // bn, -(-hi // bn)
-    fa, fb = -(-lo // bn), np.where(hi == Sk, num_n, hi // bn)
-    return t, ta, tb, fa, fb, weight
+    t_first, t_end = r0 // bm, (r1 - 1) // bm + 1
+    t = _progression(t_first, t_end, 1)  # the query tile of every pair
+    p = np.repeat(np.arange(r0.size), t_end - t_first)
+    start, lo, hi, a, b = r0[p], lo0[p], hi0[p], a[p], b[p]
+    f = np.maximum(start, t * bm)
+    f -= start
+    last = np.minimum(r1[p], (t + 1) * bm)
+    last -= start + 1
+    first = np.flatnonzero(np.append(True, t[1:] != t[:-1]))
+    held = np.add.reduceat(last - f + 1, first)
+    whole = held == np.minimum(bm, Sq - t[first] * bm)
+    return t, lo + a * f, lo + a * last, hi + b * f, hi + b * last, first, whole
 
 
-def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int, segments: np.ndarray | None = None) -> tuple:
-    """The full and partial ``(query tile, key tile)`` pairs of merged row intervals, without a dense map.
+def _piece_tile_segments(seg: np.ndarray, Sq: int, Sk: int, bm: int, bn: int, rows: tuple | None = None) -> tuple:
+    """``_tile_segments`` from linear pieces, per (piece, query tile) pair rather than per event;
+    ``rows``: their ``_piece_rows`` at ``bm`` already built.
+
+    Along a piece ``lo`` and ``hi`` never fall, so its rows ``f..l`` within a query tile touch the key
+    tiles ``[floor(lo_f / bn), ceil(hi_l / bn))`` (one range: a row's interval is never empty) and all
+    cover ``[ceil(lo_l / bn), floor(hi_f / bn))`` (the ragged last tile when ``hi_f == Sk``). A query tile's
+    full tiles are those every piece in it covers, where its pieces hold all of its rows; its touched
+    tiles are the union of its pieces' ranges. ``O(pieces + query tiles)``."""
+    num_n = -(-Sk // bn)
+    t, lo_f, lo_l, hi_f, hi_l, first, whole = _piece_rows(seg, Sq, bm) if rows is None else rows
+    ta = lo_f // bn
+    tb = -(-hi_l // bn)
+    fa = -(-lo_l // bn)
+    fb = np.where(hi_f == Sk, num_n, hi_f // bn)
+    tiles = t[first]
+    full_lo, full_hi = np.maximum.reduceat(fa, first), np.minimum.reduceat(fb, first)
+    has_full = whole & (full_hi > full_lo)
+    # the union of each query tile's touched ranges (offset per tile: a tile's ranges start past every
+    # end of the tile before, so one running maximum serves all)
+    if not np.all((t[1:] > t[:-1]) | (ta[1:] >= ta[:-1])):
+        order = np.lexsort((ta, t))
+        t, ta, tb = t[order], ta[order], tb[order]
+    width = num_n + 1
+    end = tb + t * width
+    reach = np.maximum.accumulate(end)
+    new = np.ones(t.size, dtype=bool)
+    np.greater(ta[1:] + t[1:] * width, reach[:-1], out=new[1:])
+    u = np.flatnonzero(new)
+    m, u_lo = t[u], ta[u]
+    u_hi = np.maximum.reduceat(end, u) - m * width
+    # each touched range is partial, or partial / full / partial around its tile's full tiles
+    k = np.searchsorted(tiles, m)
+    f_lo, f_hi = full_lo[k], full_hi[k]
+    inside = has_full[k] & (u_lo <= f_lo) & (f_hi <= u_hi)
+    n0, n1 = np.empty((m.size, 3), np.int64), np.empty((m.size, 3), np.int64)
+    n0[:, 0], n0[:, 1], n0[:, 2] = u_lo, f_lo, f_hi
+    n1[:, 0], n1[:, 1], n1[:, 2] = np.where(inside, f_lo, u_hi), f_hi, u_hi
+    keep = n1 > n0
+    keep[:, 1:] &= inside[:, None]
+    keep = np.flatnonzero(keep)
+    return m[keep // 3], n0.ravel()[keep], n1.ravel()[keep], keep % 3 == 1
+
+
+def _tile_segments(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int, segments: np.ndarray | None = None,
+                   piece_rows: tuple | None = None) -> tuple:
+    """The touched ``(query tile, key tile)`` pairs of merged row intervals as segments, without a dense map.
 
     Per query tile ``m`` the intervals become events along the key tiles: ``+1`` where an interval starts
     to touch a tile and ``-1`` past its last, and (weighted by how many rows share them) where it starts
     and stops covering whole tiles. Between two events of a tile the counts are constant: touched where
     the touch count is positive, full where the cover count equals the tile's rows. Consecutive rows
     whose four tile bounds agree are one weighted interval, so structured masks give a few events per
-    tile; the cost is ``O(S + events log events + visited tiles)``. Returns the pairs as
-    ``(full_m, full_n, part_m, part_n)``, sorted by ``m`` then ``n``."""
+    tile; the cost is ``O(S + events log events)``. From linear ``segments`` (``_row_segments``) it is
+    ``_piece_tile_segments`` (``piece_rows``: their ``_piece_rows`` at ``bm``). Returns int64
+    ``(m, n0, n1)`` and bool ``full``: per query tile its touched key tiles as ascending segments
+    ``[n0, n1)``, each all full or all partial, one of a class never followed directly by another of
+    that class (maximal runs), sorted by ``m`` then ``n0``."""
     num_n = -(-Sk // bn)
-    if rows.size == 0:  # a mask that allows nothing
-        return (np.zeros(0, np.int64),) * 4
+    if (rows.size if segments is None else len(segments)) == 0:  # a mask that allows nothing
+        z = np.zeros(0, np.int64)
+        return z, z, z, np.zeros(0, dtype=bool)
     if segments is not None:
-        t, ta, tb, fa, fb, weight = _segment_bounds(segments, Sk, bm, bn, num_n)
-    else:
-        # the four tile bounds of each row's interval and its query tile (named arrays, int32 where the
-        # positions fit: an unnamed temporary of this length costs numpy a slow check on some hosts)
-        it = np.int32 if max(Sq, Sk) < 2**31 - 2 * max(bm, bn) else np.int64
-        rows, lo, hi = (np.asarray(x, dtype=it) for x in (rows, lo, hi))
-        t = rows // bm
-        ta = lo // bn  # touched key tiles [ta, tb)
-        tb = hi + (bn - 1)
-        tb //= bn
-        fa = lo + (bn - 1)  # wholly covered key tiles [fa, fb)
-        fa //= bn
-        fb = hi // bn
-        np.copyto(fb, num_n, where=hi == Sk)
-        weight = np.ones(t.size, np.int64)
-    # consecutive rows (pieces) with equal bounds are one weighted interval
+        return _piece_tile_segments(segments, Sq, Sk, bm, bn, piece_rows)
+    # the four tile bounds of each row's interval and its query tile (named arrays, int32 where the
+    # positions fit: an unnamed temporary of this length costs numpy a slow check on some hosts)
+    it = np.int32 if max(Sq, Sk) < 2**31 - 2 * max(bm, bn) else np.int64
+    rows, lo, hi = (np.asarray(x, dtype=it) for x in (rows, lo, hi))
+    t = rows // bm
+    ta = lo // bn  # touched key tiles [ta, tb)
+    tb = hi + (bn - 1)
+    tb //= bn
+    fa = lo + (bn - 1)  # wholly covered key tiles [fa, fb)
+    fa //= bn
+    fb = hi // bn
+    np.copyto(fb, num_n, where=hi == Sk)
+    weight = np.ones(t.size, np.int64)
+    # consecutive rows with equal bounds are one weighted interval
     new = np.zeros(t.size, dtype=bool)
     new[0] = True
     for bnd in (t, ta, tb, fa, fb):  # a run starts where any bound changes
@@ -313,30 +355,104 @@ def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int, segments: np.n
     t, ta, tb, fa, fb = (x[first].astype(np.int64) for x in (t, ta, tb, fa, fb))
     covers = fb > fa
     width = num_n + 1
-    key = np.concatenate([t * width + ta, t * width + tb, t[covers] * width + fa[covers],
-                          t[covers] * width + fb[covers]])
-    d_touch = np.concatenate([np.ones_like(ta), -np.ones_like(tb), np.zeros(2 * int(covers.sum()), np.int64)])
-    d_cover = np.concatenate([np.zeros(2 * ta.size, np.int64), weight[covers], -weight[covers]])
+    t *= width
+    tc = t[covers]
+    key = np.concatenate([t + ta, t + tb, tc + fa[covers], tc + fb[covers]])
+    nt, nc = ta.size, tc.size
+    d_touch = np.zeros(key.size, np.int64)
+    d_touch[:nt], d_touch[nt:2 * nt] = 1, -1
+    d_cover = np.zeros(key.size, np.int64)
+    d_cover[2 * nt:2 * nt + nc] = weight[covers]
+    d_cover[2 * nt + nc:] = -d_cover[2 * nt:2 * nt + nc]
     order = np.argsort(key, kind="stable")
-    key, d_touch, d_cover = key[order], d_touch[order], d_cover[order]
-    at = np.flatnonzero(np.append(True, key[1:] != key[:-1]))  # one event position per distinct key
-    key = key[at]
-    touch = np.cumsum(np.add.reduceat(d_touch, at))  # every tile's events sum to 0: one running sum serves all
-    cover = np.cumsum(np.add.reduceat(d_cover, at))
-    m, n = key // width, key % width
-    seg = np.flatnonzero(m[:-1] == m[1:])  # [n_i, n_{i+1}) within one query tile
-    m_s, n0, n1 = m[seg], n[seg], n[seg + 1]
-    rows_in_tile = np.minimum(bm, Sq - m_s * bm)
-    is_full = cover[seg] == rows_in_tile
-    is_part = (touch[seg] > 0) & ~is_full
+    key = key[order]
+    # the counts after each distinct key's last event (every tile's events sum to 0: one running sum serves all)
+    end = np.flatnonzero(key[1:] != key[:-1])
+    touch = np.cumsum(d_touch[order])[end]
+    cover = np.cumsum(d_cover[order])[end]
+    m, n = np.divmod(key, width)
+    same = m[end] == m[end + 1]  # [n_i, n_{i+1}) within one query tile
+    seg = end[same]
+    m, n0, n1, touch, cover = m[seg], n[seg], n[seg + 1], touch[same], cover[same]
+    full = cover == np.minimum(bm, Sq - m * bm)
+    keep = (touch > 0) | full
+    return join_segments(m[keep], n0[keep], n1[keep], full[keep])
 
-    def expand(sel):
-        length = (n1 - n0)[sel]
-        tile = np.repeat(m_s[sel], length)
-        start = np.repeat(n0[sel] - np.cumsum(length) + length, length)
-        return tile, start + np.arange(int(length.sum()))
 
-    return (*expand(is_full), *expand(is_part))
+def join_segments(m: np.ndarray, n0: np.ndarray, n1: np.ndarray, full: np.ndarray) -> tuple:
+    """Tile segments ``(m, [n0, n1), full)`` sorted by ``m`` then ``n0``, each one that continues the one
+    before in its tile and class joined to it (maximal runs)."""
+    joins = np.zeros(m.size, dtype=bool)
+    joins[1:] = (m[1:] == m[:-1]) & (n0[1:] == n1[:-1]) & (full[1:] == full[:-1])
+    if not joins.any():
+        return m, n0, n1, full
+    first = np.flatnonzero(~joins)
+    last = np.append(first[1:], m.size) - 1
+    return m[first], n0[first], n1[last], full[first]
+
+
+def _run_indices(n0: np.ndarray, n1: np.ndarray) -> np.ndarray:
+    """Every ``n`` of the non-empty runs ``[n0, n1)``, int64, run after run."""
+    length = n1 - n0
+    idx = np.ones(int(length.sum()), np.int64)  # a step of 1 within a run, a jump at each run's start
+    if idx.size:
+        first = np.cumsum(length)
+        first -= length
+        jump = n0.copy()
+        jump[1:] -= n1[:-1] - 1
+        idx[first] = jump
+        np.cumsum(idx, out=idx)
+    return idx
+
+
+def _expand(m: np.ndarray, n0: np.ndarray, n1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-empty segments ``(m, [n0, n1))`` -> int64 pairs ``(m, n)``, in segment order."""
+    return np.repeat(m, n1 - n0), _run_indices(n0, n1)
+
+
+def _segment_csr(segments: tuple, num: int) -> list:
+    """``_tile_segments``' output (by ``m``, then ``n0``) as int32 CSR lists ``[full_ptr, full_idx, part_ptr,
+    part_idx]`` over ``num`` major tiles."""
+    m, n0, n1, full = segments
+    out = []
+    for sel in (np.flatnonzero(full), np.flatnonzero(~full)):
+        start, end = n0[sel], n1[sel]
+        ptr = np.zeros(num + 1, np.int64)
+        np.cumsum(np.bincount(m[sel], weights=end - start, minlength=num).astype(np.int64), out=ptr[1:])
+        out += [ptr.astype(np.int32), _run_indices(start, end).astype(np.int32)]
+    return out
+
+
+def _split_pairs(m: np.ndarray, n0: np.ndarray, n1: np.ndarray, full: np.ndarray) -> tuple:
+    """``_tile_segments``' output as the full and partial pairs ``(full_m, full_n, part_m, part_n)``."""
+    full, part = np.flatnonzero(full), np.flatnonzero(~full)
+    return (*_expand(m[full], n0[full], n1[full]), *_expand(m[part], n0[part], n1[part]))
+
+
+def _tile_lists(rows, lo, hi, Sq: int, Sk: int, bm: int, bn: int, segments: np.ndarray | None = None) -> tuple:
+    """The full and partial ``(query tile, key tile)`` pairs of ``_tile_segments``, as
+    ``(full_m, full_n, part_m, part_n)`` sorted by ``m`` then ``n``."""
+    return _split_pairs(*_tile_segments(rows, lo, hi, Sq, Sk, bm, bn, segments))
+
+
+def _piecewise_linear(num: int, r0: np.ndarray, r1: np.ndarray, v0: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    """int32 ``[num]``: ``v0 + slope * (r - r0)`` on the rows ``r0 <= r < r1`` of each piece (sorted, disjoint),
+    0 elsewhere: per run of rows (the pieces and the gaps between them) its value repeated, or where
+    some slope is 1 its steps repeated and summed (one array of ``num``, no per-row index array)."""
+    edges = np.empty(2 * r0.size + 2, np.int64)
+    edges[0], edges[1:-1:2], edges[2:-1:2], edges[-1] = 0, r0, r1, num
+    runs = np.diff(edges)  # gap, piece, gap, ..., piece, gap
+    c, step = np.zeros(runs.size, np.int32), np.zeros(runs.size, np.int32)
+    c[1::2], step[1::2] = v0 - slope * r0, slope  # the value at row r is c + step * r
+    if not step.any():
+        return np.repeat(c, runs)
+    keep = runs > 0
+    c, step, start, runs = c[keep], step[keep], edges[:-1][keep], runs[keep]
+    jump = c + step * start  # each run's first value, less the last value of the run before
+    jump[1:] -= (c + step * (start + runs - 1))[:-1]
+    out = np.repeat(step, runs)
+    out[start] = jump
+    return np.cumsum(out, dtype=np.int32, out=out)
 
 
 class Mask:
@@ -413,6 +529,12 @@ class RangeMask(Mask):
     def __repr__(self) -> str:
         return f"RangeMask({self.describe()}, {len(self.slices)} slices)"
 
+    def content_key(self) -> tuple:
+        """What the mask allows as a hashable value: its sizes and slices, not its name or params. Every
+        lowering is a function of it, so caches of what is built from a mask key on it
+        (``kernels.core.plan_cache``) and serve an equal mask built again."""
+        return ("range", self.seqlen_q, self.seqlen_k, self.slices)
+
     # ------------------------------------------------------------------ constructors (masks/construct.py)
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens_q, cu_seqlens_k=None, causal: bool = False, window_size=(-1, -1)) -> "RangeMask":
@@ -459,9 +581,12 @@ class RangeMask(Mask):
             dense[qs:qe, ks:ke] |= self.slice_allows(kind, r, c, qe - qs, ke - ks)
         return dense
 
+    @_cached
     def _slice_arrays(self) -> np.ndarray:
-        """The slices as int64 ``[N, 5]`` rows ``(q_start, q_end, k_start, k_end, kind)``."""
-        return np.asarray([tuple(int(x) for x in sl) for sl in self.slices], dtype=np.int64).reshape(-1, 5)
+        """The slices as int64 ``[N, 5]`` rows ``(q_start, q_end, k_start, k_end, kind)`` (read-only: shared)."""
+        out = np.array(self.slices, dtype=np.int64).reshape(-1, 5)
+        out.setflags(write=False)
+        return out
 
     def _slice_intervals(self, by_row: bool):
         """Flat ``(pos, lo, hi)`` triples, one per (slice, row) (``by_row``) or (slice, key column): each
@@ -519,16 +644,22 @@ class RangeMask(Mask):
             return (pos, lo, hi) if keep.all() else (pos[keep], lo[keep], hi[keep])
         return merge_intervals(num, pos, lo, hi, extent=extent)
 
+    def _disjoint_slices(self, start: int) -> np.ndarray | None:
+        """``_slice_arrays`` sorted by column ``start`` (0: the query range's start, 2: the key range's),
+        or None where there are none or two of those ranges overlap."""
+        sl = self._slice_arrays()
+        if not len(sl):
+            return None
+        sl = sl[np.argsort(sl[:, start], kind="stable")]
+        return None if np.any(sl[1:, start] < sl[:-1, start + 1]) else sl
+
     @_cached
     def _disjoint_row_pieces(self) -> np.ndarray | None:
         """Where the slices' query ranges do not overlap (documents, per-document windows), the row
         intervals straight from the slices as ``_row_segments``' linear pieces (empty rows left out):
         no per-row pass at all. None where some query ranges overlap (their rows must be merged)."""
-        sl = self._slice_arrays()
-        if not len(sl):
-            return None
-        sl = sl[np.argsort(sl[:, 0], kind="stable")]
-        if np.any(sl[1:, 0] < sl[:-1, 1]):
+        sl = self._disjoint_slices(0)
+        if sl is None:
             return None
         qs, qe, ks, ke, kind = sl.T
         sq, sk = qe - qs, ke - ks
@@ -549,6 +680,37 @@ class RangeMask(Mask):
         r1[bi & (d < 0)] = 0
         pieces = np.stack([r0 + qs, r1 + qs, lo0 + ks, hi0 + ks, a, b], axis=1)
         return pieces[pieces[:, 1] > pieces[:, 0]]
+
+    @_cached
+    def _disjoint_col_pieces(self) -> np.ndarray | None:
+        """``_disjoint_row_pieces`` of the key columns: where the slices' key ranges do not overlap, each
+        column's attending rows straight from the slices as linear pieces ``(c0, c1, lo0, hi0, a, b)``,
+        columns ``c0 <= c < c1`` attended by rows ``[lo0 + a (c - c0), hi0 + b (c - c0))``. None where
+        some key ranges overlap."""
+        sl = self._disjoint_slices(2)
+        if sl is None:
+            return None
+        qs, qe, ks, ke, kind = (x[:, None] for x in sl.T)
+        sq, sk = qe - qs, ke - ks
+        d = sk - sq
+        # column c is attended by rows [max(0, c - d) if lower else 0, min(c + 1, sq) if upper else sq)
+        lower = (kind == int(SliceKind.CAUSAL)) | (kind == int(SliceKind.BICAUSAL))
+        upper = (kind == int(SliceKind.INVCAUSAL)) | (kind == int(SliceKind.BICAUSAL))
+        rises_from = np.clip(d + 1, 0, sk)  # where the lower bound starts to rise
+        grows_to = np.minimum(sq, sk)  # where the upper bound stops growing
+        bounds = np.sort(np.concatenate([np.zeros_like(sk), rises_from, grows_to, sk], axis=1), axis=1)
+        c0, c1 = bounds[:, :-1], bounds[:, 1:]  # three column ranges per slice, each one linear piece
+        a = (lower & (c0 >= rises_from)).astype(np.int64)
+        b = (upper & (c1 <= grows_to)).astype(np.int64)
+
+        def rows_at(c):
+            return np.where(lower, np.maximum(0, c - d), 0), np.where(upper, np.minimum(c + 1, sq), sq)
+
+        lo0, hi0 = rows_at(c0)
+        lo1, hi1 = rows_at(c1 - 1)
+        keep = (c1 > c0) & (lo0 < hi0) & (lo1 < hi1)
+        pieces = np.stack([c0 + ks, c1 + ks, lo0 + qs, hi0 + qs, a, b], axis=2)
+        return pieces[keep]
 
     @_cached
     def merged_row_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -578,7 +740,13 @@ class RangeMask(Mask):
     @_cached
     def row_intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """``(lo, hi)`` int32 ``[Sq, K]``: row ``i`` attends ``∪_t [lo[i,t], hi[i,t])``; unused slots 0."""
-        return _pad_intervals(self.seqlen_q, *self.merged_row_intervals())
+        pieces = self._disjoint_row_pieces()
+        if pieces is None:
+            return _pad_intervals(self.seqlen_q, *self.merged_row_intervals())
+        # one interval per row, straight from the pieces (no per-row int64 arrays)
+        r0, r1, lo0, hi0, a, b = pieces.T
+        return tuple(_piecewise_linear(self.seqlen_q, r0, r1, v0, slope).reshape(-1, 1)
+                     for v0, slope in ((lo0, a), (hi0, b)))
 
     @_cached
     def col_intervals(self) -> tuple[np.ndarray, np.ndarray]:
@@ -587,8 +755,14 @@ class RangeMask(Mask):
 
     @property
     def area(self) -> int:
-        _, lo, hi = self.merged_row_intervals()
-        return int((hi - lo).sum())
+        pieces = self._disjoint_row_pieces()
+        if pieces is None:
+            _, lo, hi = self.merged_row_intervals()
+            return int((hi - lo).sum())
+        # a piece's interval widens by b - a per row: n rows of hi0 - lo0, plus (b - a) * (0 + ... + n - 1)
+        r0, r1, lo0, hi0, a, b = pieces.T
+        n = r1 - r0
+        return int((n * (hi0 - lo0) + (b - a) * (n * (n - 1) // 2)).sum())
 
     @_cached
     def key_tile_areas(self, block_n: int) -> np.ndarray:
@@ -611,19 +785,59 @@ class RangeMask(Mask):
         return pieces if pieces is not None else _row_segments(*self.merged_row_intervals())
 
     @_cached
+    def tile_segments(self, block_m: int, block_n: int) -> tuple:
+        """Per query tile of ``block_m`` rows its touched key tiles of ``block_n`` keys as maximal runs of
+        full or of partial tiles: int64 ``(m, n0, n1)`` and bool ``full`` (``_tile_segments``), what
+        ``block_tables`` lists one tile at a time."""
+        bm = _check_block_size("block_m", block_m)
+        bn = _check_block_size("block_n", block_n)
+        pieces = self.row_segments()
+        if pieces is None:
+            return _tile_segments(*self.merged_row_intervals(), self.seqlen_q, self.seqlen_k, bm, bn)
+        return _tile_segments(None, None, None, self.seqlen_q, self.seqlen_k, bm, bn, pieces,
+                              self._piece_rows(False, bm) if len(pieces) else None)
+
+    @_cached
+    def _piece_rows(self, by_key: bool, block: int) -> tuple:
+        """``_piece_rows`` of the row (``by_key``: the column) pieces at tiles of ``block`` rows (columns),
+        shared by the tile segments of every tile size with that side."""
+        if by_key:
+            return _piece_rows(self._disjoint_col_pieces(), self.seqlen_k, block)
+        return _piece_rows(self.row_segments(), self.seqlen_q, block)
+
+    @_cached
+    def key_tile_segments(self, block_m: int, block_n: int) -> tuple | None:
+        """``tile_segments`` transposed: per key tile its touched query tiles as maximal runs of full or of
+        partial tiles, int64 ``(n, m0, m1)`` and bool ``full``, from the columns' linear pieces (the same
+        classification: a tile is full when every pair in range is allowed); None where the slices'
+        key ranges overlap (``block_tables`` then lists them)."""
+        bm = _check_block_size("block_m", block_m)
+        bn = _check_block_size("block_n", block_n)
+        pieces = self._disjoint_col_pieces()
+        if pieces is None:
+            return None
+        return _tile_segments(None, None, None, self.seqlen_k, self.seqlen_q, bn, bm, pieces,
+                              self._piece_rows(True, bn) if len(pieces) else None)
+
+    @_cached
     def block_tables(self, block_m: int, block_n: int) -> BlockTables:
         """Classify every (query tile, key tile) as empty, partial or full, from the row intervals.
 
         Per row and interval ``[lo, hi)`` the key tiles it fully covers are
         ``[ceil(lo/bn), floor(hi/bn))`` (the ragged last tile counts when ``hi == Sk``) and the ones it
         touches ``[floor(lo/bn), ceil(hi/bn))``. A tile is full when all of its rows cover it, touched
-        when any row does (``_tile_lists``: no dense tile map, the cost follows the tiles visited).
+        when any row does (``tile_segments``: no dense tile map, the cost follows the tiles visited).
+        The key-major lists are ``key_tile_segments`` listed, else the query-major ones transposed.
         """
         bm = _check_block_size("block_m", block_m)
         bn = _check_block_size("block_n", block_n)
         Sq, Sk = self.seqlen_q, self.seqlen_k
         num_m, num_n = -(-Sq // bm), -(-Sk // bn)
-        fm, fn, pm, pn = _tile_lists(*self.merged_row_intervals(), Sq, Sk, bm, bn, self.row_segments())
+        by_key = self.key_tile_segments(bm, bn)
+        if by_key is not None:
+            return BlockTables(bm, bn, num_m, num_n, *_segment_csr(self.tile_segments(bm, bn), num_m),
+                               *_segment_csr(by_key, num_n))
+        fm, fn, pm, pn = _split_pairs(*self.tile_segments(bm, bn))
         lists = []
         for major, minor, num in ((fm, fn, num_m), (pm, pn, num_m), (fn, fm, num_n), (pn, pm, num_n)):
             if num is num_n:  # the transpose: by key tile, query tiles ascending (a stable sort keeps them so)

@@ -1,6 +1,9 @@
 """The Gluon family's plans on the CPU (``kernels/gluon/plan.py``, ``op.fwd_plan`` / ``op.dq_plan``): the merged
 run lists every partition walks (against the mask's own block tables), the split and mask_head plans, the
-kernel's cursor mirrored on the host, and the plans each backward design walks."""
+kernel's cursor mirrored on the host, the plans each backward design walks, their cache by mask content, and
+the tile plans read off a mask's tile segments against a classification of its dense form."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -267,3 +270,97 @@ def test_backward_plans_per_design(design):
         assert (b.tiles.block_m, b.tiles.block_n) == (cfg["dkdv_block_mq"], GC.BLOCK_M)
     else:
         assert isinstance(a, TilePlan) and isinstance(b, TilePlan)
+
+
+def test_equal_masks_share_cached_plans():
+    """A mask built again with the same content (a new object, as a training step builds its batch's)
+    gets the configs and plans built for the first: the same objects, no host work; another content
+    gets its own."""
+    from longca_triton.kernels.core.plan_cache import content_key
+
+    cu = torch.tensor([0, 300, 301, 1000, 1500], dtype=torch.int32)
+    first, again = (lt.masks.from_cu_seqlens(cu, causal=True) for _ in range(2))
+    assert first is not again and content_key(first) is content_key(again)
+    q, k = torch.empty(1, 1500, 4, 64, dtype=torch.bfloat16), torch.empty(1, 1500, 2, 64, dtype=torch.bfloat16)
+    cfg, bwd_cfg = G._configs_for(q, k, k, first, None, None)
+    assert G._configs_for(q, k, k, again, None, None) == (cfg, bwd_cfg)
+    flat = lambda plans: [p for x in plans for p in (x if isinstance(x, tuple) else (x,))]  # noqa: E731
+    for design in ("mixed", "split", "plain"):
+        c = dict(cfg, bwd_design=design)
+        plans = flat(G.plans_for_gluon(first, 64, c, bwd_cfg, "cpu"))
+        assert all(a is b for a, b in zip(plans, flat(G.plans_for_gluon(again, 64, c, bwd_cfg, "cpu"))))
+    assert get_tile_plan(first, 48, 80, "cpu") is get_tile_plan(again, 48, 80, "cpu")
+    assert not again.__dict__.get("_lowering_cache")  # nothing was lowered for the second mask
+    other = lt.masks.from_cu_seqlens(cu, causal=False)
+    assert content_key(other) is not content_key(first)
+    assert get_tile_plan(other, 64, 64, "cpu") is not get_tile_plan(first, 64, 64, "cpu")
+
+
+def _reference_lists(mask, bm, bn):
+    """The tile plan's runs and launch orders from the dense mask (each tile full when all of its pairs
+    in range are allowed, touched when any is): per major tile ``(ptr, start, end)`` of its full and
+    partial minor tiles, the query-major lists with a ragged last key tile moved to the partial ones."""
+    dense = mask.to_dense().numpy()
+    sq, sk = dense.shape
+    num_m, num_n = -(-sq // bm), -(-sk // bn)
+    full = np.zeros((num_m, num_n), dtype=bool)
+    touched = np.zeros((num_m, num_n), dtype=bool)
+    for m in range(num_m):
+        for n in range(num_n):
+            tile = dense[m * bm:(m + 1) * bm, n * bn:(n + 1) * bn]
+            full[m, n], touched[m, n] = tile.all(), tile.any()
+    q_full, q_part = full.copy(), touched & ~full
+    if sk % bn:
+        q_part[:, -1] |= q_full[:, -1]
+        q_full[:, -1] = False
+
+    def runs(tiles):
+        ptr, start, end = [0], [], []
+        for row in tiles:
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(np.int8), [0]])))
+            start += edges[0::2].tolist()
+            end += edges[1::2].tolist()
+            ptr.append(len(start))
+        return ptr, start, end
+
+    def order(f, p):
+        return np.argsort(-(f.sum(1) * 4 + p.sum(1) * 5), kind="stable").tolist()
+
+    return dict(q_full=runs(q_full), q_part=runs(q_part), q_order=order(q_full, q_part),
+                k_full=runs(full.T), k_part=runs((touched & ~full).T), k_order=order(full.T, (touched & ~full).T),
+                area_tiles=int(touched.sum()))
+
+
+AWKWARD = {
+    "one-row": lambda: lt.masks.RangeMask(1, 239, [(0, 1, 3, 200, "FULL")]),
+    "ragged-both": lambda: lt.masks.window_mask(127, 513, False, (387, 445)),
+    "sq>sk-causal": lambda: lt.masks.window_mask(300, 100, True),
+    "sq<sk-causal": lambda: lt.masks.window_mask(100, 300, True),
+    "tiny-docs": lambda: lt.masks.from_cu_seqlens(torch.tensor([0, 1, 2, 2, 40, 41, 130, 131, 260]), causal=True),
+    "varlen-window": lambda: lt.masks.from_cu_seqlens(torch.tensor([0, 50, 51, 170, 300]),
+                                                      torch.tensor([0, 20, 90, 91, 250]), window_size=(30, 5)),
+    "bicausal-empty": lambda: lt.masks.RangeMask(200, 200, [(0, 100, 0, 50, "BICAUSAL"),
+                                                            (100, 200, 50, 200, "INVCAUSAL")]),
+    "overlapping": lambda: random_range_mask(257, 129, seed=5, n_slices=6),
+    "question-docs": lambda: small_mask("share_question", 300, seed=3),
+}
+
+
+@pytest.mark.parametrize("bm,bn", [(64, 64), (16, 32), (7, 5), (128, 16)], ids=lambda x: str(x))
+@pytest.mark.parametrize("name", list(AWKWARD))
+def test_tile_plan_from_segments_matches_a_dense_reference(name, bm, bn):
+    """The tile plan read off the mask's tile segments (query- and key-major, from its linear pieces where
+    it has them) lists the runs, orders and tile count of a tile-by-tile classification of the dense
+    mask, and so does the plan read off its block tables' per-tile lists."""
+    from longca_triton.kernels.dense.plan import build_tile_plan, mask_arrays
+
+    mask = AWKWARD[name]()
+    want = _reference_lists(mask, bm, bn)
+    arrays = mask_arrays(mask)
+    lists_only = dataclasses.replace(arrays, tile_segments=None, key_tile_segments=None)
+    for plan in (build_tile_plan(arrays, bm, bn, "cpu"), build_tile_plan(lists_only, bm, bn, "cpu")):
+        for key, value in want.items():
+            got = getattr(plan, key)
+            got = [t.tolist() for t in got] if isinstance(got, tuple) else got if isinstance(got, int) else got.tolist()
+            assert got == (list(value) if isinstance(value, tuple) else value), key
+        assert all(t.dtype == torch.int32 for t in plan.q_tensors() + plan.k_tensors())

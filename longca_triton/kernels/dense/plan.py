@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from longca_triton.kernels.core.plan_cache import PlanCache
+from longca_triton.masks.ir import join_segments
 
 __all__ = ["TilePlan", "MaskArrays", "build_tile_plan", "get_tile_plan", "mask_arrays"]
 
@@ -45,6 +46,9 @@ class MaskArrays:
     hi: np.ndarray  # int32 [Sq, K]
     # callable (block_m, block_n) -> BlockTables-like object (numpy int32 fields)
     block_tables: object
+    # callables (block_m, block_n) -> ``RangeMask.tile_segments`` / ``key_tile_segments``, or None
+    tile_segments: object = None
+    key_tile_segments: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +85,7 @@ class TilePlan:
 
 
 def _np32(a) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a, dtype=np.int64)).astype(np.int32)
+    return np.ascontiguousarray(np.asarray(a)).astype(np.int32)
 
 
 def _csr_rows(ptr: np.ndarray) -> np.ndarray:
@@ -129,9 +133,48 @@ def _move_ragged_last(full_ptr, full_idx, part_ptr, part_idx, num_rows, last):
     return ptr_of(nf_rows), nf_idx, ptr_of(p_rows), p_idx
 
 
-def _heavy_first(full_ptr, part_ptr) -> np.ndarray:
-    # A partial tile costs a little more than a full one (mask math), hence 1.25.
-    work = np.diff(full_ptr.astype(np.int64)) * 4 + np.diff(part_ptr.astype(np.int64)) * 5
+def _move_ragged_last_segments(segments, last: int) -> tuple:
+    """``_move_ragged_last`` on ``RangeMask.tile_segments``: key tile ``last`` taken out of the full runs
+    (a full run ending there keeps the tiles before it) into a partial run of its own, joined to a
+    partial run just before it."""
+    m, n0, n1, full = segments
+    cut = full & (n1 == last + 1)
+    if not cut.any():
+        return segments
+    rest, moved = ~cut | (n0 < last), np.flatnonzero(cut)
+    m = np.concatenate([m[rest], m[moved]])
+    n0 = np.concatenate([n0[rest], np.full(moved.size, last)])
+    n1 = np.concatenate([np.where(cut, last, n1)[rest], n1[moved]])
+    full = np.concatenate([full[rest], np.zeros(moved.size, dtype=bool)])
+    order = np.lexsort((n0, m))
+    return join_segments(*(x[order] for x in (m, n0, n1, full)))
+
+
+def _segment_runs(segments, num_rows: int):
+    """The runs of ``RangeMask.tile_segments`` / ``key_tile_segments`` (maximal per class: the runs
+    already) as ``(full (ptr, start, end), partial (ptr, start, end), full tiles per row, partial tiles per row)``."""
+    m, n0, n1, full = segments
+    by_class = m * 2 + ~full  # per row its full, then its partial runs
+    runs = np.bincount(by_class, minlength=2 * num_rows).reshape(num_rows, 2)
+    tiles = np.bincount(by_class, weights=n1 - n0, minlength=2 * num_rows).reshape(num_rows, 2).astype(np.int64)
+    order = np.argsort(~full, kind="stable")  # the full runs, then the partial ones, each in row order
+    start, end, split = n0[order], n1[order], int(full.sum())
+    ptr = np.zeros((2, num_rows + 1), np.int64)
+    np.cumsum(runs.T, axis=1, out=ptr[:, 1:])
+    return ((ptr[0], start[:split], end[:split]), (ptr[1], start[split:], end[split:]), tiles[:, 0], tiles[:, 1])
+
+
+def _tiles_per_row(ptr: np.ndarray) -> np.ndarray:
+    """Entries per row of a CSR list."""
+    return np.diff(ptr.astype(np.int64))
+
+
+def _heavy_first(num_full: np.ndarray, num_part: np.ndarray) -> np.ndarray:
+    """Rows (tiles) by their full and partial tile counts, heaviest first.
+    A partial tile costs a little more than a full one (mask math), hence 1.25."""
+    work = num_full * 4 + num_part * 5
+    if work.size and work.max() < 1 << 15:
+        work = work.astype(np.int16)  # a stable sort of 16-bit keys is a radix sort
     return _np32(np.argsort(-work, kind="stable"))
 
 
@@ -143,61 +186,77 @@ def mask_arrays(mask) -> MaskArrays:
                 f"dense attention needs a RangeMask-like mask with .{attr}; got {type(mask).__name__}"
             )
     lo, hi = mask.row_intervals()
-    return MaskArrays(int(mask.seqlen_q), int(mask.seqlen_k), np.asarray(lo), np.asarray(hi),
-                      mask.block_tables)
+    return MaskArrays(int(mask.seqlen_q), int(mask.seqlen_k), np.asarray(lo), np.asarray(hi), mask.block_tables,
+                      getattr(mask, "tile_segments", None), getattr(mask, "key_tile_segments", None))
 
 
 def row_tensors(arrays: MaskArrays, device) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(num_iv, lo, hi)``: the row intervals as the kernels read them, int32 ``[Sq, num_iv]`` on
     ``device``, ``num_iv`` a power of two (the kernels unroll over it; padding slots are empty) and
-    every bound clamped into ``[0, Sk]``. One copy per mask and device serves all its plans."""
+    every bound clamped into ``[0, Sk]``. One copy per mask and device serves all its plans (on the
+    host none where the mask's arrays are that already)."""
     sq, sk = arrays.seqlen_q, arrays.seqlen_k
     lo, hi = np.asarray(arrays.lo), np.asarray(arrays.hi)
     if lo.ndim != 2 or lo.shape != hi.shape or lo.shape[0] != sq:
         raise ValueError(f"row intervals must be [Sq={sq}, K]; got lo {lo.shape}, hi {hi.shape}")
     k = max(1, lo.shape[1])
     num_iv = 1 << (k - 1).bit_length()
-    out_lo, out_hi = np.zeros((sq, num_iv), np.int32), np.zeros((sq, num_iv), np.int32)
-    # in place on named arrays (an unnamed 128K-row temporary costs numpy a slow check on some hosts)
-    np.clip(lo, 0, sk, out=out_lo[:, :lo.shape[1]], casting="unsafe")
-    np.clip(hi, 0, sk, out=out_hi[:, :hi.shape[1]], casting="unsafe")
-    np.maximum(out_hi, out_lo, out=out_hi)
+    if (lo.dtype == hi.dtype == np.int32 and lo.shape[1] == num_iv and lo.flags.c_contiguous
+            and hi.flags.c_contiguous and lo.min() >= 0 and hi.max() <= sk and (hi >= lo).all()):
+        out_lo, out_hi = lo, hi
+    else:
+        out_lo, out_hi = np.zeros((sq, num_iv), np.int32), np.zeros((sq, num_iv), np.int32)
+        # in place on named arrays (an unnamed 128K-row temporary costs numpy a slow check on some hosts)
+        np.clip(lo, 0, sk, out=out_lo[:, :lo.shape[1]], casting="unsafe")
+        np.clip(hi, 0, sk, out=out_hi[:, :hi.shape[1]], casting="unsafe")
+        np.maximum(out_hi, out_lo, out=out_hi)
     dev = torch.device(device)
     return num_iv, torch.from_numpy(out_lo).to(dev), torch.from_numpy(out_hi).to(dev)
 
 
+def _list_runs(bt, major: str, num_rows: int, last=None):
+    """``(full runs, partial runs, full tiles per row, partial tiles per row)`` of a ``BlockTables``' query-major
+    (``major="q"``) or key-major (``"k"``) lists; ``last``: a key tile moved from the full lists to the partial
+    ones (``_move_ragged_last``)."""
+    f_ptr, f_idx, p_ptr, p_idx = (_np32(getattr(bt, f"{major}_{kind}")) for kind in ("full_ptr", "full_idx",
+                                                                                     "part_ptr", "part_idx"))
+    if last is not None:
+        f_ptr, f_idx, p_ptr, p_idx = _move_ragged_last(f_ptr, f_idx, p_ptr, p_idx, num_rows, last)
+    return (_to_runs(f_ptr, f_idx, num_rows), _to_runs(p_ptr, p_idx, num_rows),
+            _tiles_per_row(f_ptr), _tiles_per_row(p_ptr))
+
+
 def build_tile_plan(arrays: MaskArrays, block_m: int, block_n: int, device, rows=None) -> TilePlan:
     """Lower a mask's arrays to a :class:`TilePlan` on ``device`` (host work, then one copy);
-    ``rows``: :func:`row_tensors` already built for this mask and device."""
+    ``rows``: :func:`row_tensors` already built for this mask and device. The runs come straight from
+    the mask's tile segments where it has them, else from its block tables' per-tile lists."""
     sq, sk = arrays.seqlen_q, arrays.seqlen_k
     num_iv, lo_t, hi_t = rows if rows is not None else row_tensors(arrays, device)
-
-    bt = arrays.block_tables(block_m, block_n)
-    num_m, num_n = int(bt.num_m), int(bt.num_n)
-    qf_ptr, qf_idx = _np32(bt.q_full_ptr), _np32(bt.q_full_idx)
-    qp_ptr, qp_idx = _np32(bt.q_part_ptr), _np32(bt.q_part_idx)
-    if sk % block_n:
-        qf_ptr, qf_idx, qp_ptr, qp_idx = _move_ragged_last(qf_ptr, qf_idx, qp_ptr, qp_idx,
-                                                           num_m, num_n - 1)
-    kf_ptr, kf_idx = _np32(bt.k_full_ptr), _np32(bt.k_full_idx)
-    kp_ptr, kp_idx = _np32(bt.k_part_ptr), _np32(bt.k_part_idx)
+    num_m, num_n = -(-sq // block_m), -(-sk // block_n)
+    last = num_n - 1 if sk % block_n else None
+    q_seg, k_seg = (None if f is None else f(block_m, block_n)
+                    for f in (arrays.tile_segments, arrays.key_tile_segments))
+    bt = arrays.block_tables(block_m, block_n) if q_seg is None or k_seg is None else None
+    if q_seg is not None:
+        q_full, q_part, nf, npart = _segment_runs(q_seg if last is None else _move_ragged_last_segments(q_seg, last),
+                                                  num_m)
+    else:
+        q_full, q_part, nf, npart = _list_runs(bt, "q", num_m, last)
+    k_full, k_part, kf, kpart = _segment_runs(k_seg, num_n) if k_seg is not None else _list_runs(bt, "k", num_n)
 
     dev = torch.device(device)
 
     def t(a):
         return torch.from_numpy(_np32(a)).to(dev)
 
-    def runs(ptr, idx, rows):
-        return tuple(t(x) for x in _to_runs(np.asarray(ptr), np.asarray(idx), rows))
-
     return TilePlan(
         seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=block_n, num_m=num_m, num_n=num_n,
         num_iv=num_iv, lo=lo_t, hi=hi_t,
-        q_order=t(_heavy_first(qf_ptr, qp_ptr)),
-        q_full=runs(qf_ptr, qf_idx, num_m), q_part=runs(qp_ptr, qp_idx, num_m),
-        k_order=t(_heavy_first(kf_ptr, kp_ptr)),
-        k_full=runs(kf_ptr, kf_idx, num_n), k_part=runs(kp_ptr, kp_idx, num_n),
-        area_tiles=int(len(qf_idx) + len(qp_idx)),
+        q_order=t(_heavy_first(nf, npart)),
+        q_full=tuple(t(x) for x in q_full), q_part=tuple(t(x) for x in q_part),
+        k_order=t(_heavy_first(kf, kpart)),
+        k_full=tuple(t(x) for x in k_full), k_part=tuple(t(x) for x in k_part),
+        area_tiles=int(nf.sum() + npart.sum()),
     )
 
 
@@ -205,10 +264,10 @@ _CACHE = PlanCache(64)
 
 
 def get_tile_plan(mask, block_m: int, block_n: int, device) -> TilePlan:
-    """Cached :func:`build_tile_plan`, keyed on the mask object, tile sizes and device.
+    """Cached :func:`build_tile_plan`, keyed on the mask's content (``plan_cache.content_key``, else the
+    mask object), tile sizes and device: an equal mask built again gets the same plan.
 
-    The cache holds the mask itself, so its ``id`` cannot be reused while the entry lives. Call
-    it once outside any timed region: the first call per key does host work and a copy.
+    Call it once outside any timed region: the first call per key does host work and a copy.
     """
     def build(dev):
         arrays = mask_arrays(mask)

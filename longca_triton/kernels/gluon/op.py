@@ -23,6 +23,7 @@ import torch
 
 from longca_triton.kernels.core.autograd import attention_function
 from longca_triton.kernels.core.jit import LOG2E
+from longca_triton.kernels.core.plan_cache import PlanCache
 from longca_triton.kernels.core.runtime import (
     bsh_strides,
     check_qkv,
@@ -34,8 +35,9 @@ from longca_triton.kernels.core.runtime import (
     side_stream,
 )
 from longca_triton.kernels.dense.op import check_deterministic as dense_check_deterministic
-from longca_triton.kernels.dense.op import check_plan, dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess, plans_for
+from longca_triton.kernels.dense.op import check_plan, dense_bwd, launch_bwd_dkdv, launch_bwd_preprocess
 from longca_triton.kernels.dense.op import resolve_config as dense_resolve_config
+from longca_triton.kernels.dense.plan import get_tile_plan
 from longca_triton.kernels.gluon.config import (
     BLOCK_M,
     bwd_tiles,
@@ -264,17 +266,27 @@ def dq_plan(mask, head_dim: int, device):
     return get_ws_plan(mask, BLOCK_M, tiles["dq_block_n"], device, "q", part="head", head=most)
 
 
+_PLANS = PlanCache(64)
+
+
 def plans_for_gluon(mask, head_dim: int, cfg: dict, bwd_cfg: dict, device):
-    """The forward's plan and the backward's two plans (all cached): the Gluon dQ plan and the Gluon
-    key-major dK/dV plan (``"split"``) or the dense dK/dV :class:`TilePlan` of ``bwd_cfg``'s tiles
-    (``"mixed"``), or the dense dK/dV and dQ plans (``"plain"``)."""
+    """The forward's plan and the backward's two plans: the Gluon dQ plan and the Gluon key-major dK/dV
+    plan (``"split"``) or the dense dK/dV :class:`TilePlan` of ``bwd_cfg``'s tiles (``"mixed"``), or the
+    dense dK/dV and dQ plans (``"plain"``). Each plan is cached, and so is the triple, by the mask's
+    content, the head dim, both configs and the device (one lookup for a call that has been seen)."""
+    key = ("gluon", int(head_dim), tuple(cfg.items()), tuple(bwd_cfg.items()))
+    return _PLANS.get(mask, key, device, lambda dev: _plans_for_gluon(mask, head_dim, cfg, bwd_cfg, dev))
+
+
+def _plans_for_gluon(mask, head_dim: int, cfg: dict, bwd_cfg: dict, device):
     fwd = fwd_plan(mask, cfg, device)
-    if cfg["bwd_design"] == "mixed":
-        return fwd, dq_plan(mask, head_dim, device), plans_for(mask, bwd_cfg, device)[1]
     if cfg["bwd_design"] == "split":
         return fwd, dq_plan(mask, head_dim, device), get_ws_plan(mask, cfg["dkdv_block_mq"], BLOCK_M, device, "k")
-    _, dkdv, dq = plans_for(mask, bwd_cfg, device)
-    return fwd, dkdv, dq
+    # the dense backward's plans only (not the dense forward's, which no design runs)
+    dkdv = get_tile_plan(mask, bwd_cfg["DKDV_BLOCK_M"], bwd_cfg["DKDV_BLOCK_N"], device)
+    if cfg["bwd_design"] == "mixed":
+        return fwd, dq_plan(mask, head_dim, device), dkdv
+    return fwd, dkdv, get_tile_plan(mask, bwd_cfg["DQ_BLOCK_M"], bwd_cfg["DQ_BLOCK_N"], device)
 
 
 # ----------------------------------------------------------------------------------------------
