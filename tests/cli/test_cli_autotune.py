@@ -86,18 +86,18 @@ calls = []
 
 @pytest.fixture
 def fake(autotune_cache, monkeypatch):
-    """A made-up kernel (a fwd and a bwd key group of 8 candidates; each run takes 30 ms) on the
-    tuning path: the command's device choice answers the CPU, not interpreted."""
+    """A made-up kernel (a fwd and a bwd key group of 8 candidates; each run takes ``fake.sleep_s``,
+    30 ms) on the tuning path: the command's device choice answers the CPU, not interpreted."""
 
     def attend(q, k, v, mask, config):
         calls.append(dict(config))
-        time.sleep(0.03)
+        time.sleep(fake.sleep_s)
         if len(calls) == fake.ctrl_c_at:
             os.kill(os.getpid(), signal.SIGINT)
         return q * (1.0 + config["X"] + config["Y"]) + 0 * (k.sum() + v.sum())
 
     calls.clear()
-    fake.ctrl_c_at = None
+    fake.ctrl_c_at, fake.sleep_s = None, 0.03
     monkeypatch.setattr("longca_triton.runtime.select_device", lambda device=None: ("cpu", False))
     monkeypatch.setitem(at.TUNABLES, "fake", run.Tunable(
         name="fake", groups={"fwd": "fwd", "bwd": "bwd"},
@@ -118,7 +118,8 @@ def cached_rows():
 
 
 def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
-    r = tune("--budget-minutes", "0.04")  # 2.4 s: the vendors a share, each class a part (26 runs of 30 ms need 0.8 s)
+    fake.sleep_s = 0.1  # a class's 26 runs need 2.6 s; the 2.4 s budget gives each class about half
+    r = tune("--budget-minutes", "0.04")
     assert r.exit_code == 0, r.output
     out = r.stdout  # into a pipe: the summary in words
     assert "autotune summary, CPU:" in out and "stopped by the 0.04-minute budget" in out
@@ -136,6 +137,7 @@ def test_budget_stops_cleanly_and_a_rerun_finishes(fake):
     n = len(calls)
     r = tune("--budget-minutes", "0.04")  # the same budget would get no further: both reused, nothing timed
     assert r.exit_code == 0 and r.stdout.count("reused from the cache") == 2 and len(calls) == n, r.output
+    fake.sleep_s = 0.03
     r = tune("--budget-minutes", "0")  # no budget: both cut classes again, to the end
     assert r.exit_code == 0, r.output
     assert r.stdout.count(": tuned now (successive halving") == 2 and "skipped" not in r.stdout
