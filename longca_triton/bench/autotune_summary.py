@@ -41,9 +41,7 @@ class Stop:
         still to tune (time a kernel leaves unused goes to those after it), so that every kernel
         gets tuned some instead of the first ones taking the whole budget. Called, it says whether
         to stop that kernel's search; Ctrl-C and the whole budget stop it too."""
-        if self.deadline is None:
-            return Share(self, None)
-        return Share(self, time.monotonic() + max(0.0, self.deadline - time.monotonic()) / max(1, kernels_left))
+        return Share(self, self.deadline).share(kernels_left)
 
     @property
     def why(self) -> str:
